@@ -1,0 +1,1 @@
+"""Benchmark harness, trace analysis and reports for parallel_kernels."""

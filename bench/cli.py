@@ -1,0 +1,144 @@
+"""Command line of ``bench/run.py``: parse, validate, launch, run the sweep, write, report."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from bench.distenv import fail, launched_by_torchrun
+from bench.results import has_results
+from bench.sweeps import SWEEPS, Point, build_points
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2 (argparse prints usage too)
+        fail(f"{message} (see --help)")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="bench/run.py",
+        description="Sweep a distributed-training parameter; measure, profile, analyse, report.",
+        epilog="Sweeps: " + "; ".join(f"{s.name}: {s.description}" for s in SWEEPS.values()),
+    )
+    p.add_argument("--sweep", required=True, help=f"one of: {', '.join(SWEEPS)}")
+    p.add_argument("--values", help="comma list of values (default: the sweep's own)")
+    p.add_argument("--model", help="comma list of models (default: the sweep's own)")
+    p.add_argument("--impl", help="comma list of implementations, e.g. native,reference")
+    p.add_argument("--out", type=Path, help="run folder (default results/<UTC time>-<sweep>)")
+    p.add_argument(
+        "--resume", action="store_true", help="continue a run in --out, skipping points already ok"
+    )
+    p.add_argument("--reports-dir", type=Path, default=Path("reports"))
+    p.add_argument("--no-report", action="store_true", help="do not write the HTML report")
+    p.add_argument("--batch-size", type=_positive_int, default=64, help="per rank (default 64)")
+    p.add_argument("--warmup-steps", type=_positive_int, default=5)
+    p.add_argument("--steps", type=_positive_int, default=20, help="timed steps per point")
+    p.add_argument(
+        "--profile-steps", type=_positive_int, default=3, help="active steps traced per point"
+    )
+    p.add_argument(
+        "--point-timeout",
+        type=_positive_float,
+        default=120.0,
+        help="seconds a collective may wait inside a point before the point fails",
+    )
+    p.add_argument(
+        "--backend",
+        choices=["auto", "gloo", "nccl"],
+        default="auto",
+        help="auto: nccl with GPUs, else gloo",
+    )
+    p.add_argument(
+        "--nproc-per-node",
+        type=_positive_int,
+        help="without torchrun: start this many ranks here (torch elastic launcher)",
+    )
+    return p
+
+
+def _self_launch(nproc: int, argv: list[str]) -> int:
+    """Start the ranks through torchrun's own launcher (what ``torchrun --standalone`` does)."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    script = str(REPO / "bench" / "run.py")
+    launcher_args = get_args_parser().parse_args(
+        ["--standalone", f"--nproc-per-node={nproc}", script, *argv]
+    )
+    try:
+        run(launcher_args)
+    except ChildFailedError as e:
+        codes = {f.exitcode for f in e.failures.values()}
+        print(
+            f"error: {len(e.failures)} rank(s) failed (exit codes {sorted(codes)})", file=sys.stderr
+        )
+        return 2 if codes == {2} else 1
+    return 0
+
+
+def _strip_nproc(argv: list[str]) -> list[str]:
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--nproc-per-node":
+            skip = True
+        elif not a.startswith("--nproc-per-node="):
+            out.append(a)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    try:
+        points: list[Point] = build_points(
+            args.sweep, values=args.values, models=args.model, impls=args.impl
+        )
+    except ValueError as e:
+        fail(str(e))
+    if args.resume and args.out is None:
+        fail("--resume needs --out RUN_DIR (the run to continue)")
+    if args.out is not None and not args.resume and has_results(args.out):
+        # Checked here too (rank 0 checks again after start-up) so that it fails before launch.
+        fail(
+            f"{args.out} already holds results: pass --resume to continue it, or choose "
+            "another --out"
+        )
+    if not launched_by_torchrun():
+        if args.nproc_per_node is None:
+            fail(
+                "not launched by torchrun: run `torchrun --standalone --nproc_per_node=N "
+                f"bench/run.py {' '.join(argv)}` or add --nproc-per-node N"
+            )
+        return _self_launch(args.nproc_per_node, _strip_nproc(argv))
+
+    from bench.sweep_runner import run_sweep  # imports torch.distributed machinery
+
+    return run_sweep(args, points, argv)

@@ -1,0 +1,58 @@
+"""Synthetic data through a real input pipeline: DataLoader + DistributedSampler."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+
+class Batches:
+    """An endless stream of this rank's batches, advancing the sampler's epoch as it wraps.
+
+    ``set_epoch`` reshuffles each epoch (the same permutation on every rank), and
+    ``drop_last=True`` in both the sampler and the loader gives every rank the same number of
+    full batches, as a real training loop does.
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        *,
+        batch_size: int,
+        rank: int,
+        world_size: int,
+        device: torch.device,
+        seed: int = 0,
+    ) -> None:
+        self.sampler = DistributedSampler(
+            dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True
+        )
+        self.loader = DataLoader(
+            dataset,
+            batch_size=batch_size,
+            sampler=self.sampler,
+            drop_last=True,
+            pin_memory=device.type == "cuda",
+        )
+        if len(self.loader) == 0:
+            raise ValueError(
+                f"dataset of {len(dataset)} samples gives no full batch of {batch_size} per rank"
+            )
+        self.device = device
+        self.epoch = 0
+        self._it: Iterator = iter(self.loader)
+
+    def __iter__(self) -> Batches:
+        return self
+
+    def __next__(self) -> tuple[torch.Tensor, ...]:
+        try:
+            batch = next(self._it)
+        except StopIteration:
+            self.epoch += 1
+            self.sampler.set_epoch(self.epoch)
+            self._it = iter(self.loader)
+            batch = next(self._it)
+        return tuple(t.to(self.device, non_blocking=True) for t in batch)

@@ -1,0 +1,218 @@
+"""Run one sweep point on every rank and turn it into one row of results.csv.
+
+A point runs in a process group of its own, created with a short timeout, so that a point that
+raises on one rank makes the others time out of their collectives instead of hanging; the ranks
+then agree on the outcome over the default group and all move on to the next point together.
+"""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from bench import analysis
+from bench.data import Batches
+from bench.distenv import DistEnv
+from bench.profiling import host_bytes_in_use, profile_steps
+from bench.sweeps import Point
+from bench.timing import summarize_times, timed_steps
+from parallel_kernels.models import MODELS, build_model, grad_bytes, param_count
+from parallel_kernels.strategies import STRATEGIES
+
+
+@dataclass(frozen=True, kw_only=True)
+class HarnessConfig:
+    batch_size: int = 64
+    warmup_steps: int = 5
+    steps: int = 20
+    profile_wait: int = 1
+    profile_warmup: int = 1
+    profile_active: int = 3
+    lr: float = 1e-3
+    seed: int = 0
+    point_timeout_s: float = 120.0
+
+
+class DivergedError(RuntimeError):
+    """Replicas that should be identical are not."""
+
+
+def param_digest(tensors: list[torch.Tensor]) -> str:
+    """SHA-256 of the tensors' exact bytes: equal digests mean bit-identical replicas."""
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def check_replicas_agree(tensors: list[torch.Tensor], group: dist.ProcessGroup | None) -> None:
+    digests: list[str | None] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(digests, param_digest(tensors), group=group)
+    if len(set(digests)) > 1:
+        differing = [r for r, d in enumerate(digests) if d != digests[0]]
+        raise DivergedError(
+            f"replicated parameters differ across ranks after training (ranks {differing} "
+            f"differ from rank 0): the run diverged silently and is not a valid result"
+        )
+
+
+def _train_and_measure(
+    point: Point,
+    env: DistEnv,
+    cfg: HarnessConfig,
+    group: dist.ProcessGroup,
+    trace_dir: Path,
+    progress: Callable[[str], None],
+) -> dict:
+    spec = MODELS[point.model]
+    strategy = STRATEGIES[point.strategy]
+    world = dist.get_world_size(group)
+    rank = dist.get_rank(group)
+    heap_before = host_bytes_in_use()
+    if env.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(env.device)
+
+    model = build_model(point.model, seed=cfg.seed).to(env.device)
+    n_params, n_grad_bytes = param_count(model), grad_bytes(model)
+    wrapped = strategy.apply(point.impl, model, group=group, device=env.device, **point.options)
+    opt = torch.optim.AdamW(wrapped.parameters(), lr=cfg.lr)
+    # Enough samples for several batches per rank, so the sampler really wraps epochs.
+    dataset = spec.dataset(cfg.batch_size * world * 8, cfg.seed)
+    batches = Batches(
+        dataset,
+        batch_size=cfg.batch_size,
+        rank=rank,
+        world_size=world,
+        device=env.device,
+        seed=cfg.seed,
+    )
+    last_loss = torch.zeros(())
+
+    def step() -> None:
+        nonlocal last_loss
+        x, y = next(batches)
+        opt.zero_grad(set_to_none=True)
+        loss = spec.loss(wrapped(x), y)
+        loss.backward()
+        opt.step()
+        last_loss = loss.detach()
+
+    progress("warm-up")
+    for _ in range(cfg.warmup_steps):
+        step()
+    slowest, fastest = timed_steps(
+        step,
+        cfg.steps,
+        device=env.device,
+        group=group,
+        on_step=lambda i: progress(f"timed step {i + 1}/{cfg.steps}") if (i + 1) % 5 == 0 else None,
+    )
+    progress("profiling")
+    trace_path, heap_at_active = profile_steps(
+        step,
+        trace_dir=trace_dir,
+        worker_name=f"rank{env.rank}",
+        device=env.device,
+        wait=cfg.profile_wait,
+        warmup=cfg.profile_warmup,
+        active=cfg.profile_active,
+    )
+    check_replicas_agree(strategy.replicated(wrapped), group)
+
+    trace = analysis.load_trace(trace_path)
+    metrics = analysis.summarize(analysis.breakdown(trace))
+    if env.device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(env.device)
+    elif heap_before is not None and heap_at_active is not None:
+        peak = heap_at_active - heap_before + analysis.memory_peak_delta(trace)
+    else:
+        peak = np.nan
+    metrics.update(summarize_times(slowest, fastest))
+    metrics.update(
+        peak_mem_mb=peak / 2**20,
+        params=n_params,
+        grad_bytes=n_grad_bytes,
+        loss=float(last_loss),
+        samples_per_s=cfg.batch_size * world / (metrics["step_ms_median"] / 1e3),
+    )
+    return metrics
+
+
+def _aggregate(per_rank: list[dict]) -> dict:
+    """Times from the timing all-reduce are already cross-rank; breakdowns are averaged."""
+    df = [r for r in per_rank if r]
+    out = dict(df[0])
+    for key in (
+        "compute_ms",
+        "comm_ms",
+        "overlap_ms",
+        "exposed_comm_ms",
+        "idle_ms",
+        "gpu_util_pct",
+        "comm_bytes_per_step",
+        "comm_calls_per_step",
+    ):
+        vals = [r.get(key, np.nan) for r in df]
+        out[key] = float(np.nanmean(vals)) if not np.all(np.isnan(vals)) else np.nan
+    out["peak_mem_mb"] = float(np.nanmax([r.get("peak_mem_mb", np.nan) for r in df]))
+    comm = out["comm_ms"]
+    out["compute_comm_ratio"] = out["compute_ms"] / comm if comm and comm > 0 else np.nan
+    out["overlap_pct"] = 100.0 * out["overlap_ms"] / comm if comm and comm > 0 else np.nan
+    return out
+
+
+def _root_cause(errors: list[str | None]) -> str:
+    """The first rank's own error beats the timeouts it caused on the other ranks."""
+    found = [(r, e) for r, e in enumerate(errors) if e]
+    primary = [(r, e) for r, e in found if "Timed out" not in e and "timed out" not in e]
+    rank, err = (primary or found)[0]
+    return f"rank {rank}: {err}".replace("\n", " ")[:500]
+
+
+def run_point(
+    point: Point,
+    env: DistEnv,
+    cfg: HarnessConfig,
+    trace_dir: Path,
+    progress: Callable[[str], None] = lambda _msg: None,
+) -> dict:
+    """Run ``point`` on every rank (collective call); rank 0 gets the finished row."""
+    group = dist.new_group(timeout=datetime.timedelta(seconds=cfg.point_timeout_s))
+    metrics, error = None, None
+    try:
+        metrics = _train_and_measure(point, env, cfg, group, trace_dir, progress)
+    except Exception as e:
+        error = f"{type(e).__name__}: {e}"
+    gathered: list = [None] * env.world_size
+    dist.all_gather_object(gathered, (metrics, error))
+    dist.destroy_process_group(group)
+    gc.collect()
+
+    row = {
+        "sweep": point.sweep,
+        "value": point.value,
+        "impl": point.impl,
+        "strategy": point.strategy,
+        "model": point.model,
+        "point": point.id,
+        "world_size": env.world_size,
+        "backend": env.backend,
+        "device": env.device.type,
+        "steps": cfg.steps,
+        "trace_dir": str(trace_dir),
+    }
+    errors = [e for _, e in gathered]
+    if any(errors):
+        row.update(status="error", error=_root_cause(errors))
+    else:
+        row.update(status="ok", error="")
+        row.update(_aggregate([m for m, _ in gathered]))
+    return row

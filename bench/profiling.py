@@ -1,0 +1,91 @@
+"""A few steps under torch.profiler, written where TensorBoard's profiler plugin looks."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
+
+
+def _load_mallinfo2():
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        fn = libc.mallinfo2
+    except (OSError, AttributeError):
+        return None
+    fn.restype = _Mallinfo2
+    return fn
+
+
+_MALLINFO2 = _load_mallinfo2()
+
+
+def host_bytes_in_use() -> int | None:
+    """Bytes the C heap has handed out and not taken back (glibc mallinfo2), or None.
+
+    This counts every tensor on the CPU, ours and the ones native code keeps (DDP's buckets),
+    which Python-side accounting would miss.
+    """
+    if _MALLINFO2 is None:
+        return None
+    info = _MALLINFO2()
+    return int(info.uordblks + info.hblkhd)
+
+
+def profile_steps(
+    step: Callable[[], object],
+    *,
+    trace_dir: Path,
+    worker_name: str,
+    device: torch.device,
+    wait: int = 1,
+    warmup: int = 1,
+    active: int = 3,
+) -> tuple[Path, int | None]:
+    """Profile ``active`` steps after ``wait + warmup``; return the trace and the host heap in
+    use when the first active step began (the baseline for the CPU memory peak)."""
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    trace_dir.mkdir(parents=True, exist_ok=True)
+    heap_at_active = None
+    with profile(
+        activities=activities,
+        schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
+        on_trace_ready=tensorboard_trace_handler(str(trace_dir), worker_name=worker_name),
+        record_shapes=True,
+        profile_memory=True,
+    ) as prof:
+        for i in range(wait + warmup + active):
+            if i == wait + warmup:
+                heap_at_active = host_bytes_in_use()
+            step()
+            prof.step()
+    traces = sorted(
+        trace_dir.glob(f"{worker_name}.*.pt.trace.json"), key=lambda p: p.stat().st_mtime
+    )
+    if not traces:
+        raise RuntimeError(f"profiler wrote no trace for {worker_name} in {trace_dir}")
+    return traces[-1], heap_at_active

@@ -1,0 +1,127 @@
+"""One registry: sweep name -> what it varies, its default values, and the points it yields.
+
+A training sweep varies one option of one strategy (see ``parallel_kernels/strategies.py``)
+over values, for each model and implementation. Values are validated here, before any process
+group exists, so bad input fails fast with one line.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from parallel_kernels.models import MODELS
+from parallel_kernels.strategies import STRATEGIES
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{text!r} must be a positive number")
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sweep:
+    name: str
+    description: str
+    strategy: str
+    option: str  # the strategy option that the sweep varies
+    default_values: tuple[str, ...]
+    parse: Callable[[str], Any]
+    default_models: tuple[str, ...]
+
+
+SWEEPS: dict[str, Sweep] = {
+    s.name: s
+    for s in (
+        Sweep(
+            name="bucket_cap_mb",
+            description="DDP gradient bucket size in MB (native DistributedDataParallel and "
+            "reference DDP)",
+            strategy="ddp",
+            option="bucket_cap_mb",
+            default_values=("0.25", "1", "5", "25", "100"),
+            parse=positive_float,
+            default_models=("mlp", "wide_mlp"),
+        ),
+    )
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Point:
+    sweep: str
+    model: str
+    value: Any
+    impl: str
+    strategy: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        """Folder-safe, unique within a run: ``wide_mlp-bucket_cap_mb=25-native``."""
+        raw = (
+            f"{self.model}-{self.sweep}={self.value:g}-{self.impl}"
+            if isinstance(self.value, float)
+            else f"{self.model}-{self.sweep}={self.value}-{self.impl}"
+        )
+        return re.sub(r"[^A-Za-z0-9_.=+-]", "_", raw)
+
+
+def parse_list(text: str | None, what: str, allowed: dict | None = None) -> list[str]:
+    """Split a comma list; check names against ``allowed`` when given."""
+    items = [t.strip() for t in (text or "").split(",") if t.strip()]
+    if not items:
+        raise ValueError(f"empty {what} list")
+    if allowed is not None:
+        unknown = [i for i in items if i not in allowed]
+        if unknown:
+            raise ValueError(f"unknown {what} {', '.join(unknown)} (known: {', '.join(allowed)})")
+    return items
+
+
+def build_points(
+    sweep_name: str,
+    *,
+    values: str | None = None,
+    models: str | None = None,
+    impls: str | None = None,
+) -> list[Point]:
+    """Every point of a sweep, implementations interleaved per value (so drift hits both)."""
+    if sweep_name not in SWEEPS:
+        raise ValueError(f"unknown sweep {sweep_name!r} (known: {', '.join(SWEEPS)})")
+    sweep = SWEEPS[sweep_name]
+    strategy = STRATEGIES[sweep.strategy]
+    raw_values = parse_list(values, "value") if values else list(sweep.default_values)
+    parsed = []
+    for v in raw_values:
+        try:
+            parsed.append(sweep.parse(v))
+        except ValueError as e:
+            raise ValueError(f"bad value for --sweep {sweep.name}: {e}") from None
+    model_names = parse_list(models, "model", MODELS) if models else list(sweep.default_models)
+    impl_names = (
+        parse_list(impls, "implementation", strategy.impls)
+        if impls
+        else list(strategy.default_impls)
+    )
+    return [
+        Point(
+            sweep=sweep.name,
+            model=m,
+            value=v,
+            impl=i,
+            strategy=strategy.name,
+            options={sweep.option: v},
+        )
+        for m in model_names
+        for v in parsed
+        for i in impl_names
+    ]

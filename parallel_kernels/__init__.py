@@ -1,0 +1,1 @@
+"""Distributed training kernels: native and reference implementations side by side."""

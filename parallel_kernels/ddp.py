@@ -1,0 +1,231 @@
+"""Reference data parallelism: gradient buckets all-reduced while backward still runs.
+
+What it does, so that every byte it moves is known:
+
+1. At construction, rank 0's parameters and buffers are broadcast (one flat tensor per dtype), so
+   all replicas start equal.
+2. Trainable parameters are packed, in reverse registration order (the order backward usually
+   produces their gradients), into buckets of at most ``bucket_cap_mb`` megabytes (1 MB = 2**20
+   bytes, as ``torch.nn.parallel.DistributedDataParallel`` counts). A parameter larger than the
+   cap gets a bucket of its own; parameters are never split.
+3. A post-accumulate-grad hook per parameter copies its gradient into its bucket; when the last
+   gradient of a bucket arrives the bucket is divided by the world size and an asynchronous
+   all-reduce (sum) is launched, so communication overlaps the rest of backward. Buckets are
+   launched strictly in index order, so every rank issues the same collectives in the same order
+   even when gradients arrive in a different order.
+4. An autograd-engine callback at the end of backward launches whatever is left, waits for every
+   bucket and copies the averaged gradients back into ``param.grad``: when ``loss.backward()``
+   returns, gradients are synchronised and the optimiser can step.
+
+``overlap=False`` keeps the hooks but launches every bucket only at the end of backward, so the
+benefit of overlap can be measured rather than assumed. ``no_sync()`` skips synchronisation for
+gradient accumulation; the next synchronised backward all-reduces the accumulated gradients.
+
+Bytes moved per synchronised step (payload, as counted in ``comm_stats``): the gradient bytes of
+all trainable parameters, once. With a ring all-reduce each rank sends 2(n-1)/n of that.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.autograd import Variable
+from torch.profiler import record_function
+
+MB = 2**20
+
+
+@dataclass
+class CommStats:
+    """Cumulative count of what an implementation asked the backend to move (payload bytes)."""
+
+    calls: int = 0
+    bytes: int = 0
+
+    def add(self, tensor: torch.Tensor) -> None:
+        self.calls += 1
+        self.bytes += tensor.numel() * tensor.element_size()
+
+
+@dataclass
+class _Bucket:
+    params: list[nn.Parameter]
+    offsets: list[int]
+    buffer: torch.Tensor
+    pending: int = 0
+    work: dist.Work | None = None
+    ready: set[int] = field(default_factory=set)  # ids of params whose grad was copied in
+
+    @property
+    def nbytes(self) -> int:
+        return self.buffer.numel() * self.buffer.element_size()
+
+
+def plan_buckets(params: list[nn.Parameter], bucket_cap_mb: float) -> list[list[nn.Parameter]]:
+    """Group parameters (already in launch order) into buckets of at most ``bucket_cap_mb``.
+
+    A bucket closes before the parameter that would push it over the cap; a parameter larger than
+    the cap sits alone. Parameters of different dtype or device never share a bucket.
+    """
+    if bucket_cap_mb <= 0:
+        raise ValueError(f"bucket_cap_mb must be positive, got {bucket_cap_mb}")
+    cap = bucket_cap_mb * MB
+    buckets: list[list[nn.Parameter]] = []
+    current: list[nn.Parameter] = []
+    size = 0
+    for p in params:
+        nbytes = p.numel() * p.element_size()
+        compatible = not current or (current[0].dtype == p.dtype and current[0].device == p.device)
+        if current and (size + nbytes > cap or not compatible):
+            buckets.append(current)
+            current, size = [], 0
+        current.append(p)
+        size += nbytes
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+class ReferenceDDP(nn.Module):
+    """Data parallel wrapper built from ``torch.distributed`` collectives (see module docstring)."""
+
+    def __init__(
+        self,
+        module: nn.Module,
+        *,
+        group: dist.ProcessGroup | None = None,
+        bucket_cap_mb: float = 25.0,
+        overlap: bool = True,
+    ) -> None:
+        super().__init__()
+        self.module = module
+        self.group = group
+        self.world_size = dist.get_world_size(group)
+        self.overlap = overlap
+        self.require_sync = True
+        self.comm_stats = CommStats()
+        self._broadcast_state()
+
+        trainable = [p for p in module.parameters() if p.requires_grad]
+        self._buckets: list[_Bucket] = []
+        self._bucket_of: dict[int, _Bucket] = {}
+        for plist in plan_buckets(list(reversed(trainable)), bucket_cap_mb):
+            offsets, total = [], 0
+            for p in plist:
+                offsets.append(total)
+                total += p.numel()
+            buffer = torch.zeros(total, dtype=plist[0].dtype, device=plist[0].device)
+            bucket = _Bucket(params=plist, offsets=offsets, buffer=buffer, pending=len(plist))
+            self._buckets.append(bucket)
+            for p in plist:
+                self._bucket_of[id(p)] = bucket
+        self._offset_of = {
+            id(p): off for b in self._buckets for p, off in zip(b.params, b.offsets, strict=True)
+        }
+        self._next_launch = 0
+        self._callback_queued = False
+        for p in trainable:
+            p.register_post_accumulate_grad_hook(self._on_grad_ready)
+
+    # -- set-up -------------------------------------------------------------------------------
+    @torch.no_grad()
+    def _broadcast_state(self) -> None:
+        """Make every replica start from group rank 0's parameters and buffers."""
+        tensors = [*self.module.parameters(), *self.module.buffers()]
+        by_kind: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+        for t in tensors:
+            by_kind.setdefault((t.dtype, t.device), []).append(t)
+        for group_tensors in by_kind.values():
+            flat = torch.cat([t.reshape(-1) for t in group_tensors])
+            self.comm_stats.add(flat)
+            dist.broadcast(flat, group_src=0, group=self.group)
+            offset = 0
+            for t in group_tensors:
+                t.copy_(flat[offset : offset + t.numel()].view_as(t))
+                offset += t.numel()
+
+    # -- public API ---------------------------------------------------------------------------
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    @contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Accumulate gradients locally; the first backward after the block synchronises."""
+        previous, self.require_sync = self.require_sync, False
+        try:
+            yield
+        finally:
+            self.require_sync = previous
+
+    @property
+    def bucket_sizes(self) -> list[int]:
+        """Bytes per bucket, in launch order."""
+        return [b.nbytes for b in self._buckets]
+
+    # -- backward machinery -------------------------------------------------------------------
+    def _on_grad_ready(self, param: nn.Parameter) -> None:
+        if not self.require_sync:
+            return
+        if not self._callback_queued:
+            Variable._execution_engine.queue_callback(self._finish_backward)
+            self._callback_queued = True
+        bucket = self._bucket_of[id(param)]
+        off = self._offset_of[id(param)]
+        with torch.no_grad():
+            bucket.buffer[off : off + param.numel()].copy_(param.grad.reshape(-1))
+        bucket.ready.add(id(param))
+        bucket.pending -= 1
+        if self.overlap and bucket.pending == 0:
+            self._launch_in_order(only_ready=True)
+
+    def _launch_in_order(self, *, only_ready: bool) -> None:
+        # Prepare every bucket first, then start them all: in overlap-off mode no arithmetic of
+        # a later bucket runs while an earlier one is on the wire, so the baseline is clean.
+        first = self._next_launch
+        while self._next_launch < len(self._buckets):
+            bucket = self._buckets[self._next_launch]
+            if only_ready and bucket.pending:
+                break
+            self._prepare(bucket)
+            self._next_launch += 1
+        for bucket in self._buckets[first : self._next_launch]:
+            self._start(bucket)
+
+    @torch.no_grad()
+    def _prepare(self, bucket: _Bucket) -> None:
+        with record_function("ReferenceDDP.prepare_bucket"):
+            for p, off in zip(bucket.params, bucket.offsets, strict=True):
+                if id(p) not in bucket.ready:  # no gradient this step: contribute zeros
+                    bucket.buffer[off : off + p.numel()].zero_()
+            # Average as native DDP does: divide first, then sum (gloo has no AVG reduction).
+            bucket.buffer.div_(self.world_size)
+
+    def _start(self, bucket: _Bucket) -> None:
+        self.comm_stats.add(bucket.buffer)
+        bucket.work = dist.all_reduce(
+            bucket.buffer, op=dist.ReduceOp.SUM, group=self.group, async_op=True
+        )
+
+    def _finish_backward(self) -> None:
+        self._launch_in_order(only_ready=False)
+        with torch.no_grad(), record_function("ReferenceDDP.wait_buckets"):
+            for bucket in self._buckets:
+                bucket.work.wait()
+        with torch.no_grad(), record_function("ReferenceDDP.copy_grads_out"):
+            for bucket in self._buckets:
+                for p, off in zip(bucket.params, bucket.offsets, strict=True):
+                    synced = bucket.buffer[off : off + p.numel()].view_as(p)
+                    if p.grad is None:
+                        p.grad = synced.clone()
+                    else:
+                        p.grad.copy_(synced)
+                bucket.work = None
+                bucket.ready.clear()
+                bucket.pending = len(bucket.params)
+        self._next_launch = 0
+        self._callback_queued = False

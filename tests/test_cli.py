@@ -1,0 +1,83 @@
+"""Bad input: one clear line, exit status 2, no traceback, nothing overwritten."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.cli import main
+from bench.distenv import TORCHRUN_VARS
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def no_torchrun(monkeypatch):
+    for var in TORCHRUN_VARS:
+        monkeypatch.delenv(var, raising=False)
+
+
+def run_main(args, capsys) -> tuple[int, str]:
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    err = capsys.readouterr().err
+    return exc.value.code, err
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--sweep", "nope"], "unknown sweep 'nope'"),
+        (["--sweep", "bucket_cap_mb", "--values", "-1"], "must be a positive number"),
+        (["--sweep", "bucket_cap_mb", "--values", "0"], "must be a positive number"),
+        (["--sweep", "bucket_cap_mb", "--values", "1,abc"], "'abc' is not a number"),
+        (["--sweep", "bucket_cap_mb", "--values", "nan"], "must be a positive number"),
+        (["--sweep", "bucket_cap_mb", "--values", ","], "empty value list"),
+        (["--sweep", "bucket_cap_mb", "--model", "resnet"], "unknown model resnet"),
+        (["--sweep", "bucket_cap_mb", "--impl", "native,fast"], "unknown implementation fast"),
+        (["--sweep", "bucket_cap_mb", "--steps", "0"], "must be at least 1"),
+        (["--sweep", "bucket_cap_mb", "--nproc-per-node", "x"], "is not an integer"),
+        (["--values", "1"], "the following arguments are required: --sweep"),
+        (["--sweep", "bucket_cap_mb", "--resume"], "--resume needs --out"),
+        (["--sweep", "bucket_cap_mb"], "not launched by torchrun"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args, message, capsys):
+    code, err = run_main(args, capsys)
+    assert code == 2
+    assert message in err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+def test_existing_results_are_not_overwritten(tmp_path, capsys):
+    csv = tmp_path / "results.csv"
+    csv.write_text("sweep,value\nbucket_cap_mb,1\n")
+    code, err = run_main(
+        ["--sweep", "bucket_cap_mb", "--out", str(tmp_path), "--nproc-per-node", "2"], capsys
+    )
+    assert code == 2 and "already holds results" in err and "--resume" in err
+    assert csv.read_text() == "sweep,value\nbucket_cap_mb,1\n"
+
+
+def test_no_traceback_from_a_real_process():
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bench" / "run.py"),
+            "--sweep",
+            "bucket_cap_mb",
+            "--values",
+            "-3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
+    assert proc.returncode == 2
+    assert (
+        proc.stderr.strip() == "error: bad value for --sweep bucket_cap_mb: '-3' must be a "
+        "positive number"
+    )
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
