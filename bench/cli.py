@@ -9,7 +9,8 @@ from pathlib import Path
 
 from bench.distenv import fail, launched_by_torchrun
 from bench.results import has_results
-from bench.sweeps import SWEEPS, Point, build_points
+from bench.sweeps import SWEEPS, build_points, message_sizes, parse_list
+from parallel_kernels.collectives import COLLECTIVES, DTYPES, IMPLS
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -78,7 +79,58 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_int,
         help="without torchrun: start this many ranks here (torch elastic launcher)",
     )
+    c = p.add_argument_group("message_size sweep (flags after nccl-tests)")
+    c.add_argument("-b", "--min-bytes", default="1K", help="smallest size (default 1K)")
+    c.add_argument("-e", "--max-bytes", default="64M", help="largest size (default 64M)")
+    c.add_argument("-f", "--factor", default="2", help="size multiplier (default 2)")
+    c.add_argument("-n", "--iters", type=_positive_int, default=20, help="timed iterations")
+    c.add_argument("-w", "--warmup-iters", type=_non_negative_int, default=5)
+    c.add_argument(
+        "-c",
+        "--check",
+        type=int,
+        choices=[0, 1],
+        default=1,
+        help="count #wrong elements after timing (default 1)",
+    )
+    c.add_argument("-d", "--dtype", default="float32", help=f"one of {', '.join(DTYPES)}")
+    c.add_argument("-o", "--op", default="sum", help="reduction: sum, avg or max")
+    c.add_argument("--collectives", help=f"comma list (default all: {', '.join(COLLECTIVES)})")
     return p
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must not be negative")
+    return value
+
+
+def collective_plan(args: argparse.Namespace):
+    """Validate the message_size flags (before any rank starts)."""
+    from bench.collective_runner import CollectivePlan
+
+    if args.dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {args.dtype!r} (known: {', '.join(DTYPES)})")
+    if args.op not in ("sum", "avg", "max"):
+        raise ValueError(f"unknown reduction {args.op!r} (known: sum, avg, max)")
+    return CollectivePlan(
+        sizes=message_sizes(args.min_bytes, args.max_bytes, args.factor),
+        collectives=parse_list(args.collectives, "collective", COLLECTIVES)
+        if args.collectives
+        else list(COLLECTIVES),
+        impls=parse_list(args.impl, "implementation", dict.fromkeys(IMPLS))
+        if args.impl
+        else list(IMPLS),
+        dtype=args.dtype,
+        op=args.op,
+        iters=args.iters,
+        warmup=args.warmup_iters,
+        check=bool(args.check),
+    )
 
 
 def _self_launch(nproc: int, argv: list[str]) -> int:
@@ -118,9 +170,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     try:
-        points: list[Point] = build_points(
-            args.sweep, values=args.values, models=args.model, impls=args.impl
-        )
+        if args.sweep in SWEEPS and SWEEPS[args.sweep].kind == "collective":
+            plan, points = collective_plan(args), []
+        else:
+            plan, points = (
+                None,
+                build_points(args.sweep, values=args.values, models=args.model, impls=args.impl),
+            )
     except ValueError as e:
         fail(str(e))
     if args.resume and args.out is None:
@@ -139,6 +195,10 @@ def main(argv: list[str] | None = None) -> int:
             )
         return _self_launch(args.nproc_per_node, _strip_nproc(argv))
 
+    if plan is not None:
+        from bench.collective_runner import run_collective_sweep
+
+        return run_collective_sweep(args, plan, argv)
     from bench.sweep_runner import run_sweep  # imports torch.distributed machinery
 
     return run_sweep(args, points, argv)

@@ -189,7 +189,7 @@ def run_point(
     metrics, error = None, None
     try:
         metrics = _train_and_measure(point, env, cfg, group, trace_dir, progress)
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001  (any failure becomes the point's error row)
         error = f"{type(e).__name__}: {e}"
     gathered: list = [None] * env.world_size
     dist.all_gather_object(gathered, (metrics, error))

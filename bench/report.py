@@ -159,6 +159,103 @@ def _table(df: pd.DataFrame) -> str:
     return "\n".join(out)
 
 
+def busbw_figure(ok: pd.DataFrame, limits: dict) -> str:
+    """busbw against message size per collective, one line per implementation, with the
+    measured one-way point-to-point bandwidth as the reference line."""
+    colls = list(dict.fromkeys(ok["collective"]))
+    cols = min(3, len(colls))
+    rows = -(-len(colls) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.8 * cols, 3.4 * rows), squeeze=False)
+    for ax in axes.flat[len(colls) :]:
+        ax.set_visible(False)
+    for ax, coll in zip(axes.flat, colls, strict=False):
+        for impl, g in ok[ok["collective"] == coll].groupby("impl", sort=False):
+            ax.plot(g["size_bytes"], g["busbw_GBps"], marker="o", markersize=3, label=impl)
+        p2p = limits.get("p2p_GBps")
+        if p2p and not np.isnan(p2p):
+            ax.axhline(p2p, color="grey", linestyle="--", linewidth=1, label="point-to-point")
+        ax.set_xscale("log", base=2)
+        ax.set_title(coll)
+        ax.set_xlabel("message size S, bytes")
+        ax.set_ylabel("busbw, GB/s")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def _collective_headline(ok: pd.DataFrame, limits: dict) -> str:
+    lines = []
+    for coll, g in ok.groupby("collective", sort=False):
+        best = g.groupby("impl")["busbw_GBps"].max()
+        text = f"<b>{coll}</b>: best busbw " + ", ".join(
+            f"{impl} {v:.2f} GB/s" for impl, v in best.items()
+        )
+        if {"native", "reference"} <= set(best.index):
+            text += f" (reference/native {best['reference'] / best['native']:.2f})"
+        lines.append(text)
+    p2p = limits.get("p2p_GBps")
+    if p2p:
+        lines.append(
+            f"point-to-point {p2p:.2f} GB/s one way, "
+            f"{limits.get('p2p_bidir_GBps', float('nan')):.2f} GB/s per direction both "
+            f"ways; memory copy {limits.get('memcpy_GBps', float('nan')):.2f} GB/s"
+        )
+    return "<br>".join(lines)
+
+
+def _plain_table(df: pd.DataFrame, cols: list[str]) -> str:
+    cols = [c for c in cols if c in df]
+    out = ["<table><tr>" + "".join(f"<th>{c}</th>" for c in cols) + "</tr>"]
+    for _, row in df.iterrows():
+        cells = []
+        for c in cols:
+            v = row[c]
+            if isinstance(v, float):
+                cells.append(f'<td class="num">{"" if np.isnan(v) else f"{v:,.3f}"}</td>')
+            else:
+                cells.append(f"<td>{html.escape(str(v))}</td>")
+        out.append("<tr>" + "".join(cells) + "</tr>")
+    out.append("</table>")
+    return "\n".join(out)
+
+
+def render_collectives(meta: dict, df: pd.DataFrame) -> list[str]:
+    ok = df[df["status"] == "ok"]
+    limits = meta.get("limits", {})
+    parts = [f"<p class='headline'>{_collective_headline(ok, limits)}</p>"]
+    if len(ok):
+        parts += [
+            "<h2>Bus bandwidth</h2>",
+            busbw_figure(ok, limits),
+            "<p>algbw = S / t with S the whole buffer in bytes and t the slowest rank's "
+            "median time; busbw = algbw x 2(n-1)/n for all-reduce, x (n-1)/n for "
+            "all-gather, reduce-scatter and all-to-all, x 1 for broadcast (nccl-tests, "
+            "doc/PERFORMANCE.md); GB = 1e9 bytes. #wrong counts elements that differ "
+            "from the exact expected result, summed over ranks.</p>",
+        ]
+    parts += [
+        "<h2>All sizes</h2>",
+        _plain_table(
+            df,
+            [
+                "collective",
+                "op",
+                "dtype",
+                "size_bytes",
+                "count",
+                "impl",
+                "time_us",
+                "algbw_GBps",
+                "busbw_GBps",
+                "wrong",
+                "status",
+            ],
+        ),
+    ]
+    return parts
+
+
 def render(meta: dict, df: pd.DataFrame, run_dir: Path) -> str:
     sweep = meta.get("sweep", "?")
     ok = df[df["status"] == "ok"] if len(df) else df
@@ -174,9 +271,13 @@ def render(meta: dict, df: pd.DataFrame, run_dir: Path) -> str:
         f"<h1>Sweep <code>{sweep}</code>: {html.escape(run_dir.name)}</h1>",
         f"<p>{html.escape(env)}. Started {meta.get('start_time')}, "
         f"ended {meta.get('end_time')}.</p>",
-        f"<p class='headline'>{headline(meta, df) if len(df) else 'no results'}</p>",
     ]
-    if len(ok):
+    collective = "collective" in df.columns
+    if collective:
+        parts += render_collectives(meta, df)
+    else:
+        parts.append(f"<p class='headline'>{headline(meta, df) if len(df) else 'no results'}</p>")
+    if len(ok) and not collective:
         parts += [
             "<h2>Step time</h2>",
             step_time_figure(ok, sweep),
@@ -187,7 +288,8 @@ def render(meta: dict, df: pd.DataFrame, run_dir: Path) -> str:
             f"Computation below {COMPUTE_SHARE_TARGET:.0%} of the step is flagged in the "
             "table.</p>",
         ]
-    parts += ["<h2>All points</h2>", _table(df) if len(df) else "<p>none</p>"]
+    if not collective:
+        parts += ["<h2>All points</h2>", _table(df) if len(df) else "<p>none</p>"]
     if len(failed):
         parts.append(
             "<h2 class='err'>Failed points</h2><ul>"

@@ -57,6 +57,16 @@ TRAINING_EXTRA_COLUMNS = [
 ]
 
 
+# The collective sweep's columns (DESIGN.md section 3), then extras.
+COLLECTIVE_COLUMNS = [
+    "sweep", "collective", "impl", "world_size", "dtype", "size_bytes", "count", "time_us",
+    "algbw_GBps", "busbw_GBps", "wrong", "status", "error",
+]
+COLLECTIVE_EXTRA_COLUMNS = [
+    "op", "time_us_min", "time_us_max", "busbw_frac_p2p", "iters", "point", "backend", "device",
+]
+
+
 def utc_now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 

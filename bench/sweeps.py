@@ -31,11 +31,12 @@ def positive_float(text: str) -> float:
 class Sweep:
     name: str
     description: str
-    strategy: str
-    option: str  # the strategy option that the sweep varies
-    default_values: tuple[str, ...]
-    parse: Callable[[str], Any]
-    default_models: tuple[str, ...]
+    kind: str = "training"  # "training": points of a strategy; "collective": message sizes
+    strategy: str = ""
+    option: str = ""  # the strategy option that the sweep varies
+    default_values: tuple[str, ...] = ()
+    parse: Callable[[str], Any] = str
+    default_models: tuple[str, ...] = ()
 
 
 SWEEPS: dict[str, Sweep] = {
@@ -51,8 +52,46 @@ SWEEPS: dict[str, Sweep] = {
             parse=positive_float,
             default_models=("mlp", "wide_mlp"),
         ),
+        Sweep(
+            name="message_size",
+            description="every collective, native and reference, over message sizes "
+            "(nccl-tests flags -b -e -f -n -w -c -d)",
+            kind="collective",
+        ),
     )
 }
+
+_SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from ``1024``, ``1K``, ``64M``, ``1G`` (binary multiples, as nccl-tests reads
+    them)."""
+    m = re.fullmatch(r"\s*(\d+)\s*([KMG]?)i?B?\s*", str(text), re.IGNORECASE)
+    if not m:
+        raise ValueError(f"size {text!r} is not a number of bytes (e.g. 1024, 1K, 64M, 1G)")
+    return int(m.group(1)) * _SUFFIX[m.group(2).upper()]
+
+
+def message_sizes(min_bytes: str, max_bytes: str, factor: str) -> list[int]:
+    """Sizes from min to max (both included when reached), multiplying by ``factor``."""
+    lo, hi = parse_size(min_bytes), parse_size(max_bytes)
+    try:
+        f = int(factor)
+    except ValueError:
+        raise ValueError(f"factor {factor!r} is not an integer") from None
+    if lo < 1:
+        raise ValueError("min bytes must be at least 1")
+    if lo > hi:
+        raise ValueError(f"min bytes {lo} is larger than max bytes {hi}")
+    if f < 2:
+        raise ValueError(f"factor must be at least 2, got {f}")
+    sizes = []
+    size = lo
+    while size <= hi:
+        sizes.append(size)
+        size *= f
+    return sizes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,6 +137,8 @@ def build_points(
     if sweep_name not in SWEEPS:
         raise ValueError(f"unknown sweep {sweep_name!r} (known: {', '.join(SWEEPS)})")
     sweep = SWEEPS[sweep_name]
+    if sweep.kind != "training":
+        raise ValueError(f"sweep {sweep_name!r} has no training points")
     strategy = STRATEGIES[sweep.strategy]
     raw_values = parse_list(values, "value") if values else list(sweep.default_values)
     parsed = []

@@ -47,7 +47,7 @@ def _worker(rank: int, world_size: int, port: int, tasks: mp.Queue, results: mp.
         fn, args, kwargs = task
         try:
             results.put((rank, True, fn(*args, **kwargs)))
-        except BaseException:
+        except BaseException:  # noqa: BLE001  (report everything, SystemExit included)
             results.put((rank, False, traceback.format_exc()))
     dist.destroy_process_group()
 

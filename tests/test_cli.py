@@ -41,6 +41,20 @@ def run_main(args, capsys) -> tuple[int, str]:
         (["--values", "1"], "the following arguments are required: --sweep"),
         (["--sweep", "bucket_cap_mb", "--resume"], "--resume needs --out"),
         (["--sweep", "bucket_cap_mb"], "not launched by torchrun"),
+        (["--sweep", "message_size", "-b", "abc"], "'abc' is not a number of bytes"),
+        (["--sweep", "message_size", "-b", "2M", "-e", "1M"], "larger than max bytes"),
+        (["--sweep", "message_size", "-f", "1"], "factor must be at least 2"),
+        (["--sweep", "message_size", "-f", "x"], "factor 'x' is not an integer"),
+        (
+            ["--sweep", "message_size", "--collectives", "all_reduce,gossip"],
+            "unknown collective gossip",
+        ),
+        (["--sweep", "message_size", "-d", "int8"], "unknown dtype 'int8'"),
+        (["--sweep", "message_size", "-o", "min"], "unknown reduction 'min'"),
+        (["--sweep", "message_size", "-c", "2"], "invalid choice"),
+        (["--sweep", "message_size", "-n", "0"], "must be at least 1"),
+        (["--sweep", "message_size", "--impl", "nccl"], "unknown implementation nccl"),
+        (["--sweep", "message_size"], "not launched by torchrun"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, message, capsys):

@@ -13,8 +13,22 @@ from bench.results import TRAINING_COLUMNS
 
 REPO = Path(__file__).resolve().parents[1]
 TORCHRUN = Path(sys.executable).with_name("torchrun")
-SMALL = ["--sweep", "bucket_cap_mb", "--values", "0.25,5", "--model", "mlp", "--steps", "3",
-         "--warmup-steps", "1", "--profile-steps", "2", "--point-timeout", "30"]
+SMALL = [
+    "--sweep",
+    "bucket_cap_mb",
+    "--values",
+    "0.25,5",
+    "--model",
+    "mlp",
+    "--steps",
+    "3",
+    "--warmup-steps",
+    "1",
+    "--profile-steps",
+    "2",
+    "--point-timeout",
+    "30",
+]
 
 
 def launch(cmd: list[str], timeout: float = 180) -> subprocess.CompletedProcess:
@@ -26,8 +40,17 @@ def launch(cmd: list[str], timeout: float = 180) -> subprocess.CompletedProcess:
 @pytest.mark.timeout(400)
 def test_sweep_writes_the_data_contract_and_resumes(tmp_path):
     out, reports = tmp_path / "run", tmp_path / "reports"
-    cmd = [str(TORCHRUN), "--standalone", "--nproc_per_node=2", "bench/run.py", *SMALL,
-           "--out", str(out), "--reports-dir", str(reports)]
+    cmd = [
+        str(TORCHRUN),
+        "--standalone",
+        "--nproc_per_node=2",
+        "bench/run.py",
+        *SMALL,
+        "--out",
+        str(out),
+        "--reports-dir",
+        str(reports),
+    ]
     proc = launch(cmd)
     assert proc.returncode == 0, proc.stderr[-3000:]
     last = proc.stdout.strip().splitlines()[-1]
@@ -35,8 +58,20 @@ def test_sweep_writes_the_data_contract_and_resumes(tmp_path):
     assert "[4/4] mlp-bucket_cap_mb=5-reference: ok" in proc.stdout
 
     meta = json.loads((out / "meta.json").read_text())
-    for key in ("run_id", "sweep", "argv", "torch_version", "backend", "device", "world_size",
-                "nodes", "host", "git_commit", "start_time", "end_time"):
+    for key in (
+        "run_id",
+        "sweep",
+        "argv",
+        "torch_version",
+        "backend",
+        "device",
+        "world_size",
+        "nodes",
+        "host",
+        "git_commit",
+        "start_time",
+        "end_time",
+    ):
         assert key in meta, key
     assert meta["world_size"] == 2 and meta["backend"] == "gloo" and meta["end_time"]
 
@@ -57,8 +92,19 @@ def test_sweep_writes_the_data_contract_and_resumes(tmp_path):
     assert len(pd.read_csv(out / "results.csv")) == 4  # untouched
 
     # Resume through the built-in launcher (no torchrun): every finished point is skipped.
-    resumed = launch([sys.executable, "bench/run.py", *SMALL, "--out", str(out), "--resume",
-                      "--nproc-per-node", "2", "--no-report"])
+    resumed = launch(
+        [
+            sys.executable,
+            "bench/run.py",
+            *SMALL,
+            "--out",
+            str(out),
+            "--resume",
+            "--nproc-per-node",
+            "2",
+            "--no-report",
+        ]
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert resumed.stdout.count("already done, skipped (--resume)") == 4
     assert len(pd.read_csv(out / "results.csv")) == 4

@@ -1,0 +1,128 @@
+"""What every sweep shares: start-up, the run folder, the writer, resume, and the closing lines."""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import torch
+import torch.distributed as dist
+
+from bench.distenv import DistEnv, fail, init_distributed
+from bench.results import (
+    ResultsWriter,
+    default_run_dir,
+    done_points,
+    git_commit,
+    has_results,
+    utc_now,
+    write_meta,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class RunContext:
+    args: argparse.Namespace
+    env: DistEnv
+    run_dir: Path
+    skip: set[str]
+    writer: ResultsWriter | None = None  # rank 0 only
+    meta: dict = field(default_factory=dict)
+
+    def write(self, row: dict) -> None:
+        if self.writer is not None:
+            self.writer.append(row)
+
+
+def _prepare_run_dir(args: argparse.Namespace) -> tuple[Path | None, str | None]:
+    """Rank 0 only: pick the folder, refuse to overwrite finished results."""
+    run_dir = args.out if args.out is not None else default_run_dir(Path("results"), args.sweep)
+    finished = has_results(run_dir)
+    if finished and not args.resume:
+        return None, (
+            f"{run_dir} already holds results: pass --resume to continue it, or "
+            f"choose another --out"
+        )
+    if args.resume and not finished:
+        return None, f"--resume: {run_dir} holds no results.csv to continue"
+    try:
+        (run_dir / "traces").mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        return None, f"cannot create {run_dir}: {e.strerror}"
+    return run_dir, None
+
+
+def _meta(args, argv, env: DistEnv, run_dir: Path) -> dict:
+    return {
+        "run_id": run_dir.name,
+        "sweep": args.sweep,
+        "argv": argv,
+        "torch_version": torch.__version__,
+        "python": platform.python_version(),
+        "backend": env.backend,
+        "device": env.device.type,
+        "device_name": torch.cuda.get_device_name(env.device)
+        if env.device.type == "cuda"
+        else platform.processor() or platform.machine(),
+        "world_size": env.world_size,
+        "nodes": env.nnodes,
+        "ranks_per_node": env.local_world_size,
+        "host": env.host,
+        "git_commit": git_commit(REPO),
+        "start_time": utc_now(),
+        "end_time": None,
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+    }
+
+
+def start_run(
+    args: argparse.Namespace, argv: list[str], columns: list[str], timeout_s: float = 300.0
+) -> RunContext:
+    """Initialise the process group; rank 0 prepares the folder and every rank learns it."""
+    env = init_distributed(backend=args.backend, timeout_s=timeout_s)
+    decision: list = [None]
+    if env.is_main:
+        decision = [_prepare_run_dir(args)]
+    dist.broadcast_object_list(decision, group_src=0)
+    run_dir, error = decision[0]
+    if error:
+        dist.destroy_process_group()
+        fail(error)
+    ctx = RunContext(args=args, env=env, run_dir=run_dir, skip=set())
+    if env.is_main:
+        ctx.meta = _meta(args, argv, env, run_dir)
+        write_meta(run_dir / "meta.json", ctx.meta)
+        ctx.writer = ResultsWriter(run_dir / "results.csv", columns)
+        ctx.skip = done_points(run_dir / "results.csv") if args.resume else set()
+    shared = [ctx.skip]
+    dist.broadcast_object_list(shared, group_src=0)
+    ctx.skip = shared[0]
+    return ctx
+
+
+def finish_run(ctx: RunContext, summary: Callable[[pd.DataFrame], str]) -> int:
+    """Rank 0: close meta.json, print the summary table, write the report, name both last."""
+    if ctx.env.is_main:
+        ctx.meta["end_time"] = utc_now()
+        write_meta(ctx.run_dir / "meta.json", ctx.meta)
+        df = pd.read_csv(ctx.run_dir / "results.csv")
+        print("\n" + summary(df), flush=True)
+        report_path = None
+        if not ctx.args.no_report:
+            from bench.report import write_report
+
+            try:
+                report_path = write_report(ctx.run_dir, ctx.args.reports_dir)
+            except Exception as e:  # noqa: BLE001  (results are safe; say why there is no report)
+                print(f"report not written: {type(e).__name__}: {e}", file=sys.stderr)
+        tail = f"  report: {report_path}" if report_path else ""
+        print(f"results: {ctx.run_dir}{tail}", flush=True)
+    dist.destroy_process_group()
+    return 0

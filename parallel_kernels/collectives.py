@@ -1,0 +1,220 @@
+"""One registry: every collective is one row (after nccl-tests' ``struct testColl``).
+
+Sizes follow nccl-tests: ``count`` is the number of elements of the whole buffer S
+(all-reduce, broadcast: the buffer; all-gather: the output; reduce-scatter: the input; all-to-all:
+the send buffer), so ``S = count * itemsize`` and the per-rank block of the gathering and
+scattering collectives is ``count / n`` (``count`` is rounded down to a multiple of n, as
+nccl-tests does).
+
+Bus bandwidth (nccl-tests doc/PERFORMANCE.md): algbw = S / t, busbw = algbw * factor(n), with
+factor 2(n-1)/n for all-reduce, (n-1)/n for all-gather, reduce-scatter and all-to-all, 1 for
+broadcast. busbw is what each rank's link must carry, so it can be compared with the link's own
+bandwidth whatever n is.
+
+Inputs are small integers stored in floating point, chosen so that every sum, average and
+maximum is exact in float32, bfloat16 and float16: the expected output is known exactly, and
+``#wrong`` is an exact count of differing elements.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from parallel_kernels import algorithms as alg
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "max": dist.ReduceOp.MAX}
+# Largest integer below which every integer is exact, per dtype.
+_EXACT_LIMIT = {torch.float32: 1 << 24, torch.bfloat16: 256, torch.float16: 2048}
+
+Run = Callable[[torch.Tensor, torch.Tensor, str, "dist.ProcessGroup | None"], None]
+
+
+def _value_range(dtype: torch.dtype, n: int, op: str) -> int:
+    """Largest per-rank base value k so that n ranks' sums (of n * k for avg) stay exact."""
+    scale = n * n if op == "avg" else n
+    return max(1, min(5, _EXACT_LIMIT[dtype] // scale))
+
+
+def _tile(period: torch.Tensor, count: int) -> torch.Tensor:
+    reps = -(-count // max(1, len(period)))
+    return period.repeat(reps)[:count]
+
+
+def base_values(rank: int, start: int, count: int, k: int) -> torch.Tensor:
+    """Rank ``rank``'s value at global element indices ``start .. start+count``:
+    ``(index + 3 rank) mod k + 1``, in 1..k (built from one period, so it is cheap at any size)."""
+    idx = torch.arange(start, start + k, dtype=torch.int64)
+    return _tile(((idx + 3 * rank) % k + 1).to(torch.float64), count)
+
+
+def _reduce_over_ranks(n: int, start: int, count: int, k: int, op: str) -> torch.Tensor:
+    # Every rank's pattern has period k, so their reduction does too: reduce one period.
+    vals = torch.stack([base_values(r, start, k, k) for r in range(n)])
+    period = vals.max(0).values if op == "max" else vals.sum(0)
+    return _tile(period, count)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Collective:
+    name: str
+    ops: tuple[str, ...]  # reductions it takes; ("none",) for pure data movement
+    busbw_factor: Callable[[int], float]
+    in_count: Callable[[int, int], int]  # (count, n) -> elements of this rank's input
+    out_count: Callable[[int, int], int]
+    in_place: bool  # output is the input buffer (all-reduce, broadcast)
+    native: Run
+    reference: Run
+    # (count, dtype, rank, n, op) -> (input as float64, expected output as float64)
+    pattern: Callable[[int, torch.dtype, int, int, str], tuple[torch.Tensor, torch.Tensor]]
+    needs_multiple_of_n: bool = False
+
+    def align(self, count: int, n: int) -> int:
+        return count - count % n if self.needs_multiple_of_n else count
+
+    def size_bytes(self, count: int, dtype: torch.dtype) -> int:
+        return count * torch.empty((), dtype=dtype).element_size()
+
+    def buffers(
+        self, count: int, dtype: torch.dtype, rank: int, n: int, op: str, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(input, output, expected) on ``device``; output is input when in place."""
+        inp64, expected64 = self.pattern(count, dtype, rank, n, op)
+        inp = inp64.to(dtype).to(device)
+        out = inp if self.in_place else torch.empty(self.out_count(count, n), dtype=dtype,
+                                                    device=device)
+        return inp, out, expected64.to(dtype).to(device)
+
+    def run(self, impl: str, inp, out, op: str, group=None) -> None:
+        (self.native if impl == "native" else self.reference)(inp, out, op, group)
+
+
+def count_wrong(out: torch.Tensor, expected: torch.Tensor) -> int:
+    """Elements that differ from the exact expected result (NaN counts as wrong)."""
+    return int((out != expected).sum().item())
+
+
+# -- patterns: what each rank holds before, and must hold after ------------------------------
+def _all_reduce_pattern(count, dtype, rank, n, op):
+    k = _value_range(dtype, n, op)
+    mult = n if op == "avg" else 1
+    inp = base_values(rank, 0, count, k) * mult
+    return inp, _reduce_over_ranks(n, 0, count, k, op)
+
+
+def _broadcast_pattern(count, dtype, rank, n, op):
+    k = _value_range(dtype, n, "none")
+    root = base_values(0, 0, count, k)
+    # Non-root ranks start with values the root never sends, so a missed byte shows.
+    return (root if rank == 0 else torch.full((count,), -7.0, dtype=torch.float64)), root
+
+
+def _all_gather_pattern(count, dtype, rank, n, op):
+    k = _value_range(dtype, n, "none")
+    block = count // n
+    inp = base_values(rank, rank * block, block, k)
+    out = torch.cat([base_values(r, r * block, block, k) for r in range(n)])
+    return inp, out
+
+
+def _reduce_scatter_pattern(count, dtype, rank, n, op):
+    k = _value_range(dtype, n, op)
+    block = count // n
+    mult = n if op == "avg" else 1
+    inp = base_values(rank, 0, count, k) * mult
+    return inp, _reduce_over_ranks(n, rank * block, block, k, op)
+
+
+def _all_to_all_pattern(count, dtype, rank, n, op):
+    k = _value_range(dtype, n, "none")
+    block = count // n
+    inp = base_values(rank, 0, count, k)  # block j goes to rank j
+    out = torch.cat([base_values(src, rank * block, block, k) for src in range(n)])
+    return inp, out
+
+
+# -- native: torch.distributed ---------------------------------------------------------------
+def _native_all_reduce(inp, out, op, group):
+    dist.all_reduce(inp, op=OPS[op], group=group)
+
+
+def _native_broadcast(inp, out, op, group):
+    dist.broadcast(inp, group_src=0, group=group)
+
+
+def _native_all_gather(inp, out, op, group):
+    # all_gather_single is the current name of all_gather_into_tensor (torch >= 2.12)
+    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    fn(out, inp, group=group)
+
+
+def _native_reduce_scatter(inp, out, op, group):
+    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    fn(out, inp, op=OPS[op], group=group)
+
+
+def _native_all_to_all(inp, out, op, group):
+    dist.all_to_all_single(out, inp, group=group)
+
+
+# -- reference: parallel_kernels.algorithms --------------------------------------------------
+def _ref_all_reduce(inp, out, op, group):
+    alg.ring_all_reduce(inp, op, group)
+
+
+def _ref_broadcast(inp, out, op, group):
+    alg.broadcast(inp, 0, group)
+
+
+def _ref_all_gather(inp, out, op, group):
+    alg.ring_all_gather(out, inp, group)
+
+
+def _ref_reduce_scatter(inp, out, op, group):
+    alg.ring_reduce_scatter(out, inp, op, group)
+
+
+def _ref_all_to_all(inp, out, op, group):
+    alg.pairwise_all_to_all(out, inp, group)
+
+
+COLLECTIVES: dict[str, Collective] = {
+    c.name: c
+    for c in (
+        Collective(
+            name="all_reduce", ops=("sum", "avg", "max"),
+            busbw_factor=lambda n: 2 * (n - 1) / n,
+            in_count=lambda c, n: c, out_count=lambda c, n: c, in_place=True,
+            native=_native_all_reduce, reference=_ref_all_reduce, pattern=_all_reduce_pattern,
+        ),
+        Collective(
+            name="broadcast", ops=("none",), busbw_factor=lambda n: 1.0,
+            in_count=lambda c, n: c, out_count=lambda c, n: c, in_place=True,
+            native=_native_broadcast, reference=_ref_broadcast, pattern=_broadcast_pattern,
+        ),
+        Collective(
+            name="all_gather", ops=("none",), busbw_factor=lambda n: (n - 1) / n,
+            in_count=lambda c, n: c // n, out_count=lambda c, n: c, in_place=False,
+            native=_native_all_gather, reference=_ref_all_gather, pattern=_all_gather_pattern,
+            needs_multiple_of_n=True,
+        ),
+        Collective(
+            name="reduce_scatter", ops=("sum", "avg", "max"),
+            busbw_factor=lambda n: (n - 1) / n,
+            in_count=lambda c, n: c, out_count=lambda c, n: c // n, in_place=False,
+            native=_native_reduce_scatter, reference=_ref_reduce_scatter,
+            pattern=_reduce_scatter_pattern, needs_multiple_of_n=True,
+        ),
+        Collective(
+            name="all_to_all", ops=("none",), busbw_factor=lambda n: (n - 1) / n,
+            in_count=lambda c, n: c, out_count=lambda c, n: c, in_place=False,
+            native=_native_all_to_all, reference=_ref_all_to_all, pattern=_all_to_all_pattern,
+            needs_multiple_of_n=True,
+        ),
+    )
+}
+IMPLS = ("native", "reference")
