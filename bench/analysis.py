@@ -1,30 +1,37 @@
 """Kineto traces -> DataFrames: where the time of a training step went.
 
-Definitions follow ``DESIGN.md`` section 4 (after HolisticTraceAnalysis's temporal breakdown and
-communication-computation overlap):
+Definitions follow ``DESIGN.md`` section 4 and HolisticTraceAnalysis (traceinsight 0.6.1), so
+that the GPU figures can be checked against it:
 
 GPU traces
-    Kernels are communication (``^nccl``, ``ncclKernel``, ``ncclDevKernel``, ``^hccl``), memory
-    (``Memcpy``/``Memset``) or computation (the rest).
+    Device events are the events with a stream (kernels, memcpy, memset). They are
+    communication (``^nccl``, ``^hccl``, ``^hip``, ``ncclKernel``), memory (``Memcpy``,
+    ``Memset``, ``dma``) or computation (the rest, except synchronisation and launch
+    records, which are "other"). A kernel belongs to the ``ProfilerStep#N`` whose CPU side
+    launched it (same ``correlation`` id), however late it ran.
 CPU traces (gloo)
     gloo runs each collective on a worker thread (``gloo:all_reduce`` ...); communication is the
     union of those spans. The main thread (the one carrying ``ProfilerStep#N``) computes;
     computation is the union of its ops minus the time it spends issuing or waiting for
     collectives (``c10d::*``, ``record_param_comms``, anything named ``*wait*``).
 
-Per rank and per step window: compute = |C|, comm = |M|, overlap = |C & M|, exposed
-communication = |M - C|, idle = window - |C | M|, overlap % = overlap / comm. On GPU traces the
-utilisation is |union of kernels| / window.
+Per rank and step window: compute = |C|, comm = |M|, overlap = |C & M|, exposed communication =
+|M - C|, idle = window - |all device work| (CPU: |C | M|), non-compute = window - compute - idle,
+overlap % = overlap / comm, utilisation = |all work| / window. On GPU traces this is the GPU
+utilisation; on CPU traces the same ratio is reported as ``cpu_busy_pct`` (main thread computing
+or a collective in flight), never as GPU utilisation.
 
-Every function below takes and returns DataFrames with stable column names; the command line
-and the report are separate layers.
+Every analysis is a function from DataFrames to DataFrames with stable columns; the command line
+(``python -m bench.analysis TRACE_DIR``) and the reports are separate layers.
 """
 
 from __future__ import annotations
 
-import gzip
+import argparse
 import json
+import math
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,172 +39,99 @@ import numpy as np
 import pandas as pd
 
 from bench import intervals as iv
+from bench.trace_reader import TraceError, read_trace
 
-COMM_KERNEL = re.compile(r"^nccl|ncclKernel|ncclDevKernel|^hccl")
-MEMORY_KERNEL = re.compile(r"Memcpy|Memset")
+__all__ = ["TraceError"]
+
+# traceinsight 0.6.1's kernel groups (hta/common/types.py), applied with re.match.
+COMM_KERNEL = re.compile(r"(^nccl.*)|(^hip)|(^hccl)|(.*ncclKernel.*)")
+MEMORY_KERNEL = re.compile(r"(^(hip)?Memcpy)|(^(hip)?Memset)|(^dma)")
+NOT_COMPUTE_KERNEL = re.compile(
+    r"(^nccl)|(.*Memcpy)|(.*Memset)|(.*dma)|(^.*Sync)|(^Stream Wait Event)|(cuda.*LaunchKernel)"
+    r"|(^runFunction)|(^hip)|(^job_exe)|(^packet)|(^pe_exe)|(^cpum_exe_subgraph)|(^hccl)"
+    r"|(^collective_subgraph_execution)"
+)
 # Main-thread CPU ops that issue or wait for communication rather than compute.
 COMM_CPU_OP = re.compile(r"^(?:c10d::|record_param_comms|nccl:|gloo:)|wait", re.IGNORECASE)
 GLOO_SPAN = re.compile(r"^gloo:")
 STEP = re.compile(r"^ProfilerStep#(\d+)$")
 
-DTYPE_BYTES = {
-    "float": 4,
-    "double": 8,
-    "c10::Half": 2,
-    "c10::BFloat16": 2,
-    "long int": 8,
-    "int": 4,
-    "short int": 2,
-    "signed char": 1,
-    "unsigned char": 1,
-    "bool": 1,
-    # record_param_comms spells dtypes as torch does
-    "Float": 4,
-    "Double": 8,
-    "Half": 2,
-    "BFloat16": 2,
-    "Long": 8,
-    "Int": 4,
-    "Byte": 1,
-    "Char": 1,
-}
-
-EVENT_COLUMNS = ["name", "cat", "ts", "dur", "pid", "tid", "nbytes", "correlation"]
 BREAKDOWN_COLUMNS = [
-    "rank",
-    "step",
-    "window_us",
-    "compute_us",
-    "comm_us",
-    "memory_us",
-    "overlap_us",
-    "exposed_comm_us",
-    "idle_us",
-    "non_compute_us",
-    "overlap_pct",
-    "compute_comm_ratio",
-    "gpu_util_pct",
-    "comm_calls",
-    "comm_bytes",
-]
-
-
-class TraceError(ValueError):
-    """A trace that cannot be read; the message names the file."""
+    "rank", "step", "window_us", "compute_us", "comm_us", "memory_us", "overlap_us",
+    "exposed_comm_us", "idle_us", "non_compute_us", "overlap_pct", "compute_comm_ratio",
+    "gpu_util_pct", "cpu_busy_pct", "comm_calls", "comm_bytes",
+]  # fmt: skip
+RANK_COLUMNS = [
+    "rank", "device", "kernel_time_us", "idle_pct", "compute_pct", "non_compute_pct",
+    "comm_comp_overlap_pct", "gpu_util_pct", "cpu_busy_pct", "steps", "file",
+]  # fmt: skip
 
 
 @dataclass
 class Trace:
     path: Path
     meta: dict
-    events: pd.DataFrame  # complete events (ph == "X"), EVENT_COLUMNS
+    events: pd.DataFrame  # complete events, trace_reader's columns
     memory: pd.DataFrame = field(default_factory=pd.DataFrame)  # ts, total_allocated, bytes
 
     @property
+    def dist_info(self) -> dict:
+        return self.meta.get("distributedInfo") or {}
+
+    @property
     def rank(self) -> int:
-        return int(self.meta.get("distributedInfo", {}).get("rank", 0))
+        return int(self.dist_info.get("rank", 0))
+
+    @property
+    def world_size(self) -> int:
+        return int(self.dist_info.get("world_size", 1))
 
     @property
     def is_gpu(self) -> bool:
-        return bool((self.events["cat"] == "kernel").any())
-
-
-def _payload_bytes(e: dict) -> float:
-    """Payload of a collective event: NCCL-style metadata, else input shapes x dtype."""
-    args = e.get("args") or {}
-    if "In msg nelems" in args:
-        size = DTYPE_BYTES.get(str(args.get("dtype")), np.nan)
-        return float(args["In msg nelems"]) * size
-    dims, types = args.get("Input Dims"), args.get("Input type")
-    if not dims or not types:
-        return np.nan
-    total = 0.0
-    for d, t in zip(dims, types, strict=False):
-        if isinstance(d, list) and d and all(isinstance(x, int) for x in d):
-            total += float(np.prod(d)) * DTYPE_BYTES.get(t, np.nan)
-    return total
+        return bool((self.events["stream"] >= 0).any())
 
 
 def load_trace(path: str | Path) -> Trace:
-    path = Path(path)
-    try:
-        opener = gzip.open if path.suffix == ".gz" else open
-        with opener(path, "rt") as f:
-            raw = json.load(f)
-    except (OSError, EOFError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise TraceError(f"{path}: not a readable trace ({type(e).__name__}: {e})") from None
-    if not isinstance(raw, dict) or "traceEvents" not in raw:
-        raise TraceError(f"{path}: no traceEvents (not a Kineto trace)")
-    rows, mem = [], []
-    for e in raw["traceEvents"]:
-        ph = e.get("ph")
-        if ph == "X":
-            name = e.get("name", "")
-            is_comm = e.get("cat") == "kernel" and COMM_KERNEL.search(name)
-            is_comm = is_comm or GLOO_SPAN.match(name) or name == "record_param_comms"
-            rows.append(
-                (
-                    name,
-                    e.get("cat", ""),
-                    float(e.get("ts", 0)),
-                    float(e.get("dur", 0)),
-                    e.get("pid"),
-                    e.get("tid"),
-                    _payload_bytes(e) if is_comm else np.nan,
-                    (e.get("args") or {}).get("correlation", -1),
-                )
-            )
-        elif ph == "i" and e.get("name") == "[memory]":
-            a = e.get("args", {})
-            mem.append(
-                (
-                    float(e["ts"]),
-                    a.get("Total Allocated", np.nan),
-                    a.get("Bytes", np.nan),
-                    a.get("Device Type", 0),
-                )
-            )
-    meta = {k: v for k, v in raw.items() if k != "traceEvents"}
-    events = pd.DataFrame(rows, columns=EVENT_COLUMNS)
-    memory = pd.DataFrame(mem, columns=["ts", "total_allocated", "bytes", "device_type"])
-    return Trace(path=path, meta=meta, events=events, memory=memory)
+    meta, events, memory = read_trace(path)
+    return Trace(path=Path(path), meta=meta, events=events, memory=memory)
 
 
+# -- step windows and classification ---------------------------------------------------------
 def step_windows(events: pd.DataFrame) -> pd.DataFrame:
-    """One row per ``ProfilerStep#N``: step, start, end (microseconds)."""
-    steps = events[events["name"].str.match(STEP)]
-    out = pd.DataFrame(
-        {
-            "step": steps["name"].str.extract(STEP, expand=False).astype(int),
-            "start": steps["ts"],
-            "end": steps["ts"] + steps["dur"],
-        }
-    )
-    return out.sort_values("step").reset_index(drop=True)
+    """One row per CPU-side ``ProfilerStep#N``: step, start, end (microseconds)."""
+    names = events["name"].astype(str)
+    steps = events[names.str.match(STEP) & (events["stream"] < 0)]
+    out = pd.DataFrame({
+        "step": steps["name"].astype(str).str.extract(STEP, expand=False).astype(int),
+        "start": steps["ts"],
+        "end": steps["ts"] + steps["dur"],
+    })  # fmt: skip
+    return out.drop_duplicates("step").sort_values("step").reset_index(drop=True)
+
+
+def _kernel_kind(name: str) -> str:
+    if COMM_KERNEL.match(name):
+        return "comm"
+    if MEMORY_KERNEL.match(name):
+        return "memory"
+    if not NOT_COMPUTE_KERNEL.match(name):
+        return "compute"
+    return "other"
 
 
 def classify(events: pd.DataFrame, *, gpu: bool) -> pd.DataFrame:
-    """Add ``kind``: compute, comm, memory, comm_cpu (issuing/waiting) or other."""
+    """Add ``kind``: compute, comm, memory, other (device events), comm_cpu (CPU issuing or
+    waiting) or none (not counted)."""
     ev = events.copy()
-    kind = np.full(len(ev), "other", dtype=object)
-    names = ev["name"]
+    names = ev["name"].astype(str)
+    kind = np.full(len(ev), "none", dtype=object)
     if gpu:
-        device = ev["cat"].isin(["kernel", "gpu_memcpy", "gpu_memset"]).to_numpy()
-        comm = names.str.contains(COMM_KERNEL).to_numpy() & device
-        memory = (
-            (
-                names.str.contains(MEMORY_KERNEL).to_numpy()
-                | ev["cat"].isin(["gpu_memcpy", "gpu_memset"]).to_numpy()
-            )
-            & device
-            & ~comm
-        )
-        kind[device] = "compute"
-        kind[memory] = "memory"
-        kind[comm] = "comm"
+        device = (ev["stream"] >= 0).to_numpy()
+        # Classify each distinct name once: traces repeat a few hundred names many times.
+        lookup = {n: _kernel_kind(n) for n in pd.unique(names[device])}
+        kind[device] = names[device].map(lookup).to_numpy()
     else:
-        main_tid = _main_thread(ev)
-        on_main = (ev["tid"] == main_tid).to_numpy()
+        on_main = (ev["tid"] == _main_thread(ev)).to_numpy()
         ops = ev["cat"].isin(["cpu_op", "user_annotation"]).to_numpy()
         step = names.str.match(STEP).to_numpy()
         comm_cpu = names.str.contains(COMM_CPU_OP).to_numpy()
@@ -209,7 +143,7 @@ def classify(events: pd.DataFrame, *, gpu: bool) -> pd.DataFrame:
 
 
 def _main_thread(events: pd.DataFrame):
-    steps = events[events["name"].str.match(STEP)]
+    steps = events[events["name"].astype(str).str.match(STEP)]
     if len(steps):
         return steps["tid"].iloc[0]
     ops = events[events["cat"] == "cpu_op"]
@@ -221,69 +155,157 @@ def _spans(ev: pd.DataFrame, mask) -> np.ndarray:
     return iv.as_intervals(sub["ts"], sub["ts"] + sub["dur"])
 
 
+def launch_step(ev: pd.DataFrame, windows: pd.DataFrame) -> pd.Series:
+    """Step of each event: CPU events by their start, device events by their launch (the CPU
+    event with the same correlation id); -1 outside every step."""
+    launch_ts = ev["ts"].copy()
+    device = ev["stream"] >= 0
+    if device.any():
+        cpu = ev[~device & (ev["correlation"] >= 0)].drop_duplicates("correlation")
+        by_corr = cpu.set_index("correlation")["ts"]
+        launch_ts[device] = ev.loc[device, "correlation"].map(by_corr).to_numpy()
+    step = np.full(len(ev), -1)
+    ts = launch_ts.to_numpy()
+    for w in windows.itertuples():
+        step[(ts >= w.start) & (ts < w.end)] = w.step
+    return pd.Series(step, index=ev.index)
+
+
+def comm_bytes_from_launch(ev: pd.DataFrame) -> pd.Series:
+    """``nbytes`` with each communication kernel given the bytes of the ``record_param_comms``
+    span enclosing the CPU call that launched it (same correlation id): NCCL kernels carry no
+    size of their own."""
+    out = ev["nbytes"].copy()
+    kernels = ev["kind"] == "comm"
+    rpc = ev[(ev["name"] == "record_param_comms") & ev["nbytes"].notna()].sort_values("ts")
+    if rpc.empty or not kernels.any():
+        return out
+    launches = ev[(ev["stream"] < 0) & (ev["correlation"] >= 0)].drop_duplicates("correlation")
+    launch_ts = ev.loc[kernels, "correlation"].map(launches.set_index("correlation")["ts"])
+    launch_ts = launch_ts.to_numpy(dtype=float)
+    starts, ends = rpc["ts"].to_numpy(), (rpc["ts"] + rpc["dur"]).to_numpy()
+    idx = np.searchsorted(starts, launch_ts, side="right") - 1
+    ok = (idx >= 0) & ~np.isnan(launch_ts)
+    ok[ok] &= launch_ts[ok] <= ends[idx[ok]]
+    found = np.full(len(launch_ts), np.nan)
+    found[ok] = rpc["nbytes"].to_numpy()[idx[ok]]
+    out[kernels] = found
+    return out
+
+
+# -- per-step temporal breakdown -------------------------------------------------------------
 def breakdown(trace: Trace) -> pd.DataFrame:
     """Per-step temporal breakdown and overlap of one rank's trace (BREAKDOWN_COLUMNS)."""
     gpu = trace.is_gpu
     ev = classify(trace.events, gpu=gpu)
-    compute_all = _spans(ev, ev["kind"] == "compute")
-    if not gpu:  # time the main thread spends issuing or waiting is not computation
-        compute_all = iv.subtract(compute_all, _spans(ev, ev["kind"] == "comm_cpu"))
-    comm_all = _spans(ev, ev["kind"] == "comm")
-    memory_all = _spans(ev, ev["kind"] == "memory")
-    comm_ev = ev[ev["kind"] == "comm"]
+    windows = step_windows(ev)
+    ev["step"] = launch_step(ev, windows)
+    if gpu:
+        ev["nbytes"] = comm_bytes_from_launch(ev)
     rows = []
-    for w in step_windows(ev).itertuples():
-        lo, hi = w.start, w.end
-        if gpu:  # GPU work lags the CPU step that launched it: use the device's own window
-            lo, hi = _gpu_window(ev, w.start, w.end)
-            if hi <= lo:
+    for w in windows.itertuples():
+        if gpu:  # the device's own window: first to last event launched by this step
+            mine = ev[(ev["step"] == w.step) & (ev["stream"] >= 0)]
+            if mine.empty:
                 continue
-        c, m = iv.clip(compute_all, lo, hi), iv.clip(comm_all, lo, hi)
-        mem = iv.clip(memory_all, lo, hi)
+            lo, hi = float(mine["ts"].min()), float((mine["ts"] + mine["dur"]).max())
+            scope = mine
+        else:
+            lo, hi, scope = w.start, w.end, ev
+        kinds = scope["kind"]
+        c = iv.clip(_spans(scope, kinds == "compute"), lo, hi)
+        if not gpu:  # time the main thread spends issuing or waiting is not computation
+            c = iv.subtract(c, iv.clip(_spans(scope, kinds == "comm_cpu"), lo, hi))
+        m = iv.clip(_spans(scope, kinds == "comm"), lo, hi)
+        mem = iv.clip(_spans(scope, kinds == "memory"), lo, hi)
+        other = iv.clip(_spans(scope, kinds == "other"), lo, hi)
         window = hi - lo
-        busy = iv.length(np.vstack([c, m, mem]))
+        busy = iv.length(np.vstack([c, m, mem, other]))
         compute, comm = iv.length(c), iv.length(m)
         overlap = iv.length(iv.intersect(c, m))
-        in_step = comm_ev[(comm_ev["ts"] >= lo) & (comm_ev["ts"] < hi)]
-        rows.append(
-            {
-                "rank": trace.rank,
-                "step": w.step,
-                "window_us": window,
-                "compute_us": compute,
-                "comm_us": comm,
-                "memory_us": iv.length(mem),
-                "overlap_us": overlap,
-                "exposed_comm_us": comm - overlap,
-                "idle_us": window - busy,
-                "non_compute_us": busy - compute,
-                "overlap_pct": 100.0 * overlap / comm if comm > 0 else np.nan,
-                "compute_comm_ratio": compute / comm if comm > 0 else np.nan,
-                "gpu_util_pct": 100.0 * busy / window if gpu and window > 0 else np.nan,
-                "comm_calls": len(in_step),
-                "comm_bytes": in_step["nbytes"].sum(min_count=1),
-            }
-        )
+        calls = ev[(ev["kind"] == "comm") & (ev["step"] == w.step)]
+        util = 100.0 * busy / window if window > 0 else np.nan
+        rows.append({
+            "rank": trace.rank, "step": w.step, "window_us": window, "compute_us": compute,
+            "comm_us": comm, "memory_us": iv.length(mem), "overlap_us": overlap,
+            "exposed_comm_us": comm - overlap, "idle_us": window - busy,
+            "non_compute_us": busy - compute,
+            "overlap_pct": 100.0 * overlap / comm if comm > 0 else np.nan,
+            "compute_comm_ratio": compute / comm if comm > 0 else np.nan,
+            "gpu_util_pct": util if gpu else np.nan,
+            "cpu_busy_pct": np.nan if gpu else util,
+            "comm_calls": len(calls), "comm_bytes": calls["nbytes"].sum(min_count=1),
+        })  # fmt: skip
     return pd.DataFrame(rows, columns=BREAKDOWN_COLUMNS)
 
 
-def _gpu_window(ev: pd.DataFrame, start: float, end: float) -> tuple[float, float]:
-    """GPU window of a CPU step: first to last device event launched during the step.
+# -- whole-trace figures, as HolisticTraceAnalysis computes them -----------------------------
+def hta_filter(events: pd.DataFrame) -> pd.DataFrame:
+    """HTA's default trace filter: drop what the last (incomplete) ProfilerStep and anything
+    after it launched. CPU events are kept when they start before the last ProfilerStep;
+    device events when their launch (same correlation id) is kept. Applied only when the trace
+    holds two or more distinct steps."""
+    names = events["name"].astype(str)
+    is_step = names.str.match(STEP)
+    if names[is_step].nunique() < 2:
+        return events
+    cpu = events["stream"] < 0
+    cutoff = events.loc[is_step & cpu, "ts"].max()
+    keep_cpu = cpu & (events["ts"] < cutoff)
+    kept_corr = set(events.loc[keep_cpu & (events["correlation"] >= 0), "correlation"])
+    keep_dev = ~cpu & events["correlation"].isin(kept_corr)
+    return events[keep_cpu | keep_dev]
 
-    Device work lags the CPU, so a kernel belongs to the step whose CPU side launched it: the
-    runtime call (``cudaLaunchKernel`` ...) with the same ``correlation`` id. Device events
-    without a launch record fall back to their own start time.
-    """
-    dev = ev[ev["kind"].isin(["compute", "comm", "memory"])]
-    runtime = ev[ev["cat"].isin(["cuda_runtime", "cuda_driver"]) & (ev["correlation"] != -1)]
-    launch_ts = dev["correlation"].map(
-        runtime.drop_duplicates("correlation").set_index("correlation")["ts"]
-    )
-    launch_ts = launch_ts.fillna(dev["ts"])
-    inside = dev[(launch_ts >= start) & (launch_ts < end)]
-    if inside.empty:
-        return 0.0, 0.0
-    return float(inside["ts"].min()), float((inside["ts"] + inside["dur"]).max())
+
+def _hta_round(events: pd.DataFrame) -> pd.DataFrame:
+    """HTA rounds fractional microsecond timestamps inwards: end = floor(ts + dur),
+    ts = ceil(ts)."""
+    ev = events.copy()
+    end = np.floor(ev["ts"].to_numpy() + ev["dur"].to_numpy())
+    ev["ts"] = np.ceil(ev["ts"].to_numpy())
+    ev["dur"] = end - ev["ts"].to_numpy()
+    return ev
+
+
+def rank_summary(trace: Trace) -> dict:
+    """Whole-trace temporal breakdown and overlap of one rank (RANK_COLUMNS), computed as
+    HolisticTraceAnalysis's ``get_temporal_breakdown`` and ``get_comm_comp_overlap`` do on GPU
+    traces; on CPU traces the same definitions over the traced steps."""
+    gpu = trace.is_gpu
+    base = {"rank": trace.rank, "device": "gpu" if gpu else "cpu", "file": trace.path.name}
+    if not gpu:
+        steps = breakdown(trace)
+        window = steps["window_us"].sum()
+        if steps.empty or window <= 0:
+            return {**base, "steps": 0}
+        s = steps.sum(numeric_only=True)
+        return {
+            **base, "kernel_time_us": window, "steps": len(steps),
+            "idle_pct": 100 * s["idle_us"] / window, "compute_pct": 100 * s["compute_us"] / window,
+            "non_compute_pct": 100 * s["non_compute_us"] / window,
+            "comm_comp_overlap_pct": 100 * s["overlap_us"] / s["comm_us"] if s["comm_us"] > 0
+            else np.nan,
+            "gpu_util_pct": np.nan, "cpu_busy_pct": 100 * (window - s["idle_us"]) / window,
+        }  # fmt: skip
+    ev = classify(_hta_round(hta_filter(trace.events)), gpu=True)
+    dev = ev[ev["stream"] >= 0]
+    if dev.empty:
+        return {**base, "steps": 0}
+    everything = iv.union(_spans(dev, slice(None)))
+    window = everything[-1, 1] - everything[0, 0]
+    busy = iv.length(everything)
+    compute = iv.union(_spans(dev, dev["kind"] == "compute"))
+    comm = iv.union(_spans(dev, dev["kind"] == "comm"))
+    comm_len = iv.length(comm)
+    idle = window - busy
+    return {
+        **base, "kernel_time_us": window, "steps": len(step_windows(trace.events)),
+        "idle_pct": 100 * idle / window, "compute_pct": 100 * iv.length(compute) / window,
+        "non_compute_pct": 100 * (window - iv.length(compute) - idle) / window,
+        "comm_comp_overlap_pct": 100 * iv.length(iv.intersect(comm, compute)) / comm_len
+        if comm_len > 0 else np.nan,
+        "gpu_util_pct": 100 * busy / window, "cpu_busy_pct": np.nan,
+    }  # fmt: skip
 
 
 def memory_peak_delta(trace: Trace) -> float:
@@ -316,15 +338,150 @@ def summarize(steps: pd.DataFrame) -> dict:
         "compute_comm_ratio": m["compute_us"] / comm if comm > 0 else np.nan,
         "overlap_pct": 100.0 * m["overlap_us"] / comm if comm > 0 else np.nan,
         "gpu_util_pct": m["gpu_util_pct"],
+        "cpu_busy_pct": m["cpu_busy_pct"],
         "comm_calls_per_step": m["comm_calls"],
         "comm_bytes_per_step": m["comm_bytes"],
     }
 
 
+# -- a folder of per-rank traces -------------------------------------------------------------
+TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz", ".json", ".json.gz")
+
+
 def trace_files(folder: str | Path) -> list[Path]:
     folder = Path(folder)
-    return sorted(
-        p
-        for p in folder.rglob("*")
-        if p.name.endswith((".pt.trace.json", ".pt.trace.json.gz", ".json", ".json.gz"))
+    return sorted(p for p in folder.rglob("*") if p.is_file() and p.name.endswith(TRACE_SUFFIXES))
+
+
+@dataclass
+class TraceSet:
+    traces: list[Trace]
+    problems: list[str]
+
+
+def load_trace_dir(folder: str | Path) -> TraceSet:
+    """Every readable trace of a folder, one per rank, with what was wrong with the rest.
+
+    Unreadable files are reported and skipped; traces of another run (different world size or
+    backend from the majority) are set aside; of two traces for one rank the newer is kept;
+    ranks missing from the world size are named. Raises TraceError only if nothing is usable.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise TraceError(f"{folder}: not a folder")
+    files = trace_files(folder)
+    if not files:
+        raise TraceError(f"{folder}: no trace files (*.pt.trace.json, *.json.gz) in it")
+    traces, problems = [], []
+    for f in files:
+        try:
+            traces.append(load_trace(f))
+        except TraceError as e:
+            problems.append(f"skipped {e}")
+    if traces:
+        key = lambda t: (t.world_size, t.dist_info.get("backend"))  # noqa: E731
+        keys = [key(t) for t in traces]
+        majority = max(set(keys), key=keys.count)
+        for t in [t for t in traces if key(t) != majority]:
+            problems.append(
+                f"skipped {t.path}: from another run (world size {t.world_size}, "
+                f"backend {t.dist_info.get('backend')}; the others: {majority})"
+            )
+        traces = [t for t in traces if key(t) == majority]
+        by_rank: dict[int, Trace] = {}
+        for t in sorted(traces, key=lambda t: t.path.stat().st_mtime):
+            if t.rank in by_rank:
+                problems.append(
+                    f"skipped {by_rank[t.rank].path}: rank {t.rank} has a newer "
+                    f"trace, {t.path.name}"
+                )
+            by_rank[t.rank] = t
+        traces = [by_rank[r] for r in sorted(by_rank)]
+        missing = sorted(set(range(traces[0].world_size)) - set(by_rank))
+        if missing:
+            shown = ", ".join(map(str, missing[:8])) + (" ..." if len(missing) > 8 else "")
+            problems.append(
+                f"{len(missing)} of {traces[0].world_size} ranks have no trace "
+                f"here ({shown}): cross-rank figures cover the ranks present"
+            )
+    if not traces:
+        raise TraceError(f"{folder}: no readable trace: " + "; ".join(problems))
+    return TraceSet(traces=traces, problems=problems)
+
+
+def analyse(ts: TraceSet) -> dict[str, pd.DataFrame]:
+    """All tables for a set of per-rank traces: ranks, steps, collectives, waits, stragglers."""
+    from bench.comm_analysis import collective_calls, collective_summary, stragglers, wait_split
+
+    steps = pd.concat([breakdown(t) for t in ts.traces], ignore_index=True)
+    ranks = pd.DataFrame([rank_summary(t) for t in ts.traces], columns=RANK_COLUMNS)
+    calls = pd.concat([collective_calls(t) for t in ts.traces], ignore_index=True)
+    world = ts.traces[0].world_size
+    calls = wait_split(calls)
+    return {
+        "ranks": ranks,
+        "steps": steps,
+        "collectives": collective_summary(calls, world),
+        "stragglers": stragglers(steps, calls),
+    }
+
+
+# -- command line ----------------------------------------------------------------------------
+def _records(df: pd.DataFrame) -> list[dict]:
+    out = []
+    for rec in df.to_dict(orient="records"):
+        out.append(
+            {
+                k: (
+                    None
+                    if isinstance(v, float) and math.isnan(v)
+                    else v.item()
+                    if isinstance(v, np.generic)
+                    else v
+                )
+                for k, v in rec.items()
+            }
+        )
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m bench.analysis", description="Analyse a folder of per-rank Kineto traces."
     )
+    p.add_argument("trace_dir", type=Path)
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    p.add_argument("--csv", type=Path, metavar="DIR", help="also write each table as DIR/<t>.csv")
+    args = p.parse_args(argv)
+    try:
+        ts = load_trace_dir(args.trace_dir)
+    except TraceError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for problem in ts.problems:
+        print(f"warning: {problem}", file=sys.stderr)
+    tables = analyse(ts)
+    if args.csv:
+        args.csv.mkdir(parents=True, exist_ok=True)
+        for name, df in tables.items():
+            df.to_csv(args.csv / f"{name}.csv", index=False)
+    if args.json:
+        print(
+            json.dumps(
+                {name: _records(df) for name, df in tables.items()} | {"problems": ts.problems}
+            )
+        )
+        return 0
+    with pd.option_context("display.width", 200, "display.max_columns", 30):
+        for name, df in tables.items():
+            print(f"\n== {name} ==")
+            print(
+                df.to_string(index=False, float_format=lambda v: f"{v:.2f}")
+                if len(df)
+                else "(none)"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

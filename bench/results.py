@@ -59,11 +59,29 @@ TRAINING_EXTRA_COLUMNS = [
 
 # The collective sweep's columns (DESIGN.md section 3), then extras.
 COLLECTIVE_COLUMNS = [
-    "sweep", "collective", "impl", "world_size", "dtype", "size_bytes", "count", "time_us",
-    "algbw_GBps", "busbw_GBps", "wrong", "status", "error",
+    "sweep",
+    "collective",
+    "impl",
+    "world_size",
+    "dtype",
+    "size_bytes",
+    "count",
+    "time_us",
+    "algbw_GBps",
+    "busbw_GBps",
+    "wrong",
+    "status",
+    "error",
 ]
 COLLECTIVE_EXTRA_COLUMNS = [
-    "op", "time_us_min", "time_us_max", "busbw_frac_p2p", "iters", "point", "backend", "device",
+    "op",
+    "time_us_min",
+    "time_us_max",
+    "busbw_frac_p2p",
+    "iters",
+    "point",
+    "backend",
+    "device",
 ]
 
 

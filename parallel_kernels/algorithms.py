@@ -22,7 +22,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-SEGMENT_BYTES = 1 << 20  # pipelining grain: large enough that per-message overhead is small
+SEGMENT_BYTES = 2 << 20  # pipelining grain; 2 MiB measured best or near-best here from 2 to 32 MiB
 
 Reduce = Callable[[torch.Tensor, torch.Tensor], None]  # acc <- acc (op) incoming
 

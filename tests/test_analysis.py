@@ -83,28 +83,20 @@ def test_gpu_kernels_are_classified_like_hta(tmp_path):
         _x("ProfilerStep#2", 50, 50, cat="user_annotation"),
         # launched during step 1 (correlation 1-3), running on the GPU well after it
         _x("cudaLaunchKernel", 5, 2, cat="cuda_runtime", args={"correlation": 1}),
+        _x("record_param_comms", 9, 5, args={"In msg nelems": 256, "dtype": "Float"}),
         _x("cudaLaunchKernel", 10, 2, cat="cuda_runtime", args={"correlation": 2}),
         _x("cudaMemcpyAsync", 20, 2, cat="cuda_runtime", args={"correlation": 3}),
         _x("cudaLaunchKernel", 60, 2, cat="cuda_runtime", args={"correlation": 4}),
-        _x("ampere_sgemm_128x64_nn", 100, 40, tid=20, cat="kernel", args={"correlation": 1}),
-        _x(
-            "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
-            120,
-            50,
-            tid=21,
-            cat="kernel",
-            args={"In msg nelems": 256, "dtype": "Float", "correlation": 2},
-        ),
-        _x(
-            "Memcpy DtoD (Device -> Device)",
-            180,
-            10,
-            tid=20,
-            cat="gpu_memcpy",
-            args={"correlation": 3},
-        ),
-        _x("ampere_sgemm_128x64_nn", 200, 30, tid=20, cat="kernel", args={"correlation": 4}),
-    ]
+        _x("ampere_sgemm_128x64_nn", 100, 40, tid=20, cat="kernel",
+           args={"correlation": 1, "stream": 7}),
+        # the kernel carries no size: it comes from the record_param_comms that launched it
+        _x("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 120, 50, tid=21, cat="kernel",
+           args={"correlation": 2, "stream": 20}),
+        _x("Memcpy DtoD (Device -> Device)", 180, 10, tid=20, cat="gpu_memcpy",
+           args={"correlation": 3, "stream": 7}),
+        _x("ampere_sgemm_128x64_nn", 200, 30, tid=20, cat="kernel",
+           args={"correlation": 4, "stream": 7}),
+    ]  # fmt: skip
     path = tmp_path / "t.json.gz"
     with gzip.open(path, "wt") as f:
         json.dump({"traceEvents": events}, f)

@@ -1,0 +1,143 @@
+"""Collectives in traces: each call, its bytes, the time spent waiting for the slowest rank versus
+moving data, and which rank the others waited for.
+
+The k-th call of a collective on one rank is the same operation as the k-th call of it on every
+other rank (collectives are issued in the same order everywhere). A collective cannot finish
+before its last participant arrives, so the shortest duration of a call across ranks is the time
+the data movement itself took ("transfer"); whatever a rank spent beyond that was waiting for
+the slowest rank ("wait").
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from bench.analysis import (
+    STEP,
+    Trace,
+    classify,
+    comm_bytes_from_launch,
+    launch_step,
+    step_windows,
+)
+
+CALL_COLUMNS = ["rank", "step", "collective", "name", "ts", "dur", "nbytes", "seq"]
+SUMMARY_COLUMNS = [
+    "rank", "collective", "calls", "bytes", "total_us", "median_us", "algbw_GBps", "busbw_GBps",
+    "wait_us", "transfer_us", "wait_pct",
+]  # fmt: skip
+STRAGGLER_COLUMNS = [
+    "step", "slowest_rank", "compute_skew_us", "window_skew_us", "others_wait_us",
+    "slowest_wait_us",
+]  # fmt: skip
+
+_NCCL_KERNEL = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+)")
+_CAMEL = re.compile(r"(?<!^)(?=[A-Z])")
+# Bus bandwidth factor per collective (nccl-tests doc/PERFORMANCE.md).
+BUSBW_FACTOR = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+    "alltoall": lambda n: (n - 1) / n,
+}
+
+
+def collective_type(name: str) -> str:
+    """``gloo:all_reduce`` -> all_reduce; ``ncclDevKernel_AllReduce_Sum_f32_RING_LL`` ->
+    all_reduce; ``ncclKernel_SendRecv`` -> send_recv."""
+    if name.startswith("gloo:"):
+        return name[5:]
+    m = _NCCL_KERNEL.search(name)
+    if m:
+        return _CAMEL.sub("_", m.group(1)).lower()
+    return name
+
+
+def collective_calls(trace: Trace) -> pd.DataFrame:
+    """One row per collective call of one rank (CALL_COLUMNS), ``seq`` numbering the calls of
+    each collective in order. On GPU traces the bytes come from the ``record_param_comms`` op
+    that launched the kernel."""
+    gpu = trace.is_gpu
+    ev = classify(trace.events, gpu=gpu)
+    ev["step"] = launch_step(ev, step_windows(ev))
+    if gpu:
+        ev["nbytes"] = comm_bytes_from_launch(ev)
+    comm = ev[ev["kind"] == "comm"].copy()
+    if comm.empty:
+        return pd.DataFrame(columns=CALL_COLUMNS)
+    comm["name"] = comm["name"].astype(str)
+    comm["collective"] = comm["name"].map(collective_type)
+    comm["rank"] = trace.rank
+    comm = comm.sort_values("ts")
+    comm["seq"] = comm.groupby("collective").cumcount()
+    return comm[CALL_COLUMNS].reset_index(drop=True)
+
+
+def wait_split(calls: pd.DataFrame) -> pd.DataFrame:
+    """Add ``transfer_us`` (the shortest duration of the same call across ranks) and
+    ``wait_us`` (the rest). With a single rank there is nothing to compare: both are NaN."""
+    calls = calls.copy()
+    if calls.empty:
+        calls["transfer_us"] = calls["wait_us"] = pd.Series(dtype=float)
+        return calls
+    group = calls.groupby(["collective", "seq"])["dur"]
+    present = calls.groupby(["collective", "seq"])["rank"].transform("nunique")
+    transfer = group.transform("min").where(present > 1)
+    calls["transfer_us"] = transfer
+    calls["wait_us"] = calls["dur"] - transfer
+    return calls
+
+
+def collective_summary(calls: pd.DataFrame, world_size: int) -> pd.DataFrame:
+    """Per rank and collective: calls, bytes, total and median time, algbw and busbw (GB/s, over
+    the summed time), and the wait/transfer split."""
+    if calls.empty:
+        return pd.DataFrame(columns=SUMMARY_COLUMNS)
+    rows = []
+    for (rank, coll), g in calls.groupby(["rank", "collective"], sort=True):
+        total, nbytes = g["dur"].sum(), g["nbytes"].sum(min_count=1)
+        # algbw over S as nccl-tests sizes it: all-gather's S is the output, n x the input.
+        size = nbytes * (world_size if coll == "all_gather" else 1)
+        algbw = size / (total * 1e-6) / 1e9 if total > 0 else np.nan
+        factor = BUSBW_FACTOR.get(coll, lambda n: 1.0)(world_size)
+        wait = g["wait_us"].sum(min_count=1)
+        rows.append({
+            "rank": rank, "collective": coll, "calls": len(g), "bytes": nbytes,
+            "total_us": total, "median_us": g["dur"].median(), "algbw_GBps": algbw,
+            "busbw_GBps": algbw * factor, "wait_us": wait,
+            "transfer_us": g["transfer_us"].sum(min_count=1),
+            "wait_pct": 100 * wait / total if total > 0 else np.nan,
+        })  # fmt: skip
+    return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+
+
+def stragglers(steps: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
+    """Per step: the rank the others waited for (the one that waited least in collectives, or
+    computed most when there are no collectives), how far apart the ranks' compute and step
+    windows are, and how long the others waited on average."""
+    if steps.empty or steps["rank"].nunique() < 2:
+        return pd.DataFrame(columns=STRAGGLER_COLUMNS)
+    waits = (
+        calls.groupby(["step", "rank"])["wait_us"].sum() if len(calls) else pd.Series(dtype=float)
+    )
+    rows = []
+    for step, g in steps.groupby("step"):
+        g = g.set_index("rank")
+        w = pd.Series({r: waits.get((step, r), np.nan) for r in g.index})
+        slowest = int(w.idxmin()) if w.notna().any() else int(g["compute_us"].idxmax())
+        others = w.drop(slowest)
+        rows.append({
+            "step": step, "slowest_rank": slowest,
+            "compute_skew_us": g["compute_us"].max() - g["compute_us"].min(),
+            "window_skew_us": g["window_us"].max() - g["window_us"].min(),
+            "others_wait_us": others.mean() if others.notna().any() else np.nan,
+            "slowest_wait_us": w.get(slowest, np.nan),
+        })  # fmt: skip
+    return pd.DataFrame(rows, columns=STRAGGLER_COLUMNS)
+
+
+__all__ = ["STEP", "collective_calls", "collective_summary", "stragglers", "wait_split"]
