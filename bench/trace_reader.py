@@ -1,10 +1,17 @@
-"""Stream a Kineto trace into compact columns, one event at a time.
+"""Read a Kineto trace into compact columns, in bounded memory and fast.
 
-``json.load`` of a trace builds a dict per event (hundreds of bytes each, several GB for a 1 GB
-file). Here the top-level object is walked with the C JSON scanner (``raw_decode``) over a
-rolling text buffer, each event is decoded, reduced to the few fields the analysis needs and
-appended to typed arrays (strings interned as category codes), then dropped. Memory is about 50
-bytes per kept event plus one read buffer, whatever the file size.
+``json.load`` of a trace builds a dict per event with every argument (hundreds of bytes each,
+several GB for a 1 GB file), and picking fields out of those dicts costs more than parsing.
+Here msgspec decodes events straight into small typed structs holding only the fields the
+analysis reads (unknown keys are skipped in C), and those are appended to typed arrays, strings
+interned as category codes.
+
+Files are read in chunks: the top-level object is walked with the standard library's scanner,
+and the events array is cut at event boundaries into batches decoded in one call each, then
+dropped, so memory stays at about 60 bytes per kept event plus one chunk. Kineto writes each
+event of ``traceEvents`` at an indentation of two spaces, so ``"\\n  },"`` ends an event (a
+newline cannot occur inside a JSON string). Text laid out otherwise is decoded whole up to
+``WHOLE_LIMIT`` characters, and beyond that event by event.
 """
 
 from __future__ import annotations
@@ -16,12 +23,15 @@ from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pandas as pd
 
+CHUNK = 1 << 18  # characters read and decoded at a time (small batches stay in cache)
+WHOLE_LIMIT = 64 << 20  # text not laid out as Kineto's is decoded whole up to this size
 _WS = re.compile(r"[ \t\n\r]*")
 _DECODER = json.JSONDecoder()
-CHUNK = 1 << 22
+_EVENT_END = "\n  },"
 
 # Bytes per element for the dtype spellings of record_shapes ("Input type") and of
 # record_param_comms ("dtype").
@@ -38,14 +48,194 @@ class TraceError(ValueError):
     """A trace that cannot be read; the message names the file."""
 
 
+class Args(msgspec.Struct):
+    """The event arguments the analysis reads; every other key is skipped while decoding."""
+
+    correlation: int | str | None = -1
+    stream: int | str | None = -1
+    in_nelems: int | float | None = msgspec.field(default=None, name="In msg nelems")
+    dtype: str | None = None
+    input_dims: list | None = msgspec.field(default=None, name="Input Dims")
+    input_type: list | None = msgspec.field(default=None, name="Input type")
+    total_allocated: float | None = msgspec.field(default=None, name="Total Allocated")
+    nbytes: float | None = msgspec.field(default=None, name="Bytes")
+
+
+class Event(msgspec.Struct):
+    ph: str | None = None
+    name: str | int | None = ""
+    cat: str | None = ""
+    ts: float | None = 0.0
+    dur: float | None = 0.0
+    pid: int | str | None = ""
+    tid: int | str | None = ""
+    args: Args | None = None
+
+
+_NO_ARGS = Args()
+_DOC_DECODER = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_EVENTS_DECODER = msgspec.json.Decoder(list[Event])
+
+
+def payload_bytes(a: Args) -> float:
+    """Bytes a collective moves: NCCL metadata (``In msg nelems`` x dtype), else the product of
+    the input shapes x dtype (gloo spans, ``c10d::`` ops with ``record_shapes``)."""
+    if a.in_nelems is not None:
+        return float(a.in_nelems) * DTYPE_BYTES.get(str(a.dtype), np.nan)
+    if not a.input_dims or not a.input_type:
+        return np.nan
+    total = 0.0
+    for d, t in zip(a.input_dims, a.input_type, strict=False):
+        if isinstance(d, list) and d and all(isinstance(x, int) for x in d):
+            total += float(np.prod(d)) * DTYPE_BYTES.get(t, np.nan)
+    return total
+
+
+def _int_or(v, missing: int = -1) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) else missing
+
+
+@dataclass
+class _Columns:
+    """Typed, append-only columns of the events kept."""
+
+    strings: dict = field(default_factory=dict)  # value (str, or int ids) -> code
+    name: array = field(default_factory=lambda: array("i"))
+    cat: array = field(default_factory=lambda: array("i"))
+    ts: array = field(default_factory=lambda: array("d"))
+    dur: array = field(default_factory=lambda: array("d"))
+    pid: array = field(default_factory=lambda: array("i"))
+    tid: array = field(default_factory=lambda: array("i"))
+    nbytes: array = field(default_factory=lambda: array("d"))
+    correlation: array = field(default_factory=lambda: array("q"))
+    stream: array = field(default_factory=lambda: array("q"))
+    mem_ts: array = field(default_factory=lambda: array("d"))
+    mem_total: array = field(default_factory=lambda: array("d"))
+    mem_bytes: array = field(default_factory=lambda: array("d"))
+    comm_names: dict = field(default_factory=dict)
+    count: int = 0
+
+    def codes(self, values: list) -> list[int]:
+        table = self.strings
+        for v in dict.fromkeys(values).keys() - table.keys():
+            table[v] = len(table)
+        return [table[v] for v in values]
+
+    def add(self, batch: list[Event]) -> None:
+        """Append a decoded batch, one list comprehension per column (a per-event Python loop
+        would cost more than decoding)."""
+        self.count += len(batch)
+        xs = [e for e in batch if e.ph == "X"]
+        mem = [e for e in batch if e.ph == "i" and e.name == "[memory]" and e.args is not None]
+        if mem:
+            self.mem_ts.extend([float(e.ts or 0.0) for e in mem])
+            self.mem_total.extend([_num(e.args.total_allocated) for e in mem])
+            self.mem_bytes.extend([_num(e.args.nbytes) for e in mem])
+        if not xs:
+            return
+        names = [e.name if isinstance(e.name, str) else str(e.name) for e in xs]
+        self.name.extend(self.codes(names))
+        self.cat.extend(self.codes([e.cat or "" for e in xs]))
+        self.pid.extend(self.codes([e.pid for e in xs]))
+        self.tid.extend(self.codes([e.tid for e in xs]))
+        self.ts.extend([e.ts or 0.0 for e in xs])
+        self.dur.extend([e.dur or 0.0 for e in xs])
+        args = [e.args or _NO_ARGS for e in xs]
+        is_comm = self.comm_names
+        for n in set(names) - is_comm.keys():
+            is_comm[n] = bool(COMM_NAME.search(n))
+        self.nbytes.extend(
+            [payload_bytes(a) if is_comm[n] else np.nan for n, a in zip(names, args, strict=True)]
+        )
+        self.correlation.extend([_int_or(a.correlation) for a in args])
+        self.stream.extend([_int_or(a.stream) for a in args])
+
+    def frames(self) -> tuple[pd.DataFrame, pd.DataFrame]:
+        labels = np.array([str(v) for v in self.strings], dtype=object)
+
+        def cat_col(codes: array) -> pd.Categorical:
+            codes_np = np.frombuffer(codes, dtype=np.int32) if len(codes) else np.zeros(0, int)
+            used = np.unique(codes_np)
+            remap = np.full(len(labels), -1, dtype=np.int32)
+            remap[used] = np.arange(len(used), dtype=np.int32)
+            return pd.Categorical.from_codes(remap[codes_np], categories=labels[used])
+
+        def num(a: array, dtype) -> np.ndarray:
+            return np.frombuffer(a, dtype=dtype) if len(a) else np.zeros(0, dtype)
+
+        events = pd.DataFrame({
+            "name": cat_col(self.name), "cat": cat_col(self.cat),
+            "ts": num(self.ts, np.float64), "dur": num(self.dur, np.float64),
+            "pid": cat_col(self.pid), "tid": cat_col(self.tid),
+            "nbytes": num(self.nbytes, np.float64),
+            "correlation": num(self.correlation, np.int64),
+            "stream": num(self.stream, np.int64),
+        })  # fmt: skip
+        memory = pd.DataFrame({
+            "ts": num(self.mem_ts, np.float64),
+            "total_allocated": num(self.mem_total, np.float64),
+            "bytes": num(self.mem_bytes, np.float64),
+        })  # fmt: skip
+        return events, memory
+
+
+def _num(v) -> float:
+    return float(v) if isinstance(v, int | float) else np.nan
+
+
+def read_trace(path: str | Path) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
+    """(metadata, complete events, memory events) of one trace file (plain or gzip).
+
+    Complete events (``ph == "X"``) keep name, cat, ts, dur, pid, tid, the payload bytes of
+    communication events, the correlation id and the stream; memory events (``[memory]``
+    instants) keep ts, total allocated and bytes.
+    """
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            s = _Stream(f, path)
+            s.fill()
+            # Kineto's layout streams in batches (one decode per chunk, the fastest way too);
+            # other layouts are decoded whole when they fit in a chunk.
+            if _EVENT_END not in s.buf:
+                while not s.eof and len(s.buf) < WHOLE_LIMIT:
+                    s.fill()
+                if s.eof:
+                    result = _read_whole(s.buf, path)
+                    if result is not None:
+                        return result
+            return _read_streaming(s, path)
+    except (OSError, EOFError, UnicodeDecodeError) as e:
+        raise TraceError(f"{path}: not a readable trace ({type(e).__name__}: {e})") from None
+
+
+def _read_whole(data: str, path: Path):
+    """Decode a whole file; None if it is not valid JSON (the streaming reader then says
+    precisely where it breaks)."""
+    try:
+        doc = _DOC_DECODER.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    if "traceEvents" not in doc:
+        raise TraceError(f"{path}: no traceEvents (not a Kineto trace)")
+    cols = _Columns()
+    try:
+        cols.add(_EVENTS_DECODER.decode(doc.pop("traceEvents")))
+    except msgspec.ValidationError as e:
+        raise TraceError(f"{path}: traceEvents is not a list of events ({e})") from None
+    meta = {k: msgspec.json.decode(v) for k, v in doc.items()}
+    return (meta, *cols.frames())
+
+
 class _Stream:
     def __init__(self, f, path: Path) -> None:
         self.f, self.path = f, path
         self.buf, self.pos, self.eof = "", 0, False
 
-    def _fill(self) -> None:
+    def fill(self) -> None:
         data = self.f.read(CHUNK)
-        self.eof = not data
+        self.eof = len(data) < CHUNK  # text reads return less only at the end
         self.buf = self.buf[self.pos :] + data
         self.pos = 0
 
@@ -56,7 +246,7 @@ class _Stream:
                 return self.buf[self.pos]
             if self.eof:
                 return ""
-            self._fill()
+            self.fill()
 
     def expect(self, ch: str, where: str) -> None:
         got = self.peek()
@@ -75,146 +265,67 @@ class _Stream:
                     raise TraceError(
                         f"{self.path}: invalid JSON ({e.msg} at char {e.pos})"
                     ) from None
-                self._fill()
+                self.fill()
                 continue
             if end == len(self.buf) and not self.eof:  # a number may continue in the next chunk
-                self._fill()
+                self.fill()
                 continue
             self.pos = end
             return obj
 
 
-@dataclass
-class _Columns:
-    """Typed, append-only columns of the events kept."""
-
-    strings: dict[str, int] = field(default_factory=dict)
-    name: array = field(default_factory=lambda: array("i"))
-    cat: array = field(default_factory=lambda: array("i"))
-    ts: array = field(default_factory=lambda: array("d"))
-    dur: array = field(default_factory=lambda: array("d"))
-    pid: array = field(default_factory=lambda: array("i"))
-    tid: array = field(default_factory=lambda: array("i"))
-    nbytes: array = field(default_factory=lambda: array("d"))
-    correlation: array = field(default_factory=lambda: array("q"))
-    stream: array = field(default_factory=lambda: array("q"))
-
-    def code(self, s) -> int:
-        s = str(s)
-        c = self.strings.get(s)
-        if c is None:
-            c = self.strings[s] = len(self.strings)
-        return c
-
-    def frame(self) -> pd.DataFrame:
-        labels = np.array(list(self.strings), dtype=object)
-
-        def cat_col(codes: array) -> pd.Categorical:
-            codes_np = np.frombuffer(codes, dtype=np.int32) if len(codes) else np.zeros(0, int)
-            used = np.unique(codes_np)
-            remap = np.full(len(labels), -1, dtype=np.int32)
-            remap[used] = np.arange(len(used), dtype=np.int32)
-            return pd.Categorical.from_codes(remap[codes_np], categories=labels[used])
-
-        def num(a: array, dtype) -> np.ndarray:
-            return np.frombuffer(a, dtype=dtype) if len(a) else np.zeros(0, dtype)
-
-        return pd.DataFrame({
-            "name": cat_col(self.name), "cat": cat_col(self.cat),
-            "ts": num(self.ts, np.float64), "dur": num(self.dur, np.float64),
-            "pid": cat_col(self.pid), "tid": cat_col(self.tid),
-            "nbytes": num(self.nbytes, np.float64),
-            "correlation": num(self.correlation, np.int64),
-            "stream": num(self.stream, np.int64),
-        })  # fmt: skip
-
-
-def payload_bytes(args: dict) -> float:
-    """Bytes a collective moves: NCCL metadata (``In msg nelems`` x dtype), else the product of
-    the input shapes x dtype (gloo spans, ``c10d::`` ops with ``record_shapes``)."""
-    if "In msg nelems" in args:
-        return float(args["In msg nelems"]) * DTYPE_BYTES.get(str(args.get("dtype")), np.nan)
-    dims, types = args.get("Input Dims"), args.get("Input type")
-    if not dims or not types:
-        return np.nan
-    total = 0.0
-    for d, t in zip(dims, types, strict=False):
-        if isinstance(d, list) and d and all(isinstance(x, int) for x in d):
-            total += float(np.prod(d)) * DTYPE_BYTES.get(t, np.nan)
-    return total
-
-
-def read_trace(path: str | Path) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
-    """(metadata, complete events, memory events) of one trace file (plain or gzip).
-
-    Complete events (``ph == "X"``) keep name, cat, ts, dur, pid, tid, the payload bytes of
-    communication events, the correlation id and the stream; memory events (``[memory]``
-    instants) keep ts, total allocated and bytes.
-    """
-    path = Path(path)
+def _read_streaming(s: _Stream, path: Path) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
     cols = _Columns()
-    mem = {"ts": array("d"), "total_allocated": array("d"), "bytes": array("d")}
     meta: dict = {}
     seen_events = False
-    try:
-        opener = gzip.open if path.suffix == ".gz" else open
-        with opener(path, "rt", encoding="utf-8") as f:
-            s = _Stream(f, path)
-            s.expect("{", "at the start of the trace")
-            while s.peek() != "}":
-                if s.peek() == "":
-                    raise TraceError(f"{path}: truncated (the trace object is not closed)")
-                key = s.value()
-                s.expect(":", f"after key {key!r}")
-                if key == "traceEvents":
-                    seen_events = True
-                    _read_events(s, cols, mem, path)
-                else:
-                    meta[key] = s.value()
-                if s.peek() == ",":
-                    s.pos += 1
-    except (OSError, EOFError, UnicodeDecodeError) as e:
-        raise TraceError(f"{path}: not a readable trace ({type(e).__name__}: {e})") from None
+    s.expect("{", "at the start of the trace")
+    while s.peek() != "}":
+        if s.peek() == "":
+            raise TraceError(f"{path}: truncated (the trace object is not closed)")
+        key = s.value()
+        s.expect(":", f"after key {key!r}")
+        if key == "traceEvents":
+            seen_events = True
+            _read_events(s, cols, path)
+        else:
+            meta[key] = s.value()
+        if s.peek() == ",":
+            s.pos += 1
     if not seen_events:
         raise TraceError(f"{path}: no traceEvents (not a Kineto trace)")
-    memory = pd.DataFrame(
-        {k: np.frombuffer(v, dtype=np.float64) if len(v) else np.zeros(0) for k, v in mem.items()}
-    )
-    return meta, cols.frame(), memory
+    return (meta, *cols.frames())
 
 
-def _read_events(s: _Stream, cols: _Columns, mem: dict, path: Path) -> None:
+def _read_events(s: _Stream, cols: _Columns, path: Path) -> None:
     s.expect("[", "at the start of traceEvents")
-    n = 0
+    kineto_layout = True  # until a batch cut at "\n  }," fails to decode
     while True:
+        if len(s.buf) - s.pos < CHUNK // 2 and not s.eof:
+            s.fill()
         ch = s.peek()
         if ch == "]":
             s.pos += 1
             return
         if ch == "":
-            raise TraceError(f"{path}: truncated after {n} events")
-        e = s.value()
-        n += 1
-        if s.peek() == ",":
-            s.pos += 1
-        if not isinstance(e, dict):
-            continue
-        ph = e.get("ph")
-        if ph == "X":
-            name = e.get("name", "")
-            args = e.get("args") or {}
-            cols.name.append(cols.code(name))
-            cols.cat.append(cols.code(e.get("cat", "")))
-            cols.ts.append(float(e.get("ts", 0.0)))
-            cols.dur.append(float(e.get("dur", 0.0)))
-            cols.pid.append(cols.code(e.get("pid", "")))
-            cols.tid.append(cols.code(e.get("tid", "")))
-            cols.nbytes.append(payload_bytes(args) if COMM_NAME.search(name) else np.nan)
-            cols.correlation.append(int(args.get("correlation", -1) or -1))
-            stream = args.get("stream", -1)
-            cols.stream.append(stream if isinstance(stream, int) else -1)
-        elif ph == "i" and e.get("name") == "[memory]":
-            a = e.get("args") or {}
-            mem["ts"].append(float(e.get("ts", 0.0)))
-            mem["total_allocated"].append(float(a.get("Total Allocated", np.nan)))
-            mem["bytes"].append(float(a.get("Bytes", np.nan)))
+            raise TraceError(f"{path}: truncated after {cols.count} events")
+        cut = s.buf.rfind(_EVENT_END, s.pos) if kineto_layout else -1
+        if cut > s.pos:
+            try:
+                cols.add(_EVENTS_DECODER.decode("[" + s.buf[s.pos : cut + 4] + "]"))
+                s.pos = cut + 5  # past "}" and ","
+                continue
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                kineto_layout = False  # laid out otherwise: one event at a time from here
+        pending = []
+        while len(pending) < 4096 and s.peek() not in ("]", ""):
+            event = s.value()
+            if s.peek() == ",":
+                s.pos += 1
+            if isinstance(event, dict):
+                pending.append(event)
+            else:
+                cols.count += 1  # not an event object: counted, not kept
+        try:
+            cols.add(msgspec.convert(pending, list[Event]))
+        except msgspec.ValidationError as e:
+            raise TraceError(f"{path}: an event has fields of the wrong type ({e})") from None
