@@ -21,6 +21,7 @@ import torch.distributed as dist
 from bench import analysis
 from bench.data import Batches
 from bench.distenv import DistEnv
+from bench.nvml import NvmlSampler
 from bench.profiling import host_bytes_in_use, profile_steps
 from bench.sweeps import Point
 from bench.timing import summarize_times, timed_steps
@@ -108,13 +109,16 @@ def _train_and_measure(
     progress("warm-up")
     for _ in range(cfg.warmup_steps):
         step()
-    slowest, fastest = timed_steps(
-        step,
-        cfg.steps,
-        device=env.device,
-        group=group,
-        on_step=lambda i: progress(f"timed step {i + 1}/{cfg.steps}") if (i + 1) % 5 == 0 else None,
-    )
+    with NvmlSampler(env.device) as nvml:
+        slowest, fastest = timed_steps(
+            step,
+            cfg.steps,
+            device=env.device,
+            group=group,
+            on_step=lambda i: (
+                progress(f"timed step {i + 1}/{cfg.steps}") if (i + 1) % 5 == 0 else None
+            ),
+        )
     progress("profiling")
     trace_path, heap_at_active = profile_steps(
         step,
@@ -137,6 +141,7 @@ def _train_and_measure(
         peak = np.nan
     metrics.update(summarize_times(slowest, fastest))
     metrics.update(
+        nvml_util_pct=nvml.mean_pct,
         peak_mem_mb=peak / 2**20,
         params=n_params,
         grad_bytes=n_grad_bytes,
@@ -157,6 +162,8 @@ def _aggregate(per_rank: list[dict]) -> dict:
         "exposed_comm_ms",
         "idle_ms",
         "gpu_util_pct",
+        "cpu_busy_pct",
+        "nvml_util_pct",
         "comm_bytes_per_step",
         "comm_calls_per_step",
     ):

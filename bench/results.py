@@ -45,6 +45,8 @@ TRAINING_EXTRA_COLUMNS = [
     "point",
     "backend",
     "device",
+    "cpu_busy_pct",
+    "nvml_util_pct",
     "params",
     "grad_bytes",
     "comm_calls_per_step",

@@ -114,6 +114,12 @@ def finish_run(ctx: RunContext, summary: Callable[[pd.DataFrame], str]) -> int:
         write_meta(ctx.run_dir / "meta.json", ctx.meta)
         df = pd.read_csv(ctx.run_dir / "results.csv")
         print("\n" + summary(df), flush=True)
+        try:
+            from bench.tb_scalars import write_sweep_scalars
+
+            write_sweep_scalars(ctx.run_dir, ctx.args.sweep, df)
+        except Exception as e:  # noqa: BLE001  (scalars are a convenience: say why, go on)
+            print(f"TensorBoard scalars not written: {type(e).__name__}: {e}", file=sys.stderr)
         report_path = None
         if not ctx.args.no_report:
             from bench.report import write_report

@@ -318,7 +318,15 @@ def _read_events(s: _Stream, cols: _Columns, path: Path) -> None:
                 kineto_layout = False  # laid out otherwise: one event at a time from here
         pending = []
         while len(pending) < 4096 and s.peek() not in ("]", ""):
-            event = s.value()
+            try:
+                event = s.value()
+            except TraceError as e:
+                if not s.eof:
+                    raise
+                raise TraceError(
+                    f"{path}: truncated after {cols.count + len(pending)} events "
+                    f"({str(e).split(': ', 1)[-1]})"
+                ) from None
             if s.peek() == ",":
                 s.pos += 1
             if isinstance(event, dict):
