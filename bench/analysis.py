@@ -73,6 +73,7 @@ class Trace:
     meta: dict
     events: pd.DataFrame  # complete events, trace_reader's columns
     memory: pd.DataFrame = field(default_factory=pd.DataFrame)  # ts, total_allocated, bytes
+    _prepared: pd.DataFrame | None = field(default=None, repr=False)
 
     @property
     def dist_info(self) -> dict:
@@ -87,6 +88,10 @@ class Trace:
         return int(self.dist_info.get("world_size", 1))
 
     @property
+    def backend(self) -> str | None:
+        return self.dist_info.get("backend")
+
+    @property
     def is_gpu(self) -> bool:
         return bool((self.events["stream"] >= 0).any())
 
@@ -97,10 +102,21 @@ def load_trace(path: str | Path) -> Trace:
 
 
 # -- step windows and classification ---------------------------------------------------------
+def name_matches(names: pd.Series, pattern: re.Pattern, *, search: bool = False) -> np.ndarray:
+    """Boolean per row: does the event name match? Tested once per distinct name (the reader
+    stores names as categories), not once per event."""
+    if isinstance(names.dtype, pd.CategoricalDtype):
+        cats = names.cat.categories
+        hit = np.array([bool((pattern.search if search else pattern.match)(c)) for c in cats]
+                       + [False])  # fmt: skip
+        return hit[names.cat.codes.to_numpy()]  # code -1 (missing) picks the final False
+    fn = names.astype(str).str.contains if search else names.astype(str).str.match
+    return fn(pattern).to_numpy()
+
+
 def step_windows(events: pd.DataFrame) -> pd.DataFrame:
     """One row per CPU-side ``ProfilerStep#N``: step, start, end (microseconds)."""
-    names = events["name"].astype(str)
-    steps = events[names.str.match(STEP) & (events["stream"] < 0)]
+    steps = events[name_matches(events["name"], STEP) & (events["stream"] < 0).to_numpy()]
     out = pd.DataFrame({
         "step": steps["name"].astype(str).str.extract(STEP, expand=False).astype(int),
         "start": steps["ts"],
@@ -123,27 +139,27 @@ def classify(events: pd.DataFrame, *, gpu: bool) -> pd.DataFrame:
     """Add ``kind``: compute, comm, memory, other (device events), comm_cpu (CPU issuing or
     waiting) or none (not counted)."""
     ev = events.copy()
-    names = ev["name"].astype(str)
     kind = np.full(len(ev), "none", dtype=object)
     if gpu:
         device = (ev["stream"] >= 0).to_numpy()
         # Classify each distinct name once: traces repeat a few hundred names many times.
-        lookup = {n: _kernel_kind(n) for n in pd.unique(names[device])}
-        kind[device] = names[device].map(lookup).to_numpy()
+        names = ev["name"][device].astype(str)
+        lookup = {n: _kernel_kind(n) for n in pd.unique(names)}
+        kind[device] = names.map(lookup).to_numpy()
     else:
         on_main = (ev["tid"] == _main_thread(ev)).to_numpy()
         ops = ev["cat"].isin(["cpu_op", "user_annotation"]).to_numpy()
-        step = names.str.match(STEP).to_numpy()
-        comm_cpu = names.str.contains(COMM_CPU_OP).to_numpy()
+        step = name_matches(ev["name"], STEP)
+        comm_cpu = name_matches(ev["name"], COMM_CPU_OP, search=True)
         kind[on_main & ops & ~step] = "compute"
         kind[on_main & ops & comm_cpu] = "comm_cpu"
-        kind[names.str.match(GLOO_SPAN).to_numpy()] = "comm"
+        kind[name_matches(ev["name"], GLOO_SPAN)] = "comm"
     ev["kind"] = kind
     return ev
 
 
 def _main_thread(events: pd.DataFrame):
-    steps = events[events["name"].astype(str).str.match(STEP)]
+    steps = events[name_matches(events["name"], STEP)]
     if len(steps):
         return steps["tid"].iloc[0]
     ops = events[events["cat"] == "cpu_op"]
@@ -164,10 +180,13 @@ def launch_step(ev: pd.DataFrame, windows: pd.DataFrame) -> pd.Series:
         cpu = ev[~device & (ev["correlation"] >= 0)].drop_duplicates("correlation")
         by_corr = cpu.set_index("correlation")["ts"]
         launch_ts[device] = ev.loc[device, "correlation"].map(by_corr).to_numpy()
-    step = np.full(len(ev), -1)
-    ts = launch_ts.to_numpy()
-    for w in windows.itertuples():
-        step[(ts >= w.start) & (ts < w.end)] = w.step
+    ts = launch_ts.to_numpy(dtype=float)
+    starts, ends = windows["start"].to_numpy(), windows["end"].to_numpy()
+    idx = np.searchsorted(starts, ts, side="right") - 1  # the last window starting at or before
+    inside = (idx >= 0) & (ts < ends[np.clip(idx, 0, None)]) if len(starts) else idx >= 0
+    step = np.where(
+        inside, windows["step"].to_numpy()[np.clip(idx, 0, None)] if len(starts) else -1, -1
+    )
     return pd.Series(step, index=ev.index)
 
 
@@ -194,49 +213,127 @@ def comm_bytes_from_launch(ev: pd.DataFrame) -> pd.Series:
 
 
 # -- per-step temporal breakdown -------------------------------------------------------------
+def prepared(trace: Trace) -> pd.DataFrame:
+    """The trace's events classified (``kind``), assigned to steps (``step``) and, on GPU
+    traces, with communication kernels given their bytes; computed once per trace."""
+    if trace._prepared is None:
+        gpu = trace.is_gpu
+        ev = classify(trace.events, gpu=gpu)
+        ev["step"] = launch_step(ev, step_windows(ev))
+        if gpu:
+            ev["nbytes"] = comm_bytes_from_launch(ev)
+        trace._prepared = ev
+    return trace._prepared
+
+
+def _per_group_length(starts, ends, groups, n_groups: int, span: float) -> np.ndarray:
+    """|union| of the intervals of each group, for all groups at once: each group is moved to
+    its own stretch of a virtual time line (group g starts at g * span), so one union over
+    everything never merges intervals of different groups."""
+    if len(starts) == 0:
+        return np.zeros(n_groups)
+    offset = groups * span
+    u = iv.union(np.column_stack([starts + offset, ends + offset]))
+    return np.bincount(
+        (u[:, 0] // span).astype(int), weights=u[:, 1] - u[:, 0], minlength=n_groups
+    )[:n_groups]
+
+
+def _per_group_overlap(a, b, n_groups: int, span: float) -> np.ndarray:
+    """|union(a) & union(b)| per group; a and b are (starts, ends, groups)."""
+    if len(a[0]) == 0 or len(b[0]) == 0:
+        return np.zeros(n_groups)
+    ua = np.column_stack([a[0] + a[2] * span, a[1] + a[2] * span])
+    ub = np.column_stack([b[0] + b[2] * span, b[1] + b[2] * span])
+    x = iv.intersect(ua, ub)
+    if len(x) == 0:
+        return np.zeros(n_groups)
+    return np.bincount(
+        (x[:, 0] // span).astype(int), weights=x[:, 1] - x[:, 0], minlength=n_groups
+    )[:n_groups]
+
+
 def breakdown(trace: Trace) -> pd.DataFrame:
-    """Per-step temporal breakdown and overlap of one rank's trace (BREAKDOWN_COLUMNS)."""
+    """Per-step temporal breakdown and overlap of one rank's trace (BREAKDOWN_COLUMNS).
+
+    Linear in the trace, whatever the number of steps: on CPU traces the unions of each kind are
+    built once and cut into step windows by binary search; on GPU traces every step's device
+    events are measured at once on a virtual time line that keeps steps apart.
+    """
     gpu = trace.is_gpu
-    ev = classify(trace.events, gpu=gpu)
+    ev = prepared(trace)
     windows = step_windows(ev)
-    ev["step"] = launch_step(ev, windows)
-    if gpu:
-        ev["nbytes"] = comm_bytes_from_launch(ev)
+    comm_ev = ev[ev["kind"] == "comm"]
+    calls = comm_ev.groupby("step").size()
+    payload = comm_ev.groupby("step")["nbytes"].sum(min_count=1)
+    table = _gpu_step_table(ev, windows) if gpu else _cpu_step_table(ev, windows)
+    if table.empty:
+        return pd.DataFrame(columns=BREAKDOWN_COLUMNS)
+    window, busy = table["window_us"], table["busy_us"]
+    compute, comm, overlap = table["compute_us"], table["comm_us"], table["overlap_us"]
+    util = (100.0 * busy / window).where(window > 0)
+    out = pd.DataFrame({
+        "rank": trace.rank, "step": table["step"], "window_us": window, "compute_us": compute,
+        "comm_us": comm, "memory_us": table["memory_us"], "overlap_us": overlap,
+        "exposed_comm_us": comm - overlap, "idle_us": window - busy,
+        "non_compute_us": busy - compute,
+        "overlap_pct": (100.0 * overlap / comm).where(comm > 0),
+        "compute_comm_ratio": (compute / comm).where(comm > 0),
+        "gpu_util_pct": util if gpu else np.nan,
+        "cpu_busy_pct": np.nan if gpu else util,
+        "comm_calls": table["step"].map(calls).fillna(0).astype(int),
+        "comm_bytes": table["step"].map(payload),
+    })  # fmt: skip
+    return out[BREAKDOWN_COLUMNS].reset_index(drop=True)
+
+
+def _gpu_step_table(ev: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
+    """Per step: the device's own window (first to last event the step launched) and the
+    union lengths of each kind within it."""
+    dev = ev[(ev["stream"] >= 0) & ev["step"].isin(windows["step"])]
+    if dev.empty:
+        return pd.DataFrame()
+    steps = np.sort(dev["step"].unique())
+    group = np.searchsorted(steps, dev["step"].to_numpy())
+    start = dev["ts"].to_numpy(dtype=float)
+    end = start + dev["dur"].to_numpy(dtype=float)
+    base = start.min()
+    start, end = start - base, end - base
+    span = float(end.max()) + 1.0
+    n = len(steps)
+    kind = dev["kind"].to_numpy()
+    sel = {k: kind == k for k in ("compute", "comm", "memory", "other")}
+    parts = {k: (start[m], end[m], group[m]) for k, m in sel.items()}
+    lo = np.full(n, np.inf)
+    hi = np.full(n, -np.inf)
+    np.minimum.at(lo, group, start)
+    np.maximum.at(hi, group, end)
+    return pd.DataFrame({
+        "step": steps,
+        "window_us": hi - lo,
+        "busy_us": _per_group_length(start, end, group, n, span),
+        "compute_us": _per_group_length(*parts["compute"], n, span),
+        "comm_us": _per_group_length(*parts["comm"], n, span),
+        "memory_us": _per_group_length(*parts["memory"], n, span),
+        "overlap_us": _per_group_overlap(parts["compute"], parts["comm"], n, span),
+    })  # fmt: skip
+
+
+def _cpu_step_table(ev: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
+    unions = {k: iv.union(_spans(ev, ev["kind"] == k)) for k in ("compute", "comm_cpu", "comm")}
+    # time the main thread spends issuing or waiting is not computation
+    compute_all = iv.subtract(unions["compute"], unions["comm_cpu"])
     rows = []
     for w in windows.itertuples():
-        if gpu:  # the device's own window: first to last event launched by this step
-            mine = ev[(ev["step"] == w.step) & (ev["stream"] >= 0)]
-            if mine.empty:
-                continue
-            lo, hi = float(mine["ts"].min()), float((mine["ts"] + mine["dur"]).max())
-            scope = mine
-        else:
-            lo, hi, scope = w.start, w.end, ev
-        kinds = scope["kind"]
-        c = iv.clip(_spans(scope, kinds == "compute"), lo, hi)
-        if not gpu:  # time the main thread spends issuing or waiting is not computation
-            c = iv.subtract(c, iv.clip(_spans(scope, kinds == "comm_cpu"), lo, hi))
-        m = iv.clip(_spans(scope, kinds == "comm"), lo, hi)
-        mem = iv.clip(_spans(scope, kinds == "memory"), lo, hi)
-        other = iv.clip(_spans(scope, kinds == "other"), lo, hi)
-        window = hi - lo
-        busy = iv.length(np.vstack([c, m, mem, other]))
-        compute, comm = iv.length(c), iv.length(m)
-        overlap = iv.length(iv.intersect(c, m))
-        calls = ev[(ev["kind"] == "comm") & (ev["step"] == w.step)]
-        util = 100.0 * busy / window if window > 0 else np.nan
+        c = iv.window(compute_all, w.start, w.end)
+        m = iv.window(unions["comm"], w.start, w.end)
         rows.append({
-            "rank": trace.rank, "step": w.step, "window_us": window, "compute_us": compute,
-            "comm_us": comm, "memory_us": iv.length(mem), "overlap_us": overlap,
-            "exposed_comm_us": comm - overlap, "idle_us": window - busy,
-            "non_compute_us": busy - compute,
-            "overlap_pct": 100.0 * overlap / comm if comm > 0 else np.nan,
-            "compute_comm_ratio": compute / comm if comm > 0 else np.nan,
-            "gpu_util_pct": util if gpu else np.nan,
-            "cpu_busy_pct": np.nan if gpu else util,
-            "comm_calls": len(calls), "comm_bytes": calls["nbytes"].sum(min_count=1),
+            "step": w.step, "window_us": w.end - w.start,
+            "busy_us": iv.length(np.vstack([c, m])), "compute_us": iv.length(c),
+            "comm_us": iv.length(m), "memory_us": 0.0,
+            "overlap_us": iv.length(iv.intersect(c, m)),
         })  # fmt: skip
-    return pd.DataFrame(rows, columns=BREAKDOWN_COLUMNS)
+    return pd.DataFrame(rows)
 
 
 # -- whole-trace figures, as HolisticTraceAnalysis computes them -----------------------------
@@ -245,9 +342,8 @@ def hta_filter(events: pd.DataFrame) -> pd.DataFrame:
     after it launched. CPU events are kept when they start before the last ProfilerStep;
     device events when their launch (same correlation id) is kept. Applied only when the trace
     holds two or more distinct steps."""
-    names = events["name"].astype(str)
-    is_step = names.str.match(STEP)
-    if names[is_step].nunique() < 2:
+    is_step = pd.Series(name_matches(events["name"], STEP), index=events.index)
+    if events.loc[is_step, "name"].nunique() < 2:
         return events
     cpu = events["stream"] < 0
     cutoff = events.loc[is_step & cpu, "ts"].max()
@@ -354,17 +450,41 @@ def trace_files(folder: str | Path) -> list[Path]:
 
 
 @dataclass
+class TraceDigest:
+    """What the folder-level tables need of one trace, without its events."""
+
+    path: Path
+    rank: int
+    world_size: int
+    backend: str | None
+    n_events: int
+    steps: pd.DataFrame
+    summary: dict
+    calls: pd.DataFrame
+
+
+def digest(trace: Trace) -> TraceDigest:
+    from bench.comm_analysis import collective_calls
+
+    return TraceDigest(path=trace.path, rank=trace.rank, world_size=trace.world_size,
+                       backend=trace.backend, n_events=len(trace.events), steps=breakdown(trace),
+                       summary=rank_summary(trace), calls=collective_calls(trace))  # fmt: skip
+
+
+@dataclass
 class TraceSet:
-    traces: list[Trace]
+    traces: list  # Trace, or TraceDigest when loaded with digest_each=True
     problems: list[str]
 
 
-def load_trace_dir(folder: str | Path) -> TraceSet:
+def load_trace_dir(folder: str | Path, *, digest_each: bool = False) -> TraceSet:
     """Every readable trace of a folder, one per rank, with what was wrong with the rest.
 
     Unreadable files are reported and skipped; traces of another run (different world size or
     backend from the majority) are set aside; of two traces for one rank the newer is kept;
     ranks missing from the world size are named. Raises TraceError only if nothing is usable.
+    With ``digest_each`` every trace is reduced to its tables as soon as it is read, so memory
+    is bounded by the largest file, not by the folder.
     """
     folder = Path(folder)
     if not folder.is_dir():
@@ -375,53 +495,60 @@ def load_trace_dir(folder: str | Path) -> TraceSet:
     traces, problems = [], []
     for f in files:
         try:
-            traces.append(load_trace(f))
+            t = load_trace(f)
         except TraceError as e:
             problems.append(f"skipped {e}")
-    if traces:
-        key = lambda t: (t.world_size, t.dist_info.get("backend"))  # noqa: E731
-        keys = [key(t) for t in traces]
-        majority = max(set(keys), key=keys.count)
-        for t in [t for t in traces if key(t) != majority]:
-            problems.append(
-                f"skipped {t.path}: from another run (world size {t.world_size}, "
-                f"backend {t.dist_info.get('backend')}; the others: {majority})"
-            )
-        traces = [t for t in traces if key(t) == majority]
-        by_rank: dict[int, Trace] = {}
-        for t in sorted(traces, key=lambda t: t.path.stat().st_mtime):
-            if t.rank in by_rank:
-                problems.append(
-                    f"skipped {by_rank[t.rank].path}: rank {t.rank} has a newer "
-                    f"trace, {t.path.name}"
-                )
-            by_rank[t.rank] = t
-        traces = [by_rank[r] for r in sorted(by_rank)]
-        missing = sorted(set(range(traces[0].world_size)) - set(by_rank))
-        if missing:
-            shown = ", ".join(map(str, missing[:8])) + (" ..." if len(missing) > 8 else "")
-            problems.append(
-                f"{len(missing)} of {traces[0].world_size} ranks have no trace "
-                f"here ({shown}): cross-rank figures cover the ranks present"
-            )
+            continue
+        traces.append(digest(t) if digest_each else t)
+    traces = _one_run_one_trace_per_rank(traces, problems)
     if not traces:
         raise TraceError(f"{folder}: no readable trace: " + "; ".join(problems))
     return TraceSet(traces=traces, problems=problems)
 
 
+def _one_run_one_trace_per_rank(traces: list, problems: list[str]) -> list:
+    if not traces:
+        return traces
+    key = lambda t: (t.world_size, t.backend)  # noqa: E731
+    keys = [key(t) for t in traces]
+    majority = max(set(keys), key=keys.count)
+    for t in [t for t in traces if key(t) != majority]:
+        problems.append(
+            f"skipped {t.path}: from another run (world size {t.world_size}, "
+            f"backend {t.backend}; the others: {majority})"
+        )
+    by_rank: dict = {}
+    for t in sorted(
+        [t for t in traces if key(t) == majority], key=lambda t: t.path.stat().st_mtime
+    ):
+        if t.rank in by_rank:
+            problems.append(
+                f"skipped {by_rank[t.rank].path}: rank {t.rank} has a newer trace, {t.path.name}"
+            )
+        by_rank[t.rank] = t
+    kept = [by_rank[r] for r in sorted(by_rank)]
+    missing = sorted(set(range(kept[0].world_size)) - set(by_rank))
+    if missing:
+        shown = ", ".join(map(str, missing[:8])) + (" ..." if len(missing) > 8 else "")
+        problems.append(
+            f"{len(missing)} of {kept[0].world_size} ranks have no trace here "
+            f"({shown}): cross-rank figures cover the ranks present"
+        )
+    return kept
+
+
 def analyse(ts: TraceSet) -> dict[str, pd.DataFrame]:
     """All tables for a set of per-rank traces: ranks, steps, collectives, waits, stragglers."""
-    from bench.comm_analysis import collective_calls, collective_summary, stragglers, wait_split
+    from bench.comm_analysis import collective_summary, stragglers, wait_split
 
-    steps = pd.concat([breakdown(t) for t in ts.traces], ignore_index=True)
-    ranks = pd.DataFrame([rank_summary(t) for t in ts.traces], columns=RANK_COLUMNS)
-    calls = pd.concat([collective_calls(t) for t in ts.traces], ignore_index=True)
-    world = ts.traces[0].world_size
-    calls = wait_split(calls)
+    digests = [t if isinstance(t, TraceDigest) else digest(t) for t in ts.traces]
+    steps = pd.concat([d.steps for d in digests], ignore_index=True)
+    ranks = pd.DataFrame([d.summary for d in digests], columns=RANK_COLUMNS)
+    calls = wait_split(pd.concat([d.calls for d in digests], ignore_index=True))
     return {
         "ranks": ranks,
         "steps": steps,
-        "collectives": collective_summary(calls, world),
+        "collectives": collective_summary(calls, digests[0].world_size),
         "stragglers": stragglers(steps, calls),
     }
 
@@ -454,7 +581,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--csv", type=Path, metavar="DIR", help="also write each table as DIR/<t>.csv")
     args = p.parse_args(argv)
     try:
-        ts = load_trace_dir(args.trace_dir)
+        ts = load_trace_dir(args.trace_dir, digest_each=True)
     except TraceError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -20,14 +20,22 @@ class _Parser(argparse.ArgumentParser):
         fail(f"{message} (see --help)")
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
-    return value
+def _int_at_least(minimum: int):
+    """An argparse type: an integer no smaller than ``minimum``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{text!r} must be at least {minimum}")
+        return value
+
+    return parse
+
+
+_positive_int = _int_at_least(1)
 
 
 def _positive_float(text: str) -> float:
@@ -84,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("-e", "--max-bytes", default="64M", help="largest size (default 64M)")
     c.add_argument("-f", "--factor", default="2", help="size multiplier (default 2)")
     c.add_argument("-n", "--iters", type=_positive_int, default=20, help="timed iterations")
-    c.add_argument("-w", "--warmup-iters", type=_non_negative_int, default=5)
+    c.add_argument("-w", "--warmup-iters", type=_int_at_least(0), default=5)
     c.add_argument(
         "-c",
         "--check",
@@ -97,16 +105,6 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("-o", "--op", default="sum", help="reduction: sum, avg or max")
     c.add_argument("--collectives", help=f"comma list (default all: {', '.join(COLLECTIVES)})")
     return p
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must not be negative")
-    return value
 
 
 def collective_plan(args: argparse.Namespace):

@@ -11,18 +11,12 @@ the slowest rank ("wait").
 from __future__ import annotations
 
 import re
+import warnings
 
 import numpy as np
 import pandas as pd
 
-from bench.analysis import (
-    STEP,
-    Trace,
-    classify,
-    comm_bytes_from_launch,
-    launch_step,
-    step_windows,
-)
+from bench.analysis import STEP, Trace, prepared
 
 CALL_COLUMNS = ["rank", "step", "collective", "name", "ts", "dur", "nbytes", "seq"]
 SUMMARY_COLUMNS = [
@@ -61,11 +55,7 @@ def collective_calls(trace: Trace) -> pd.DataFrame:
     """One row per collective call of one rank (CALL_COLUMNS), ``seq`` numbering the calls of
     each collective in order. On GPU traces the bytes come from the ``record_param_comms`` op
     that launched the kernel."""
-    gpu = trace.is_gpu
-    ev = classify(trace.events, gpu=gpu)
-    ev["step"] = launch_step(ev, step_windows(ev))
-    if gpu:
-        ev["nbytes"] = comm_bytes_from_launch(ev)
+    ev = prepared(trace)
     comm = ev[ev["kind"] == "comm"].copy()
     if comm.empty:
         return pd.DataFrame(columns=CALL_COLUMNS)
@@ -121,23 +111,34 @@ def stragglers(steps: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
     windows are, and how long the others waited on average."""
     if steps.empty or steps["rank"].nunique() < 2:
         return pd.DataFrame(columns=STRAGGLER_COLUMNS)
-    waits = (
-        calls.groupby(["step", "rank"])["wait_us"].sum() if len(calls) else pd.Series(dtype=float)
-    )
-    rows = []
-    for step, g in steps.groupby("step"):
-        g = g.set_index("rank")
-        w = pd.Series({r: waits.get((step, r), np.nan) for r in g.index})
-        slowest = int(w.idxmin()) if w.notna().any() else int(g["compute_us"].idxmax())
-        others = w.drop(slowest)
-        rows.append({
-            "step": step, "slowest_rank": slowest,
-            "compute_skew_us": g["compute_us"].max() - g["compute_us"].min(),
-            "window_skew_us": g["window_us"].max() - g["window_us"].min(),
-            "others_wait_us": others.mean() if others.notna().any() else np.nan,
-            "slowest_wait_us": w.get(slowest, np.nan),
-        })  # fmt: skip
-    return pd.DataFrame(rows, columns=STRAGGLER_COLUMNS)
+    compute = steps.pivot_table(index="step", columns="rank", values="compute_us")
+    window = steps.pivot_table(index="step", columns="rank", values="window_us")
+    if len(calls) and calls["wait_us"].notna().any():
+        waits = calls.pivot_table(index="step", columns="rank", values="wait_us", aggfunc="sum")
+        waits = waits.reindex(index=compute.index, columns=compute.columns)
+    else:
+        waits = pd.DataFrame(np.nan, index=compute.index, columns=compute.columns)
+    has_wait = waits.notna().any(axis=1)
+    slowest = compute.idxmax(axis=1)
+    slowest[has_wait] = waits[has_wait].idxmin(axis=1)
+    w = waits.to_numpy()
+    pos = compute.columns.get_indexer(slowest.to_numpy())
+    rows = np.arange(len(w))
+    slowest_wait = w[rows, pos] if w.size else np.full(len(rows), np.nan)
+    others = w.copy()
+    if others.size:
+        others[rows, pos] = np.nan
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a step where no other rank waited
+        others_mean = np.nanmean(others, axis=1) if others.size else np.full(len(rows), np.nan)
+    return pd.DataFrame({
+        "step": compute.index.to_numpy(),
+        "slowest_rank": slowest.to_numpy().astype(int),
+        "compute_skew_us": (compute.max(axis=1) - compute.min(axis=1)).to_numpy(),
+        "window_skew_us": (window.max(axis=1) - window.min(axis=1)).to_numpy(),
+        "others_wait_us": others_mean,
+        "slowest_wait_us": slowest_wait,
+    })[STRAGGLER_COLUMNS]  # fmt: skip
 
 
 __all__ = ["STEP", "collective_calls", "collective_summary", "stragglers", "wait_split"]

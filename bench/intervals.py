@@ -72,6 +72,18 @@ def clip(iv: np.ndarray, lo: float, hi: float) -> np.ndarray:
     return union(np.column_stack([np.maximum(iv[:, 0], lo), np.minimum(iv[:, 1], hi)]))
 
 
+def window(u: np.ndarray, lo: float, hi: float) -> np.ndarray:
+    """The part of a canonical union ``u`` (sorted, disjoint) inside ``[lo, hi)``, found by
+    binary search: O(log n + k), for cutting one long union into many step windows."""
+    first = np.searchsorted(u[:, 1], lo, side="right")
+    last = np.searchsorted(u[:, 0], hi, side="left")
+    part = u[first:last].copy()
+    if len(part):
+        part[0, 0] = max(part[0, 0], lo)
+        part[-1, 1] = min(part[-1, 1], hi)
+    return part[part[:, 1] > part[:, 0]]
+
+
 def _complement(u: np.ndarray, lo: float, hi: float) -> np.ndarray:
     if len(u) == 0:
         return np.array([[lo, hi]])

@@ -25,6 +25,7 @@ def test_set_algebra_matches_a_brute_force_grid(seed):
     assert iv.length(iv.intersect(a, b)) == (ma & mb).sum()
     assert iv.length(iv.subtract(a, b)) == (ma & ~mb).sum()
     assert iv.length(iv.clip(a, 50, 120)) == ma[50:120].sum()
+    assert iv.window(iv.union(a), 50, 120).tolist() == iv.clip(a, 50, 120).tolist()
     u = iv.union(a)
     assert np.all(u[1:, 0] > u[:-1, 1])  # canonical: sorted, disjoint, not touching
 
