@@ -15,10 +15,18 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install -q $(TORCH) -e '.[test]'
 	touch $@
 
-.PHONY: setup test sweep tensorboard
-setup: $(BIN)/.installed
+.PHONY: setup browser test sweep tensorboard
+setup: $(BIN)/.installed browser
 
-test: $(BIN)/.installed
+# Headless Chromium for the report's browser test (Debian's package; needs apt-get as root).
+browser:
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \
+	{ [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	  --no-install-recommends chromium >/dev/null; } || \
+	echo "Chromium could not be installed: the report's browser test will be skipped"
+
+test: $(BIN)/.installed browser
 	$(BIN)/ruff check .
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest
 

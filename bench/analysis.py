@@ -426,6 +426,7 @@ def summarize(steps: pd.DataFrame) -> dict:
     m = steps.mean(numeric_only=True)
     comm = m["comm_us"]
     return {
+        "window_ms": m["window_us"] / 1e3,
         "compute_ms": m["compute_us"] / 1e3,
         "comm_ms": comm / 1e3,
         "overlap_ms": m["overlap_us"] / 1e3,

@@ -112,6 +112,7 @@ def _measure(
         synchronize(env.device)
         wrong = count_wrong(out, expected)
     return {
+        "samples_ms": [float(t) for t in slowest],
         "time_us": float(np.median(slowest)) * 1e3,
         "time_us_min": float(slowest.min()) * 1e3,
         "time_us_max": float(slowest.max()) * 1e3,

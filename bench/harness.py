@@ -141,6 +141,7 @@ def _train_and_measure(
         peak = np.nan
     metrics.update(summarize_times(slowest, fastest))
     metrics.update(
+        samples_ms=[float(t) for t in slowest],  # per-step, for run-to-run comparison
         nvml_util_pct=nvml.mean_pct,
         peak_mem_mb=peak / 2**20,
         params=n_params,
@@ -156,6 +157,7 @@ def _aggregate(per_rank: list[dict]) -> dict:
     df = [r for r in per_rank if r]
     out = dict(df[0])
     for key in (
+        "window_ms",
         "compute_ms",
         "comm_ms",
         "overlap_ms",

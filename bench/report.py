@@ -1,91 +1,88 @@
-"""Results -> one self-contained HTML report (figures embedded as PNG data URIs).
+"""Results -> one self-contained HTML report: figures embedded, no network needed to view it.
 
-``python -m bench.report results/<run>`` writes ``reports/<run>.html``; every sweep also calls
-``write_report`` when it finishes. This layer only reads ``meta.json`` and ``results.csv``.
+``python -m bench.report results/<run> [--baseline results/<old>]`` writes
+``reports/<run>.html``; every sweep also calls ``write_report`` when it finishes. This layer only
+reads the run folder (meta.json, results.csv, samples.csv); figures are in ``report_figures``.
 """
 
 from __future__ import annotations
 
 import argparse
-import base64
 import html
-import io
 import sys
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from bench import report_figures as figs
+from bench.compare import compare
 from bench.results import read_run
 from bench.sweeps import SWEEPS
 from parallel_kernels.strategies import STRATEGIES
 
-# The seed's rule of thumb for a healthy data-parallel step.
-COMPUTE_SHARE_TARGET = 0.80
-
 CSS = """
-body{font-family:system-ui,sans-serif;margin:2em auto;max-width:72em;color:#222}
+body{font-family:system-ui,sans-serif;margin:2em auto;max-width:72em;padding:0 1em;color:#222;
+line-height:1.4}
 h1{font-size:1.5em} h2{font-size:1.2em;margin-top:2em;border-bottom:1px solid #ddd}
-table{border-collapse:collapse;font-size:.85em} td,th{padding:.25em .6em;border:1px solid #ddd}
-th{background:#f4f4f4} td.num{text-align:right;font-variant-numeric:tabular-nums}
-.best{background:#e8f6e8} .err{color:#b00} .flag{color:#b60} code{background:#f4f4f4;padding:0 .2em}
+table{border-collapse:collapse;font-size:.85em;margin:.5em 0}
+td,th{padding:.25em .6em;border:1px solid #ddd} th{background:#f4f4f4;text-align:left}
+caption{text-align:left;font-weight:600;padding:.3em 0}
+td.num{text-align:right;font-variant-numeric:tabular-nums}
+tr.best{background:#e8f6e8} .err{color:#b00} .flag{color:#b00;font-weight:600}
+code{background:#f4f4f4;padding:0 .2em;word-break:break-all}
 .headline{font-size:1.1em;background:#f7f9fc;padding:.8em 1em;border-left:4px solid #4a7}
+figure{margin:1em 0} figure img{max-width:100%;height:auto}
+figcaption{font-size:.85em;color:#555} .scroll{overflow-x:auto}
+@media print{body{max-width:none;margin:0;font-size:10pt} .scroll{overflow:visible}
+h2{break-after:avoid} figure,tr{break-inside:avoid}}
 """
+# Marks on <body> when every figure has decoded (data-figures="loaded/total"), so an automated
+# check in a real browser can tell that nothing failed to render.
+LOAD_CHECK = """<script>
+window.addEventListener("load", () => {
+  const imgs = [...document.images];
+  const ok = imgs.filter(i => i.complete && i.naturalWidth > 0).length;
+  document.body.dataset.figures = ok + "/" + imgs.length;
+});
+</script>"""
+
+TRAINING_TABLE = [
+    "model", "value", "impl", "status", "step_ms_median", "step_ms_min", "step_ms_max",
+    "samples_per_s", "compute_ms", "comm_ms", "overlap_pct", "exposed_comm_ms", "idle_ms",
+    "compute_comm_ratio", "compute_share_pct", "gpu_util_pct", "comm_calls_per_step",
+    "comm_bytes_per_step", "peak_mem_mb",
+]  # fmt: skip
+COLLECTIVE_TABLE = [
+    "collective", "op", "dtype", "size_bytes", "count", "impl", "time_us", "algbw_GBps",
+    "busbw_GBps", "wrong", "status",
+]  # fmt: skip
+COMPARE_TABLE = ["point", "old_ms", "new_ms", "ratio", "p_value", "verdict", "n_old", "n_new"]
 
 
-def _png(fig) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    data = base64.b64encode(buf.getvalue()).decode()
-    return f'<img alt="figure" src="data:image/png;base64,{data}">'
-
-
-def step_time_figure(ok: pd.DataFrame, sweep: str) -> str:
-    models = list(dict.fromkeys(ok["model"]))
-    fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 3.8), squeeze=False)
-    for ax, model in zip(axes[0], models, strict=True):
-        for impl, g in ok[ok["model"] == model].groupby("impl", sort=False):
-            g = g.sort_values("value")
-            err = [g["step_ms_median"] - g["step_ms_min"], g["step_ms_max"] - g["step_ms_median"]]
-            ax.errorbar(
-                g["value"], g["step_ms_median"], yerr=err, marker="o", capsize=3, label=impl
-            )
-        ax.set_xscale("log")
-        ax.set_xlabel(sweep)
-        ax.set_ylabel("step time, ms (median, min-max)")
-        ax.set_title(model)
-        ax.grid(alpha=0.3)
-        ax.legend()
-    return _png(fig)
-
-
-def breakdown_figure(ok: pd.DataFrame) -> str:
-    """Stacked bar per point: compute alone, overlapped comm, exposed comm, idle (sum = step
-    window as traced)."""
-    labels = [f"{r.model}\n{r.value:g}\n{r.impl}" for r in ok.itertuples()]
-    parts = {
-        "compute (not overlapped)": ok["compute_ms"] - ok["overlap_ms"],
-        "communication overlapped with compute": ok["overlap_ms"],
-        "exposed communication": ok["exposed_comm_ms"],
-        "idle": ok["idle_ms"],
-    }
-    colors = ["#4a7fb5", "#8cc084", "#e07b53", "#c8c8c8"]
-    fig, ax = plt.subplots(figsize=(max(6, 0.75 * len(ok)), 4))
-    bottom = np.zeros(len(ok))
-    for (name, vals), color in zip(parts.items(), colors, strict=True):
-        vals = vals.fillna(0).to_numpy()
-        ax.bar(range(len(ok)), vals, bottom=bottom, label=name, color=color)
-        bottom += vals
-    ax.set_xticks(range(len(ok)), labels, fontsize=7)
-    ax.set_ylabel("ms per step (traced steps, mean over ranks)")
-    ax.legend(fontsize=8)
-    ax.grid(axis="y", alpha=0.3)
-    return _png(fig)
+def html_table(
+    df: pd.DataFrame, cols: list[str], caption: str, *, row_class=None, cell_class=None
+) -> str:
+    """A real table (caption, header cells) of the columns present; numbers right-aligned."""
+    cols = [c for c in cols if c in df]
+    out = [f"<div class='scroll'><table><caption>{html.escape(caption)}</caption><thead><tr>"
+           + "".join(f"<th scope='col'>{html.escape(c)}</th>" for c in cols)
+           + "</tr></thead><tbody>"]  # fmt: skip
+    for idx, row in df.iterrows():
+        cells = []
+        for c in cols:
+            v = row[c]
+            cls = cell_class(row, c) if cell_class else ""
+            if isinstance(v, float | np.floating):
+                text = "" if np.isnan(v) else f"{v:,.3g}" if abs(v) < 1 else f"{v:,.2f}"
+                cls += " num"
+            else:
+                text = html.escape(str(v))
+            cells.append(f"<td class='{cls.strip()}'>{text}</td>")
+        rc = row_class(idx, row) if row_class else ""
+        out.append(f"<tr class='{rc}'>" + "".join(cells) + "</tr>")
+    out.append("</tbody></table></div>")
+    return "\n".join(out)
 
 
 def headline(meta: dict, df: pd.DataFrame) -> str:
@@ -116,74 +113,6 @@ def headline(meta: dict, df: pd.DataFrame) -> str:
     return "<br>".join(lines) or "no point finished"
 
 
-def _table(df: pd.DataFrame) -> str:
-    cols = [
-        "model",
-        "value",
-        "impl",
-        "status",
-        "step_ms_median",
-        "step_ms_min",
-        "step_ms_max",
-        "samples_per_s",
-        "compute_ms",
-        "comm_ms",
-        "overlap_pct",
-        "exposed_comm_ms",
-        "idle_ms",
-        "compute_comm_ratio",
-        "comm_calls_per_step",
-        "comm_bytes_per_step",
-        "peak_mem_mb",
-    ]
-    cols = [c for c in cols if c in df]
-    ok = df[df["status"] == "ok"]
-    best = set(ok.groupby(["model", "impl"])["step_ms_median"].idxmin()) if len(ok) else set()
-    out = ["<table><tr>" + "".join(f"<th>{c}</th>" for c in cols) + "</tr>"]
-    for idx, row in df.iterrows():
-        cells = []
-        for c in cols:
-            v = row[c]
-            if isinstance(v, float):
-                text = "" if np.isnan(v) else f"{v:,.2f}" if abs(v) < 1e6 else f"{v:,.0f}"
-                cls = "num"
-            else:
-                text, cls = html.escape(str(v)), ""
-            if c == "compute_ms" and row.get("status") == "ok":
-                share = row["compute_ms"] / row["step_ms_median"]
-                if share < COMPUTE_SHARE_TARGET:
-                    cls += " flag"
-            cells.append(f'<td class="{cls}">{text}</td>')
-        out.append(f'<tr class="{"best" if idx in best else ""}">' + "".join(cells) + "</tr>")
-    out.append("</table>")
-    return "\n".join(out)
-
-
-def busbw_figure(ok: pd.DataFrame, limits: dict) -> str:
-    """busbw against message size per collective, one line per implementation, with the
-    measured one-way point-to-point bandwidth as the reference line."""
-    colls = list(dict.fromkeys(ok["collective"]))
-    cols = min(3, len(colls))
-    rows = -(-len(colls) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.8 * cols, 3.4 * rows), squeeze=False)
-    for ax in axes.flat[len(colls) :]:
-        ax.set_visible(False)
-    for ax, coll in zip(axes.flat, colls, strict=False):
-        for impl, g in ok[ok["collective"] == coll].groupby("impl", sort=False):
-            ax.plot(g["size_bytes"], g["busbw_GBps"], marker="o", markersize=3, label=impl)
-        p2p = limits.get("p2p_GBps")
-        if p2p and not np.isnan(p2p):
-            ax.axhline(p2p, color="grey", linestyle="--", linewidth=1, label="point-to-point")
-        ax.set_xscale("log", base=2)
-        ax.set_title(coll)
-        ax.set_xlabel("message size S, bytes")
-        ax.set_ylabel("busbw, GB/s")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    return _png(fig)
-
-
 def _collective_headline(ok: pd.DataFrame, limits: dict) -> str:
     lines = []
     for coll, g in ok.groupby("collective", sort=False):
@@ -204,30 +133,54 @@ def _collective_headline(ok: pd.DataFrame, limits: dict) -> str:
     return "<br>".join(lines)
 
 
-def _plain_table(df: pd.DataFrame, cols: list[str]) -> str:
-    cols = [c for c in cols if c in df]
-    out = ["<table><tr>" + "".join(f"<th>{c}</th>" for c in cols) + "</tr>"]
-    for _, row in df.iterrows():
-        cells = []
-        for c in cols:
-            v = row[c]
-            if isinstance(v, float):
-                cells.append(f'<td class="num">{"" if np.isnan(v) else f"{v:,.3f}"}</td>')
-            else:
-                cells.append(f"<td>{html.escape(str(v))}</td>")
-        out.append("<tr>" + "".join(cells) + "</tr>")
-    out.append("</table>")
-    return "\n".join(out)
+def _training_sections(meta: dict, df: pd.DataFrame) -> list[str]:
+    sweep = meta.get("sweep", "?")
+    df = df.copy()
+    if "window_ms" in df:
+        df["compute_share_pct"] = 100 * df["compute_ms"] / df["window_ms"]
+    ok = df[df["status"] == "ok"]
+    parts = [f"<p class='headline'>{headline(meta, df) if len(df) else 'no results'}</p>"]
+    if len(ok):
+        parts += [
+            "<h2>Step time</h2>",
+            figs.step_time_figure(ok, sweep),
+            "<h2>Where the step goes</h2>",
+            figs.breakdown_figure(ok),
+        ]
+        if "window_ms" in ok:
+            parts += ["<h2>Rules of thumb</h2>", figs.health_figure(ok)]
+    best = set(ok.groupby(["model", "impl"])["step_ms_median"].idxmin()) if len(ok) else set()
+
+    def flag(row, col):
+        if col == "compute_share_pct" and row.get(col, 100) < figs.COMPUTE_SHARE_TARGET:
+            return "flag"
+        if col == "gpu_util_pct" and row.get(col, 100) < figs.GPU_UTIL_TARGET:
+            return "flag"
+        return ""
+
+    parts += [
+        "<h2>All points</h2>",
+        html_table(
+            df,
+            TRAINING_TABLE,
+            "Every point (fastest per model and implementation shaded; "
+            f"computation under {figs.COMPUTE_SHARE_TARGET:.0f} % of the step or GPU utilisation "
+            f"under {figs.GPU_UTIL_TARGET:.0f} % in red)",
+            row_class=lambda i, r: "best" if i in best else "",
+            cell_class=flag,
+        ),
+    ]
+    return parts
 
 
-def render_collectives(meta: dict, df: pd.DataFrame) -> list[str]:
+def _collective_sections(meta: dict, df: pd.DataFrame) -> list[str]:
     ok = df[df["status"] == "ok"]
     limits = meta.get("limits", {})
     parts = [f"<p class='headline'>{_collective_headline(ok, limits)}</p>"]
     if len(ok):
         parts += [
             "<h2>Bus bandwidth</h2>",
-            busbw_figure(ok, limits),
+            figs.busbw_figure(ok, limits),
             "<p>algbw = S / t with S the whole buffer in bytes and t the slowest rank's "
             "median time; busbw = algbw x 2(n-1)/n for all-reduce, x (n-1)/n for "
             "all-gather, reduce-scatter and all-to-all, x 1 for broadcast (nccl-tests, "
@@ -236,29 +189,41 @@ def render_collectives(meta: dict, df: pd.DataFrame) -> list[str]:
         ]
     parts += [
         "<h2>All sizes</h2>",
-        _plain_table(
+        html_table(
             df,
-            [
-                "collective",
-                "op",
-                "dtype",
-                "size_bytes",
-                "count",
-                "impl",
-                "time_us",
-                "algbw_GBps",
-                "busbw_GBps",
-                "wrong",
-                "status",
-            ],
+            COLLECTIVE_TABLE,
+            "Every collective, size and implementation (nccl-tests' table)",
+            cell_class=lambda r, c: "flag" if c == "wrong" and r.get(c, 0) else "",
         ),
     ]
     return parts
 
 
-def render(meta: dict, df: pd.DataFrame, run_dir: Path) -> str:
+def _comparison_sections(cmp: pd.DataFrame, baseline: Path) -> list[str]:
+    if cmp.empty:
+        return [
+            f"<h2>Compared with {html.escape(baseline.name)}</h2><p>No point ran in both runs.</p>"
+        ]
+    n_reg = int(cmp["regression"].sum())
+    summary = (
+        f"{len(cmp)} points compared with <code>{html.escape(str(baseline))}</code>: "
+        f"{(cmp['verdict'] == 'faster').sum()} faster, {n_reg} slower, "
+        f"{(cmp['verdict'] == 'no significant change').sum()} without significant "
+        "change (Mann-Whitney U on the per-step samples, p < 0.05, and at least 2 %)."
+    )
+    if n_reg:
+        summary = f"<span class='flag'>{n_reg} regression(s).</span> " + summary
+    return [f"<h2>Compared with {html.escape(baseline.name)}</h2>", f"<p>{summary}</p>",
+            figs.comparison_figure(cmp),
+            html_table(cmp, COMPARE_TABLE, "Per point: baseline and new median (ms), ratio "
+                       "new / baseline, p-value, verdict",
+                       cell_class=lambda r, c: "flag" if c == "verdict" and r["regression"]
+                       else "")]  # fmt: skip
+
+
+def render(meta: dict, df: pd.DataFrame, run_dir: Path, comparison=None) -> str:
+    """The whole page; ``comparison`` is (table from ``compare``, baseline folder) or None."""
     sweep = meta.get("sweep", "?")
-    ok = df[df["status"] == "ok"] if len(df) else df
     failed = df[df["status"] != "ok"] if len(df) else df
     env = (
         f"{meta.get('backend')} on {meta.get('device')} ({meta.get('device_name')}), "
@@ -266,73 +231,84 @@ def render(meta: dict, df: pd.DataFrame, run_dir: Path) -> str:
         f"{meta.get('torch_version')}, commit {meta.get('git_commit')}"
     )
     parts = [
-        f"<!doctype html><html><head><meta charset='utf-8'><title>{sweep} - "
-        f"{html.escape(run_dir.name)}</title><style>{CSS}</style></head><body>",
-        f"<h1>Sweep <code>{sweep}</code>: {html.escape(run_dir.name)}</h1>",
-        f"<p>{html.escape(env)}. Started {meta.get('start_time')}, "
-        f"ended {meta.get('end_time')}.</p>",
+        "<!doctype html><html lang='en'><head><meta charset='utf-8'>"
+        "<meta name='viewport' content='width=device-width, initial-scale=1'>"
+        f"<title>{html.escape(sweep)} - {html.escape(run_dir.name)}</title>"
+        f"<style>{CSS}</style></head><body><main>",
+        f"<h1>Sweep <code>{html.escape(sweep)}</code>: {html.escape(run_dir.name)}</h1>",
+        f"<p>{html.escape(env)}. Started {meta.get('start_time')}, ended "
+        f"{meta.get('end_time')}.</p>",
     ]
-    collective = "collective" in df.columns
-    if collective:
-        parts += render_collectives(meta, df)
-    else:
-        parts.append(f"<p class='headline'>{headline(meta, df) if len(df) else 'no results'}</p>")
-    if len(ok) and not collective:
-        parts += [
-            "<h2>Step time</h2>",
-            step_time_figure(ok, sweep),
-            "<h2>Where the step goes</h2>",
-            breakdown_figure(ok),
-            "<p>From each point's traced steps: computation on the main thread (or GPU "
-            "kernels), communication spans, their overlap; idle is the rest of the step. "
-            f"Computation below {COMPUTE_SHARE_TARGET:.0%} of the step is flagged in the "
-            "table.</p>",
-        ]
-    if not collective:
-        parts += ["<h2>All points</h2>", _table(df) if len(df) else "<p>none</p>"]
+    parts += _collective_sections(meta, df) if "collective" in df else _training_sections(meta, df)
+    if comparison is not None:
+        parts += _comparison_sections(*comparison)
     if len(failed):
-        parts.append(
-            "<h2 class='err'>Failed points</h2><ul>"
-            + "".join(
-                f"<li><code>{html.escape(str(r.point))}</code>: {html.escape(str(r.error))}</li>"
-                for r in failed.itertuples()
-            )
-            + "</ul>"
-        )
+        parts.append("<h2 class='err'>Failed points</h2><ul>" + "".join(
+            f"<li><code>{html.escape(str(r.point))}</code>: {html.escape(str(r.error))}</li>"
+            for r in failed.itertuples()) + "</ul>")  # fmt: skip
     argv = " ".join(meta.get("argv", []))
     parts += [
         "<h2>Dig further</h2>",
         f"<p>Traces: <code>tensorboard --logdir {html.escape(str(run_dir / 'traces'))}</code> "
-        "(with torch-tb-profiler installed; each point is a run, each rank a worker).</p>",
+        "(with torch-tb-profiler installed: each point is a run, each rank a worker; the run "
+        "<code>sweep_scalars</code> plots the sweep).</p>",
+        f"<p>Analyse a point: <code>python -m bench.analysis "
+        f"{html.escape(str(run_dir / 'traces'))}/&lt;point&gt;</code></p>",
         f"<p>Reproduce: <code>torchrun --standalone --nproc_per_node={meta.get('world_size')} "
         f"bench/run.py {html.escape(argv)}</code></p>",
-        "</body></html>",
+        f"</main>{LOAD_CHECK}</body></html>",
     ]
     return "\n".join(parts)
 
 
-def write_report(run_dir: Path, reports_dir: Path = Path("reports")) -> Path:
+def write_report(
+    run_dir: Path, reports_dir: Path = Path("reports"), baseline: Path | None = None
+) -> tuple[Path, pd.DataFrame | None]:
+    """Write the report; return its path and, with a baseline, the comparison table."""
     run_dir = Path(run_dir)
-    meta, df = read_run(run_dir)
+    meta, df, samples = read_run(run_dir)
     if not meta and df.empty:
         raise FileNotFoundError(f"{run_dir} holds no meta.json or results.csv")
+    comparison = None
+    if baseline is not None:
+        _, old, old_samples = read_run(Path(baseline))
+        if old.empty:
+            raise FileNotFoundError(f"baseline {baseline} holds no results.csv")
+        comparison = (compare(df, samples, old, old_samples), Path(baseline))
     reports_dir.mkdir(parents=True, exist_ok=True)
     out = reports_dir / f"{run_dir.name}.html"
-    out.write_text(render(meta, df, run_dir))
-    return out
+    out.write_text(render(meta, df, run_dir, comparison))
+    return out, comparison[0] if comparison else None
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.report")
     p.add_argument("run_dir", type=Path)
     p.add_argument("--reports-dir", type=Path, default=Path("reports"))
+    p.add_argument("--baseline", type=Path, help="an earlier run to compare with, point by point")
+    p.add_argument(
+        "--fail-on-regression",
+        action="store_true",
+        help="exit 1 when a point is significantly slower than in the baseline",
+    )
     args = p.parse_args(argv)
     try:
-        out = write_report(args.run_dir, args.reports_dir)
-    except (FileNotFoundError, pd.errors.ParserError) as e:
+        out, cmp = write_report(args.run_dir, args.reports_dir, args.baseline)
+    except (FileNotFoundError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"report: {out}")
+    if cmp is not None:
+        slower = cmp[cmp["regression"]]
+        print(
+            f"{len(cmp)} points compared: {len(slower)} significantly slower"
+            + "".join(
+                f"\n  slower: {r.point} x{r.ratio:.3f} (p={r.p_value:.2g})"
+                for r in slower.itertuples()
+            )
+        )
+        if args.fail_on_regression and len(slower):
+            return 1
     return 0
 
 

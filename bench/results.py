@@ -45,6 +45,7 @@ TRAINING_EXTRA_COLUMNS = [
     "point",
     "backend",
     "device",
+    "window_ms",
     "cpu_busy_pct",
     "nvml_util_pct",
     "params",
@@ -85,6 +86,11 @@ COLLECTIVE_EXTRA_COLUMNS = [
     "backend",
     "device",
 ]
+
+
+# Every timed sample of every point (samples.csv): the slowest rank's time of each timed step
+# or iteration, so that runs can be compared on samples rather than on medians.
+SAMPLE_COLUMNS = ["point", "index", "ms"]
 
 
 def utc_now() -> str:
@@ -136,6 +142,19 @@ class ResultsWriter:
             os.fsync(f.fileno())
 
 
+class SamplesWriter(ResultsWriter):
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, SAMPLE_COLUMNS)
+
+    def append_samples(self, point: str, samples: list[float]) -> None:
+        with self.path.open("a", newline="") as f:
+            w = csv.writer(f)
+            for i, ms in enumerate(samples):
+                w.writerow([point, i, f"{ms:.6g}"])
+            f.flush()
+            os.fsync(f.fileno())
+
+
 def has_results(run_dir: Path) -> bool:
     csv_path = run_dir / "results.csv"
     return csv_path.exists() and csv_path.stat().st_size > 0
@@ -157,8 +176,13 @@ def write_meta(path: Path, meta: dict) -> None:
     tmp.replace(path)  # atomic: a reader never sees half a file
 
 
-def read_run(run_dir: Path) -> tuple[dict, pd.DataFrame]:
+def read_run(run_dir: Path) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
+    """(meta, results, samples) of a run folder; absent files give empty values."""
     meta_path, csv_path = run_dir / "meta.json", run_dir / "results.csv"
+    samples_path = run_dir / "samples.csv"
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
     df = pd.read_csv(csv_path) if csv_path.exists() else pd.DataFrame()
-    return meta, df
+    samples = (
+        pd.read_csv(samples_path) if samples_path.exists() else pd.DataFrame(columns=SAMPLE_COLUMNS)
+    )
+    return meta, df, samples

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from bench.distenv import DistEnv, fail, init_distributed
 from bench.results import (
     ResultsWriter,
+    SamplesWriter,
     default_run_dir,
     done_points,
     git_commit,
@@ -34,11 +35,16 @@ class RunContext:
     run_dir: Path
     skip: set[str]
     writer: ResultsWriter | None = None  # rank 0 only
+    samples: SamplesWriter | None = None  # rank 0 only
     meta: dict = field(default_factory=dict)
 
     def write(self, row: dict) -> None:
+        """Append the row, and its timed samples (``samples_ms``) to samples.csv."""
+        samples = row.pop("samples_ms", None)
         if self.writer is not None:
             self.writer.append(row)
+            if samples:
+                self.samples.append_samples(row["point"], samples)
 
 
 def _prepare_run_dir(args: argparse.Namespace) -> tuple[Path | None, str | None]:
@@ -100,6 +106,7 @@ def start_run(
         ctx.meta = _meta(args, argv, env, run_dir)
         write_meta(run_dir / "meta.json", ctx.meta)
         ctx.writer = ResultsWriter(run_dir / "results.csv", columns)
+        ctx.samples = SamplesWriter(run_dir / "samples.csv")
         ctx.skip = done_points(run_dir / "results.csv") if args.resume else set()
     shared = [ctx.skip]
     dist.broadcast_object_list(shared, group_src=0)
@@ -125,7 +132,7 @@ def finish_run(ctx: RunContext, summary: Callable[[pd.DataFrame], str]) -> int:
             from bench.report import write_report
 
             try:
-                report_path = write_report(ctx.run_dir, ctx.args.reports_dir)
+                report_path, _ = write_report(ctx.run_dir, ctx.args.reports_dir)
             except Exception as e:  # noqa: BLE001  (results are safe; say why there is no report)
                 print(f"report not written: {type(e).__name__}: {e}", file=sys.stderr)
         tail = f"  report: {report_path}" if report_path else ""

@@ -121,6 +121,8 @@ def test_message_size_sweep_end_to_end(tmp_path):
         rtol=1e-4,
         atol=0,
     )
+    samples = pd.read_csv(out / "samples.csv")
+    assert samples.groupby("point").size().to_dict() == dict.fromkeys(df["point"], 3)
     meta = json.loads((out / "meta.json").read_text())
     assert meta["limits"]["p2p_GBps"] > 0 and meta["limits"]["memcpy_GBps"] > 0
     assert "# Avg bus bandwidth" in proc.stdout

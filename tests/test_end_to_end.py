@@ -81,6 +81,8 @@ def test_sweep_writes_the_data_contract_and_resumes(tmp_path):
     assert df["gpu_util_pct"].isna().all()  # does not apply on CPU: empty, never zero
     assert df["nvml_util_pct"].isna().all() and (df["cpu_busy_pct"] > 0).all()
     assert (out / "traces" / "sweep_scalars").is_dir()  # the sweep's TensorBoard scalars
+    samples = pd.read_csv(out / "samples.csv")  # every timed step, for comparisons
+    assert samples.groupby("point").size().to_dict() == dict.fromkeys(df["point"], 3)
     assert (df["comm_bytes_per_step"] == df["grad_bytes"]).all()
     for point in df["point"]:
         traces = list((out / "traces" / point).glob("rank*.pt.trace.json"))

@@ -1,0 +1,162 @@
+"""The report's figures (matplotlib), each returned as an <img> with the PNG embedded and an
+alt text that says what it shows."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+# The seed's rules of thumb for a healthy data-parallel step.
+COMPUTE_SHARE_TARGET = 80.0
+GPU_UTIL_TARGET = 90.0
+
+
+def _png(fig, alt: str) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    data = base64.b64encode(buf.getvalue()).decode()
+    return (
+        f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+        f"<figcaption>{html.escape(alt)}</figcaption></figure>"
+    )
+
+
+def point_label(r) -> str:
+    value = f"{r.value:g}" if isinstance(r.value, float) else str(r.value)
+    return f"{r.model} {value} {r.impl}"
+
+
+def step_time_figure(ok: pd.DataFrame, sweep: str) -> str:
+    models = list(dict.fromkeys(ok["model"]))
+    fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 3.8), squeeze=False)
+    for ax, model in zip(axes[0], models, strict=True):
+        for impl, g in ok[ok["model"] == model].groupby("impl", sort=False):
+            g = g.sort_values("value")
+            err = [g["step_ms_median"] - g["step_ms_min"], g["step_ms_max"] - g["step_ms_median"]]
+            ax.errorbar(
+                g["value"], g["step_ms_median"], yerr=err, marker="o", capsize=3, label=impl
+            )
+        ax.set_xscale("log")
+        ax.set_xlabel(sweep)
+        ax.set_ylabel("step time, ms (median, min-max)")
+        ax.set_title(model)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    return _png(
+        fig,
+        f"Step time (median, bars from min to max) against {sweep}, one panel per "
+        "model, one line per implementation.",
+    )
+
+
+def breakdown_figure(ok: pd.DataFrame) -> str:
+    """Stacked bar per point: compute alone, overlapped comm, exposed comm, idle (sum = step
+    window as traced)."""
+    labels = [point_label(r).replace(" ", "\n") for r in ok.itertuples()]
+    parts = {
+        "compute (not overlapped)": ok["compute_ms"] - ok["overlap_ms"],
+        "communication overlapped with compute": ok["overlap_ms"],
+        "exposed communication": ok["exposed_comm_ms"],
+        "idle": ok["idle_ms"],
+    }
+    colors = ["#4a7fb5", "#8cc084", "#e07b53", "#c8c8c8"]
+    fig, ax = plt.subplots(figsize=(max(6, 0.75 * len(ok)), 4))
+    bottom = np.zeros(len(ok))
+    for (name, vals), color in zip(parts.items(), colors, strict=True):
+        vals = vals.fillna(0).to_numpy()
+        ax.bar(range(len(ok)), vals, bottom=bottom, label=name, color=color)
+        bottom += vals
+    ax.set_xticks(range(len(ok)), labels, fontsize=7)
+    ax.set_ylabel("ms per step (traced steps, mean over ranks)")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.grid(axis="y", alpha=0.3)
+    return _png(
+        fig,
+        "Where each point's step goes: computation alone, communication overlapped "
+        "with computation, exposed communication and idle time, stacked.",
+    )
+
+
+def health_figure(ok: pd.DataFrame) -> str:
+    """Computation's share of the step per point against the 80 % rule of thumb, and GPU
+    utilisation against 90 % where there is a GPU; points that miss are drawn in red."""
+    share = 100 * ok["compute_ms"] / ok["window_ms"]
+    gpu = ok["gpu_util_pct"] if ok["gpu_util_pct"].notna().any() else None
+    panels = 2 if gpu is not None else 1
+    labels = [point_label(r) for r in ok.itertuples()]
+    height = max(2.5, 0.28 * len(ok) + 1)
+    fig, axes = plt.subplots(1, panels, figsize=(6 * panels, height), squeeze=False)
+    series = [(share, COMPUTE_SHARE_TARGET, "computation, % of the step")]
+    if gpu is not None:
+        series.append((gpu, GPU_UTIL_TARGET, "GPU utilisation, %"))
+    for ax, (vals, target, title) in zip(axes[0], series, strict=True):
+        colors = ["#c0392b" if v < target else "#4a7fb5" for v in vals.fillna(0)]
+        ax.barh(range(len(ok)), vals.fillna(0), color=colors)
+        ax.axvline(target, color="black", linestyle="--", linewidth=1)
+        ax.set_yticks(range(len(ok)), labels, fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xlim(0, 100)
+        ax.set_xlabel(title)
+        ax.grid(axis="x", alpha=0.3)
+    return _png(
+        fig,
+        f"Computation's share of each step against the {COMPUTE_SHARE_TARGET:.0f} % "
+        "rule of thumb"
+        + (f", and GPU utilisation against {GPU_UTIL_TARGET:.0f} %" if gpu is not None else "")
+        + "; red bars miss it.",
+    )
+
+
+def busbw_figure(ok: pd.DataFrame, limits: dict) -> str:
+    """busbw against message size per collective, one line per implementation, with the
+    measured one-way point-to-point bandwidth as the reference line."""
+    colls = list(dict.fromkeys(ok["collective"]))
+    cols = min(3, len(colls))
+    rows = -(-len(colls) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.8 * cols, 3.4 * rows), squeeze=False)
+    for ax in axes.flat[len(colls) :]:
+        ax.set_visible(False)
+    for ax, coll in zip(axes.flat, colls, strict=False):
+        for impl, g in ok[ok["collective"] == coll].groupby("impl", sort=False):
+            ax.plot(g["size_bytes"], g["busbw_GBps"], marker="o", markersize=3, label=impl)
+        p2p = limits.get("p2p_GBps")
+        if p2p and not np.isnan(p2p):
+            ax.axhline(p2p, color="grey", linestyle="--", linewidth=1, label="point-to-point")
+        ax.set_xscale("log", base=2)
+        ax.set_title(coll)
+        ax.set_xlabel("message size S, bytes")
+        ax.set_ylabel("busbw, GB/s")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return _png(
+        fig,
+        "Bus bandwidth against message size, one panel per collective, one line "
+        "per implementation; the dashed line is the measured point-to-point bandwidth.",
+    )
+
+
+def comparison_figure(cmp: pd.DataFrame) -> str:
+    """new/old ratio per point, coloured by verdict."""
+    colors = {"faster": "#2e8b57", "slower": "#c0392b", "no significant change": "#999999"}
+    fig, ax = plt.subplots(figsize=(7, max(2.5, 0.28 * len(cmp) + 1)))
+    ax.barh(range(len(cmp)), cmp["ratio"] - 1, left=1, color=[colors[v] for v in cmp["verdict"]])
+    ax.axvline(1, color="black", linewidth=1)
+    ax.set_yticks(range(len(cmp)), cmp["point"], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("median time, new / baseline (< 1 is faster)")
+    ax.grid(axis="x", alpha=0.3)
+    return _png(
+        fig,
+        "New run against the baseline, per point: the ratio of median times; green "
+        "is significantly faster, red significantly slower, grey no significant change.",
+    )

@@ -1,0 +1,71 @@
+"""Synthetic run folders for report tests: the files a sweep writes, with chosen timings."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from bench.results import (
+    TRAINING_COLUMNS,
+    TRAINING_EXTRA_COLUMNS,
+    ResultsWriter,
+    SamplesWriter,
+    write_meta,
+)
+
+
+def make_training_run(
+    run_dir: Path,
+    points: dict[tuple[str, float, str], float],
+    *,
+    seed: int = 0,
+    failed: dict[tuple[str, float, str], str] | None = None,
+    steps: int = 20,
+) -> Path:
+    """A bucket_cap_mb run: ``points`` maps (model, value, impl) to a median step time (ms);
+    each point gets ``steps`` samples with 3 % noise."""
+    rng = np.random.default_rng(seed)
+    run_dir.mkdir(parents=True)
+    write_meta(run_dir / "meta.json", {
+        "run_id": run_dir.name, "sweep": "bucket_cap_mb", "argv": ["--sweep", "bucket_cap_mb"],
+        "torch_version": "2.13.0", "backend": "gloo", "device": "cpu", "device_name": "x86_64",
+        "world_size": 2, "nodes": 1, "host": "h", "git_commit": "abc",
+        "start_time": "2026-01-01T00:00:00Z", "end_time": "2026-01-01T00:01:00Z",
+    })  # fmt: skip
+    writer = ResultsWriter(run_dir / "results.csv", TRAINING_COLUMNS + TRAINING_EXTRA_COLUMNS)
+    samples = SamplesWriter(run_dir / "samples.csv")
+    for (model, value, impl), ms in points.items():
+        point = f"{model}-bucket_cap_mb={value:g}-{impl}"
+        t = ms * (1 + 0.03 * rng.standard_normal(steps))
+        compute = 0.7 * ms if impl == "native" else 0.85 * ms
+        writer.append({
+            "sweep": "bucket_cap_mb", "value": value, "impl": impl, "strategy": "ddp",
+            "world_size": 2, "status": "ok", "error": "", "step_ms_median": float(np.median(t)),
+            "step_ms_min": float(t.min()), "step_ms_max": float(t.max()),
+            "samples_per_s": 128 / (ms / 1e3), "window_ms": ms, "compute_ms": compute,
+            "comm_ms": 0.3 * ms, "overlap_ms": 0.1 * ms, "exposed_comm_ms": 0.2 * ms,
+            "idle_ms": ms - compute - 0.2 * ms, "overlap_pct": 33.3, "compute_comm_ratio": 2.5,
+            "peak_mem_mb": 100.0, "comm_bytes_per_step": 4e7, "comm_calls_per_step": 2,
+            "model": model, "point": point, "backend": "gloo", "device": "cpu",
+        })  # fmt: skip
+        samples.append_samples(point, list(t))
+    for (model, value, impl), error in (failed or {}).items():
+        writer.append(
+            {
+                "sweep": "bucket_cap_mb",
+                "value": value,
+                "impl": impl,
+                "model": model,
+                "status": "error",
+                "error": error,
+                "world_size": 2,
+                "point": f"{model}-bucket_cap_mb={value:g}-{impl}",
+            }
+        )
+    return run_dir
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(path.read_text())
