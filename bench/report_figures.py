@@ -59,26 +59,36 @@ def step_time_figure(ok: pd.DataFrame, sweep: str) -> str:
 
 
 def breakdown_figure(ok: pd.DataFrame) -> str:
-    """Stacked bar per point: compute alone, overlapped comm, exposed comm, idle (sum = step
-    window as traced)."""
-    labels = [point_label(r).replace(" ", "\n") for r in ok.itertuples()]
-    parts = {
-        "compute (not overlapped)": ok["compute_ms"] - ok["overlap_ms"],
-        "communication overlapped with compute": ok["overlap_ms"],
-        "exposed communication": ok["exposed_comm_ms"],
-        "idle": ok["idle_ms"],
-    }
+    """Stacked horizontal bar per point: compute alone, overlapped communication, exposed
+    communication, idle (their sum is the traced step); one panel per model, each on its own
+    scale, so a small model's bars are not flattened by a large one's."""
+    names = ["compute (not overlapped)", "communication overlapped with compute",
+             "exposed communication", "idle"]  # fmt: skip
     colors = ["#4a7fb5", "#8cc084", "#e07b53", "#c8c8c8"]
-    fig, ax = plt.subplots(figsize=(max(6, 0.75 * len(ok)), 4))
-    bottom = np.zeros(len(ok))
-    for (name, vals), color in zip(parts.items(), colors, strict=True):
-        vals = vals.fillna(0).to_numpy()
-        ax.bar(range(len(ok)), vals, bottom=bottom, label=name, color=color)
-        bottom += vals
-    ax.set_xticks(range(len(ok)), labels, fontsize=7)
-    ax.set_ylabel("ms per step (traced steps, mean over ranks)")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    ax.grid(axis="y", alpha=0.3)
+    models = list(dict.fromkeys(ok["model"]))
+    heights = [max(1.2, 0.3 * (ok["model"] == m).sum() + 0.6) for m in models]
+    fig, axes = plt.subplots(
+        len(models),
+        1,
+        figsize=(8, sum(heights) + 0.6),
+        squeeze=False,
+        gridspec_kw={"height_ratios": heights},
+    )
+    for ax, model in zip(axes[:, 0], models, strict=True):
+        g = ok[ok["model"] == model]
+        parts = [g["compute_ms"] - g["overlap_ms"], g["overlap_ms"], g["exposed_comm_ms"],
+                 g["idle_ms"]]  # fmt: skip
+        left = np.zeros(len(g))
+        for name, vals, color in zip(names, parts, colors, strict=True):
+            vals = vals.fillna(0).clip(lower=0).to_numpy()
+            ax.barh(range(len(g)), vals, left=left, label=name, color=color)
+            left += vals
+        ax.set_yticks(range(len(g)), [point_label(r) for r in g.itertuples()], fontsize=7)
+        ax.invert_yaxis()
+        ax.set_title(model, fontsize=9)
+        ax.grid(axis="x", alpha=0.3)
+    axes[-1, 0].set_xlabel("ms per step (traced steps, mean over ranks)")
+    axes[0, 0].legend(fontsize=7, loc="lower left", bbox_to_anchor=(0, 1.08), ncol=2)
     return _png(
         fig,
         "Where each point's step goes: computation alone, communication overlapped "
