@@ -441,119 +441,6 @@ def summarize(steps: pd.DataFrame) -> dict:
     }
 
 
-# -- a folder of per-rank traces -------------------------------------------------------------
-TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz", ".json", ".json.gz")
-
-
-def trace_files(folder: str | Path) -> list[Path]:
-    folder = Path(folder)
-    return sorted(p for p in folder.rglob("*") if p.is_file() and p.name.endswith(TRACE_SUFFIXES))
-
-
-@dataclass
-class TraceDigest:
-    """What the folder-level tables need of one trace, without its events."""
-
-    path: Path
-    rank: int
-    world_size: int
-    backend: str | None
-    n_events: int
-    steps: pd.DataFrame
-    summary: dict
-    calls: pd.DataFrame
-
-
-def digest(trace: Trace) -> TraceDigest:
-    from bench.comm_analysis import collective_calls
-
-    return TraceDigest(path=trace.path, rank=trace.rank, world_size=trace.world_size,
-                       backend=trace.backend, n_events=len(trace.events), steps=breakdown(trace),
-                       summary=rank_summary(trace), calls=collective_calls(trace))  # fmt: skip
-
-
-@dataclass
-class TraceSet:
-    traces: list  # Trace, or TraceDigest when loaded with digest_each=True
-    problems: list[str]
-
-
-def load_trace_dir(folder: str | Path, *, digest_each: bool = False) -> TraceSet:
-    """Every readable trace of a folder, one per rank, with what was wrong with the rest.
-
-    Unreadable files are reported and skipped; traces of another run (different world size or
-    backend from the majority) are set aside; of two traces for one rank the newer is kept;
-    ranks missing from the world size are named. Raises TraceError only if nothing is usable.
-    With ``digest_each`` every trace is reduced to its tables as soon as it is read, so memory
-    is bounded by the largest file, not by the folder.
-    """
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise TraceError(f"{folder}: not a folder")
-    files = trace_files(folder)
-    if not files:
-        raise TraceError(f"{folder}: no trace files (*.pt.trace.json, *.json.gz) in it")
-    traces, problems = [], []
-    for f in files:
-        try:
-            t = load_trace(f)
-        except TraceError as e:
-            problems.append(f"skipped {e}")
-            continue
-        traces.append(digest(t) if digest_each else t)
-    traces = _one_run_one_trace_per_rank(traces, problems)
-    if not traces:
-        raise TraceError(f"{folder}: no readable trace: " + "; ".join(problems))
-    return TraceSet(traces=traces, problems=problems)
-
-
-def _one_run_one_trace_per_rank(traces: list, problems: list[str]) -> list:
-    if not traces:
-        return traces
-    key = lambda t: (t.world_size, t.backend)  # noqa: E731
-    keys = [key(t) for t in traces]
-    majority = max(set(keys), key=keys.count)
-    for t in [t for t in traces if key(t) != majority]:
-        problems.append(
-            f"skipped {t.path}: from another run (world size {t.world_size}, "
-            f"backend {t.backend}; the others: {majority})"
-        )
-    by_rank: dict = {}
-    for t in sorted(
-        [t for t in traces if key(t) == majority], key=lambda t: t.path.stat().st_mtime
-    ):
-        if t.rank in by_rank:
-            problems.append(
-                f"skipped {by_rank[t.rank].path}: rank {t.rank} has a newer trace, {t.path.name}"
-            )
-        by_rank[t.rank] = t
-    kept = [by_rank[r] for r in sorted(by_rank)]
-    missing = sorted(set(range(kept[0].world_size)) - set(by_rank))
-    if missing:
-        shown = ", ".join(map(str, missing[:8])) + (" ..." if len(missing) > 8 else "")
-        problems.append(
-            f"{len(missing)} of {kept[0].world_size} ranks have no trace here "
-            f"({shown}): cross-rank figures cover the ranks present"
-        )
-    return kept
-
-
-def analyse(ts: TraceSet) -> dict[str, pd.DataFrame]:
-    """All tables for a set of per-rank traces: ranks, steps, collectives, waits, stragglers."""
-    from bench.comm_analysis import collective_summary, stragglers, wait_split
-
-    digests = [t if isinstance(t, TraceDigest) else digest(t) for t in ts.traces]
-    steps = pd.concat([d.steps for d in digests], ignore_index=True)
-    ranks = pd.DataFrame([d.summary for d in digests], columns=RANK_COLUMNS)
-    calls = wait_split(pd.concat([d.calls for d in digests], ignore_index=True))
-    return {
-        "ranks": ranks,
-        "steps": steps,
-        "collectives": collective_summary(calls, digests[0].world_size),
-        "stragglers": stragglers(steps, calls),
-    }
-
-
 # -- command line ----------------------------------------------------------------------------
 def _records(df: pd.DataFrame) -> list[dict]:
     out = []
@@ -581,6 +468,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--csv", type=Path, metavar="DIR", help="also write each table as DIR/<t>.csv")
     args = p.parse_args(argv)
+    from bench.trace_folder import analyse, load_trace_dir  # the folder layer builds on this one
+
     try:
         ts = load_trace_dir(args.trace_dir, digest_each=True)
     except TraceError as e:

@@ -26,7 +26,7 @@ import time
 import warnings
 from pathlib import Path
 
-from bench import analysis
+from bench import analysis, trace_folder
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data" / "hta"
@@ -35,7 +35,7 @@ GROUPS = {"sampled_rank pair": ["sampled_rank-0.json.gz", "sampled_rank-1.json.g
 
 
 def ours(folder: Path) -> dict[int, tuple[float, float, float, float]]:
-    ts = analysis.load_trace_dir(folder)
+    ts = trace_folder.load_trace_dir(folder)
     out = {}
     for t in ts.traces:
         s = analysis.rank_summary(t)
@@ -124,8 +124,8 @@ def main(argv: list[str] | None = None) -> int:
             reset_peak_rss()
             before = peak_rss_bytes()
             t0 = time.perf_counter()
-            ts = analysis.load_trace_dir(folder, digest_each=True)
-            tables = analysis.analyse(ts)
+            ts = trace_folder.load_trace_dir(folder, digest_each=True)
+            tables = trace_folder.analyse(ts)
             elapsed = time.perf_counter() - t0
             print(
                 f"{size / 1e9:.2f} GB folder ({len(ts.traces)} traces, "

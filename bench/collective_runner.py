@@ -197,7 +197,6 @@ def run_collective_sweep(args: argparse.Namespace, plan: CollectivePlan, argv: l
         args,
         argv,
         COLLECTIVE_COLUMNS + COLLECTIVE_EXTRA_COLUMNS,
-        timeout_s=max(300.0, args.point_timeout),
     )
     env = ctx.env
     limits = measure_limits(env, min(max(plan.sizes), 64 << 20))

@@ -154,8 +154,8 @@ def _train_and_measure(
 
 def _aggregate(per_rank: list[dict]) -> dict:
     """Times from the timing all-reduce are already cross-rank; breakdowns are averaged."""
-    df = [r for r in per_rank if r]
-    out = dict(df[0])
+    ranks = [r for r in per_rank if r]
+    out = dict(ranks[0])
     for key in (
         "window_ms",
         "compute_ms",
@@ -169,9 +169,9 @@ def _aggregate(per_rank: list[dict]) -> dict:
         "comm_bytes_per_step",
         "comm_calls_per_step",
     ):
-        vals = [r.get(key, np.nan) for r in df]
+        vals = [r.get(key, np.nan) for r in ranks]
         out[key] = float(np.nanmean(vals)) if not np.all(np.isnan(vals)) else np.nan
-    out["peak_mem_mb"] = float(np.nanmax([r.get("peak_mem_mb", np.nan) for r in df]))
+    out["peak_mem_mb"] = float(np.nanmax([r.get("peak_mem_mb", np.nan) for r in ranks]))
     comm = out["comm_ms"]
     out["compute_comm_ratio"] = out["compute_ms"] / comm if comm and comm > 0 else np.nan
     out["overlap_pct"] = 100.0 * out["overlap_ms"] / comm if comm and comm > 0 else np.nan

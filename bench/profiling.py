@@ -70,6 +70,8 @@ def profile_steps(
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
     trace_dir.mkdir(parents=True, exist_ok=True)
+    for stale in trace_dir.glob(f"{worker_name}.*.pt.trace.json"):  # an earlier, failed attempt
+        stale.unlink()
     heap_at_active = None
     with profile(
         activities=activities,

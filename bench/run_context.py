@@ -88,11 +88,11 @@ def _meta(args, argv, env: DistEnv, run_dir: Path) -> dict:
     }
 
 
-def start_run(
-    args: argparse.Namespace, argv: list[str], columns: list[str], timeout_s: float = 300.0
-) -> RunContext:
+def start_run(args: argparse.Namespace, argv: list[str], columns: list[str]) -> RunContext:
     """Initialise the process group; rank 0 prepares the folder and every rank learns it."""
-    env = init_distributed(backend=args.backend, timeout_s=timeout_s)
+    # The default group only carries start-up and per-point agreement: it must outwait any
+    # point's own timeout.
+    env = init_distributed(backend=args.backend, timeout_s=max(300.0, args.point_timeout))
     decision: list = [None]
     if env.is_main:
         decision = [_prepare_run_dir(args)]

@@ -47,7 +47,6 @@ def run_sweep(args: argparse.Namespace, points: list[Point], argv: list[str]) ->
         args,
         argv,
         TRAINING_COLUMNS + TRAINING_EXTRA_COLUMNS,
-        timeout_s=max(300.0, args.point_timeout),
     )
     env = ctx.env
     cfg = HarnessConfig(

@@ -130,11 +130,17 @@ def _pipelined_ring(
         )
         for step in range(n - 1):
             lo = bounds[(r - step - 2) % n]
-            rs_recvs.append([
-                (ring.recv(tmp[step, a - lo : b - lo], tag=step * 65536 + k),
-                 tmp[step, a - lo : b - lo], a, b)
-                for k, (a, b) in enumerate(segs(r - step - 2))
-            ])
+            rs_recvs.append(
+                [
+                    (
+                        ring.recv(tmp[step, a - lo : b - lo], tag=step * 65536 + k),
+                        tmp[step, a - lo : b - lo],
+                        a,
+                        b,
+                    )
+                    for k, (a, b) in enumerate(segs(r - step - 2))
+                ]
+            )
         for k, (a, b) in enumerate(segs(r - 1)):
             ring.send(src[a:b], tag=k)
     elif gather:
@@ -144,8 +150,7 @@ def _pipelined_ring(
     if gather:
         for step in range(n - 1):
             for k, (a, b) in enumerate(segs(r - step - 1)):
-                ag_recvs.append((step, k, a, b,
-                                 ring.recv(dst[a:b], tag=ag_tag + step * 65536 + k)))
+                ag_recvs.append((step, k, a, b, ring.recv(dst[a:b], tag=ag_tag + step * 65536 + k)))
 
     for step, recvs in enumerate(rs_recvs):
         last = step == n - 2
@@ -187,8 +192,14 @@ def ring_all_reduce(
         return
     flat = t.view(-1)
     _pipelined_ring(
-        ring, flat, flat, chunk_bounds(flat.numel(), ring.n), _seg_elems(flat, segment_bytes),
-        reduce=_reducer(op), gather=True, divide_by=ring.n if op == "avg" else None,
+        ring,
+        flat,
+        flat,
+        chunk_bounds(flat.numel(), ring.n),
+        _seg_elems(flat, segment_bytes),
+        reduce=_reducer(op),
+        gather=True,
+        divide_by=ring.n if op == "avg" else None,
     )
 
 
@@ -217,8 +228,9 @@ def ring_reduce_scatter(
         return
     work = workspace("reduce_scatter", src.numel(), src.dtype, src.device)
     bounds = [i * count for i in range(n + 1)]
-    _pipelined_ring(ring, src, work, bounds, _seg_elems(src, segment_bytes),
-                    reduce=_reducer(op), gather=False)
+    _pipelined_ring(
+        ring, src, work, bounds, _seg_elems(src, segment_bytes), reduce=_reducer(op), gather=False
+    )
     mine = work[ring.rank * count : (ring.rank + 1) * count]
     out.view(-1).copy_(mine)
     if op == "avg":
@@ -244,13 +256,12 @@ def ring_all_gather(
     if ring.n == 1 or count == 0:
         return
     bounds = [i * count for i in range(ring.n + 1)]
-    _pipelined_ring(ring, flat, flat, bounds, _seg_elems(flat, segment_bytes),
-                    reduce=None, gather=True)
+    _pipelined_ring(
+        ring, flat, flat, bounds, _seg_elems(flat, segment_bytes), reduce=None, gather=True
+    )
 
 
-def tree_broadcast(
-    t: torch.Tensor, src: int = 0, group: dist.ProcessGroup | None = None
-) -> None:
+def tree_broadcast(t: torch.Tensor, src: int = 0, group: dist.ProcessGroup | None = None) -> None:
     """Binomial tree from group rank ``src``: in round k, ranks that hold the data send it
     2**k positions further.
 

@@ -85,8 +85,11 @@ class Collective:
         """(input, output, expected) on ``device``; output is input when in place."""
         inp64, expected64 = self.pattern(count, dtype, rank, n, op)
         inp = inp64.to(dtype).to(device)
-        out = inp if self.in_place else torch.empty(self.out_count(count, n), dtype=dtype,
-                                                    device=device)
+        out = (
+            inp
+            if self.in_place
+            else torch.empty(self.out_count(count, n), dtype=dtype, device=device)
+        )
         return inp, out, expected64.to(dtype).to(device)
 
     def run(self, impl: str, inp, out, op: str, group=None) -> None:
@@ -186,33 +189,61 @@ COLLECTIVES: dict[str, Collective] = {
     c.name: c
     for c in (
         Collective(
-            name="all_reduce", ops=("sum", "avg", "max"),
+            name="all_reduce",
+            ops=("sum", "avg", "max"),
             busbw_factor=lambda n: 2 * (n - 1) / n,
-            in_count=lambda c, n: c, out_count=lambda c, n: c, in_place=True,
-            native=_native_all_reduce, reference=_ref_all_reduce, pattern=_all_reduce_pattern,
+            in_count=lambda c, n: c,
+            out_count=lambda c, n: c,
+            in_place=True,
+            native=_native_all_reduce,
+            reference=_ref_all_reduce,
+            pattern=_all_reduce_pattern,
         ),
         Collective(
-            name="broadcast", ops=("none",), busbw_factor=lambda n: 1.0,
-            in_count=lambda c, n: c, out_count=lambda c, n: c, in_place=True,
-            native=_native_broadcast, reference=_ref_broadcast, pattern=_broadcast_pattern,
+            name="broadcast",
+            ops=("none",),
+            busbw_factor=lambda n: 1.0,
+            in_count=lambda c, n: c,
+            out_count=lambda c, n: c,
+            in_place=True,
+            native=_native_broadcast,
+            reference=_ref_broadcast,
+            pattern=_broadcast_pattern,
         ),
         Collective(
-            name="all_gather", ops=("none",), busbw_factor=lambda n: (n - 1) / n,
-            in_count=lambda c, n: c // n, out_count=lambda c, n: c, in_place=False,
-            native=_native_all_gather, reference=_ref_all_gather, pattern=_all_gather_pattern,
+            name="all_gather",
+            ops=("none",),
+            busbw_factor=lambda n: (n - 1) / n,
+            in_count=lambda c, n: c // n,
+            out_count=lambda c, n: c,
+            in_place=False,
+            native=_native_all_gather,
+            reference=_ref_all_gather,
+            pattern=_all_gather_pattern,
             needs_multiple_of_n=True,
         ),
         Collective(
-            name="reduce_scatter", ops=("sum", "avg", "max"),
+            name="reduce_scatter",
+            ops=("sum", "avg", "max"),
             busbw_factor=lambda n: (n - 1) / n,
-            in_count=lambda c, n: c, out_count=lambda c, n: c // n, in_place=False,
-            native=_native_reduce_scatter, reference=_ref_reduce_scatter,
-            pattern=_reduce_scatter_pattern, needs_multiple_of_n=True,
+            in_count=lambda c, n: c,
+            out_count=lambda c, n: c // n,
+            in_place=False,
+            native=_native_reduce_scatter,
+            reference=_ref_reduce_scatter,
+            pattern=_reduce_scatter_pattern,
+            needs_multiple_of_n=True,
         ),
         Collective(
-            name="all_to_all", ops=("none",), busbw_factor=lambda n: (n - 1) / n,
-            in_count=lambda c, n: c, out_count=lambda c, n: c, in_place=False,
-            native=_native_all_to_all, reference=_ref_all_to_all, pattern=_all_to_all_pattern,
+            name="all_to_all",
+            ops=("none",),
+            busbw_factor=lambda n: (n - 1) / n,
+            in_count=lambda c, n: c,
+            out_count=lambda c, n: c,
+            in_place=False,
+            native=_native_all_to_all,
+            reference=_ref_all_to_all,
+            pattern=_all_to_all_pattern,
             needs_multiple_of_n=True,
         ),
     )

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 from torch.profiler import record_function
 
-from bench import analysis
+from bench import trace_folder
 from bench.data import Batches
 from bench.profiling import profile_steps
 from parallel_kernels.models import MODELS, build_model
@@ -57,7 +57,7 @@ def delayed_rank_worker(trace_dir: str, slow_rank: int) -> str:
 @pytest.mark.timeout(180)
 def test_a_slowed_rank_is_the_straggler_and_the_other_waits(pool, tmp_path):
     pool(2).run(delayed_rank_worker, str(tmp_path), 1)
-    tables = analysis.analyse(analysis.load_trace_dir(tmp_path))
+    tables = trace_folder.analyse(trace_folder.load_trace_dir(tmp_path))
     stragglers = tables["stragglers"]
     assert len(stragglers) == 3
     assert (stragglers["slowest_rank"] == 1).all(), stragglers

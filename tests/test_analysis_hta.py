@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import analysis, trace_reader
+from bench import analysis, trace_folder, trace_reader
 
 DATA = Path(__file__).parent / "data" / "hta"
 REPO = Path(__file__).resolve().parents[1]
@@ -32,8 +32,8 @@ def folder_of(tmp_path: Path, files: list[str]) -> Path:
 
 @pytest.mark.parametrize("files", GROUPS, ids=["sampled_pair", "nccl_data"])
 def test_temporal_breakdown_and_overlap_agree_with_hta(tmp_path, files):
-    ts = analysis.load_trace_dir(folder_of(tmp_path, files))
-    ranks = analysis.analyse(ts)["ranks"].set_index("file")
+    ts = trace_folder.load_trace_dir(folder_of(tmp_path, files))
+    ranks = trace_folder.analyse(ts)["ranks"].set_index("file")
     for f in files:
         rank, idle, compute, non_compute, kernel_time, overlap = EXPECTED[f]
         row = ranks.loc[f]
@@ -47,7 +47,7 @@ def test_temporal_breakdown_and_overlap_agree_with_hta(tmp_path, files):
 
 
 def test_collectives_from_nccl_metadata(tmp_path):
-    tables = analysis.analyse(analysis.load_trace_dir(folder_of(tmp_path, GROUPS[1])))
+    tables = trace_folder.analyse(trace_folder.load_trace_dir(folder_of(tmp_path, GROUPS[1])))
     coll = tables["collectives"].set_index("collective")
     ar = coll.loc["all_reduce"]
     assert ar["calls"] > 0 and ar["bytes"] > 0 and ar["busbw_GBps"] > 0
@@ -58,7 +58,7 @@ def test_collectives_from_nccl_metadata(tmp_path):
 
 
 def test_cross_rank_wait_split_on_the_sampled_pair(tmp_path):
-    tables = analysis.analyse(analysis.load_trace_dir(folder_of(tmp_path, GROUPS[0])))
+    tables = trace_folder.analyse(trace_folder.load_trace_dir(folder_of(tmp_path, GROUPS[0])))
     coll = tables["collectives"]
     assert set(coll["rank"]) == {0, 1}
     both = coll.groupby("collective")["transfer_us"].nunique()

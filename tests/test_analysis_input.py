@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import analysis
+from bench import trace_folder
 from tests.kineto_writer import gpu_step_events, write_trace
 
 REPO = Path(__file__).resolve().parents[1]
@@ -75,7 +75,7 @@ def test_two_traces_of_one_rank_keep_the_newer(tmp_path):
     old = write_trace(tmp_path / "rank0.1.pt.trace.json", gpu_step_events(2, 4), dist(0, 1))
     new = write_trace(tmp_path / "rank0.2.pt.trace.json", gpu_step_events(3, 4), dist(0, 1))
     os.utime(old, (1, 1))
-    ts = analysis.load_trace_dir(tmp_path)
+    ts = trace_folder.load_trace_dir(tmp_path)
     assert [t.path.name for t in ts.traces] == [new.name]
     assert any("rank 0 has a newer trace" in p for p in ts.problems)
 
