@@ -22,7 +22,7 @@ from bench import analysis
 from bench.data import Batches
 from bench.distenv import DistEnv
 from bench.nvml import NvmlSampler
-from bench.profiling import host_bytes_in_use, profile_steps
+from bench.profiling import host_bytes_in_use, peak_rss_bytes, profile_steps, reset_peak_rss
 from bench.sweeps import Point
 from bench.timing import summarize_times, timed_steps
 from parallel_kernels.models import MODELS, build_model, grad_bytes, param_count
@@ -72,18 +72,21 @@ def _train_and_measure(
     group: dist.ProcessGroup,
     trace_dir: Path,
     progress: Callable[[str], None],
+    opened: list,
 ) -> dict:
     spec = MODELS[point.model]
     strategy = STRATEGIES[point.strategy]
     world = dist.get_world_size(group)
     rank = dist.get_rank(group)
     heap_before = host_bytes_in_use()
+    reset_peak_rss()
     if env.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(env.device)
 
     model = build_model(point.model, seed=cfg.seed).to(env.device)
     n_params, n_grad_bytes = param_count(model), grad_bytes(model)
     wrapped = strategy.apply(point.impl, model, group=group, device=env.device, **point.options)
+    opened.append(wrapped)  # run_point closes what it opened (process subgroups), come what may
     opt = torch.optim.AdamW(wrapped.parameters(), lr=cfg.lr)
     # Enough samples for several batches per rank, so the sampler really wraps epochs.
     dataset = spec.dataset(cfg.batch_size * world * 8, cfg.seed)
@@ -140,7 +143,13 @@ def _train_and_measure(
     else:
         peak = np.nan
     metrics.update(summarize_times(slowest, fastest))
+    expected = strategy.expected_state_bytes
     metrics.update(
+        state_mb=state_bytes(wrapped, opt) / 2**20,
+        state_mb_expected=expected(n_params, world, **point.options) / 2**20
+        if expected
+        else np.nan,
+        peak_rss_mb=(peak_rss_bytes() or np.nan) / 2**20,
         samples_ms=[float(t) for t in slowest],  # per-step, for run-to-run comparison
         nvml_util_pct=nvml.mean_pct,
         peak_mem_mb=peak / 2**20,
@@ -150,6 +159,24 @@ def _train_and_measure(
         samples_per_s=cfg.batch_size * world / (metrics["step_ms_median"] / 1e3),
     )
     return metrics
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t  # a DTensor's own shard
+
+
+def state_bytes(model: torch.nn.Module, opt: torch.optim.Optimizer) -> int:
+    """Bytes of parameters, gradients and optimiser state this rank holds (its shards only)."""
+    total = 0
+    for p in model.parameters():
+        total += _local(p).numel() * p.element_size()
+        if p.grad is not None:
+            total += _local(p.grad).numel() * p.grad.element_size()
+    for state in opt.state.values():
+        for v in state.values():
+            if torch.is_tensor(v) and v.dim() > 0:
+                total += _local(v).numel() * v.element_size()
+    return total
 
 
 def _aggregate(per_rank: list[dict]) -> dict:
@@ -171,7 +198,8 @@ def _aggregate(per_rank: list[dict]) -> dict:
     ):
         vals = [r.get(key, np.nan) for r in ranks]
         out[key] = float(np.nanmean(vals)) if not np.all(np.isnan(vals)) else np.nan
-    out["peak_mem_mb"] = float(np.nanmax([r.get("peak_mem_mb", np.nan) for r in ranks]))
+    for key in ("peak_mem_mb", "peak_rss_mb", "state_mb"):  # the rank that needs most
+        out[key] = float(np.nanmax([r.get(key, np.nan) for r in ranks]))
     comm = out["comm_ms"]
     out["compute_comm_ratio"] = out["compute_ms"] / comm if comm and comm > 0 else np.nan
     out["overlap_pct"] = 100.0 * out["overlap_ms"] / comm if comm and comm > 0 else np.nan
@@ -195,13 +223,16 @@ def run_point(
 ) -> dict:
     """Run ``point`` on every rank (collective call); rank 0 gets the finished row."""
     group = dist.new_group(timeout=datetime.timedelta(seconds=cfg.point_timeout_s))
-    metrics, error = None, None
+    metrics, error, opened = None, None, []
     try:
-        metrics = _train_and_measure(point, env, cfg, group, trace_dir, progress)
+        metrics = _train_and_measure(point, env, cfg, group, trace_dir, progress, opened)
     except Exception as e:  # noqa: BLE001  (any failure becomes the point's error row)
         error = f"{type(e).__name__}: {e}"
     gathered: list = [None] * env.world_size
     dist.all_gather_object(gathered, (metrics, error))
+    for module in opened:
+        if hasattr(module, "close"):
+            module.close()
     dist.destroy_process_group(group)
     gc.collect()
 

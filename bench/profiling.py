@@ -54,6 +54,30 @@ def host_bytes_in_use() -> int | None:
     return int(info.uordblks + info.hblkhd)
 
 
+def _status_kb(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            line = next(x for x in f if x.startswith(field + ":"))
+    except (OSError, StopIteration):
+        return None
+    return int(line.split()[1])
+
+
+def reset_peak_rss() -> None:
+    """Start the process's peak resident memory (VmHWM) afresh (Linux ``clear_refs``)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def peak_rss_bytes() -> int | None:
+    """Peak resident memory of this process since the last ``reset_peak_rss``, or None."""
+    kb = _status_kb("VmHWM")
+    return None if kb is None else kb * 1024
+
+
 def profile_steps(
     step: Callable[[], object],
     *,

@@ -96,16 +96,16 @@ def headline(meta: dict, df: pd.DataFrame) -> str:
         best = g.loc[g["step_ms_median"].idxmin()]
         text = (
             f"<b>{html.escape(str(model))}</b>, {html.escape(str(impl))}: best "
-            f"<b>{sweep}={best['value']:g}</b> at {best['step_ms_median']:.1f} ms "
+            f"<b>{sweep}={figs.fmt_value(best['value'])}</b> at {best['step_ms_median']:.1f} ms "
             f"(min {best['step_ms_min']:.1f}, max {best['step_ms_max']:.1f})"
         )
-        base = g[np.isclose(g["value"], default)] if default is not None else g.iloc[0:0]
+        base = g[g["value"] == default] if default is not None else g.iloc[0:0]
         if len(base) and best["value"] != default:
             b = base.iloc[0]
             margin = 100 * (b["step_ms_median"] / best["step_ms_median"] - 1)
             real = best["step_ms_max"] < b["step_ms_min"]
             text += (
-                f"; the default {default:g} takes {margin:+.1f} % "
+                f"; the default {figs.fmt_value(default)} takes {margin:+.1f} % "
                 f"({b['step_ms_median']:.1f} ms; min-max ranges "
                 f"{'do not overlap' if real else 'overlap: the difference may be noise'})"
             )

@@ -30,22 +30,41 @@ def _png(fig, alt: str) -> str:
     )
 
 
+def fmt_value(v) -> str:
+    return f"{v:g}" if isinstance(v, int | float | np.number) else str(v)
+
+
 def point_label(r) -> str:
-    value = f"{r.value:g}" if isinstance(r.value, float) else str(r.value)
-    return f"{r.model} {value} {r.impl}"
+    return f"{r.model} {fmt_value(r.value)} {r.impl}"
+
+
+def is_numeric(values: pd.Series) -> bool:
+    return pd.api.types.is_numeric_dtype(values)
 
 
 def step_time_figure(ok: pd.DataFrame, sweep: str) -> str:
+    """Numeric sweeps (bucket sizes): lines on a log axis; named values (sharding strategies):
+    bars side by side, one per implementation."""
     models = list(dict.fromkeys(ok["model"]))
+    numeric = is_numeric(ok["value"])
+    names = list(dict.fromkeys(ok["value"]))
     fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 3.8), squeeze=False)
     for ax, model in zip(axes[0], models, strict=True):
-        for impl, g in ok[ok["model"] == model].groupby("impl", sort=False):
-            g = g.sort_values("value")
+        impls = list(dict.fromkeys(ok.loc[ok["model"] == model, "impl"]))
+        width = 0.8 / max(1, len(impls))
+        for k, (impl, g) in enumerate(ok[ok["model"] == model].groupby("impl", sort=False)):
+            g = g.sort_values("value") if numeric else g
             err = [g["step_ms_median"] - g["step_ms_min"], g["step_ms_max"] - g["step_ms_median"]]
-            ax.errorbar(
-                g["value"], g["step_ms_median"], yerr=err, marker="o", capsize=3, label=impl
-            )
-        ax.set_xscale("log")
+            if numeric:
+                ax.errorbar(g["value"], g["step_ms_median"], yerr=err, marker="o", capsize=3,
+                            label=impl)  # fmt: skip
+            else:
+                x = [names.index(v) + (k - (len(impls) - 1) / 2) * width for v in g["value"]]
+                ax.bar(x, g["step_ms_median"], width, yerr=err, capsize=3, label=impl)
+        if numeric:
+            ax.set_xscale("log")
+        else:
+            ax.set_xticks(range(len(names)), names, fontsize=8)
         ax.set_xlabel(sweep)
         ax.set_ylabel("step time, ms (median, min-max)")
         ax.set_title(model)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from parallel_kernels.fsdp import STRATEGIES as SHARDING_STRATEGIES
 from parallel_kernels.models import MODELS
 from parallel_kernels.strategies import STRATEGIES
 
@@ -25,6 +26,13 @@ def positive_float(text: str) -> float:
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"{text!r} must be a positive number")
     return value
+
+
+def sharding_strategy(text: str) -> str:
+    name = text.strip().upper()
+    if name not in SHARDING_STRATEGIES:
+        raise ValueError(f"{text!r} is not a sharding strategy ({', '.join(SHARDING_STRATEGIES)})")
+    return name
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,6 +59,16 @@ SWEEPS: dict[str, Sweep] = {
             default_values=("0.25", "1", "5", "25", "100"),
             parse=positive_float,
             default_models=("mlp", "wide_mlp"),
+        ),
+        Sweep(
+            name="sharding_strategy",
+            description="FSDP sharding strategy (ZeRO-3, ZeRO-2, no sharding, hybrid), native "
+            "fully_shard and reference",
+            strategy="fsdp",
+            option="sharding_strategy",
+            default_values=("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"),
+            parse=sharding_strategy,
+            default_models=("transformer",),
         ),
         Sweep(
             name="message_size",

@@ -30,8 +30,15 @@ def write_sweep_scalars(run_dir: Path, sweep: str, df: pd.DataFrame) -> Path:
         label, to_x, metrics, series = "message size, bytes", int, COLLECTIVE_METRICS, "collective"
         x_col = "size_bytes"
     else:
-        label, to_x = X_AXIS.get(sweep, ("swept value", lambda v: round(float(v))))
         metrics, series, x_col = TRAINING_METRICS, "model", "value"
+        if pd.api.types.is_numeric_dtype(df["value"]):
+            label, to_x = X_AXIS.get(sweep, ("swept value", lambda v: round(float(v))))
+        else:  # named values (sharding strategies): their position in the sweep
+            names = list(dict.fromkeys(df["value"]))
+            label = "position of the value in " + ", ".join(
+                f"{i}: {n}" for i, n in enumerate(names)
+            )
+            to_x = names.index
     with SummaryWriter(str(out)) as w:
         w.add_text("sweep", f"Sweep `{sweep}`: the x axis (step) of every scalar is the {label}.")
         for row in ok.itertuples(index=False):

@@ -20,6 +20,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from parallel_kernels.ddp import ReferenceDDP
+from parallel_kernels.fsdp import STRATEGIES as SHARDING_STRATEGIES
+from parallel_kernels.fsdp import ReferenceFSDP
 
 ApplyFn = Callable[..., nn.Module]
 
@@ -53,6 +55,105 @@ def apply_reference_ddp(
     return ReferenceDDP(model, group=group, bucket_cap_mb=bucket_cap_mb, overlap=overlap)
 
 
+def fsdp_units(model: nn.Module) -> list[nn.Module]:
+    """The submodules that get a flat parameter each: transformer blocks, or the linear layers
+    of an MLP; the root takes the rest (embeddings, final norm, head)."""
+    blocks = getattr(model, "blocks", None)
+    if blocks is not None:
+        return list(blocks)
+    return [m for m in model.modules() if isinstance(m, nn.Linear)]
+
+
+def _check_strategy(strategy: str) -> None:
+    if strategy not in SHARDING_STRATEGIES:
+        raise ValueError(
+            f"unknown sharding strategy {strategy!r} (known: {', '.join(SHARDING_STRATEGIES)})"
+        )
+
+
+def apply_reference_fsdp(
+    model: nn.Module,
+    *,
+    group: dist.ProcessGroup | None,
+    device: torch.device,
+    sharding_strategy: str = "FULL_SHARD",
+    shard_size: int | None = None,
+) -> nn.Module:
+    del device
+    _check_strategy(sharding_strategy)
+    return ReferenceFSDP(
+        model, fsdp_units(model), strategy=sharding_strategy, group=group, shard_size=shard_size
+    )
+
+
+def fsdp_mesh(device: torch.device, world: int, strategy: str, shard_size: int | None):
+    """The device mesh the current FSDP API takes: 1-D for FULL_SHARD / SHARD_GRAD_OP, 2-D
+    (replicate, shard) for HYBRID_SHARD and for NO_SHARD (shard size 1)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if strategy in ("FULL_SHARD", "SHARD_GRAD_OP"):
+        return init_device_mesh(device.type, (world,))
+    s = 1 if strategy == "NO_SHARD" else (shard_size or world // 2)
+    if strategy == "HYBRID_SHARD" and (world < 4 or s < 2 or world % s or s == world):
+        raise ValueError(
+            f"HYBRID_SHARD needs a shard group of 2 or more ranks dividing the "
+            f"world size into 2 or more replicas; world size {world}, shard size {s}"
+        )
+    return init_device_mesh(device.type, (world // s, s), mesh_dim_names=("replicate", "shard"))
+
+
+def apply_native_fsdp(
+    model: nn.Module,
+    *,
+    group: dist.ProcessGroup | None,
+    device: torch.device,
+    sharding_strategy: str = "FULL_SHARD",
+    shard_size: int | None = None,
+) -> nn.Module:
+    """``fully_shard`` (FSDP2) on each unit, then on the root; ``reshard_after_forward`` is
+    False for SHARD_GRAD_OP."""
+    from torch.distributed.fsdp import fully_shard
+
+    _check_strategy(sharding_strategy)
+    mesh = fsdp_mesh(device, dist.get_world_size(group), sharding_strategy, shard_size)
+    reshard = sharding_strategy != "SHARD_GRAD_OP"
+    for unit in fsdp_units(model):
+        fully_shard(unit, mesh=mesh, reshard_after_forward=reshard)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+    return model
+
+
+def fsdp_full_parameters(model: nn.Module) -> list[torch.Tensor]:
+    """Every parameter in full, gathered from the shards (a collective on every rank)."""
+    if isinstance(model, ReferenceFSDP):
+        return model.full_parameters()
+    return [
+        p.full_tensor().detach() if hasattr(p, "full_tensor") else p.detach()
+        for p in model.parameters()
+    ]
+
+
+def zero_state_bytes(psi: int, n: int, strategy: str, shard_size: int | None = None) -> float:
+    """Per-rank bytes of parameters, gradients and AdamW state in fp32 training, after the ZeRO
+    paper's accounting (Rajbhandari et al. 2020, section 5) with fp32 everywhere: 4 bytes of
+    parameter, 4 of gradient and K = 8 of optimiser state (two moments) per parameter, i.e.
+    16 Psi replicated (DDP, NO_SHARD), 4 Psi + 12 Psi / S for ZeRO-2 (SHARD_GRAD_OP), 16 Psi / S
+    for ZeRO-3 (FULL_SHARD), S the shard-group size (n, or the hybrid group). The paper's
+    mixed-precision figures are (2 + 2 + K) Psi, 2 Psi + (2 + K) Psi / N and (2 + 2 + K) Psi / N
+    with K = 12. FSDP's SHARD_GRAD_OP also shards parameters at rest (it keeps them gathered
+    only from forward to backward), so it measures below the paper's ZeRO-2 figure."""
+    s = {"NO_SHARD": 1, "HYBRID_SHARD": shard_size or max(1, n // 2)}.get(strategy, n)
+    if strategy == "SHARD_GRAD_OP":
+        return 4 * psi + 12 * psi / s
+    return 16 * psi / s
+
+
+def _fsdp_expected_state_bytes(
+    psi: int, n: int, sharding_strategy: str = "FULL_SHARD", shard_size: int | None = None, **_
+) -> float:
+    return zero_state_bytes(psi, n, sharding_strategy, shard_size)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Strategy:
     name: str
@@ -63,6 +164,9 @@ class Strategy:
     # Tensors every rank must hold bit-identically after a step; the harness checksums them to
     # catch a run whose replicas silently diverged.
     replicated: Callable[[nn.Module], list[torch.Tensor]] = lambda m: all_parameters(m)
+    # Bytes of parameters, gradients and optimiser state one rank holds, by the ZeRO paper's
+    # accounting: (params, world size, options) -> bytes.
+    expected_state_bytes: Callable[..., float] | None = None
 
     def apply(self, impl: str, model: nn.Module, **kwargs: Any) -> nn.Module:
         if impl not in self.impls:
@@ -84,6 +188,17 @@ STRATEGIES: dict[str, Strategy] = {
             },
             options={"bucket_cap_mb": 25.0},
             default_impls=("native", "reference"),
+            expected_state_bytes=lambda psi, n, **_: zero_state_bytes(psi, n, "NO_SHARD"),
+        ),
+        Strategy(
+            name="fsdp",
+            description="sharded data parallel (ZeRO): parameters, gradients and optimiser "
+            "state split across ranks",
+            impls={"native": apply_native_fsdp, "reference": apply_reference_fsdp},
+            options={"sharding_strategy": "FULL_SHARD", "shard_size": None},
+            default_impls=("native", "reference"),
+            replicated=fsdp_full_parameters,
+            expected_state_bytes=_fsdp_expected_state_bytes,
         ),
     )
 }

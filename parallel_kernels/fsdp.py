@@ -1,0 +1,268 @@
+"""Reference sharded data parallelism (ZeRO) over per-unit flat parameters.
+
+Each unit (a transformer block, a linear layer; the root takes whatever parameters are left)
+flattens its parameters into one fp32 vector, padded to a multiple of the shard-group size S;
+each rank keeps 1/S of it as the trainable leaf, so gradients and optimiser state exist only for
+the local shard. Before a unit's forward its shard is all-gathered inside the shard group and
+the unit's parameters become views of the gathered vector; the gather is an autograd function
+whose backward reduce-scatters the gradient of the full vector back to shards (and, for
+HYBRID_SHARD, all-reduces the shards across the replicate group), averaged over all ranks.
+
+Strategies (the ZeRO paper's stages; Rajbhandari et al., SC 2020):
+- FULL_SHARD (ZeRO-3): the gathered parameters are freed after the unit's forward; what
+  backward needs of them is recorded as a position in the unit (saved-tensor hooks) and
+  re-gathered when backward gets there. Per step: all-gather forward + all-gather backward +
+  reduce-scatter, each of (S-1)/S x the unit's bytes per rank.
+- SHARD_GRAD_OP (ZeRO-2): the gathered parameters stay alive until backward (no second
+  all-gather); gradients and optimiser state are still sharded.
+- NO_SHARD: S = 1, gradients all-reduced (DDP-like).
+- HYBRID_SHARD: shard inside groups of S ranks, replicate across the N/S groups.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from parallel_kernels.ddp import CommStats
+
+STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD")
+
+
+@dataclass
+class _Groups:
+    # None is the default (world) group, as everywhere in torch.distributed: whether a group is
+    # used at all is decided by the sizes below.
+    world: dist.ProcessGroup | None
+    shard: dist.ProcessGroup | None  # used when shard_size > 1
+    replicate: dist.ProcessGroup | None  # used when n // shard_size > 1
+    n: int
+    shard_size: int
+    owned: list  # subgroups created here, destroyed by close()
+
+
+def _make_groups(group, strategy: str, shard_size: int | None) -> _Groups:
+    n = dist.get_world_size(group)
+    ranks = [dist.get_global_rank(group, r) for r in range(n)] if group else list(range(n))
+    if strategy == "NO_SHARD":
+        s = 1
+    elif strategy == "HYBRID_SHARD":
+        s = shard_size or n // 2
+        if n < 4 or s < 2 or n % s or s == n:
+            raise ValueError(
+                f"HYBRID_SHARD needs a shard group of 2 or more ranks dividing the "
+                f"world size into 2 or more replicas; world size {n}, shard size {s}"
+            )
+    else:
+        s = n
+    owned = []
+    shard_pg = replicate_pg = None
+    if 1 < s < n:  # hybrid: subgroups of consecutive ranks, replicas across them
+        shard_pg, groups = dist.new_subgroups_by_enumeration(
+            [ranks[i : i + s] for i in range(0, n, s)]
+        )
+        owned += groups
+        replicate_pg, groups = dist.new_subgroups_by_enumeration([ranks[i::s] for i in range(s)])
+        owned += groups
+    elif s == n:
+        shard_pg = group
+    else:
+        replicate_pg = group
+    return _Groups(
+        world=group, shard=shard_pg, replicate=replicate_pg, n=n, shard_size=s, owned=owned
+    )
+
+
+class _Unit:
+    """One flat parameter: the module it feeds, where each original parameter sits in it."""
+
+    def __init__(
+        self,
+        module: nn.Module,
+        params: list[tuple[nn.Module, str, nn.Parameter]],
+        groups: _Groups,
+        strategy: str,
+        stats: CommStats,
+    ) -> None:
+        self.module, self.groups, self.strategy, self.stats = module, groups, strategy, stats
+        self.slots = []  # (owner module, attribute, offset, shape)
+        offset = 0
+        for owner, name, p in params:
+            self.slots.append((owner, name, offset, p.shape))
+            offset += p.numel()
+        self.numel = offset
+        s = groups.shard_size
+        self.padded = -(-offset // s) * s
+        full = torch.zeros(self.padded, dtype=params[0][2].dtype, device=params[0][2].device)
+        for (_, _, off, _), (_, _, p) in zip(self.slots, params, strict=True):
+            full[off : off + p.numel()] = p.detach().reshape(-1)
+        rank = dist.get_rank(groups.shard) if groups.shard_size > 1 else 0
+        self.shard = nn.Parameter(full.chunk(s)[rank].clone())
+        for owner, name, _ in params:  # from now on these are views set before each forward
+            del owner._parameters[name]
+        self.full: torch.Tensor | None = None  # gathered vector while alive
+        self.backward_full: torch.Tensor | None = None  # re-gathered for backward (FULL_SHARD)
+
+    # -- communication ------------------------------------------------------------------------
+    def gather(self, shard: torch.Tensor) -> torch.Tensor:
+        g = self.groups
+        if g.shard_size == 1:
+            return shard.view_as(shard)
+        full = torch.empty(self.padded, dtype=shard.dtype, device=shard.device)
+        self.stats.add(full)
+        dist.all_gather_into_tensor(full, shard.contiguous(), group=g.shard)
+        return full
+
+    def reduce_grad(self, grad_full: torch.Tensor) -> torch.Tensor:
+        g = self.groups
+        grad_full = grad_full.contiguous()
+        if g.shard_size == 1:
+            grad = grad_full.clone()
+        else:
+            grad = torch.empty(
+                self.padded // g.shard_size, dtype=grad_full.dtype, device=grad_full.device
+            )
+            self.stats.add(grad_full)
+            dist.reduce_scatter_tensor(grad, grad_full, op=dist.ReduceOp.SUM, group=g.shard)
+        if g.n // g.shard_size > 1:
+            self.stats.add(grad)
+            dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=g.replicate)
+        return grad.div_(g.n)
+
+    # -- forward / backward plumbing ----------------------------------------------------------
+    def set_views(self, full: torch.Tensor) -> None:
+        for owner, name, off, shape in self.slots:
+            setattr(owner, name, full[off : off + shape.numel()].view(shape))
+
+    def clear_views(self) -> None:
+        for owner, name, _, _ in self.slots:
+            setattr(owner, name, None)
+
+    def pack(self, t: torch.Tensor):
+        """Saved-tensor hook (FULL_SHARD): a view of the gathered vector is saved as its
+        position only, so the vector can be freed after forward."""
+        full = self.full
+        if full is not None and t.untyped_storage().data_ptr() == full.untyped_storage().data_ptr():
+            return (self, t.storage_offset(), t.shape, t.stride())
+        return t
+
+    @staticmethod
+    def unpack(packed):
+        if not isinstance(packed, tuple):
+            return packed
+        unit, offset, shape, stride = packed
+        if unit.backward_full is None:  # first use in backward: gather once more
+            unit.backward_full = unit.gather(unit.shard.detach())
+        return unit.backward_full.as_strided(shape, stride, offset)
+
+
+class _Gather(torch.autograd.Function):
+    """shard -> full vector; backward: gradient of the full vector -> averaged shard gradient."""
+
+    @staticmethod
+    def forward(ctx, shard: torch.Tensor, unit: _Unit) -> torch.Tensor:
+        ctx.unit = unit
+        return unit.gather(shard)
+
+    @staticmethod
+    def backward(ctx, grad_full: torch.Tensor):
+        unit = ctx.unit
+        # Every use of the parameters in backward is done: free the gathered copies.
+        unit.backward_full = unit.full = None
+        unit.clear_views()
+        return unit.reduce_grad(grad_full), None
+
+
+def unit_params(module: nn.Module, units: list[nn.Module]):
+    """[(unit module, [(owner, attribute, parameter), ...]), ...]: each unit's parameters in
+    module order, the root last with whatever the units left; units without any are dropped."""
+    claimed: set[int] = set()
+    out = []
+    for m in [*units, module]:
+        params = [(owner, name, p) for owner in m.modules()
+                  for name, p in list(owner._parameters.items())
+                  if p is not None and id(p) not in claimed]  # fmt: skip
+        if params:
+            claimed.update(id(p) for _, _, p in params)
+            out.append((m, params))
+    return out
+
+
+class ReferenceFSDP(nn.Module):
+    """Sharded data parallel wrapper (see the module docstring); ``units`` are submodules of
+    ``module`` that each get a flat parameter, the root gets the rest."""
+
+    def __init__(
+        self,
+        module: nn.Module,
+        units: list[nn.Module],
+        *,
+        strategy: str = "FULL_SHARD",
+        group: dist.ProcessGroup | None = None,
+        shard_size: int | None = None,
+    ) -> None:
+        super().__init__()
+        if strategy not in STRATEGIES:
+            raise ValueError(
+                f"unknown sharding strategy {strategy!r} (known: {', '.join(STRATEGIES)})"
+            )
+        self.module, self.strategy = module, strategy
+        self.comm_stats = CommStats()
+        self.groups = _make_groups(group, strategy, shard_size)
+        self._broadcast(group)
+        self.units: list[_Unit] = []
+        for m, params in unit_params(module, units):
+            unit = _Unit(m, params, self.groups, strategy, self.comm_stats)
+            self.units.append(unit)
+            m.register_forward_pre_hook(self._pre_forward(unit))
+            m.register_forward_hook(self._post_forward(unit))
+        # the trainable shards, registered so .parameters() and optimisers see them
+        self.shards = nn.ParameterList([u.shard for u in self.units])
+        self._hooks: dict[int, torch.autograd.graph.saved_tensors_hooks] = {}
+
+    @torch.no_grad()
+    def _broadcast(self, group) -> None:
+        for t in [*self.module.parameters(), *self.module.buffers()]:
+            dist.broadcast(t, group_src=0, group=group)
+
+    def _pre_forward(self, unit: _Unit):
+        def hook(_module, _args):
+            unit.full = _Gather.apply(unit.shard, unit)
+            unit.set_views(unit.full)
+            if self.strategy in ("FULL_SHARD", "HYBRID_SHARD"):
+                ctx = torch.autograd.graph.saved_tensors_hooks(unit.pack, _Unit.unpack)
+                ctx.__enter__()
+                self._hooks[id(unit)] = ctx
+
+        return hook
+
+    def _post_forward(self, unit: _Unit):
+        def hook(_module, _args, output):
+            ctx = self._hooks.pop(id(unit), None)
+            if ctx is not None:  # free the gathered parameters until backward needs them
+                ctx.__exit__(None, None, None)
+                unit.clear_views()
+                unit.full = None
+            return output
+
+        return hook
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    @torch.no_grad()
+    def full_parameters(self) -> list[torch.Tensor]:
+        """Every unit's full flat vector, gathered (a collective): what replicas must agree on."""
+        return [u.gather(u.shard.detach())[: u.numel].clone() for u in self.units]
+
+    def sharded_bytes(self) -> int:
+        """Bytes of parameters this rank holds at rest (its shards)."""
+        return sum(u.shard.numel() * u.shard.element_size() for u in self.units)
+
+    def close(self) -> None:
+        for g in self.groups.owned:
+            dist.destroy_process_group(g)
+        self.groups.owned.clear()
