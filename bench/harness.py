@@ -144,7 +144,11 @@ def _train_and_measure(
         peak = np.nan
     metrics.update(summarize_times(slowest, fastest))
     expected = strategy.expected_state_bytes
+    expected_comm = strategy.expected_comm_bytes
     metrics.update(
+        comm_bytes_expected=expected_comm(n_params, world, **point.options)
+        if expected_comm
+        else np.nan,
         state_mb=state_bytes(wrapped, opt) / 2**20,
         state_mb_expected=expected(n_params, world, **point.options) / 2**20
         if expected

@@ -46,6 +46,7 @@ TRAINING_EXTRA_COLUMNS = [
     "backend",
     "device",
     "window_ms",
+    "comm_bytes_expected",
     "state_mb",
     "state_mb_expected",
     "peak_rss_mb",

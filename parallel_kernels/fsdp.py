@@ -11,8 +11,9 @@ HYBRID_SHARD, all-reduces the shards across the replicate group), averaged over 
 Strategies (the ZeRO paper's stages; Rajbhandari et al., SC 2020):
 - FULL_SHARD (ZeRO-3): the gathered parameters are freed after the unit's forward; what
   backward needs of them is recorded as a position in the unit (saved-tensor hooks) and
-  re-gathered when backward gets there. Per step: all-gather forward + all-gather backward +
-  reduce-scatter, each of (S-1)/S x the unit's bytes per rank.
+  re-gathered when backward first reads it (a unit whose parameters backward never reads, such
+  as a first layer whose input needs no gradient, is not gathered again). Per step: all-gather
+  forward + all-gather backward + reduce-scatter, each of (S-1)/S x the unit's bytes per rank.
 - SHARD_GRAD_OP (ZeRO-2): the gathered parameters stay alive until backward (no second
   all-gather); gradients and optimiser state are still sharded.
 - NO_SHARD: S = 1, gradients all-reduced (DDP-like).
@@ -28,6 +29,10 @@ import torch.distributed as dist
 from torch import nn
 
 from parallel_kernels.ddp import CommStats
+
+# The current names of all_gather_into_tensor / reduce_scatter_tensor (torch >= 2.12).
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD")
 
@@ -104,17 +109,34 @@ class _Unit:
         for owner, name, _ in params:  # from now on these are views set before each forward
             del owner._parameters[name]
         self.full: torch.Tensor | None = None  # gathered vector while alive
+        self.prefetched: tuple[torch.Tensor, dist.Work] | None = None
         self.backward_full: torch.Tensor | None = None  # re-gathered for backward (FULL_SHARD)
 
     # -- communication ------------------------------------------------------------------------
     def gather(self, shard: torch.Tensor) -> torch.Tensor:
+        """The full vector: the prefetched one if a prefetch is in flight, else gathered now."""
         g = self.groups
         if g.shard_size == 1:
             return shard.view_as(shard)
+        if self.prefetched is not None:
+            full, work = self.prefetched
+            self.prefetched = None
+            work.wait()
+            return full
         full = torch.empty(self.padded, dtype=shard.dtype, device=shard.device)
         self.stats.add(full)
-        dist.all_gather_into_tensor(full, shard.contiguous(), group=g.shard)
+        _all_gather(full, shard.contiguous(), group=g.shard)
         return full
+
+    def prefetch(self) -> None:
+        """Start gathering this unit's parameters now, to be picked up by its next gather."""
+        if self.groups.shard_size == 1 or self.prefetched is not None:
+            return
+        shard = self.shard.detach()
+        full = torch.empty(self.padded, dtype=shard.dtype, device=shard.device)
+        self.stats.add(full)
+        work = _all_gather(full, shard.contiguous(), group=self.groups.shard, async_op=True)
+        self.prefetched = (full, work)
 
     def reduce_grad(self, grad_full: torch.Tensor) -> torch.Tensor:
         g = self.groups
@@ -126,7 +148,7 @@ class _Unit:
                 self.padded // g.shard_size, dtype=grad_full.dtype, device=grad_full.device
             )
             self.stats.add(grad_full)
-            dist.reduce_scatter_tensor(grad, grad_full, op=dist.ReduceOp.SUM, group=g.shard)
+            _reduce_scatter(grad, grad_full, op=dist.ReduceOp.SUM, group=g.shard)
         if g.n // g.shard_size > 1:
             self.stats.add(grad)
             dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=g.replicate)
@@ -222,6 +244,10 @@ class ReferenceFSDP(nn.Module):
         # the trainable shards, registered so .parameters() and optimisers see them
         self.shards = nn.ParameterList([u.shard for u in self.units])
         self._hooks: dict[int, torch.autograd.graph.saved_tensors_hooks] = {}
+        # Units in the order their forwards start, recorded in the first step, so that each
+        # unit's forward can prefetch the next one's parameters (the same order on every rank).
+        self._order: list[_Unit] = []
+        self._recording = True
 
     @torch.no_grad()
     def _broadcast(self, group) -> None:
@@ -231,6 +257,15 @@ class ReferenceFSDP(nn.Module):
     def _pre_forward(self, unit: _Unit):
         def hook(_module, _args):
             unit.full = _Gather.apply(unit.shard, unit)
+            if self._recording:
+                if unit in self._order:  # the second step begins: the order is known
+                    self._recording = False
+                else:
+                    self._order.append(unit)
+            if not self._recording:
+                k = self._order.index(unit)
+                if k + 1 < len(self._order):
+                    self._order[k + 1].prefetch()
             unit.set_views(unit.full)
             if self.strategy in ("FULL_SHARD", "HYBRID_SHARD"):
                 ctx = torch.autograd.graph.saved_tensors_hooks(unit.pack, _Unit.unpack)
@@ -257,6 +292,23 @@ class ReferenceFSDP(nn.Module):
     def full_parameters(self) -> list[torch.Tensor]:
         """Every unit's full flat vector, gathered (a collective): what replicas must agree on."""
         return [u.gather(u.shard.detach())[: u.numel].clone() for u in self.units]
+
+    @torch.no_grad()
+    def full_state_dict(self, rank0_only: bool = True) -> dict[str, torch.Tensor]:
+        """The plain model's state dict, gathered (a collective on every rank); on ranks other
+        than 0 it is empty when ``rank0_only``. Loads into the unwrapped model class."""
+        names = {}
+        for prefix, owner in self.module.named_modules():
+            names[id(owner)] = f"{prefix}." if prefix else ""
+        state = {}
+        for unit, full in zip(self.units, self.full_parameters(), strict=True):
+            for owner, name, off, shape in unit.slots:
+                state[names[id(owner)] + name] = full[off : off + shape.numel()].view(shape).clone()
+        for prefix, buf in self.module.named_buffers():
+            state[prefix] = buf.detach().clone()
+        if rank0_only and dist.get_rank(self.groups.world) != 0:
+            return {}
+        return state
 
     def sharded_bytes(self) -> int:
         """Bytes of parameters this rank holds at rest (its shards)."""

@@ -123,10 +123,53 @@ def apply_native_fsdp(
     return model
 
 
+def apply_native_fsdp1(
+    model: nn.Module,
+    *,
+    group: dist.ProcessGroup | None,
+    device: torch.device,
+    sharding_strategy: str = "FULL_SHARD",
+    shard_size: int | None = None,
+    hybrid_mesh: bool = True,
+) -> nn.Module:
+    """The seed's ``FullyShardedDataParallel`` API (FSDP1): ShardingStrategy, each unit
+    auto-wrapped (transformer blocks or linear layers), backward prefetch, original parameters.
+    On CPU it needs ``device_id=cpu``. HYBRID_SHARD gets an explicit 2-D device mesh:
+    ``hybrid_mesh=False`` reproduces the silent divergence it shows without one (the harness's
+    replica check must catch it)."""
+    from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    _check_strategy(sharding_strategy)
+    units = fsdp_units(model)
+    kwargs = {}
+    if sharding_strategy == "HYBRID_SHARD" and hybrid_mesh:
+        kwargs["device_mesh"] = fsdp_mesh(
+            device, dist.get_world_size(group), sharding_strategy, shard_size
+        )
+    elif sharding_strategy != "HYBRID_SHARD":
+        kwargs["process_group"] = group
+    return FSDP(
+        model,
+        sharding_strategy=ShardingStrategy[sharding_strategy],
+        auto_wrap_policy=ModuleWrapPolicy({type(u) for u in units}),
+        backward_prefetch=BackwardPrefetch.BACKWARD_PRE,
+        device_id=device,
+        use_orig_params=True,
+        **kwargs,
+    )
+
+
 def fsdp_full_parameters(model: nn.Module) -> list[torch.Tensor]:
     """Every parameter in full, gathered from the shards (a collective on every rank)."""
     if isinstance(model, ReferenceFSDP):
         return model.full_parameters()
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    if isinstance(model, FSDP):
+        with FSDP.summon_full_params(model, writeback=False):
+            return [p.detach().clone() for p in model.parameters()]
     return [
         p.full_tensor().detach() if hasattr(p, "full_tensor") else p.detach()
         for p in model.parameters()
@@ -148,6 +191,21 @@ def zero_state_bytes(psi: int, n: int, strategy: str, shard_size: int | None = N
     return 16 * psi / s
 
 
+def _fsdp_expected_comm_bytes(
+    psi: int, n: int, sharding_strategy: str = "FULL_SHARD", shard_size: int | None = None, **_
+) -> float:
+    """fp32 payload per step, each collective counted by its input as traces record it: an
+    all-gather sends a shard (4 Psi / S), a reduce-scatter the full gradient (4 Psi), a
+    hybrid's replica all-reduce a shard. FULL_SHARD gathers twice (forward, and again in
+    backward), SHARD_GRAD_OP once, NO_SHARD all-reduces 4 Psi. Padding is not counted."""
+    if sharding_strategy == "NO_SHARD":
+        return 4 * psi
+    s = (shard_size or max(1, n // 2)) if sharding_strategy == "HYBRID_SHARD" else n
+    gathers = 1 if sharding_strategy == "SHARD_GRAD_OP" else 2
+    replica = 4 * psi / s if sharding_strategy == "HYBRID_SHARD" else 0
+    return gathers * 4 * psi / s + 4 * psi + replica
+
+
 def _fsdp_expected_state_bytes(
     psi: int, n: int, sharding_strategy: str = "FULL_SHARD", shard_size: int | None = None, **_
 ) -> float:
@@ -167,6 +225,9 @@ class Strategy:
     # Bytes of parameters, gradients and optimiser state one rank holds, by the ZeRO paper's
     # accounting: (params, world size, options) -> bytes.
     expected_state_bytes: Callable[..., float] | None = None
+    # Payload bytes per step as the backend records them (each collective's input):
+    # (params, world size, options) -> bytes.
+    expected_comm_bytes: Callable[..., float] | None = None
 
     def apply(self, impl: str, model: nn.Module, **kwargs: Any) -> nn.Module:
         if impl not in self.impls:
@@ -189,16 +250,22 @@ STRATEGIES: dict[str, Strategy] = {
             options={"bucket_cap_mb": 25.0},
             default_impls=("native", "reference"),
             expected_state_bytes=lambda psi, n, **_: zero_state_bytes(psi, n, "NO_SHARD"),
+            expected_comm_bytes=lambda psi, n, **_: 4 * psi,  # every gradient all-reduced once
         ),
         Strategy(
             name="fsdp",
             description="sharded data parallel (ZeRO): parameters, gradients and optimiser "
             "state split across ranks",
-            impls={"native": apply_native_fsdp, "reference": apply_reference_fsdp},
+            impls={
+                "native": apply_native_fsdp,
+                "reference": apply_reference_fsdp,
+                "native_fsdp1": apply_native_fsdp1,
+            },
             options={"sharding_strategy": "FULL_SHARD", "shard_size": None},
-            default_impls=("native", "reference"),
+            default_impls=("native", "native_fsdp1", "reference"),
             replicated=fsdp_full_parameters,
             expected_state_bytes=_fsdp_expected_state_bytes,
+            expected_comm_bytes=_fsdp_expected_comm_bytes,
         ),
     )
 }

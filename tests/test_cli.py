@@ -41,6 +41,11 @@ def run_main(args, capsys) -> tuple[int, str]:
         (["--values", "1"], "the following arguments are required: --sweep"),
         (["--sweep", "bucket_cap_mb", "--resume"], "--resume needs --out"),
         (["--sweep", "bucket_cap_mb"], "not launched by torchrun"),
+        (
+            ["--sweep", "sharding_strategy", "--values", "FULL_SHARD,ZERO4"],
+            "'ZERO4' is not a sharding strategy",
+        ),
+        (["--sweep", "sharding_strategy", "--impl", "deepspeed"], "unknown implementation"),
         (["--sweep", "message_size", "-b", "abc"], "'abc' is not a number of bytes"),
         (["--sweep", "message_size", "-b", "2M", "-e", "1M"], "larger than max bytes"),
         (["--sweep", "message_size", "-f", "1"], "factor must be at least 2"),

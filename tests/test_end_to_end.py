@@ -84,6 +84,7 @@ def test_sweep_writes_the_data_contract_and_resumes(tmp_path):
     samples = pd.read_csv(out / "samples.csv")  # every timed step, for comparisons
     assert samples.groupby("point").size().to_dict() == dict.fromkeys(df["point"], 3)
     assert (df["comm_bytes_per_step"] == df["grad_bytes"]).all()
+    assert (df["comm_bytes_expected"] == df["grad_bytes"]).all()
     for point in df["point"]:
         traces = list((out / "traces" / point).glob("rank*.pt.trace.json"))
         assert len(traces) == 2, point

@@ -57,7 +57,10 @@ def fsdp_worker(impl: str, strategy: str, steps: int) -> dict:
     )
     losses = train(model, rank_batches(world, rank, steps))
     full = STRATEGIES["fsdp"].replicated(model)
-    if impl == "native":
+    if impl == "native_fsdp1":
+        names = [n.replace("_fsdp_wrapped_module.", "") for n, _ in model.named_parameters()]
+        out = {"params": dict(zip(names, full, strict=True))}
+    elif impl == "native":
         names = [n for n, _ in model.named_parameters()]
         out = {"params": dict(zip(names, full, strict=True))}
     else:
@@ -95,7 +98,7 @@ CASES = [(2, s) for s in ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD")] + [
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("impl", ["reference", "native"])
+@pytest.mark.parametrize("impl", ["reference", "native", "native_fsdp1"])
 @pytest.mark.parametrize("world,strategy", CASES)
 def test_fsdp_matches_single_process(pool, impl, world, strategy):
     steps = 3
@@ -105,7 +108,7 @@ def test_fsdp_matches_single_process(pool, impl, world, strategy):
         torch.testing.assert_close(
             torch.tensor(res["losses"]), torch.tensor(expected_losses), rtol=1e-5, atol=1e-5
         )
-        if impl == "native":
+        if impl.startswith("native"):
             for name, p in expected_model.named_parameters():
                 torch.testing.assert_close(
                     res["params"][name],
@@ -163,3 +166,151 @@ def test_communication_per_step_is_what_the_strategy_implies(pool, strategy, col
     assert nbytes == steps * collectives_per_unit * sum(padded)
     expected_shard = sum(padded) // (1 if strategy == "NO_SHARD" else 2)
     assert sharded == expected_shard  # what this rank holds at rest
+
+
+def state_dict_worker(impl: str, strategy: str) -> dict:
+    world, rank = dist.get_world_size(), dist.get_rank()
+    model = STRATEGIES["fsdp"].apply(
+        impl, tiny(), group=None, device=CPU, sharding_strategy=strategy
+    )
+    train(model, rank_batches(world, rank, 2))
+    if impl == "reference":
+        state = model.full_state_dict()
+        model.close()
+    else:
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+        )
+
+        state = get_model_state_dict(
+            model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )
+        state = state if rank == 0 else {}
+    x, _ = rank_batches(world, 0, 1)[0]
+    with torch.no_grad():
+        out = model(x)  # a collective: every rank runs it
+    return {"state": state, "x": x, "out": out}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("impl", ["reference", "native"])
+@pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP"])
+def test_full_state_dict_on_rank0_loads_into_a_plain_model(pool, impl, strategy):
+    res = pool(2).run(state_dict_worker, impl, strategy)
+    assert res[1]["state"] == {}  # rank 0 only
+    plain = tiny(seed=123)  # different weights until the state dict is loaded
+    plain.load_state_dict(res[0]["state"])
+    with torch.no_grad():
+        torch.testing.assert_close(plain(res[0]["x"]), res[0]["out"], rtol=1e-5, atol=1e-5)
+
+
+def peak_memory_worker(strategy: str, trace_path: str) -> float:
+    """Peak bytes of tensors allocated from before the model exists to the end of two steps,
+    from the profiler's allocation tracking (every tensor allocation and free is counted)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from bench.analysis import load_trace
+    from parallel_kernels.models import MLP
+
+    rank = dist.get_rank()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        torch.manual_seed(0)
+        plain = MLP((512, 1024, 1024, 1024, 10))  # 2.6 M parameters, tiny activations
+        model = STRATEGIES["fsdp"].apply(
+            "reference", plain, group=None, device=CPU, sharding_strategy=strategy
+        )
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        for _ in range(2):
+            x = torch.randn(4, 512)
+            opt.zero_grad(set_to_none=True)
+            model(x).square().mean().backward()
+            opt.step()
+        model.close()
+    path = f"{trace_path}.{rank}.json"
+    prof.export_chrome_trace(path)
+    return float(load_trace(path).memory["total_allocated"].max())
+
+
+@pytest.mark.timeout(180)
+def test_memory_per_rank_falls_with_sharding(pool, tmp_path):
+    peaks = {
+        s: max(pool(2).run(peak_memory_worker, s, str(tmp_path / s)))
+        for s in ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD")
+    }
+    print({k: round(v / 2**20, 1) for k, v in peaks.items()}, "MB")
+    assert peaks["FULL_SHARD"] < peaks["SHARD_GRAD_OP"] < peaks["NO_SHARD"], peaks
+    # ZeRO-3 at 2 ranks holds about half of what replicated training holds
+    assert peaks["FULL_SHARD"] < 0.75 * peaks["NO_SHARD"], peaks
+
+
+def hybrid_without_mesh(root: str) -> list[dict]:
+    from pathlib import Path
+
+    from bench.harness import run_point
+    from bench.sweeps import Point
+    from tests.test_harness import FAST, pool_env
+
+    rows = []
+    for hybrid_mesh in (False, True):
+        point = Point(
+            sweep="sharding_strategy",
+            model="mlp",
+            value="HYBRID_SHARD",
+            impl="native_fsdp1",
+            strategy="fsdp",
+            options={"sharding_strategy": "HYBRID_SHARD", "hybrid_mesh": hybrid_mesh},
+        )
+        rows.append(run_point(point, pool_env(), FAST, Path(root) / str(hybrid_mesh)))
+    return rows
+
+
+@pytest.mark.timeout(240)
+def test_silently_diverging_hybrid_shard_is_caught(pool, tmp_path):
+    """FSDP1's HYBRID_SHARD without an explicit device mesh trains, but its replicas drift
+    apart; the harness compares the gathered parameters of every rank and refuses the point."""
+    without_mesh, with_mesh = pool(4).run(hybrid_without_mesh, str(tmp_path))[0]
+    assert without_mesh["status"] == "error" and "diverged" in without_mesh["error"], without_mesh
+    assert with_mesh["status"] == "ok", with_mesh["error"]
+
+
+def fsdp_sweep_rows(root: str) -> list[dict]:
+    from pathlib import Path
+
+    from bench.harness import run_point
+    from bench.sweeps import Point
+    from tests.test_harness import FAST, pool_env
+
+    rows = []
+    for strategy in ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"):
+        for impl in ("native", "native_fsdp1", "reference"):
+            point = Point(
+                sweep="sharding_strategy",
+                model="mlp",
+                value=strategy,
+                impl=impl,
+                strategy="fsdp",
+                options={"sharding_strategy": strategy},
+            )
+            rows.append(run_point(point, pool_env(), FAST, Path(root) / point.id))
+    return rows
+
+
+@pytest.mark.timeout(300)
+def test_sweep_points_report_what_the_zero_accounting_predicts(pool, tmp_path):
+    rows = pool(2).run(fsdp_sweep_rows, str(tmp_path))[0]
+    for r in rows:
+        assert r["status"] == "ok", (r["point"], r["error"])
+        # communication read back from the traces, against the strategy's own arithmetic
+        if r["impl"] == "reference" and r["value"] == "FULL_SHARD":
+            # the reference gathers again in backward only what backward reads: not the first
+            # layer, whose input needs no gradient; so between ZeRO-2's volume and ZeRO-3's
+            zero2 = r["comm_bytes_expected"] - r["grad_bytes"] / 2
+            assert zero2 < r["comm_bytes_per_step"] < r["comm_bytes_expected"], r
+        else:
+            assert r["comm_bytes_per_step"] == pytest.approx(r["comm_bytes_expected"], rel=1e-3), r
+        assert r["peak_rss_mb"] > 0 and r["peak_mem_mb"] > 0
+        if r["value"] != "SHARD_GRAD_OP":  # FSDP's ZeRO-2 shards parameters at rest too
+            assert r["state_mb"] == pytest.approx(r["state_mb_expected"], rel=1e-3), r
+    state = {r["value"]: r["state_mb"] for r in rows if r["impl"] == "reference"}
+    assert state["FULL_SHARD"] < state["NO_SHARD"]

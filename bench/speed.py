@@ -1,0 +1,168 @@
+"""Reference vs native step time (and peak memory), measured in one launch.
+
+    torchrun --standalone --nproc_per_node=2 bench/speed.py                 # DDP, wide_mlp
+    torchrun --standalone --nproc_per_node=2 bench/speed.py --strategy fsdp  # FULL_SHARD
+
+Implementations are interleaved round by round (native, reference, ..., native, ...) so that
+machine drift hits them alike; each round builds the model afresh, warms up, and times steps
+with the harness's timing (slowest rank per step). The figure printed is the median over rounds
+of each implementation's median step time, and their ratio. Peak memory is the peak of tensor
+bytes allocated from before the model exists to the end of two steps (the profiler's allocation
+tracking, which counts every tensor), the largest over ranks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from bench.analysis import load_trace
+from bench.data import Batches
+from bench.distenv import init_distributed, rank0_print
+from bench.timing import timed_steps
+from parallel_kernels.models import MODELS, build_model
+from parallel_kernels.strategies import STRATEGIES
+
+TARGETS = {"ddp": 1.10, "fsdp": 1.20}  # reference/native step-time ratio, from the issues
+
+
+def build(impl: str, args, env):
+    model = build_model(args.model).to(env.device)
+    return STRATEGIES[args.strategy].apply(
+        impl, model, group=None, device=env.device, **args.options
+    )
+
+
+def close(model) -> None:
+    if hasattr(model, "close"):
+        model.close()
+
+
+def peak_memory(impl: str, args, env) -> float:
+    from torch.profiler import ProfilerActivity, profile
+
+    spec = MODELS[args.model]
+    data = spec.dataset(args.batch_size * env.world_size, 0)
+    x, y = data.tensors[0][: args.batch_size], data.tensors[1][: args.batch_size]
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        wrapped = build(impl, args, env)
+        opt = torch.optim.AdamW(wrapped.parameters(), lr=1e-3)
+        for _ in range(2):
+            opt.zero_grad(set_to_none=True)
+            spec.loss(wrapped(x), y).backward()
+            opt.step()
+    close(wrapped)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "memory.json"
+        prof.export_chrome_trace(str(path))
+        # the allocator's running total after every allocation and free, from zero at the start
+        peak = float(load_trace(path).memory["total_allocated"].max())
+    t = torch.tensor([peak], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def measure(impl: str, args, env) -> float:
+    spec = MODELS[args.model]
+    wrapped = build(impl, args, env)
+    opt = torch.optim.AdamW(wrapped.parameters(), lr=1e-3)
+    data = spec.dataset(args.batch_size * env.world_size * 8, 0)
+    batches = Batches(
+        data,
+        batch_size=args.batch_size,
+        rank=env.rank,
+        world_size=env.world_size,
+        device=env.device,
+    )
+
+    def step() -> None:
+        x, y = next(batches)
+        opt.zero_grad(set_to_none=True)
+        spec.loss(wrapped(x), y).backward()
+        opt.step()
+
+    for _ in range(args.warmup):
+        step()
+    slowest, _ = timed_steps(step, args.steps, device=env.device, group=None)
+    close(wrapped)
+    return float(np.median(slowest))
+
+
+def parse_option(text: str) -> tuple[str, object]:
+    key, _, value = text.partition("=")
+    try:
+        return key, float(value) if "." in value else int(value)
+    except ValueError:
+        return key, value
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(prog="bench/speed.py")
+    p.add_argument("--strategy", default="ddp", choices=list(STRATEGIES))
+    p.add_argument("--model", help="default: wide_mlp for ddp, transformer for fsdp")
+    p.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        type=parse_option,
+        help="strategy option, e.g. bucket_cap_mb=25 or sharding_strategy=FULL_SHARD",
+    )
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--impl", help="comma list (default: every implementation of the strategy)")
+    args = p.parse_args()
+    strategy = STRATEGIES[args.strategy]
+    args.model = args.model or ("wide_mlp" if args.strategy == "ddp" else "transformer")
+    args.options = {k: v for k, v in strategy.options.items() if v is not None} | dict(args.option)
+    env = init_distributed()
+    impls = args.impl.split(",") if args.impl else list(strategy.impls)
+    times: dict[str, list[float]] = {i: [] for i in impls}
+    for r in range(args.rounds):
+        for impl in impls:
+            times[impl].append(measure(impl, args, env))
+        rank0_print(
+            f"round {r + 1}/{args.rounds}: "
+            + ", ".join(f"{i} {times[i][-1]:.1f} ms" for i in impls)
+        )
+    peaks = {i: peak_memory(i, args, env) for i in impls}
+    med = {i: float(np.median(t)) for i, t in times.items()}
+    opts = ", ".join(f"{k}={v}" for k, v in args.options.items())
+    rank0_print(
+        f"\n{args.strategy} ({opts}), {args.model}, world size {env.world_size}, "
+        f"{env.backend} on {env.device.type}"
+    )
+    for i in impls:
+        rank0_print(
+            f"  {i:<22} median step {med[i]:8.2f} ms  peak memory "
+            f"{peaks[i] / 2**20:8.1f} MB  (rounds: " + ", ".join(f"{t:.1f}" for t in times[i]) + ")"
+        )
+    if "native" in med and "reference" in med:
+        ratio, target = med["reference"] / med["native"], TARGETS[args.strategy]
+        rank0_print(
+            f"reference/native step-time ratio: {ratio:.3f} (target <= {target:.2f}: "
+            f"{'met' if ratio <= target else 'MISSED'})"
+        )
+        rank0_print(
+            f"reference/native peak-memory ratio: {peaks['reference'] / peaks['native']:.3f}"
+        )
+    if "reference_nooverlap" in med and "reference" in med:
+        rank0_print(
+            "reference_nooverlap/reference step-time ratio: "
+            f"{med['reference_nooverlap'] / med['reference']:.3f} (what overlap saves)"
+        )
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
