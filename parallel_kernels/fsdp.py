@@ -155,9 +155,9 @@ class _Unit:
         return grad.div_(g.n)
 
     # -- forward / backward plumbing ----------------------------------------------------------
-    def set_views(self, full: torch.Tensor) -> None:
-        for owner, name, off, shape in self.slots:
-            setattr(owner, name, full[off : off + shape.numel()].view(shape))
+    def set_views(self, views: tuple[torch.Tensor, ...]) -> None:
+        for (owner, name, _, _), view in zip(self.slots, views, strict=True):
+            setattr(owner, name, view)
 
     def clear_views(self) -> None:
         for owner, name, _, _ in self.slots:
@@ -182,19 +182,30 @@ class _Unit:
 
 
 class _Gather(torch.autograd.Function):
-    """shard -> full vector; backward: gradient of the full vector -> averaged shard gradient."""
+    """shard -> every parameter of the unit, as views of the gathered vector; backward: the
+    parameters' gradients, laid out as the vector -> the averaged shard gradient.
+
+    One output per parameter (rather than the vector, sliced afterwards) so that backward
+    receives each gradient alone: slicing the vector would make autograd build a zero-filled
+    vector-sized gradient per parameter and add them up."""
 
     @staticmethod
-    def forward(ctx, shard: torch.Tensor, unit: _Unit) -> torch.Tensor:
+    def forward(ctx, shard: torch.Tensor, unit: _Unit) -> tuple[torch.Tensor, ...]:
         ctx.unit = unit
-        return unit.gather(shard)
+        unit.full = full = unit.gather(shard)
+        return tuple(full[off : off + shape.numel()].view(shape) for _, _, off, shape in unit.slots)
 
     @staticmethod
-    def backward(ctx, grad_full: torch.Tensor):
+    def backward(ctx, *grads: torch.Tensor | None):
         unit = ctx.unit
         # Every use of the parameters in backward is done: free the gathered copies.
         unit.backward_full = unit.full = None
         unit.clear_views()
+        like = next(g for g in grads if g is not None)
+        grad_full = torch.zeros(unit.padded, dtype=like.dtype, device=like.device)
+        for (_, _, off, shape), g in zip(unit.slots, grads, strict=True):
+            if g is not None:
+                grad_full[off : off + shape.numel()] = g.reshape(-1)
         return unit.reduce_grad(grad_full), None
 
 
@@ -256,7 +267,7 @@ class ReferenceFSDP(nn.Module):
 
     def _pre_forward(self, unit: _Unit):
         def hook(_module, _args):
-            unit.full = _Gather.apply(unit.shard, unit)
+            unit.set_views(_Gather.apply(unit.shard, unit))
             if self._recording:
                 if unit in self._order:  # the second step begins: the order is known
                     self._recording = False
@@ -266,7 +277,6 @@ class ReferenceFSDP(nn.Module):
                 k = self._order.index(unit)
                 if k + 1 < len(self._order):
                     self._order[k + 1].prefetch()
-            unit.set_views(unit.full)
             if self.strategy in ("FULL_SHARD", "HYBRID_SHARD"):
                 ctx = torch.autograd.graph.saved_tensors_hooks(unit.pack, _Unit.unpack)
                 ctx.__enter__()

@@ -13,7 +13,9 @@ from bench.sweeps import Point
 from parallel_kernels.models import build_model, grad_bytes
 from parallel_kernels.strategies import STRATEGIES, apply_reference_ddp
 
-FAST = HarnessConfig(warmup_steps=2, steps=4, profile_active=2, point_timeout_s=5.0)
+FAST = HarnessConfig(warmup_steps=2, steps=4, profile_active=2, point_timeout_s=60.0)
+# A failure on one rank makes the others wait out this timeout: keep it short there.
+QUICK_FAIL = HarnessConfig(warmup_steps=2, steps=4, profile_active=2, point_timeout_s=5.0)
 
 
 def pool_env() -> DistEnv:
@@ -94,6 +96,7 @@ def failing_sweep(root: str) -> list[dict]:
                 point("mlp", "reference", 1.0),
             ],
             root,
+            QUICK_FAIL,
         )
     finally:
         del STRATEGIES["ddp"].impls["raise_rank1"], STRATEGIES["ddp"].impls["diverge"]
