@@ -147,6 +147,12 @@ def _training_sections(meta: dict, df: pd.DataFrame) -> list[str]:
             "<h2>Where the step goes</h2>",
             figs.breakdown_figure(ok),
         ]
+        if (
+            "state_mb_expected" in ok
+            and ok["state_mb_expected"].notna().any()
+            and not (figs.is_numeric(ok["value"]))
+        ):
+            parts += ["<h2>Memory</h2>", figs.memory_figure(ok)]
         if "window_ms" in ok:
             parts += ["<h2>Rules of thumb</h2>", figs.health_figure(ok)]
     best = set(ok.groupby(["model", "impl"])["step_ms_median"].idxmin()) if len(ok) else set()

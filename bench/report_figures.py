@@ -115,6 +115,42 @@ def breakdown_figure(ok: pd.DataFrame) -> str:
     )
 
 
+def memory_figure(ok: pd.DataFrame) -> str:
+    """Per value (sharding strategy) and implementation: the state a rank holds (parameters,
+    gradients, optimiser state) next to the ZeRO paper's figure for it, and the peak of tensor
+    memory during a step."""
+    names = list(dict.fromkeys(ok["value"]))
+    impls = list(dict.fromkeys(ok["impl"]))
+    models = list(dict.fromkeys(ok["model"]))
+    fig, axes = plt.subplots(1, 2 * len(models), figsize=(11 * len(models), 4), squeeze=False)
+    width = 0.8 / (len(impls) + 1)
+    for m, model in enumerate(models):
+        for ax, col, title in (
+            (axes[0, 2 * m], "state_mb", "state held per rank, MB"),
+            (axes[0, 2 * m + 1], "peak_mem_mb", "peak memory in a step, MB"),
+        ):
+            g = ok[ok["model"] == model]
+            for k, impl in enumerate(impls):
+                gi = g[g["impl"] == impl]
+                x = [names.index(v) + (k - len(impls) / 2) * width for v in gi["value"]]
+                ax.bar(x, gi[col], width, label=impl)
+            if col == "state_mb":
+                first = g.drop_duplicates("value")
+                x = [names.index(v) + (len(impls) / 2) * width for v in first["value"]]
+                ax.bar(x, first["state_mb_expected"], width, label="ZeRO paper", color="#999999")
+            ax.set_xticks(range(len(names)), names, fontsize=7, rotation=15)
+            ax.set_title(f"{model}: {title}", fontsize=9)
+            ax.grid(axis="y", alpha=0.3)
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    return _png(
+        fig,
+        "Memory per sharding strategy: what each rank holds (parameters, gradients, "
+        "optimiser state) next to the ZeRO paper's figure, and the peak of tensor memory "
+        "during a step, per implementation.",
+    )
+
+
 def health_figure(ok: pd.DataFrame) -> str:
     """Computation's share of the step per point against the 80 % rule of thumb, and GPU
     utilisation against 90 % where there is a GPU; points that miss are drawn in red."""
