@@ -58,6 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--values", help="comma list of values (default: the sweep's own)")
     p.add_argument("--model", help="comma list of models (default: the sweep's own)")
     p.add_argument("--impl", help="comma list of implementations, e.g. native,reference")
+    p.add_argument(
+        "--option",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a strategy option fixed for every point, e.g. mixed_precision=bf16 (repeatable)",
+    )
     p.add_argument("--out", type=Path, help="run folder (default results/<UTC time>-<sweep>)")
     p.add_argument(
         "--resume", action="store_true", help="continue a run in --out, skipping points already ok"
@@ -173,7 +179,13 @@ def main(argv: list[str] | None = None) -> int:
         else:
             plan, points = (
                 None,
-                build_points(args.sweep, values=args.values, models=args.model, impls=args.impl),
+                build_points(
+                    args.sweep,
+                    values=args.values,
+                    models=args.model,
+                    impls=args.impl,
+                    options=args.option,
+                ),
             )
     except ValueError as e:
         fail(str(e))

@@ -144,12 +144,41 @@ def parse_list(text: str | None, what: str, allowed: dict | None = None) -> list
     return items
 
 
+def _option_value(text: str):
+    low = text.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text.strip()
+
+
+def parse_options(items: list[str], known: dict, swept: str) -> dict:
+    """``KEY=VALUE`` strategy options fixed for the whole sweep (numbers and true/false are
+    converted); the swept option itself cannot be fixed."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--option {item!r} is not KEY=VALUE")
+        if key not in known:
+            raise ValueError(f"unknown option {key!r} (known: {', '.join(known)})")
+        if key == swept:
+            raise ValueError(f"--option {key} is what the sweep varies: use --values")
+        out[key] = _option_value(value)
+    return out
+
+
 def build_points(
     sweep_name: str,
     *,
     values: str | None = None,
     models: str | None = None,
     impls: str | None = None,
+    options: list[str] | None = None,
 ) -> list[Point]:
     """Every point of a sweep, implementations interleaved per value (so drift hits both)."""
     if sweep_name not in SWEEPS:
@@ -165,6 +194,7 @@ def build_points(
             parsed.append(sweep.parse(v))
         except ValueError as e:
             raise ValueError(f"bad value for --sweep {sweep.name}: {e}") from None
+    fixed = parse_options(options or [], strategy.options, sweep.option)
     model_names = parse_list(models, "model", MODELS) if models else list(sweep.default_models)
     impl_names = (
         parse_list(impls, "implementation", strategy.impls)
@@ -178,7 +208,7 @@ def build_points(
             value=v,
             impl=i,
             strategy=strategy.name,
-            options={sweep.option: v},
+            options={**fixed, sweep.option: v},
         )
         for m in model_names
         for v in parsed

@@ -91,8 +91,10 @@ class _Unit:
         groups: _Groups,
         strategy: str,
         stats: CommStats,
+        compute_dtype: torch.dtype | None = None,
     ) -> None:
         self.module, self.groups, self.strategy, self.stats = module, groups, strategy, stats
+        self.compute_dtype = compute_dtype  # mixed precision: gather and compute in this dtype
         self.slots = []  # (owner module, attribute, offset, shape)
         offset = 0
         for owner, name, p in params:
@@ -113,9 +115,18 @@ class _Unit:
         self.backward_full: torch.Tensor | None = None  # re-gathered for backward (FULL_SHARD)
 
     # -- communication ------------------------------------------------------------------------
-    def gather(self, shard: torch.Tensor) -> torch.Tensor:
-        """The full vector: the prefetched one if a prefetch is in flight, else gathered now."""
+    def _compute(self, shard: torch.Tensor) -> torch.Tensor:
+        """The shard as the forward computes with it: cast to the compute dtype (the fp32 master
+        shard stays what the optimiser updates)."""
+        if self.compute_dtype is None or shard.dtype == self.compute_dtype:
+            return shard
+        return shard.to(self.compute_dtype)
+
+    def gather(self, shard: torch.Tensor, *, master: bool = False) -> torch.Tensor:
+        """The full vector: the prefetched one if a prefetch is in flight, else gathered now;
+        in the compute dtype, or in the master (fp32) dtype with ``master``."""
         g = self.groups
+        shard = shard if master else self._compute(shard)
         if g.shard_size == 1:
             return shard.view_as(shard)
         if self.prefetched is not None:
@@ -132,7 +143,7 @@ class _Unit:
         """Start gathering this unit's parameters now, to be picked up by its next gather."""
         if self.groups.shard_size == 1 or self.prefetched is not None:
             return
-        shard = self.shard.detach()
+        shard = self._compute(self.shard.detach())
         full = torch.empty(self.padded, dtype=shard.dtype, device=shard.device)
         self.stats.add(full)
         work = _all_gather(full, shard.contiguous(), group=self.groups.shard, async_op=True)
@@ -152,7 +163,8 @@ class _Unit:
         if g.n // g.shard_size > 1:
             self.stats.add(grad)
             dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=g.replicate)
-        return grad.div_(g.n)
+        # reduced in the compute dtype (as FSDP's reduce_dtype = param_dtype), kept in fp32
+        return grad.to(self.shard.dtype).div_(g.n)
 
     # -- forward / backward plumbing ----------------------------------------------------------
     def set_views(self, views: tuple[torch.Tensor, ...]) -> None:
@@ -236,8 +248,10 @@ class ReferenceFSDP(nn.Module):
         strategy: str = "FULL_SHARD",
         group: dist.ProcessGroup | None = None,
         shard_size: int | None = None,
+        compute_dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
+        self.compute_dtype = compute_dtype
         if strategy not in STRATEGIES:
             raise ValueError(
                 f"unknown sharding strategy {strategy!r} (known: {', '.join(STRATEGIES)})"
@@ -248,7 +262,7 @@ class ReferenceFSDP(nn.Module):
         self._broadcast(group)
         self.units: list[_Unit] = []
         for m, params in unit_params(module, units):
-            unit = _Unit(m, params, self.groups, strategy, self.comm_stats)
+            unit = _Unit(m, params, self.groups, strategy, self.comm_stats, compute_dtype)
             self.units.append(unit)
             m.register_forward_pre_hook(self._pre_forward(unit))
             m.register_forward_hook(self._post_forward(unit))
@@ -266,7 +280,7 @@ class ReferenceFSDP(nn.Module):
             dist.broadcast(t, group_src=0, group=group)
 
     def _pre_forward(self, unit: _Unit):
-        def hook(_module, _args):
+        def hook(_module, args):
             unit.set_views(_Gather.apply(unit.shard, unit))
             if self._recording:
                 if unit in self._order:  # the second step begins: the order is known
@@ -281,6 +295,10 @@ class ReferenceFSDP(nn.Module):
                 ctx = torch.autograd.graph.saved_tensors_hooks(unit.pack, _Unit.unpack)
                 ctx.__enter__()
                 self._hooks[id(unit)] = ctx
+            if self.compute_dtype is not None:  # inputs in the parameters' dtype, as FSDP does
+                return tuple(a.to(self.compute_dtype) if torch.is_tensor(a)
+                             and a.is_floating_point() else a for a in args)  # fmt: skip
+            return None
 
         return hook
 
@@ -301,7 +319,7 @@ class ReferenceFSDP(nn.Module):
     @torch.no_grad()
     def full_parameters(self) -> list[torch.Tensor]:
         """Every unit's full flat vector, gathered (a collective): what replicas must agree on."""
-        return [u.gather(u.shard.detach())[: u.numel].clone() for u in self.units]
+        return [u.gather(u.shard.detach(), master=True)[: u.numel].clone() for u in self.units]
 
     @torch.no_grad()
     def full_state_dict(self, rank0_only: bool = True) -> dict[str, torch.Tensor]:

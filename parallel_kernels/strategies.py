@@ -71,6 +71,17 @@ def _check_strategy(strategy: str) -> None:
         )
 
 
+PRECISIONS = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _precision(mixed_precision: str) -> torch.dtype | None:
+    if mixed_precision not in PRECISIONS:
+        raise ValueError(
+            f"unknown mixed precision {mixed_precision!r} (known: {', '.join(PRECISIONS)})"
+        )
+    return PRECISIONS[mixed_precision]
+
+
 def apply_reference_fsdp(
     model: nn.Module,
     *,
@@ -78,11 +89,17 @@ def apply_reference_fsdp(
     device: torch.device,
     sharding_strategy: str = "FULL_SHARD",
     shard_size: int | None = None,
+    mixed_precision: str = "none",
 ) -> nn.Module:
     del device
     _check_strategy(sharding_strategy)
     return ReferenceFSDP(
-        model, fsdp_units(model), strategy=sharding_strategy, group=group, shard_size=shard_size
+        model,
+        fsdp_units(model),
+        strategy=sharding_strategy,
+        group=group,
+        shard_size=shard_size,
+        compute_dtype=_precision(mixed_precision),
     )
 
 
@@ -109,17 +126,21 @@ def apply_native_fsdp(
     device: torch.device,
     sharding_strategy: str = "FULL_SHARD",
     shard_size: int | None = None,
+    mixed_precision: str = "none",
 ) -> nn.Module:
     """``fully_shard`` (FSDP2) on each unit, then on the root; ``reshard_after_forward`` is
-    False for SHARD_GRAD_OP."""
-    from torch.distributed.fsdp import fully_shard
+    False for SHARD_GRAD_OP; mixed precision through ``MixedPrecisionPolicy``."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     _check_strategy(sharding_strategy)
+    dtype = _precision(mixed_precision)
     mesh = fsdp_mesh(device, dist.get_world_size(group), sharding_strategy, shard_size)
-    reshard = sharding_strategy != "SHARD_GRAD_OP"
+    kwargs: dict = {"reshard_after_forward": sharding_strategy != "SHARD_GRAD_OP"}
+    if dtype is not None:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype)
     for unit in fsdp_units(model):
-        fully_shard(unit, mesh=mesh, reshard_after_forward=reshard)
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+        fully_shard(unit, mesh=mesh, **kwargs)
+    fully_shard(model, mesh=mesh, **kwargs)
     return model
 
 
@@ -130,6 +151,7 @@ def apply_native_fsdp1(
     device: torch.device,
     sharding_strategy: str = "FULL_SHARD",
     shard_size: int | None = None,
+    mixed_precision: str = "none",
     hybrid_mesh: bool = True,
 ) -> nn.Module:
     """The seed's ``FullyShardedDataParallel`` API (FSDP1): ShardingStrategy, each unit
@@ -137,13 +159,18 @@ def apply_native_fsdp1(
     On CPU it needs ``device_id=cpu``. HYBRID_SHARD gets an explicit 2-D device mesh:
     ``hybrid_mesh=False`` reproduces the silent divergence it shows without one (the harness's
     replica check must catch it)."""
-    from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
+    from torch.distributed.fsdp import BackwardPrefetch, MixedPrecision, ShardingStrategy
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
     _check_strategy(sharding_strategy)
     units = fsdp_units(model)
-    kwargs = {}
+    kwargs: dict = {}
+    dtype = _precision(mixed_precision)
+    if dtype is not None:
+        kwargs["mixed_precision"] = MixedPrecision(
+            param_dtype=dtype, reduce_dtype=dtype, buffer_dtype=dtype
+        )
     if sharding_strategy == "HYBRID_SHARD" and hybrid_mesh:
         kwargs["device_mesh"] = fsdp_mesh(
             device, dist.get_world_size(group), sharding_strategy, shard_size
@@ -192,18 +219,25 @@ def zero_state_bytes(psi: int, n: int, strategy: str, shard_size: int | None = N
 
 
 def _fsdp_expected_comm_bytes(
-    psi: int, n: int, sharding_strategy: str = "FULL_SHARD", shard_size: int | None = None, **_
+    psi: int,
+    n: int,
+    sharding_strategy: str = "FULL_SHARD",
+    shard_size: int | None = None,
+    mixed_precision: str = "none",
+    **_,
 ) -> float:
-    """fp32 payload per step, each collective counted by its input as traces record it: an
-    all-gather sends a shard (4 Psi / S), a reduce-scatter the full gradient (4 Psi), a
-    hybrid's replica all-reduce a shard. FULL_SHARD gathers twice (forward, and again in
-    backward), SHARD_GRAD_OP once, NO_SHARD all-reduces 4 Psi. Padding is not counted."""
+    """Payload per step, each collective counted by its input as traces record it, with b
+    bytes per element (4, or 2 under bf16/fp16 mixed precision, which gathers and reduces in
+    that dtype): an all-gather sends a shard (b Psi / S), a reduce-scatter the full gradient
+    (b Psi), a hybrid's replica all-reduce a shard. FULL_SHARD gathers twice (forward, and again
+    in backward), SHARD_GRAD_OP once, NO_SHARD all-reduces b Psi. Padding is not counted."""
+    b = 4 if _precision(mixed_precision) is None else 2
     if sharding_strategy == "NO_SHARD":
-        return 4 * psi
+        return b * psi
     s = (shard_size or max(1, n // 2)) if sharding_strategy == "HYBRID_SHARD" else n
     gathers = 1 if sharding_strategy == "SHARD_GRAD_OP" else 2
-    replica = 4 * psi / s if sharding_strategy == "HYBRID_SHARD" else 0
-    return gathers * 4 * psi / s + 4 * psi + replica
+    replica = b * psi / s if sharding_strategy == "HYBRID_SHARD" else 0
+    return gathers * b * psi / s + b * psi + replica
 
 
 def _fsdp_expected_state_bytes(
@@ -261,7 +295,11 @@ STRATEGIES: dict[str, Strategy] = {
                 "reference": apply_reference_fsdp,
                 "native_fsdp1": apply_native_fsdp1,
             },
-            options={"sharding_strategy": "FULL_SHARD", "shard_size": None},
+            options={
+                "sharding_strategy": "FULL_SHARD",
+                "shard_size": None,
+                "mixed_precision": "none",
+            },
             default_impls=("native", "native_fsdp1", "reference"),
             replicated=fsdp_full_parameters,
             expected_state_bytes=_fsdp_expected_state_bytes,

@@ -46,6 +46,12 @@ def run_main(args, capsys) -> tuple[int, str]:
             "'ZERO4' is not a sharding strategy",
         ),
         (["--sweep", "sharding_strategy", "--impl", "deepspeed"], "unknown implementation"),
+        (
+            ["--sweep", "sharding_strategy", "--option", "precision=bf16"],
+            "unknown option 'precision'",
+        ),
+        (["--sweep", "sharding_strategy", "--option", "bf16"], "is not KEY=VALUE"),
+        (["--sweep", "bucket_cap_mb", "--option", "bucket_cap_mb=5"], "use --values"),
         (["--sweep", "message_size", "-b", "abc"], "'abc' is not a number of bytes"),
         (["--sweep", "message_size", "-b", "2M", "-e", "1M"], "larger than max bytes"),
         (["--sweep", "message_size", "-f", "1"], "factor must be at least 2"),

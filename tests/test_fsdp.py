@@ -50,10 +50,15 @@ def flat_by_unit(model) -> list[torch.Tensor]:
     ]
 
 
-def fsdp_worker(impl: str, strategy: str, steps: int) -> dict:
+def fsdp_worker(impl: str, strategy: str, steps: int, mixed_precision: str = "none") -> dict:
     world, rank = dist.get_world_size(), dist.get_rank()
     model = STRATEGIES["fsdp"].apply(
-        impl, tiny(), group=None, device=CPU, sharding_strategy=strategy
+        impl,
+        tiny(),
+        group=None,
+        device=CPU,
+        sharding_strategy=strategy,
+        mixed_precision=mixed_precision,
     )
     losses = train(model, rank_batches(world, rank, steps))
     full = STRATEGIES["fsdp"].replicated(model)
@@ -314,3 +319,22 @@ def test_sweep_points_report_what_the_zero_accounting_predicts(pool, tmp_path):
             assert r["state_mb"] == pytest.approx(r["state_mb_expected"], rel=1e-3), r
     state = {r["value"]: r["state_mb"] for r in rows if r["impl"] == "reference"}
     assert state["FULL_SHARD"] < state["NO_SHARD"]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("impl", ["reference", "native", "native_fsdp1"])
+def test_bf16_mixed_precision_trains_fp32_master_weights(pool, impl):
+    """bf16 compute and reduction, fp32 shards: the losses follow fp32 training to bf16's
+    precision (8 bits of mantissa: about 1e-2 relative), and the weights stay fp32."""
+    steps = 3
+    results = pool(2).run(fsdp_worker, impl, "FULL_SHARD", steps, "bf16")
+    expected_model, expected_losses = single_process(2, steps)
+    for res in results:
+        torch.testing.assert_close(
+            torch.tensor(res["losses"]), torch.tensor(expected_losses), rtol=2e-2, atol=2e-2
+        )
+        tensors = res["params"].values() if "params" in res else res["flats"]
+        assert all(t.dtype == torch.float32 for t in tensors)
+        if impl == "reference":
+            for got, want in zip(res["flats"], flat_by_unit(expected_model), strict=True):
+                torch.testing.assert_close(got, want, rtol=0, atol=2e-2)
