@@ -9,6 +9,7 @@ listed per strategy with their defaults, so the sweep layer can validate them be
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
@@ -72,6 +73,16 @@ def _check_strategy(strategy: str) -> None:
 
 
 PRECISIONS = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+FSDP1_DEFAULTS = {"auto_wrap": "module", "cpu_offload": False, "hybrid_mesh": True}
+
+
+def _refuse_fsdp1_options(impl: str, options: dict) -> None:
+    """Options of the FSDP1 API only: harmless at their defaults, refused otherwise."""
+    for key, value in options.items():
+        if key not in FSDP1_DEFAULTS:
+            raise TypeError(f"unexpected option {key!r}")
+        if value != FSDP1_DEFAULTS[key]:
+            raise ValueError(f"option {key}={value} exists only for native_fsdp1, not {impl}")
 
 
 def _precision(mixed_precision: str) -> torch.dtype | None:
@@ -90,9 +101,11 @@ def apply_reference_fsdp(
     sharding_strategy: str = "FULL_SHARD",
     shard_size: int | None = None,
     mixed_precision: str = "none",
+    **fsdp1_only,
 ) -> nn.Module:
     del device
     _check_strategy(sharding_strategy)
+    _refuse_fsdp1_options("reference", fsdp1_only)
     return ReferenceFSDP(
         model,
         fsdp_units(model),
@@ -127,12 +140,14 @@ def apply_native_fsdp(
     sharding_strategy: str = "FULL_SHARD",
     shard_size: int | None = None,
     mixed_precision: str = "none",
+    **fsdp1_only,
 ) -> nn.Module:
     """``fully_shard`` (FSDP2) on each unit, then on the root; ``reshard_after_forward`` is
     False for SHARD_GRAD_OP; mixed precision through ``MixedPrecisionPolicy``."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     _check_strategy(sharding_strategy)
+    _refuse_fsdp1_options("native", fsdp1_only)
     dtype = _precision(mixed_precision)
     mesh = fsdp_mesh(device, dist.get_world_size(group), sharding_strategy, shard_size)
     kwargs: dict = {"reshard_after_forward": sharding_strategy != "SHARD_GRAD_OP"}
@@ -152,16 +167,27 @@ def apply_native_fsdp1(
     sharding_strategy: str = "FULL_SHARD",
     shard_size: int | None = None,
     mixed_precision: str = "none",
+    auto_wrap: str = "module",
+    cpu_offload: bool = False,
     hybrid_mesh: bool = True,
 ) -> nn.Module:
     """The seed's ``FullyShardedDataParallel`` API (FSDP1): ShardingStrategy, each unit
     auto-wrapped (transformer blocks or linear layers), backward prefetch, original parameters.
-    On CPU it needs ``device_id=cpu``. HYBRID_SHARD gets an explicit 2-D device mesh:
+    On CPU it needs ``device_id=cpu``. ``auto_wrap``: "module" wraps each unit's class (the
+    transformer policy), "size" wraps any module of 100,000 parameters or more (the size-based
+    policy). ``cpu_offload`` keeps parameters on the host (it needs pinned memory, so an
+    accelerator: on a CPU-only machine the point fails with PyTorch's reason). HYBRID_SHARD gets
+    an explicit 2-D device mesh:
     ``hybrid_mesh=False`` reproduces the silent divergence it shows without one (the harness's
     replica check must catch it)."""
-    from torch.distributed.fsdp import BackwardPrefetch, MixedPrecision, ShardingStrategy
+    from torch.distributed.fsdp import (
+        BackwardPrefetch,
+        CPUOffload,
+        MixedPrecision,
+        ShardingStrategy,
+    )
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_policy
 
     _check_strategy(sharding_strategy)
     units = fsdp_units(model)
@@ -171,6 +197,14 @@ def apply_native_fsdp1(
         kwargs["mixed_precision"] = MixedPrecision(
             param_dtype=dtype, reduce_dtype=dtype, buffer_dtype=dtype
         )
+    if auto_wrap == "module":
+        policy = ModuleWrapPolicy({type(u) for u in units})
+    elif auto_wrap == "size":
+        policy = functools.partial(size_based_auto_wrap_policy, min_num_params=100_000)
+    else:
+        raise ValueError(f"unknown auto_wrap {auto_wrap!r} (known: module, size)")
+    if cpu_offload:
+        kwargs["cpu_offload"] = CPUOffload(offload_params=True)
     if sharding_strategy == "HYBRID_SHARD" and hybrid_mesh:
         kwargs["device_mesh"] = fsdp_mesh(
             device, dist.get_world_size(group), sharding_strategy, shard_size
@@ -180,7 +214,7 @@ def apply_native_fsdp1(
     return FSDP(
         model,
         sharding_strategy=ShardingStrategy[sharding_strategy],
-        auto_wrap_policy=ModuleWrapPolicy({type(u) for u in units}),
+        auto_wrap_policy=policy,
         backward_prefetch=BackwardPrefetch.BACKWARD_PRE,
         device_id=device,
         use_orig_params=True,
@@ -299,6 +333,7 @@ STRATEGIES: dict[str, Strategy] = {
                 "sharding_strategy": "FULL_SHARD",
                 "shard_size": None,
                 "mixed_precision": "none",
+                **FSDP1_DEFAULTS,
             },
             default_impls=("native", "native_fsdp1", "reference"),
             replicated=fsdp_full_parameters,

@@ -338,3 +338,40 @@ def test_bf16_mixed_precision_trains_fp32_master_weights(pool, impl):
         if impl == "reference":
             for got, want in zip(res["flats"], flat_by_unit(expected_model), strict=True):
                 torch.testing.assert_close(got, want, rtol=0, atol=2e-2)
+
+
+def fsdp1_option_rows(root: str) -> list[dict]:
+    from pathlib import Path
+
+    from bench.harness import run_point
+    from bench.sweeps import Point
+    from tests.test_harness import QUICK_FAIL, pool_env
+
+    cases = [("native_fsdp1", {"cpu_offload": True}), ("native_fsdp1", {"auto_wrap": "size"}),
+             ("reference", {"cpu_offload": True})]  # fmt: skip
+    rows = []
+    for impl, extra in cases:
+        point = Point(
+            sweep="sharding_strategy",
+            model="wide_mlp",
+            value="FULL_SHARD",
+            impl=impl,
+            strategy="fsdp",
+            options={"sharding_strategy": "FULL_SHARD", **extra},
+        )
+        rows.append(run_point(point, pool_env(), QUICK_FAIL, Path(root) / f"{impl}{len(rows)}"))
+    return rows
+
+
+@pytest.mark.timeout(240)
+def test_fsdp1_options_run_or_say_why(pool, tmp_path):
+    offload, size_wrap, not_for_reference = pool(2).run(fsdp1_option_rows, str(tmp_path))[0]
+    # CPUOffload needs pinned memory, which needs an accelerator: an error row, with the reason
+    if torch.cuda.is_available():
+        assert offload["status"] == "ok"
+    else:
+        assert offload["status"] == "error" and offload["error"].startswith("rank "), offload
+    assert size_wrap["status"] == "ok", size_wrap["error"]
+    assert size_wrap["comm_calls_per_step"] > 0
+    assert not_for_reference["status"] == "error"
+    assert "exists only for native_fsdp1" in not_for_reference["error"]
