@@ -71,6 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reports-dir", type=Path, default=Path("reports"))
     p.add_argument("--no-report", action="store_true", help="do not write the HTML report")
     p.add_argument("--batch-size", type=_positive_int, default=64, help="per rank (default 64)")
+    p.add_argument(
+        "--clip-grad-norm",
+        type=_positive_float,
+        metavar="MAX_NORM",
+        help="clip the gradient's global norm before each optimiser step",
+    )
     p.add_argument("--warmup-steps", type=_positive_int, default=5)
     p.add_argument("--steps", type=_positive_int, default=20, help="timed steps per point")
     p.add_argument(

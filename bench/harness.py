@@ -26,7 +26,7 @@ from bench.profiling import host_bytes_in_use, peak_rss_bytes, profile_steps, re
 from bench.sweeps import Point
 from bench.timing import summarize_times, timed_steps
 from parallel_kernels.models import MODELS, build_model, grad_bytes, param_count
-from parallel_kernels.strategies import STRATEGIES
+from parallel_kernels.strategies import STRATEGIES, clip_grad_norm
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,6 +40,7 @@ class HarnessConfig:
     lr: float = 1e-3
     seed: int = 0
     point_timeout_s: float = 120.0
+    clip_grad_norm: float | None = None  # clip the gradient's global norm before each step
 
 
 class DivergedError(RuntimeError):
@@ -106,6 +107,8 @@ def _train_and_measure(
         opt.zero_grad(set_to_none=True)
         loss = spec.loss(wrapped(x), y)
         loss.backward()
+        if cfg.clip_grad_norm is not None:
+            clip_grad_norm(wrapped, cfg.clip_grad_norm)
         opt.step()
         last_loss = loss.detach()
 

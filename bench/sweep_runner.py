@@ -55,6 +55,7 @@ def run_sweep(args: argparse.Namespace, points: list[Point], argv: list[str]) ->
         steps=args.steps,
         profile_active=args.profile_steps,
         point_timeout_s=args.point_timeout,
+        clip_grad_norm=args.clip_grad_norm,
     )
     rank0_print(
         f"sweep {args.sweep}: {len(points)} points, world size {env.world_size}, "

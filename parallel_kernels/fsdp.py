@@ -338,6 +338,23 @@ class ReferenceFSDP(nn.Module):
             return {}
         return state
 
+    @torch.no_grad()
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """Scale the shard gradients so that the norm of the whole model's gradient is at most
+        ``max_norm``; returns that norm. Shards are disjoint inside a shard group and equal
+        across replicas, so the squares are summed over the shard group only."""
+        grads = [u.shard.grad for u in self.units if u.shard.grad is not None]
+        sq = (
+            torch.stack([g.float().pow(2).sum() for g in grads]).sum() if grads else torch.zeros(())
+        )
+        if self.groups.shard_size > 1:
+            dist.all_reduce(sq, group=self.groups.shard)
+        total = sq.sqrt()
+        scale = (max_norm / (total + 1e-6)).clamp(max=1.0)
+        for g in grads:
+            g.mul_(scale.to(g.dtype))
+        return total
+
     def sharded_bytes(self) -> int:
         """Bytes of parameters this rank holds at rest (its shards)."""
         return sum(u.shard.numel() * u.shard.element_size() for u in self.units)

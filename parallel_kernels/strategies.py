@@ -222,6 +222,16 @@ def apply_native_fsdp1(
     )
 
 
+def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
+    """Clip the gradient of the whole model to ``max_norm`` however it is split across ranks:
+    the wrapper's own method where it has one (FSDP1, the reference), else PyTorch's, which
+    handles DTensor shards (FSDP2) and replicated gradients (DDP)."""
+    own = getattr(model, "clip_grad_norm_", None)
+    if own is not None:
+        return own(max_norm)
+    return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+
+
 def fsdp_full_parameters(model: nn.Module) -> list[torch.Tensor]:
     """Every parameter in full, gathered from the shards (a collective on every rank)."""
     if isinstance(model, ReferenceFSDP):

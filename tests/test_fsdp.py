@@ -182,6 +182,14 @@ def state_dict_worker(impl: str, strategy: str) -> dict:
     if impl == "reference":
         state = model.full_state_dict()
         model.close()
+    elif impl == "native_fsdp1":  # the seed's way: a full state dict gathered on rank 0
+        from torch.distributed.fsdp import FullStateDictConfig, StateDictType
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        config = FullStateDictConfig(offload_to_cpu=False, rank0_only=True)
+        with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT, config):
+            state = model.state_dict()
+        state = state if rank == 0 else {}
     else:
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
@@ -199,7 +207,7 @@ def state_dict_worker(impl: str, strategy: str) -> dict:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("impl", ["reference", "native"])
+@pytest.mark.parametrize("impl", ["reference", "native", "native_fsdp1"])
 @pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP"])
 def test_full_state_dict_on_rank0_loads_into_a_plain_model(pool, impl, strategy):
     res = pool(2).run(state_dict_worker, impl, strategy)
@@ -375,3 +383,47 @@ def test_fsdp1_options_run_or_say_why(pool, tmp_path):
     assert size_wrap["comm_calls_per_step"] > 0
     assert not_for_reference["status"] == "error"
     assert "exists only for native_fsdp1" in not_for_reference["error"]
+
+
+def clipped_worker(impl: str, max_norm: float) -> dict:
+    from parallel_kernels.strategies import clip_grad_norm
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    model = STRATEGIES["fsdp"].apply(
+        impl, tiny(), group=None, device=CPU, sharding_strategy="FULL_SHARD"
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    norms = []
+    for x, y in rank_batches(world, rank, 3):
+        opt.zero_grad(set_to_none=True)
+        MODELS["transformer"].loss(model(x), y).backward()
+        norms.append(float(clip_grad_norm(model, max_norm)))
+        opt.step()
+    full = STRATEGIES["fsdp"].replicated(model)
+    if hasattr(model, "close"):
+        model.close()
+    return {"norms": norms, "full": full}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("impl", ["reference", "native", "native_fsdp1"])
+def test_clip_grad_norm_sees_the_whole_model(pool, impl):
+    max_norm = 0.2  # below the gradient norms of these steps (about 0.43)
+    res = pool(2).run(clipped_worker, impl, max_norm)[0]
+    per_rank = [rank_batches(2, r, 3) for r in range(2)]
+    model = tiny()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    norms = []
+    for s in range(3):
+        x, y = (torch.cat([per_rank[r][s][k] for r in range(2)]) for k in range(2))
+        opt.zero_grad()
+        MODELS["transformer"].loss(model(x), y).backward()
+        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)))
+        opt.step()
+    assert min(norms) > max_norm  # clipping really happened
+    torch.testing.assert_close(
+        torch.tensor(res["norms"]), torch.tensor(norms), rtol=1e-4, atol=1e-5
+    )
+    want = flat_by_unit(model) if impl == "reference" else [p.detach() for p in model.parameters()]
+    for got, w in zip(res["full"], want, strict=True):
+        torch.testing.assert_close(got, w, rtol=1e-4, atol=1e-5)
