@@ -79,6 +79,7 @@ def _train_and_measure(
     strategy = STRATEGIES[point.strategy]
     world = dist.get_world_size(group)
     rank = dist.get_rank(group)
+    gc.collect()  # earlier points' modules hold reference cycles (hooks): free them first
     heap_before = host_bytes_in_use()
     reset_peak_rss()
     if env.device.type == "cuda":

@@ -49,20 +49,26 @@ class _Groups:
     owned: list  # subgroups created here, destroyed by close()
 
 
+def shard_group_size(strategy: str, n: int, shard_size: int | None = None) -> int:
+    """S, the ranks one parameter is sharded over: n, 1 for NO_SHARD, and for HYBRID_SHARD
+    ``shard_size`` (default n / 2), which must leave 2 or more replicas of 2 or more ranks."""
+    if strategy == "NO_SHARD":
+        return 1
+    if strategy != "HYBRID_SHARD":
+        return n
+    s = shard_size or n // 2
+    if n < 4 or s < 2 or n % s or s == n:
+        raise ValueError(
+            f"HYBRID_SHARD needs a shard group of 2 or more ranks dividing the "
+            f"world size into 2 or more replicas; world size {n}, shard size {s}"
+        )
+    return s
+
+
 def _make_groups(group, strategy: str, shard_size: int | None) -> _Groups:
     n = dist.get_world_size(group)
     ranks = [dist.get_global_rank(group, r) for r in range(n)] if group else list(range(n))
-    if strategy == "NO_SHARD":
-        s = 1
-    elif strategy == "HYBRID_SHARD":
-        s = shard_size or n // 2
-        if n < 4 or s < 2 or n % s or s == n:
-            raise ValueError(
-                f"HYBRID_SHARD needs a shard group of 2 or more ranks dividing the "
-                f"world size into 2 or more replicas; world size {n}, shard size {s}"
-            )
-    else:
-        s = n
+    s = shard_group_size(strategy, n, shard_size)
     owned = []
     shard_pg = replicate_pg = None
     if 1 < s < n:  # hybrid: subgroups of consecutive ranks, replicas across them

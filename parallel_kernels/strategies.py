@@ -22,7 +22,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from parallel_kernels.ddp import ReferenceDDP
 from parallel_kernels.fsdp import STRATEGIES as SHARDING_STRATEGIES
-from parallel_kernels.fsdp import ReferenceFSDP
+from parallel_kernels.fsdp import ReferenceFSDP, shard_group_size
 
 ApplyFn = Callable[..., nn.Module]
 
@@ -123,12 +123,7 @@ def fsdp_mesh(device: torch.device, world: int, strategy: str, shard_size: int |
 
     if strategy in ("FULL_SHARD", "SHARD_GRAD_OP"):
         return init_device_mesh(device.type, (world,))
-    s = 1 if strategy == "NO_SHARD" else (shard_size or world // 2)
-    if strategy == "HYBRID_SHARD" and (world < 4 or s < 2 or world % s or s == world):
-        raise ValueError(
-            f"HYBRID_SHARD needs a shard group of 2 or more ranks dividing the "
-            f"world size into 2 or more replicas; world size {world}, shard size {s}"
-        )
+    s = shard_group_size(strategy, world, shard_size)
     return init_device_mesh(device.type, (world // s, s), mesh_dim_names=("replicate", "shard"))
 
 
@@ -256,7 +251,7 @@ def zero_state_bytes(psi: int, n: int, strategy: str, shard_size: int | None = N
     mixed-precision figures are (2 + 2 + K) Psi, 2 Psi + (2 + K) Psi / N and (2 + 2 + K) Psi / N
     with K = 12. FSDP's SHARD_GRAD_OP also shards parameters at rest (it keeps them gathered
     only from forward to backward), so it measures below the paper's ZeRO-2 figure."""
-    s = {"NO_SHARD": 1, "HYBRID_SHARD": shard_size or max(1, n // 2)}.get(strategy, n)
+    s = shard_group_size(strategy, n, shard_size)
     if strategy == "SHARD_GRAD_OP":
         return 4 * psi + 12 * psi / s
     return 16 * psi / s
@@ -278,7 +273,7 @@ def _fsdp_expected_comm_bytes(
     b = 4 if _precision(mixed_precision) is None else 2
     if sharding_strategy == "NO_SHARD":
         return b * psi
-    s = (shard_size or max(1, n // 2)) if sharding_strategy == "HYBRID_SHARD" else n
+    s = shard_group_size(sharding_strategy, n, shard_size)
     gathers = 1 if sharding_strategy == "SHARD_GRAD_OP" else 2
     replica = b * psi / s if sharding_strategy == "HYBRID_SHARD" else 0
     return gathers * b * psi / s + b * psi + replica
