@@ -22,7 +22,11 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-SEGMENT_BYTES = 2 << 20  # pipelining grain; 2 MiB measured best or near-best here from 2 to 32 MiB
+SEGMENT_BYTES = 2 << 20  # pipelining grain of the chain broadcast
+# Rings cut each chunk in two segments (pipelining needs two; each more adds a message, which
+# costs more than it hides on an oversubscribed CPU), of 2 to 8 MiB. Measured here with gloo
+# at 2 and 4 ranks from 4 to 64 MiB, against fixed 1, 2, 4 and 8 MiB segments.
+RING_SEGMENT_MIN, RING_SEGMENT_MAX = 2 << 20, 8 << 20
 
 Reduce = Callable[[torch.Tensor, torch.Tensor], None]  # acc <- acc (op) incoming
 
@@ -65,6 +69,15 @@ def workspace(name: str, numel: int, dtype: torch.dtype, device: torch.device) -
 
 def _seg_elems(t: torch.Tensor, segment_bytes: int) -> int:
     return max(1, segment_bytes // t.element_size())
+
+
+def _ring_seg_elems(t: torch.Tensor, chunk_elems: int, segment_bytes: int | None) -> int:
+    """Segment length of a ring: ``segment_bytes`` when given, else half a chunk within
+    RING_SEGMENT_MIN .. RING_SEGMENT_MAX."""
+    if segment_bytes is None:
+        half = chunk_elems * t.element_size() // 2
+        segment_bytes = min(max(half, RING_SEGMENT_MIN), RING_SEGMENT_MAX)
+    return _seg_elems(t, segment_bytes)
 
 
 class _Ring:
@@ -179,7 +192,7 @@ def ring_all_reduce(
     t: torch.Tensor,
     op: str = "sum",
     group: dist.ProcessGroup | None = None,
-    segment_bytes: int = SEGMENT_BYTES,
+    segment_bytes: int | None = None,
 ) -> None:
     """In-place all-reduce: ring reduce-scatter, then ring all-gather (bandwidth-optimal).
 
@@ -196,7 +209,7 @@ def ring_all_reduce(
         flat,
         flat,
         chunk_bounds(flat.numel(), ring.n),
-        _seg_elems(flat, segment_bytes),
+        _ring_seg_elems(flat, -(-flat.numel() // ring.n), segment_bytes),
         reduce=_reducer(op),
         gather=True,
         divide_by=ring.n if op == "avg" else None,
@@ -208,7 +221,7 @@ def ring_reduce_scatter(
     inp: torch.Tensor,
     op: str = "sum",
     group: dist.ProcessGroup | None = None,
-    segment_bytes: int = SEGMENT_BYTES,
+    segment_bytes: int | None = None,
 ) -> None:
     """``out`` (count) <- reduction over ranks of block r of ``inp`` (n * count).
 
@@ -229,7 +242,13 @@ def ring_reduce_scatter(
     work = workspace("reduce_scatter", src.numel(), src.dtype, src.device)
     bounds = [i * count for i in range(n + 1)]
     _pipelined_ring(
-        ring, src, work, bounds, _seg_elems(src, segment_bytes), reduce=_reducer(op), gather=False
+        ring,
+        src,
+        work,
+        bounds,
+        _ring_seg_elems(src, count, segment_bytes),
+        reduce=_reducer(op),
+        gather=False,
     )
     mine = work[ring.rank * count : (ring.rank + 1) * count]
     out.view(-1).copy_(mine)
@@ -241,7 +260,7 @@ def ring_all_gather(
     out: torch.Tensor,
     inp: torch.Tensor,
     group: dist.ProcessGroup | None = None,
-    segment_bytes: int = SEGMENT_BYTES,
+    segment_bytes: int | None = None,
 ) -> None:
     """``out`` (n * count) <- every rank's ``inp`` (count), in rank order.
 
@@ -257,7 +276,13 @@ def ring_all_gather(
         return
     bounds = [i * count for i in range(ring.n + 1)]
     _pipelined_ring(
-        ring, flat, flat, bounds, _seg_elems(flat, segment_bytes), reduce=None, gather=True
+        ring,
+        flat,
+        flat,
+        bounds,
+        _ring_seg_elems(flat, count, segment_bytes),
+        reduce=None,
+        gather=True,
     )
 
 
