@@ -14,6 +14,7 @@ tracking, which counts every tensor), the largest over ranks.
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import tempfile
 from pathlib import Path
@@ -24,7 +25,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from bench.analysis import load_trace
+from bench.analysis import load_trace, memory_peak_delta
 from bench.data import Batches
 from bench.distenv import init_distributed, rank0_print
 from bench.timing import timed_steps
@@ -52,6 +53,7 @@ def peak_memory(impl: str, args, env) -> float:
     spec = MODELS[args.model]
     data = spec.dataset(args.batch_size * env.world_size, 0)
     x, y = data.tensors[0][: args.batch_size], data.tensors[1][: args.batch_size]
+    gc.collect()  # garbage freed inside the window would not be counted as freed
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         wrapped = build(impl, args, env)
         opt = torch.optim.AdamW(wrapped.parameters(), lr=1e-3)
@@ -63,8 +65,9 @@ def peak_memory(impl: str, args, env) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "memory.json"
         prof.export_chrome_trace(str(path))
-        # the allocator's running total after every allocation and free, from zero at the start
-        peak = float(load_trace(path).memory["total_allocated"].max())
+        # the rise of the allocator's running total over its value when profiling began (the
+        # total is kept per process: earlier measurements would otherwise count here too)
+        peak = memory_peak_delta(load_trace(path))
     t = torch.tensor([peak], dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.item()

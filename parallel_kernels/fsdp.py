@@ -361,6 +361,14 @@ class ReferenceFSDP(nn.Module):
             g.mul_(scale.to(g.dtype))
         return total
 
+    def held_bytes(self) -> int:
+        """Bytes of parameters this rank holds right now: its shards, plus every gathered
+        vector still alive (between forward and backward that is what tells the strategies
+        apart)."""
+        gathered = sum(u.full.numel() * u.full.element_size() for u in self.units
+                       if u.full is not None and u.groups.shard_size > 1)  # fmt: skip
+        return self.sharded_bytes() + gathered
+
     def sharded_bytes(self) -> int:
         """Bytes of parameters this rank holds at rest (its shards)."""
         return sum(u.shard.numel() * u.shard.element_size() for u in self.units)
