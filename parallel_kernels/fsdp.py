@@ -156,10 +156,11 @@ class _Unit:
         self.prefetched = (full, work)
 
     def reduce_grad(self, grad_full: torch.Tensor) -> torch.Tensor:
+        """Average the full gradient over all ranks and keep this rank's shard of it;
+        ``grad_full`` is a fresh buffer of the caller's, consumed here."""
         g = self.groups
-        grad_full = grad_full.contiguous()
         if g.shard_size == 1:
-            grad = grad_full.clone()
+            grad = grad_full  # the shard is the whole vector: reduce in place
         else:
             grad = torch.empty(
                 self.padded // g.shard_size, dtype=grad_full.dtype, device=grad_full.device
@@ -220,10 +221,14 @@ class _Gather(torch.autograd.Function):
         unit.backward_full = unit.full = None
         unit.clear_views()
         like = next(g for g in grads if g is not None)
-        grad_full = torch.zeros(unit.padded, dtype=like.dtype, device=like.device)
+        grad_full = torch.empty(unit.padded, dtype=like.dtype, device=like.device)
+        grad_full[unit.numel :].zero_()  # padding
         for (_, _, off, shape), g in zip(unit.slots, grads, strict=True):
-            if g is not None:
-                grad_full[off : off + shape.numel()] = g.reshape(-1)
+            part = grad_full[off : off + shape.numel()]
+            if g is None:  # a parameter this step did not use
+                part.zero_()
+            else:
+                part.copy_(g.reshape(-1))
         return unit.reduce_grad(grad_full), None
 
 
