@@ -148,12 +148,16 @@ def _train_and_measure(
         peak = np.nan
     metrics.update(summarize_times(slowest, fastest))
     expected = strategy.expected_state_bytes
+    held = state_bytes(wrapped, opt)
     expected_comm = strategy.expected_comm_bytes
     metrics.update(
         comm_bytes_expected=expected_comm(n_params, world, **point.options)
         if expected_comm
         else np.nan,
-        state_mb=state_bytes(wrapped, opt) / 2**20,
+        **dict(
+            zip(("param_mb", "grad_mb", "optim_mb"), (b / 2**20 for b in held), strict=True)
+        ),
+        state_mb=sum(held) / 2**20,
         state_mb_expected=expected(n_params, world, **point.options) / 2**20
         if expected
         else np.nan,
@@ -173,18 +177,18 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t  # a DTensor's own shard
 
 
-def state_bytes(model: torch.nn.Module, opt: torch.optim.Optimizer) -> int:
-    """Bytes of parameters, gradients and optimiser state this rank holds (its shards only)."""
-    total = 0
+def state_bytes(model: torch.nn.Module, opt: torch.optim.Optimizer) -> tuple[int, int, int]:
+    """Bytes of parameters, of gradients and of optimiser state this rank holds (its shards)."""
+    params = grads = optim = 0
     for p in model.parameters():
-        total += _local(p).numel() * p.element_size()
+        params += _local(p).numel() * p.element_size()
         if p.grad is not None:
-            total += _local(p.grad).numel() * p.grad.element_size()
+            grads += _local(p.grad).numel() * p.grad.element_size()
     for state in opt.state.values():
         for v in state.values():
             if torch.is_tensor(v) and v.dim() > 0:
-                total += _local(v).numel() * v.element_size()
-    return total
+                optim += _local(v).numel() * v.element_size()
+    return params, grads, optim
 
 
 def _aggregate(per_rank: list[dict]) -> dict:
@@ -206,7 +210,7 @@ def _aggregate(per_rank: list[dict]) -> dict:
     ):
         vals = [r.get(key, np.nan) for r in ranks]
         out[key] = float(np.nanmean(vals)) if not np.all(np.isnan(vals)) else np.nan
-    for key in ("peak_mem_mb", "peak_rss_mb", "state_mb"):  # the rank that needs most
+    for key in ("peak_mem_mb", "peak_rss_mb", "state_mb", "param_mb", "grad_mb", "optim_mb"):
         out[key] = float(np.nanmax([r.get(key, np.nan) for r in ranks]))
     comm = out["comm_ms"]
     out["compute_comm_ratio"] = out["compute_ms"] / comm if comm and comm > 0 else np.nan

@@ -321,6 +321,11 @@ def test_sweep_points_report_what_the_zero_accounting_predicts(pool, tmp_path):
         assert r["peak_rss_mb"] > 0 and r["peak_mem_mb"] > 0
         if r["value"] != "SHARD_GRAD_OP":  # FSDP's ZeRO-2 shards parameters at rest too
             assert r["state_mb"] == pytest.approx(r["state_mb_expected"], rel=1e-3), r
+        # fp32 AdamW: gradient as large as the parameters, two moments twice as large
+        assert r["grad_mb"] == pytest.approx(r["param_mb"]) and r["optim_mb"] == pytest.approx(
+            2 * r["param_mb"]
+        )
+        assert r["state_mb"] == pytest.approx(r["param_mb"] + r["grad_mb"] + r["optim_mb"])
     state = {r["value"]: r["state_mb"] for r in rows if r["impl"] == "reference"}
     assert state["FULL_SHARD"] < state["NO_SHARD"]
 
