@@ -363,14 +363,15 @@ def _hta_round(events: pd.DataFrame) -> pd.DataFrame:
     return ev
 
 
-def rank_summary(trace: Trace) -> dict:
+def rank_summary(trace: Trace, steps: pd.DataFrame | None = None) -> dict:
     """Whole-trace temporal breakdown and overlap of one rank (RANK_COLUMNS), computed as
     HolisticTraceAnalysis's ``get_temporal_breakdown`` and ``get_comm_comp_overlap`` do on GPU
-    traces; on CPU traces the same definitions over the traced steps."""
+    traces; on CPU traces the same definitions summed over the traced steps (``steps``, the
+    trace's ``breakdown``, when the caller has it already)."""
     gpu = trace.is_gpu
     base = {"rank": trace.rank, "device": "gpu" if gpu else "cpu", "file": trace.path.name}
     if not gpu:
-        steps = breakdown(trace)
+        steps = breakdown(trace) if steps is None else steps
         window = steps["window_us"].sum()
         if steps.empty or window <= 0:
             return {**base, "steps": 0}
@@ -407,7 +408,8 @@ def rank_summary(trace: Trace) -> dict:
 def memory_peak_delta(trace: Trace) -> float:
     """Peak rise, in bytes, of the profiler's allocated-memory counter over the traced steps.
 
-    The counter starts at zero when profiling starts, so its rise during the traced window is
+    The counter is a running total kept per process (earlier profiling sessions leave their
+    balance in it), so the rise is taken over its value just before the window's first event:
     what the steps themselves allocate on top of what was already live (activations, gradients,
     temporaries, communication buffers).
     """

@@ -27,6 +27,7 @@ import warnings
 from pathlib import Path
 
 from bench import analysis, trace_folder
+from bench.profiling import peak_rss_bytes, reset_peak_rss
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data" / "hta"
@@ -62,18 +63,6 @@ def timed(fn, folder: Path, repeats: int) -> tuple[float, dict]:
         result = fn(folder)
         times.append(time.perf_counter() - t0)
     return statistics.median(times), result
-
-
-def reset_peak_rss() -> None:
-    """Start the peak (VmHWM) afresh, so it measures what comes next (Linux clear_refs)."""
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-
-
-def peak_rss_bytes() -> int:
-    with open("/proc/self/status") as f:
-        line = next(x for x in f if x.startswith("VmHWM"))
-    return int(line.split()[1]) * 1024
 
 
 def big_folder(root: Path, gigabytes: float) -> Path:

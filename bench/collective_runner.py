@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from bench.distenv import DistEnv, rank0_print, synchronize
+from bench.harness import root_cause
 from bench.results import COLLECTIVE_COLUMNS, COLLECTIVE_EXTRA_COLUMNS, write_meta
 from bench.run_context import RunContext, finish_run, start_run
 from bench.timing import timed_steps
@@ -173,9 +174,9 @@ def _run_size(coll, impl, count, itemsize, plan, op, env, group, limits, sweep, 
         "backend": env.backend,
         "device": env.device.type,
     }
-    errors = [(r, e) for r, (_, e) in enumerate(outcomes) if e]
-    if errors:
-        row.update(status="error", error=f"rank {errors[0][0]}: {errors[0][1]}")
+    errors = [e for _, e in outcomes]
+    if any(errors):
+        row.update(status="error", error=root_cause(errors))
         return row, True
     t = outcomes[0][0]["time_us"]  # identical on every rank (all-reduced)
     algbw = s_bytes / (t * 1e-6) / 1e9 if t > 0 else float("nan")

@@ -154,9 +154,7 @@ def _train_and_measure(
         comm_bytes_expected=expected_comm(n_params, world, **point.options)
         if expected_comm
         else np.nan,
-        **dict(
-            zip(("param_mb", "grad_mb", "optim_mb"), (b / 2**20 for b in held), strict=True)
-        ),
+        **dict(zip(("param_mb", "grad_mb", "optim_mb"), (b / 2**20 for b in held), strict=True)),
         state_mb=sum(held) / 2**20,
         state_mb_expected=expected(n_params, world, **point.options) / 2**20
         if expected
@@ -218,7 +216,7 @@ def _aggregate(per_rank: list[dict]) -> dict:
     return out
 
 
-def _root_cause(errors: list[str | None]) -> str:
+def root_cause(errors: list[str | None]) -> str:
     """The first rank's own error beats the timeouts it caused on the other ranks."""
     found = [(r, e) for r, e in enumerate(errors) if e]
     primary = [(r, e) for r, e in found if "Timed out" not in e and "timed out" not in e]
@@ -263,7 +261,7 @@ def run_point(
     }
     errors = [e for _, e in gathered]
     if any(errors):
-        row.update(status="error", error=_root_cause(errors))
+        row.update(status="error", error=root_cause(errors))
     else:
         row.update(status="ok", error="")
         row.update(_aggregate([m for m, _ in gathered]))

@@ -133,7 +133,7 @@ def _cell(value) -> str:
 
 
 class ResultsWriter:
-    """Appends rows to ``results.csv``, one fsync'd write per row."""
+    """Appends rows to a CSV file (``results.csv``), each append one fsync'd write."""
 
     def __init__(self, path: Path, columns: list[str]) -> None:
         self.path = path
@@ -142,24 +142,24 @@ class ResultsWriter:
             with path.open("w", newline="") as f:
                 csv.writer(f).writerow(columns)
 
-    def append(self, row: dict) -> None:
+    def _write(self, rows: list[list]) -> None:
         with self.path.open("a", newline="") as f:
-            csv.writer(f).writerow([_cell(row.get(c)) for c in self.columns])
+            csv.writer(f).writerows(rows)
             f.flush()
             os.fsync(f.fileno())
 
+    def append(self, row: dict) -> None:
+        self._write([[_cell(row.get(c)) for c in self.columns]])
+
 
 class SamplesWriter(ResultsWriter):
+    """``samples.csv``: every timed sample of a point, in one write."""
+
     def __init__(self, path: Path) -> None:
         super().__init__(path, SAMPLE_COLUMNS)
 
     def append_samples(self, point: str, samples: list[float]) -> None:
-        with self.path.open("a", newline="") as f:
-            w = csv.writer(f)
-            for i, ms in enumerate(samples):
-                w.writerow([point, i, f"{ms:.6g}"])
-            f.flush()
-            os.fsync(f.fileno())
+        self._write([[point, i, f"{ms:.6g}"] for i, ms in enumerate(samples)])
 
 
 def has_results(run_dir: Path) -> bool:

@@ -38,9 +38,17 @@ class TraceDigest:
 
 
 def digest(trace: Trace) -> TraceDigest:
-    return TraceDigest(path=trace.path, rank=trace.rank, world_size=trace.world_size,
-                       backend=trace.backend, n_events=len(trace.events), steps=breakdown(trace),
-                       summary=rank_summary(trace), calls=collective_calls(trace))  # fmt: skip
+    steps = breakdown(trace)
+    return TraceDigest(
+        path=trace.path,
+        rank=trace.rank,
+        world_size=trace.world_size,
+        backend=trace.backend,
+        n_events=len(trace.events),
+        steps=steps,
+        summary=rank_summary(trace, steps),
+        calls=collective_calls(trace),
+    )
 
 
 @dataclass

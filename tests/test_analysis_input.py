@@ -91,12 +91,10 @@ def test_memory_does_not_grow_with_the_file(tmp_path):
     # parent's peak across exec.
     code = (
         "from bench import analysis\n"
-        "def hwm():\n"
-        "    line = [x for x in open('/proc/self/status') if x.startswith('VmHWM')][0]\n"
-        "    return int(line.split()[1]) * 1024\n"
-        "before = hwm()\n"
+        "from bench.profiling import peak_rss_bytes\n"
+        "before = peak_rss_bytes()\n"
         f"t = analysis.load_trace({str(path)!r})\n"
-        "print(len(t.events), hwm() - before)\n"
+        "print(len(t.events), peak_rss_bytes() - before)\n"
     )
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=200, cwd=REPO
