@@ -176,9 +176,25 @@ def _strip_nproc(argv: list[str]) -> list[str]:
     return out
 
 
+def _launch_hint(argv: list[str]) -> str:
+    return (
+        "not launched by torchrun: run `torchrun --standalone --nproc_per_node=N "
+        f"bench/run.py {' '.join(argv)}` or add --nproc-per-node N"
+    )
+
+
+def _world_size(args: argparse.Namespace) -> int | None:
+    if launched_by_torchrun():
+        return int(os.environ.get("WORLD_SIZE", "1"))
+    return args.nproc_per_node
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    sweep = SWEEPS.get(args.sweep)
+    if sweep is not None and sweep.expand is not None and _world_size(args) is None:
+        fail(_launch_hint(argv))  # its values are checked against the world size
     try:
         if args.sweep in SWEEPS and SWEEPS[args.sweep].kind == "collective":
             plan, points = collective_plan(args), []
@@ -191,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
                     models=args.model,
                     impls=args.impl,
                     options=args.option,
+                    world_size=_world_size(args),
                 ),
             )
     except ValueError as e:
@@ -205,10 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     if not launched_by_torchrun():
         if args.nproc_per_node is None:
-            fail(
-                "not launched by torchrun: run `torchrun --standalone --nproc_per_node=N "
-                f"bench/run.py {' '.join(argv)}` or add --nproc-per-node N"
-            )
+            fail(_launch_hint(argv))
         return _self_launch(args.nproc_per_node, _strip_nproc(argv))
 
     if plan is not None:

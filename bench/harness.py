@@ -26,7 +26,7 @@ from bench.profiling import host_bytes_in_use, peak_rss_bytes, profile_steps, re
 from bench.sweeps import Point
 from bench.timing import summarize_times, timed_steps
 from parallel_kernels.models import MODELS, build_model, grad_bytes, param_count
-from parallel_kernels.strategies import STRATEGIES, clip_grad_norm
+from parallel_kernels.strategies import STRATEGIES, clip_grad_norm, data_parallel_coords
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,16 +87,26 @@ def _train_and_measure(
 
     model = build_model(point.model, seed=cfg.seed).to(env.device)
     n_params, n_grad_bytes = param_count(model), grad_bytes(model)
+    # The analytical figures read the plain model, before the strategy rewrites it.
+    plain = dict(model=model, impl=point.impl, tokens=cfg.batch_size * spec.tokens_per_sample)
+    expected = {
+        col: fn(n_params, world, **plain, **point.options) if fn else np.nan
+        for col, fn in (
+            ("comm_bytes_expected", strategy.expected_comm_bytes),
+            ("state_bytes_expected", strategy.expected_state_bytes),
+        )
+    }
     wrapped = strategy.apply(point.impl, model, group=group, device=env.device, **point.options)
     opened.append(wrapped)  # run_point closes what it opened (process subgroups), come what may
     opt = torch.optim.AdamW(wrapped.parameters(), lr=cfg.lr)
-    # Enough samples for several batches per rank, so the sampler really wraps epochs.
-    dataset = spec.dataset(cfg.batch_size * world * 8, cfg.seed)
+    dp_rank, dp_size = data_parallel_coords(wrapped, rank, world)
+    # Enough samples for several batches per replica, so the sampler really wraps epochs.
+    dataset = spec.dataset(cfg.batch_size * dp_size * 8, cfg.seed)
     batches = Batches(
         dataset,
         batch_size=cfg.batch_size,
-        rank=rank,
-        world_size=world,
+        rank=dp_rank,
+        world_size=dp_size,
         device=env.device,
         seed=cfg.seed,
     )
@@ -147,18 +157,12 @@ def _train_and_measure(
     else:
         peak = np.nan
     metrics.update(summarize_times(slowest, fastest))
-    expected = strategy.expected_state_bytes
-    held = state_bytes(wrapped, opt)
-    expected_comm = strategy.expected_comm_bytes
+    held = state_bytes(opt)
     metrics.update(
-        comm_bytes_expected=expected_comm(n_params, world, **point.options)
-        if expected_comm
-        else np.nan,
+        comm_bytes_expected=expected["comm_bytes_expected"],
         **dict(zip(("param_mb", "grad_mb", "optim_mb"), (b / 2**20 for b in held), strict=True)),
         state_mb=sum(held) / 2**20,
-        state_mb_expected=expected(n_params, world, **point.options) / 2**20
-        if expected
-        else np.nan,
+        state_mb_expected=expected["state_bytes_expected"] / 2**20,
         peak_rss_mb=(peak_rss_bytes() or np.nan) / 2**20,
         samples_ms=[float(t) for t in slowest],  # per-step, for run-to-run comparison
         nvml_util_pct=nvml.mean_pct,
@@ -166,7 +170,7 @@ def _train_and_measure(
         params=n_params,
         grad_bytes=n_grad_bytes,
         loss=float(last_loss),
-        samples_per_s=cfg.batch_size * world / (metrics["step_ms_median"] / 1e3),
+        samples_per_s=cfg.batch_size * dp_size / (metrics["step_ms_median"] / 1e3),
     )
     return metrics
 
@@ -175,13 +179,15 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t  # a DTensor's own shard
 
 
-def state_bytes(model: torch.nn.Module, opt: torch.optim.Optimizer) -> tuple[int, int, int]:
-    """Bytes of parameters, of gradients and of optimiser state this rank holds (its shards)."""
+def state_bytes(opt: torch.optim.Optimizer) -> tuple[int, int, int]:
+    """Bytes of parameters, of gradients and of optimiser state this rank holds (its shards),
+    over the parameters the optimiser trains (a wrapper may swap others into its modules)."""
     params = grads = optim = 0
-    for p in model.parameters():
-        params += _local(p).numel() * p.element_size()
-        if p.grad is not None:
-            grads += _local(p.grad).numel() * p.grad.element_size()
+    for group in opt.param_groups:
+        for p in group["params"]:
+            params += _local(p).numel() * p.element_size()
+            if p.grad is not None:
+                grads += _local(p.grad).numel() * p.grad.element_size()
     for state in opt.state.values():
         for v in state.values():
             if torch.is_tensor(v) and v.dim() > 0:

@@ -51,7 +51,7 @@ TRAINING_TABLE = [
     "model", "value", "impl", "status", "step_ms_median", "step_ms_min", "step_ms_max",
     "samples_per_s", "compute_ms", "comm_ms", "overlap_pct", "exposed_comm_ms", "idle_ms",
     "compute_comm_ratio", "compute_share_pct", "gpu_util_pct", "comm_calls_per_step",
-    "comm_bytes_per_step", "peak_mem_mb",
+    "comm_bytes_per_step", "comm_bytes_expected", "peak_mem_mb",
 ]  # fmt: skip
 COLLECTIVE_TABLE = [
     "collective", "op", "dtype", "size_bytes", "count", "impl", "time_us", "algbw_GBps",
@@ -153,6 +153,8 @@ def _training_sections(meta: dict, df: pd.DataFrame) -> list[str]:
             and not (figs.is_numeric(ok["value"]))
         ):
             parts += ["<h2>Memory</h2>", figs.memory_figure(ok)]
+        if "comm_bytes_expected" in ok and ok["comm_bytes_expected"].nunique() > 1:
+            parts += ["<h2>Communication</h2>", figs.comm_figure(ok, sweep)]
         if "window_ms" in ok:
             parts += ["<h2>Rules of thumb</h2>", figs.health_figure(ok)]
     best = set(ok.groupby(["model", "impl"])["step_ms_median"].idxmin()) if len(ok) else set()

@@ -61,8 +61,11 @@ def step_time_figure(ok: pd.DataFrame, sweep: str) -> str:
             else:
                 x = [names.index(v) + (k - (len(impls) - 1) / 2) * width for v in g["value"]]
                 ax.bar(x, g["step_ms_median"], width, yerr=err, capsize=3, label=impl)
-        if numeric:
-            ax.set_xscale("log")
+        if numeric:  # a log axis, ticked at the swept values themselves
+            ax.set_xscale("log", base=2)
+            ticks = sorted(set(ok["value"]))
+            ax.set_xticks(ticks, [fmt_value(v) for v in ticks], fontsize=8)
+            ax.minorticks_off()
         else:
             ax.set_xticks(range(len(names)), names, fontsize=8)
         ax.set_xlabel(sweep)
@@ -145,9 +148,39 @@ def memory_figure(ok: pd.DataFrame) -> str:
     fig.tight_layout()
     return _png(
         fig,
-        "Memory per sharding strategy: what each rank holds (parameters, gradients, "
+        "Memory per point: what each rank holds (parameters, gradients, "
         "optimiser state) next to the ZeRO paper's figure, and the peak of tensor memory "
         "during a step, per implementation.",
+    )
+
+
+def comm_figure(ok: pd.DataFrame, sweep: str) -> str:
+    """Per value and implementation: the bytes one rank hands to collectives per step, read
+    from the traces, with the analytical figure marked on each bar."""
+    names = list(dict.fromkeys(ok["value"]))
+    models = list(dict.fromkeys(ok["model"]))
+    fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 3.8), squeeze=False)
+    for ax, model in zip(axes[0], models, strict=True):
+        g = ok[ok["model"] == model]
+        impls = list(dict.fromkeys(g["impl"]))
+        width = 0.8 / max(1, len(impls))
+        for k, impl in enumerate(impls):
+            gi = g[g["impl"] == impl]
+            x = [names.index(v) + (k - (len(impls) - 1) / 2) * width for v in gi["value"]]
+            ax.bar(x, gi["comm_bytes_per_step"] / 1e6, width, label=impl)
+            ax.scatter(x, gi["comm_bytes_expected"] / 1e6, marker="_", s=300, color="black",
+                       label="analytical" if k == 0 else None, zorder=3)  # fmt: skip
+        ax.set_xticks(range(len(names)), [fmt_value(v) for v in names], fontsize=8)
+        ax.set_xlabel(sweep)
+        ax.set_ylabel("MB per step and rank (traces)")
+        ax.set_title(model)
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=7)
+    return _png(
+        fig,
+        f"Communication per step against {sweep}: bytes one rank hands to collectives, "
+        "read from the traces, one bar per implementation; the black marks are the "
+        "analytical figures.",
     )
 
 

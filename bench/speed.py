@@ -2,13 +2,15 @@
 
     torchrun --standalone --nproc_per_node=2 bench/speed.py                 # DDP, wide_mlp
     torchrun --standalone --nproc_per_node=2 bench/speed.py --strategy fsdp  # FULL_SHARD
+    torchrun --standalone --nproc_per_node=2 bench/speed.py --strategy tp    # TP degree 2
 
 Implementations are interleaved round by round (native, reference, ..., native, ...) so that
 machine drift hits them alike; each round builds the model afresh, warms up, and times steps
 with the harness's timing (slowest rank per step). The figure printed is the median over rounds
 of each implementation's median step time, and their ratio. Peak memory is the peak of tensor
 bytes allocated from before the model exists to the end of two steps (the profiler's allocation
-tracking, which counts every tensor), the largest over ranks.
+tracking, which counts every tensor), the largest over ranks. Communication per step is read
+from a profiled run of each implementation (the bytes the traces record), and compared.
 """
 
 from __future__ import annotations
@@ -25,14 +27,17 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from bench import analysis
 from bench.analysis import load_trace, memory_peak_delta
 from bench.data import Batches
 from bench.distenv import init_distributed, rank0_print
+from bench.profiling import profile_steps
 from bench.timing import timed_steps
 from parallel_kernels.models import MODELS, build_model
-from parallel_kernels.strategies import STRATEGIES
+from parallel_kernels.strategies import STRATEGIES, data_parallel_coords
 
-TARGETS = {"ddp": 1.10, "fsdp": 1.20}  # reference/native step-time ratio, from the issues
+TARGETS = {"ddp": 1.10, "fsdp": 1.20, "tp": 1.15}  # reference/native step time, from the issues
+DEFAULT_MODEL = {"ddp": "wide_mlp", "fsdp": "transformer", "tp": "wide_mlp"}
 
 
 def build(impl: str, args, env):
@@ -73,17 +78,15 @@ def peak_memory(impl: str, args, env) -> float:
     return t.item()
 
 
-def measure(impl: str, args, env) -> float:
+def _trainer(impl: str, args, env):
+    """(wrapped model, one training step)."""
     spec = MODELS[args.model]
     wrapped = build(impl, args, env)
     opt = torch.optim.AdamW(wrapped.parameters(), lr=1e-3)
-    data = spec.dataset(args.batch_size * env.world_size * 8, 0)
+    dp_rank, dp_size = data_parallel_coords(wrapped, env.rank, env.world_size)
+    data = spec.dataset(args.batch_size * dp_size * 8, 0)
     batches = Batches(
-        data,
-        batch_size=args.batch_size,
-        rank=env.rank,
-        world_size=env.world_size,
-        device=env.device,
+        data, batch_size=args.batch_size, rank=dp_rank, world_size=dp_size, device=env.device
     )
 
     def step() -> None:
@@ -92,11 +95,27 @@ def measure(impl: str, args, env) -> float:
         spec.loss(wrapped(x), y).backward()
         opt.step()
 
+    return wrapped, step
+
+
+def measure(impl: str, args, env) -> float:
+    wrapped, step = _trainer(impl, args, env)
     for _ in range(args.warmup):
         step()
     slowest, _ = timed_steps(step, args.steps, device=env.device, group=None)
     close(wrapped)
     return float(np.median(slowest))
+
+
+def comm_bytes(impl: str, args, env) -> float:
+    """Bytes this rank hands to collectives per step, read from a profiled run's trace."""
+    wrapped, step = _trainer(impl, args, env)
+    with tempfile.TemporaryDirectory() as tmp:
+        path, _ = profile_steps(step, trace_dir=Path(tmp), worker_name=f"rank{env.rank}",
+                                device=env.device, wait=1, warmup=1, active=2)  # fmt: skip
+        metrics = analysis.summarize(analysis.breakdown(load_trace(path)))
+    close(wrapped)
+    return float(metrics["comm_bytes_per_step"])
 
 
 def parse_option(text: str) -> tuple[str, object]:
@@ -125,8 +144,11 @@ def main() -> int:
     p.add_argument("--impl", help="comma list (default: every implementation of the strategy)")
     args = p.parse_args()
     strategy = STRATEGIES[args.strategy]
-    args.model = args.model or ("wide_mlp" if args.strategy == "ddp" else "transformer")
-    args.options = {k: v for k, v in strategy.options.items() if v is not None} | dict(args.option)
+    args.model = args.model or DEFAULT_MODEL.get(args.strategy, "transformer")
+    defaults = {k: v for k, v in strategy.options.items() if v is not None}
+    if args.strategy == "tp":
+        defaults["tp_degree"] = 2  # the issue's comparison: degree 2
+    args.options = defaults | dict(args.option)
     env = init_distributed()
     impls = args.impl.split(",") if args.impl else list(strategy.impls)
     times: dict[str, list[float]] = {i: [] for i in impls}
@@ -138,6 +160,7 @@ def main() -> int:
             + ", ".join(f"{i} {times[i][-1]:.1f} ms" for i in impls)
         )
     peaks = {i: peak_memory(i, args, env) for i in impls}
+    comm = {i: comm_bytes(i, args, env) for i in impls}
     med = {i: float(np.median(t)) for i, t in times.items()}
     opts = ", ".join(f"{k}={v}" for k, v in args.options.items())
     rank0_print(
@@ -147,7 +170,9 @@ def main() -> int:
     for i in impls:
         rank0_print(
             f"  {i:<22} median step {med[i]:8.2f} ms  peak memory "
-            f"{peaks[i] / 2**20:8.1f} MB  (rounds: " + ", ".join(f"{t:.1f}" for t in times[i]) + ")"
+            f"{peaks[i] / 2**20:8.1f} MB  comm {comm[i] / 1e6:8.2f} MB/step  (rounds: "
+            + ", ".join(f"{t:.1f}" for t in times[i])
+            + ")"
         )
     if "native" in med and "reference" in med:
         ratio, target = med["reference"] / med["native"], TARGETS[args.strategy]
@@ -157,6 +182,11 @@ def main() -> int:
         )
         rank0_print(
             f"reference/native peak-memory ratio: {peaks['reference'] / peaks['native']:.3f}"
+        )
+    if "naive" in med and "reference" in med:
+        rank0_print(
+            f"naive/reference communication bytes per step: {comm['naive'] / comm['reference']:.2f}"
+            f", step time: {med['naive'] / med['reference']:.3f} (what Megatron's pairing saves)"
         )
     if "reference_nooverlap" in med and "reference" in med:
         rank0_print(

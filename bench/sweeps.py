@@ -35,6 +35,53 @@ def sharding_strategy(text: str) -> str:
     return name
 
 
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise ValueError(f"{text!r} must be a positive integer")
+    return value
+
+
+def _tp_degree(degree: int, world: int) -> dict[str, Any]:
+    if world % degree:
+        raise ValueError(f"TP degree {degree} does not divide the world size {world}")
+    return {"tp_degree": degree}
+
+
+MESH_LAYOUTS = ("dp", "tp", "ddp_tp", "fsdp_tp")
+
+
+def mesh_layout(text: str) -> str:
+    name = text.strip().lower()
+    m = re.fullmatch(r"(dp|tp|ddp_tp|fsdp_tp)(\d*)", name)
+    if not m or (m.group(2) and m.group(1) in ("dp", "tp")):
+        raise ValueError(
+            f"{text!r} is not a mesh layout (dp, tp, ddp_tp, fsdp_tp; the last two may name "
+            "their TP degree, e.g. fsdp_tp2)"
+        )
+    return name
+
+
+def _mesh(layout: str, world: int) -> dict[str, Any]:
+    """The (tp_degree, dp_shard) options of a layout: pure DP, pure TP, or DDP/FSDP x TP on a
+    2-D mesh (TP degree 2 unless named)."""
+    kind = layout.rstrip("0123456789")
+    if kind == "dp":
+        return {"tp_degree": 1, "dp_shard": False}
+    if kind == "tp":
+        return {"tp_degree": world, "dp_shard": False}
+    degree = int(layout[len(kind) :] or 2)
+    if degree < 2 or world % degree or world // degree < 2:
+        raise ValueError(
+            f"mesh {layout} needs a TP degree of 2 or more that divides the world size "
+            f"{world} into 2 or more data-parallel replicas"
+        )
+    return {"tp_degree": degree, "dp_shard": kind == "fsdp_tp"}
+
+
 @dataclass(frozen=True, kw_only=True)
 class Sweep:
     name: str
@@ -45,6 +92,25 @@ class Sweep:
     default_values: tuple[str, ...] = ()
     parse: Callable[[str], Any] = str
     default_models: tuple[str, ...] = ()
+    # (value, world size) -> the options a value sets; raises ValueError when the value cannot
+    # run at that world size. Default: {option: value}. Default values that cannot run at the
+    # world size are left out (TP degrees up to the world size).
+    expand: Callable[[Any, int], dict[str, Any]] | None = None
+    sets: tuple[str, ...] = ()  # options the sweep sets (default: option): --option cannot
+
+    def options_for(self, value: Any, world: int | None) -> dict[str, Any]:
+        if self.expand is None:
+            return {self.option: value}
+        if world is None:
+            raise ValueError(f"the {self.name} sweep needs the world size")
+        return self.expand(value, world)
+
+    def fits(self, value: Any, world: int | None) -> bool:
+        try:
+            self.options_for(value, world)
+        except ValueError:
+            return False
+        return True
 
 
 SWEEPS: dict[str, Sweep] = {
@@ -69,6 +135,29 @@ SWEEPS: dict[str, Sweep] = {
             default_values=("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"),
             parse=sharding_strategy,
             default_models=("transformer",),
+        ),
+        Sweep(
+            name="tp_degree",
+            description="tensor-parallel degree (1, 2, 4 up to the world size; the rest of the "
+            "ranks data parallel), native DTensor, Megatron reference and the naive layer",
+            strategy="tp",
+            option="tp_degree",
+            default_values=("1", "2", "4"),
+            parse=positive_int,
+            default_models=("wide_mlp", "transformer"),
+            expand=_tp_degree,
+        ),
+        Sweep(
+            name="mesh",
+            description="layouts of the ranks: pure data parallel (dp), pure tensor parallel "
+            "(tp), DDP x TP and FSDP x TP on a 2-D mesh (ddp_tp, fsdp_tp; 4 ranks or more)",
+            strategy="tp",
+            option="mesh",
+            default_values=MESH_LAYOUTS,
+            parse=mesh_layout,
+            default_models=("transformer",),
+            expand=_mesh,
+            sets=("tp_degree", "dp_shard"),
         ),
         Sweep(
             name="message_size",
@@ -156,9 +245,9 @@ def _option_value(text: str):
     return text.strip()
 
 
-def parse_options(items: list[str], known: dict, swept: str) -> dict:
+def parse_options(items: list[str], known: dict, swept: tuple[str, ...]) -> dict:
     """``KEY=VALUE`` strategy options fixed for the whole sweep (numbers and true/false are
-    converted); the swept option itself cannot be fixed."""
+    converted); the options the sweep sets cannot be fixed."""
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -166,7 +255,7 @@ def parse_options(items: list[str], known: dict, swept: str) -> dict:
             raise ValueError(f"--option {item!r} is not KEY=VALUE")
         if key not in known:
             raise ValueError(f"unknown option {key!r} (known: {', '.join(known)})")
-        if key == swept:
+        if key in swept:
             raise ValueError(f"--option {key} is what the sweep varies: use --values")
         out[key] = _option_value(value)
     return out
@@ -179,8 +268,10 @@ def build_points(
     models: str | None = None,
     impls: str | None = None,
     options: list[str] | None = None,
+    world_size: int | None = None,
 ) -> list[Point]:
-    """Every point of a sweep, implementations interleaved per value (so drift hits both)."""
+    """Every point of a sweep, implementations interleaved per value (so drift hits both).
+    ``world_size``: what the sweep checks its values against (TP degrees, mesh layouts)."""
     if sweep_name not in SWEEPS:
         raise ValueError(f"unknown sweep {sweep_name!r} (known: {', '.join(SWEEPS)})")
     sweep = SWEEPS[sweep_name]
@@ -194,7 +285,15 @@ def build_points(
             parsed.append(sweep.parse(v))
         except ValueError as e:
             raise ValueError(f"bad value for --sweep {sweep.name}: {e}") from None
-    fixed = parse_options(options or [], strategy.options, sweep.option)
+    if not values and sweep.expand is not None:
+        parsed = [v for v in parsed if sweep.fits(v, world_size)]
+    set_by_value = []
+    for v in parsed:
+        try:
+            set_by_value.append(sweep.options_for(v, world_size))
+        except ValueError as e:
+            raise ValueError(f"bad value for --sweep {sweep.name}: {e}") from None
+    fixed = parse_options(options or [], strategy.options, sweep.sets or (sweep.option,))
     model_names = parse_list(models, "model", MODELS) if models else list(sweep.default_models)
     impl_names = (
         parse_list(impls, "implementation", strategy.impls)
@@ -208,9 +307,9 @@ def build_points(
             value=v,
             impl=i,
             strategy=strategy.name,
-            options={**fixed, sweep.option: v},
+            options={**fixed, **opts},
         )
         for m in model_names
-        for v in parsed
+        for v, opts in zip(parsed, set_by_value, strict=True)
         for i in impl_names
     ]

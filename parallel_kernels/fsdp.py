@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.profiler import record_function
 
 from parallel_kernels.ddp import CommStats
 
@@ -138,11 +139,13 @@ class _Unit:
         if self.prefetched is not None:
             full, work = self.prefetched
             self.prefetched = None
-            work.wait()
+            with record_function("fsdp:wait_all_gather"):
+                work.wait()
             return full
         full = torch.empty(self.padded, dtype=shard.dtype, device=shard.device)
         self.stats.add(full)
-        _all_gather(full, shard.contiguous(), group=g.shard)
+        with record_function("fsdp:wait_all_gather"):
+            _all_gather(full, shard.contiguous(), group=g.shard)
         return full
 
     def prefetch(self) -> None:
@@ -166,10 +169,12 @@ class _Unit:
                 self.padded // g.shard_size, dtype=grad_full.dtype, device=grad_full.device
             )
             self.stats.add(grad_full)
-            _reduce_scatter(grad, grad_full, op=dist.ReduceOp.SUM, group=g.shard)
+            with record_function("fsdp:wait_reduce_scatter"):
+                _reduce_scatter(grad, grad_full, op=dist.ReduceOp.SUM, group=g.shard)
         if g.n // g.shard_size > 1:
             self.stats.add(grad)
-            dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=g.replicate)
+            with record_function("fsdp:wait_all_reduce"):
+                dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=g.replicate)
         # reduced in the compute dtype (as FSDP's reduce_dtype = param_dtype), kept in fp32
         return grad.to(self.shard.dtype).div_(g.n)
 
@@ -230,6 +235,15 @@ class _Gather(torch.autograd.Function):
             else:
                 part.copy_(g.reshape(-1))
         return unit.reduce_grad(grad_full), None
+
+
+def fsdp_units(model: nn.Module) -> list[nn.Module]:
+    """The submodules that get a flat parameter each: transformer blocks, or the linear layers
+    of an MLP; the root takes the rest (embeddings, final norm, head)."""
+    blocks = getattr(model, "blocks", None)
+    if blocks is not None:
+        return list(blocks)
+    return [m for m in model.modules() if isinstance(m, nn.Linear)]
 
 
 def unit_params(module: nn.Module, units: list[nn.Module]):

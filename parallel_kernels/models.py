@@ -43,26 +43,36 @@ def wide_mlp() -> MLP:
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block: causal self-attention then a 4x MLP."""
+    """Pre-norm transformer block: causal self-attention then a 4x MLP.
+
+    Queries, keys and values are separate layers and the forward reads the number of heads from
+    the tensors (``head_dim`` is fixed), so that a tensor-parallel rewrite can split the heads
+    across ranks by splitting the rows of q, k and v, without the block knowing (as torchtitan's
+    plain models do)."""
 
     def __init__(self, dim: int, heads: int) -> None:
         super().__init__()
         if dim % heads:
             raise ValueError(f"dim {dim} is not divisible by heads {heads}")
         self.heads = heads
+        self.head_dim = dim // heads
         self.ln1 = nn.LayerNorm(dim)
-        self.qkv = nn.Linear(dim, 3 * dim)
+        self.q = nn.Linear(dim, dim)
+        self.k = nn.Linear(dim, dim)
+        self.v = nn.Linear(dim, dim)
         self.proj = nn.Linear(dim, dim)
         self.ln2 = nn.LayerNorm(dim)
         self.fc1 = nn.Linear(dim, 4 * dim)
         self.fc2 = nn.Linear(4 * dim, dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
-        q, k, v = (t.view(b, s, self.heads, d // self.heads).transpose(1, 2) for t in (q, k, v))
+        b, s, _ = x.shape
+        h = self.ln1(x)
+        q, k, v = (
+            lin(h).view(b, s, -1, self.head_dim).transpose(1, 2) for lin in (self.q, self.k, self.v)
+        )
         att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(att.transpose(1, 2).reshape(b, s, d))
+        x = x + self.proj(att.transpose(1, 2).reshape(b, s, -1))
         return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
 
 
@@ -119,6 +129,9 @@ class ModelSpec:
     build: Callable[[], nn.Module]
     dataset: Callable[[int, int], TensorDataset]  # (samples, seed) -> dataset
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    # Activation rows per sample (the sequence length of a language model, else 1): tensor
+    # parallelism moves batch x tokens_per_sample x hidden elements per collective.
+    tokens_per_sample: int = 1
 
 
 MODELS: dict[str, ModelSpec] = {
@@ -144,6 +157,7 @@ MODELS: dict[str, ModelSpec] = {
             build=Transformer,
             dataset=_token_data,
             loss=_lm_loss,
+            tokens_per_sample=64,
         ),
     )
 }

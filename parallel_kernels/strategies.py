@@ -22,7 +22,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 from parallel_kernels.ddp import ReferenceDDP
 from parallel_kernels.fsdp import STRATEGIES as SHARDING_STRATEGIES
-from parallel_kernels.fsdp import ReferenceFSDP, shard_group_size
+from parallel_kernels.fsdp import ReferenceFSDP, fsdp_units, shard_group_size
+from parallel_kernels.mesh import MeshParallel, apply_native_tp, apply_reference_tp
+from parallel_kernels.mesh import expected_comm_bytes as mesh_comm_bytes
+from parallel_kernels.mesh import expected_state_bytes as mesh_state_bytes
 
 ApplyFn = Callable[..., nn.Module]
 
@@ -54,15 +57,6 @@ def apply_reference_ddp(
 ) -> nn.Module:
     del device  # buckets live where the parameters live
     return ReferenceDDP(model, group=group, bucket_cap_mb=bucket_cap_mb, overlap=overlap)
-
-
-def fsdp_units(model: nn.Module) -> list[nn.Module]:
-    """The submodules that get a flat parameter each: transformer blocks, or the linear layers
-    of an MLP; the root takes the rest (embeddings, final norm, head)."""
-    blocks = getattr(model, "blocks", None)
-    if blocks is not None:
-        return list(blocks)
-    return [m for m in model.modules() if isinstance(m, nn.Linear)]
 
 
 def _check_strategy(strategy: str) -> None:
@@ -242,6 +236,14 @@ def fsdp_full_parameters(model: nn.Module) -> list[torch.Tensor]:
     ]
 
 
+def data_parallel_coords(model: nn.Module, rank: int, world: int) -> tuple[int, int]:
+    """(index, size) of this rank's data-parallel replica: ranks of one tensor-parallel group
+    must read the same batch."""
+    if isinstance(model, MeshParallel):
+        return model.dp_rank, model.dp_size
+    return rank, world
+
+
 def zero_state_bytes(psi: int, n: int, strategy: str, shard_size: int | None = None) -> float:
     """Per-rank bytes of parameters, gradients and AdamW state in fp32 training, after the ZeRO
     paper's accounting (Rajbhandari et al. 2020, section 5) with fp32 everywhere: 4 bytes of
@@ -296,10 +298,12 @@ class Strategy:
     # catch a run whose replicas silently diverged.
     replicated: Callable[[nn.Module], list[torch.Tensor]] = lambda m: all_parameters(m)
     # Bytes of parameters, gradients and optimiser state one rank holds, by the ZeRO paper's
-    # accounting: (params, world size, options) -> bytes.
+    # accounting: (params, world size, *, model, impl, tokens, **options) -> bytes, where model
+    # is the plain model before the strategy rewrites it and tokens the activation rows of one
+    # rank's batch.
     expected_state_bytes: Callable[..., float] | None = None
-    # Payload bytes per step as the backend records them (each collective's input):
-    # (params, world size, options) -> bytes.
+    # Payload bytes per step as the backend records them (each collective's input), same
+    # arguments.
     expected_comm_bytes: Callable[..., float] | None = None
 
     def apply(self, impl: str, model: nn.Module, **kwargs: Any) -> nn.Module:
@@ -344,6 +348,22 @@ STRATEGIES: dict[str, Strategy] = {
             replicated=fsdp_full_parameters,
             expected_state_bytes=_fsdp_expected_state_bytes,
             expected_comm_bytes=_fsdp_expected_comm_bytes,
+        ),
+        Strategy(
+            name="tp",
+            description="tensor parallel (Megatron column/row layers) over a (dp, tp) mesh, "
+            "data parallel (DDP, or FSDP with dp_shard) over the rest of the ranks",
+            impls={
+                "native": apply_native_tp,
+                "reference": apply_reference_tp,
+                # The seed's column layer that all-gathers its output: what pairing saves.
+                "naive": partial(apply_reference_tp, naive=True),
+            },
+            options={"tp_degree": 1, "dp_shard": False},
+            default_impls=("native", "reference", "naive"),
+            replicated=lambda m: list(m.full_state().values()),
+            expected_state_bytes=mesh_state_bytes,
+            expected_comm_bytes=mesh_comm_bytes,
         ),
     )
 }

@@ -66,6 +66,21 @@ def run_main(args, capsys) -> tuple[int, str]:
         (["--sweep", "message_size", "-n", "0"], "must be at least 1"),
         (["--sweep", "message_size", "--impl", "nccl"], "unknown implementation nccl"),
         (["--sweep", "message_size"], "not launched by torchrun"),
+        (["--sweep", "tp_degree"], "not launched by torchrun"),
+        (
+            ["--sweep", "tp_degree", "--values", "1,3", "--nproc-per-node", "4"],
+            "TP degree 3 does not divide the world size 4",
+        ),
+        (["--sweep", "tp_degree", "--values", "0", "--nproc-per-node", "2"], "positive integer"),
+        (
+            ["--sweep", "mesh", "--values", "fsdp_tp", "--nproc-per-node", "2"],
+            "needs a TP degree of 2 or more that divides the world size 2",
+        ),
+        (["--sweep", "mesh", "--values", "zigzag", "--nproc-per-node", "4"], "not a mesh layout"),
+        (
+            ["--sweep", "mesh", "--option", "tp_degree=2", "--nproc-per-node", "4"],
+            "use --values",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, message, capsys):
@@ -106,3 +121,19 @@ def test_no_traceback_from_a_real_process():
         "positive number"
     )
     assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+def test_tp_sweeps_fit_their_defaults_to_the_world_size():
+    from bench.sweeps import build_points
+
+    def values(sweep, world):
+        return sorted({p.value for p in build_points(sweep, world_size=world)}, key=str)
+
+    assert values("tp_degree", 2) == [1, 2]
+    assert values("tp_degree", 4) == [1, 2, 4]
+    assert values("mesh", 2) == ["dp", "tp"]
+    assert values("mesh", 4) == ["ddp_tp", "dp", "fsdp_tp", "tp"]
+    points = build_points("mesh", world_size=8, values="tp,fsdp_tp4")
+    by_value = {p.value: p.options for p in points}
+    assert by_value == {"tp": {"tp_degree": 8, "dp_shard": False},
+                        "fsdp_tp4": {"tp_degree": 4, "dp_shard": True}}  # fmt: skip

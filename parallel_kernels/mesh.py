@@ -1,0 +1,336 @@
+"""Two-dimensional parallelism applied to a plain model: data parallel x tensor parallel.
+
+``MeshDims`` (after torchtitan's ``ParallelDims``) is the one place that checks the degrees
+against the world size and lays the ranks out: a (dp, tp) grid in row-major order, so that the
+ranks of one TP group are consecutive (on a GPU node they share the fastest links) and each DP
+group takes one rank from every TP group. The apply functions return a ``MeshParallel``, which
+the harness drives like any other wrapped model and asks for the data-parallel coordinates
+(ranks of one TP group must read the same batch) and for the full parameters.
+
+The data-parallel dimension replicates (DDP) or shards (FSDP's FULL_SHARD); over it the
+reference uses ``ReferenceDDP``/``ReferenceFSDP`` on the TP-rewritten model and the native
+implementation uses ``DistributedDataParallel``/``fully_shard`` on the DTensor model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from parallel_kernels.ddp import ReferenceDDP
+from parallel_kernels.fsdp import ReferenceFSDP, fsdp_units
+from parallel_kernels.tensor_parallel import (
+    COLWISE,
+    COPY,
+    ROWWISE,
+    apply_plan,
+    check_degree,
+    comm_elements,
+    local_param_count,
+    plan_for,
+    shard_dims,
+    tp_plan,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeshDims:
+    world: int
+    tp: int = 1
+    dp_shard: bool = False  # the data-parallel dimension shards (FSDP) instead of replicating
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tp, int) or self.tp < 1:
+            raise ValueError(f"TP degree must be a positive integer, got {self.tp!r}")
+        if self.world % self.tp:
+            raise ValueError(f"TP degree {self.tp} does not divide the world size {self.world}")
+
+    @property
+    def dp(self) -> int:
+        return self.world // self.tp
+
+    def coords(self, rank: int) -> tuple[int, int]:
+        """(dp index, tp index) of a rank."""
+        return divmod(rank, self.tp)
+
+    def tp_ranks(self, ranks: list[int]) -> list[list[int]]:
+        return [ranks[i : i + self.tp] for i in range(0, self.world, self.tp)]
+
+    def dp_ranks(self, ranks: list[int]) -> list[list[int]]:
+        return [ranks[j :: self.tp] for j in range(self.tp)]
+
+    def describe(self) -> str:
+        dp = f"{'FSDP' if self.dp_shard else 'DDP'} {self.dp}"
+        return f"{dp} x TP {self.tp}"
+
+
+class MeshParallel(nn.Module):
+    """A model parallelised over a (dp, tp) mesh; forward goes to the wrapped module."""
+
+    def __init__(
+        self,
+        module: nn.Module,
+        model: nn.Module,
+        *,
+        dims: MeshDims,
+        rank: int,
+        tp_group,
+        shard_dims: dict[str, int],
+        owned: list,
+    ) -> None:
+        super().__init__()
+        self.module = module
+        self.dims = dims
+        self.dp_rank, self.tp_rank = dims.coords(rank)
+        self.tp_group = tp_group
+        self.shard_dims = shard_dims
+        self._model = [model]  # the plain model, rewritten in place (a list: not a submodule)
+        # The parameters as the optimiser sees them, by name. PyTorch's DDP x TP transform
+        # swaps new Parameter objects (same storage) into the modules after every forward;
+        # the gradients land on these.
+        self._params = dict(model.named_parameters())
+        self._owned = owned
+
+    @property
+    def dp_size(self) -> int:
+        return self.dims.dp
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    @torch.no_grad()
+    def full_state(self) -> dict[str, torch.Tensor]:
+        """Every parameter of the plain model in full, by name (collectives on every rank):
+        the DP dimension gathered first (FSDP), then the TP slices along their split dims."""
+        model = self._model[0]
+        if isinstance(self.module, ReferenceFSDP):
+            buffers = dict(model.named_buffers())
+            state = self.module.full_state_dict(rank0_only=False)
+            state = {k: v for k, v in state.items() if k not in buffers}
+        else:
+            state = {k: p.detach() for k, p in self._params.items()}
+        return {name: self._full(name, t) for name, t in state.items()}
+
+    @torch.no_grad()
+    def full_grads(self) -> dict[str, torch.Tensor]:
+        """Every parameter's gradient in full, by name (collectives on every rank); for a
+        replicating DP dimension (a sharding one keeps gradients in flat shards)."""
+        if isinstance(self.module, ReferenceFSDP):
+            raise ValueError("gradients of a sharded data-parallel dimension are flat shards")
+        return {
+            name: self._full(name, p.grad) for name, p in self._params.items() if p.grad is not None
+        }
+
+    @torch.no_grad()
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """Scale the gradients so that the whole model's gradient norm is at most ``max_norm``;
+        returns that norm. Squares of split gradients are summed over the TP group, those of
+        replicated ones counted once (every TP rank holds the same); DP replicas are equal
+        after their all-reduce. With a sharding DP dimension, gradients are flat shards that
+        mix split and replicated parameters: not supported."""
+        if self.dims.dp_shard and self.dims.dp > 1:
+            raise ValueError("gradient clipping is not supported with FSDP x TP (dp_shard)")
+        grads = {k: p.grad for k, p in self._params.items() if p.grad is not None}
+        local = {k: g.to_local() if hasattr(g, "to_local") else g for k, g in grads.items()}
+        split = sum((g.float().pow(2).sum() for k, g in local.items() if k in self.shard_dims),
+                    torch.zeros(()))  # fmt: skip
+        replicated = sum((g.float().pow(2).sum() for k, g in local.items()
+                          if k not in self.shard_dims), torch.zeros(()))  # fmt: skip
+        if self.dims.tp > 1:
+            dist.all_reduce(split, group=self.tp_group)
+        total = (split + replicated).sqrt()
+        scale = (max_norm / (total + 1e-6)).clamp(max=1.0)
+        for g in local.values():
+            g.mul_(scale.to(g.dtype))
+        return total
+
+    def _full(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        if hasattr(t, "full_tensor"):
+            return t.full_tensor().detach().clone()
+        if name in self.shard_dims and self.dims.tp > 1:
+            parts = [torch.empty_like(t) for _ in range(self.dims.tp)]
+            dist.all_gather(parts, t.detach().contiguous(), group=self.tp_group)
+            return torch.cat(parts, dim=self.shard_dims[name])
+        return t.detach().clone()
+
+    def close(self) -> None:
+        inner = getattr(self.module, "close", None)
+        if inner is not None:
+            inner()
+        for g in self._owned:
+            dist.destroy_process_group(g)
+        self._owned.clear()
+
+
+def _dims(group, tp_degree: int, dp_shard: bool) -> MeshDims:
+    return MeshDims(world=dist.get_world_size(group), tp=tp_degree, dp_shard=dp_shard)
+
+
+def _groups(group, dims: MeshDims):
+    """(tp group, dp group, groups to destroy) over the ranks of ``group``."""
+    n = dims.world
+    ranks = [dist.get_global_rank(group, r) for r in range(n)] if group else list(range(n))
+    if dims.tp == 1:
+        return None, group, []
+    if dims.dp == 1:
+        return group, None, []
+    tp_pg, owned_tp = dist.new_subgroups_by_enumeration(dims.tp_ranks(ranks))
+    dp_pg, owned_dp = dist.new_subgroups_by_enumeration(dims.dp_ranks(ranks))
+    return tp_pg, dp_pg, [*owned_tp, *owned_dp]
+
+
+def apply_reference_tp(
+    model: nn.Module,
+    *,
+    group: dist.ProcessGroup | None,
+    device: torch.device,
+    tp_degree: int = 1,
+    dp_shard: bool = False,
+    naive: bool = False,
+) -> nn.Module:
+    """Megatron's layers (or the naive ones) over TP groups, then ReferenceDDP (or
+    ReferenceFSDP, FULL_SHARD, one flat parameter per block) over DP groups."""
+    del device
+    dims = _dims(group, tp_degree, dp_shard)
+    plan = plan_for(model, "naive" if naive else "reference", dims.tp)
+    check_degree(model, plan, dims.tp)  # before any group exists: a bad degree fails cleanly
+    dims_of = shard_dims(model, plan) if dims.tp > 1 else {}
+    tp_pg, dp_pg, owned = _groups(group, dims)
+    if dims.tp > 1:
+        apply_plan(model, plan, tp_pg)
+    wrapped = model
+    if dims.dp > 1:
+        wrapped = (
+            ReferenceFSDP(model, fsdp_units(model), strategy="FULL_SHARD", group=dp_pg)
+            if dp_shard
+            else ReferenceDDP(model, group=dp_pg)
+        )
+    return MeshParallel(
+        wrapped,
+        model,
+        dims=dims,
+        rank=dist.get_rank(group),
+        tp_group=tp_pg,
+        shard_dims=dims_of,
+        owned=owned,
+    )
+
+
+def native_plan(plan) -> dict:
+    """DTensor's styles for our plan. A ``copy`` point becomes a ``PrepareModuleOutput`` that
+    leaves the module's output a replicated DTensor, so that q, k and v sum their partial input
+    gradients as DTensors and all-reduce once at that point (torchtitan does the same with
+    ``PrepareModuleInput`` on its attention module), as the reference's shared ``f`` does."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleOutput,
+        RowwiseParallel,
+    )
+
+    styles = {
+        COLWISE: ColwiseParallel,
+        ROWWISE: RowwiseParallel,
+        COPY: lambda: PrepareModuleOutput(
+            output_layouts=Replicate(), desired_output_layouts=Replicate(), use_local_output=False
+        ),
+    }
+    return {name: styles[p.style]() for name, p in plan.items()}
+
+
+def apply_native_tp(
+    model: nn.Module,
+    *,
+    group: dist.ProcessGroup | None,
+    device: torch.device,
+    tp_degree: int = 1,
+    dp_shard: bool = False,
+) -> nn.Module:
+    """``parallelize_module`` with ``ColwiseParallel``/``RowwiseParallel`` over the mesh's
+    "tp" dimension, then ``DistributedDataParallel`` (after PyTorch's DTensor-to-local
+    transform for 2-D) or ``fully_shard`` per block over its "dp" dimension."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import parallelize_module
+    from torch.nn.parallel import DistributedDataParallel
+
+    dims = _dims(group, tp_degree, dp_shard)
+    plan = tp_plan(model)
+    check_degree(model, plan, dims.tp)
+    mesh = init_device_mesh(device.type, (dims.dp, dims.tp), mesh_dim_names=("dp", "tp"))
+    dims_of = shard_dims(model, plan) if dims.tp > 1 else {}
+    if dims.tp > 1:
+        parallelize_module(model, mesh["tp"], native_plan(plan))
+    wrapped = model
+    if dims.dp > 1 and dp_shard:
+        for unit in fsdp_units(model):
+            fully_shard(unit, mesh=mesh["dp"])
+        fully_shard(model, mesh=mesh["dp"])
+    elif dims.dp > 1:
+        if dims.tp > 1:
+            from torch.distributed.tensor.parallel.ddp import _pre_dp_module_transform
+
+            _pre_dp_module_transform(model)
+        device_ids = [device.index] if device.type == "cuda" else None
+        wrapped = DistributedDataParallel(
+            model, process_group=mesh["dp"].get_group(), device_ids=device_ids
+        )
+    return MeshParallel(
+        wrapped,
+        model,
+        dims=dims,
+        rank=dist.get_rank(group),
+        tp_group=mesh["tp"].get_group() if dims.tp > 1 else None,
+        shard_dims=dims_of,
+        owned=[],
+    )
+
+
+def expected_comm_bytes(
+    psi: int,
+    n: int,
+    *,
+    model: nn.Module,
+    impl: str,
+    tokens: int,
+    tp_degree: int = 1,
+    dp_shard: bool = False,
+    **_,
+) -> float:
+    """fp32 payload per step and rank: the TP activations (``comm_elements``) plus the data
+    parallel gradients of this rank's Psi_local parameters: 4 Psi_local all-reduced (DDP), or
+    with FULL_SHARD over dp ranks two all-gathers of 4 Psi_local / dp and a reduce-scatter of
+    4 Psi_local (see ``strategies._fsdp_expected_comm_bytes``)."""
+    del psi
+    dims = MeshDims(world=n, tp=tp_degree, dp_shard=dp_shard)
+    plan = plan_for(model, impl, dims.tp)
+    tp_bytes = 4 * sum(comm_elements(model, plan, tokens, dims.tp).values())
+    local = local_param_count(model, shard_dims(model, plan), dims.tp)
+    if dims.dp == 1:
+        dp_bytes = 0.0
+    elif dp_shard:
+        dp_bytes = 2 * 4 * local / dims.dp + 4 * local
+    else:
+        dp_bytes = 4 * local
+    return tp_bytes + dp_bytes
+
+
+def expected_state_bytes(
+    psi: int,
+    n: int,
+    *,
+    model: nn.Module,
+    impl: str,
+    tp_degree: int = 1,
+    dp_shard: bool = False,
+    **_,
+) -> float:
+    """16 bytes (fp32 parameter, gradient, two AdamW moments) per local parameter, divided by
+    the DP degree when it shards (ZeRO-3)."""
+    del psi
+    dims = MeshDims(world=n, tp=tp_degree, dp_shard=dp_shard)
+    local = local_param_count(model, shard_dims(model, plan_for(model, impl, dims.tp)), dims.tp)
+    return 16 * local / (dims.dp if dp_shard else 1)
