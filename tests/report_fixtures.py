@@ -23,13 +23,17 @@ def make_training_run(
     seed: int = 0,
     failed: dict[tuple[str, float, str], str] | None = None,
     steps: int = 20,
+    sweep: str = "bucket_cap_mb",
+    strategy: str = "ddp",
+    comm: dict[tuple[str, float, str], tuple[float, float]] | None = None,
 ) -> Path:
-    """A bucket_cap_mb run: ``points`` maps (model, value, impl) to a median step time (ms);
-    each point gets ``steps`` samples with 3 % noise."""
+    """A training run (bucket_cap_mb unless ``sweep`` says otherwise): ``points`` maps (model,
+    value, impl) to a median step time (ms); each point gets ``steps`` samples with 3 % noise.
+    ``comm``: (measured, analytical) bytes per step of some points (default 4e7 both)."""
     rng = np.random.default_rng(seed)
     run_dir.mkdir(parents=True)
     write_meta(run_dir / "meta.json", {
-        "run_id": run_dir.name, "sweep": "bucket_cap_mb", "argv": ["--sweep", "bucket_cap_mb"],
+        "run_id": run_dir.name, "sweep": sweep, "argv": ["--sweep", sweep],
         "torch_version": "2.13.0", "backend": "gloo", "device": "cpu", "device_name": "x86_64",
         "world_size": 2, "nodes": 1, "host": "h", "git_commit": "abc",
         "start_time": "2026-01-01T00:00:00Z", "end_time": "2026-01-01T00:01:00Z",
@@ -37,17 +41,19 @@ def make_training_run(
     writer = ResultsWriter(run_dir / "results.csv", TRAINING_COLUMNS + TRAINING_EXTRA_COLUMNS)
     samples = SamplesWriter(run_dir / "samples.csv")
     for (model, value, impl), ms in points.items():
-        point = f"{model}-bucket_cap_mb={value:g}-{impl}"
+        point = f"{model}-{sweep}={value:g}-{impl}"
+        measured, expected = (comm or {}).get((model, value, impl), (4e7, 4e7))
         t = ms * (1 + 0.03 * rng.standard_normal(steps))
         compute = 0.7 * ms if impl == "native" else 0.85 * ms
         writer.append({
-            "sweep": "bucket_cap_mb", "value": value, "impl": impl, "strategy": "ddp",
+            "sweep": sweep, "value": value, "impl": impl, "strategy": strategy,
             "world_size": 2, "status": "ok", "error": "", "step_ms_median": float(np.median(t)),
             "step_ms_min": float(t.min()), "step_ms_max": float(t.max()),
             "samples_per_s": 128 / (ms / 1e3), "window_ms": ms, "compute_ms": compute,
             "comm_ms": 0.3 * ms, "overlap_ms": 0.1 * ms, "exposed_comm_ms": 0.2 * ms,
             "idle_ms": ms - compute - 0.2 * ms, "overlap_pct": 33.3, "compute_comm_ratio": 2.5,
-            "peak_mem_mb": 100.0, "comm_bytes_per_step": 4e7, "comm_calls_per_step": 2,
+            "peak_mem_mb": 100.0, "comm_bytes_per_step": measured, "comm_calls_per_step": 2,
+            "comm_bytes_expected": expected,
             "model": model, "point": point, "backend": "gloo", "device": "cpu",
         })  # fmt: skip
         samples.append_samples(point, list(t))

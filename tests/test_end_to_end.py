@@ -113,3 +113,42 @@ def test_sweep_writes_the_data_contract_and_resumes(tmp_path):
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert resumed.stdout.count("already done, skipped (--resume)") == 4
     assert len(pd.read_csv(out / "results.csv")) == 4
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_tp_degree_sweep_fits_the_world_size_and_counts_its_bytes(tmp_path):
+    """Default degrees 1, 2, 4 at 2 ranks: 1 and 2 run; bytes from the traces are the
+    analytical ones (data-parallel gradients at degree 1, Megatron's all-reduces at 2)."""
+    out = tmp_path / "tp"
+    proc = launch(
+        [
+            sys.executable,
+            "bench/run.py",
+            "--sweep",
+            "tp_degree",
+            "--model",
+            "mlp",
+            "--impl",
+            "reference,native",
+            "--steps",
+            "3",
+            "--warmup-steps",
+            "1",
+            "--profile-steps",
+            "1",
+            "--point-timeout",
+            "30",
+            "--nproc-per-node",
+            "2",
+            "--out",
+            str(out),
+            "--no-report",
+        ],  # fmt: skip
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    df = pd.read_csv(out / "results.csv")
+    assert sorted(df["value"].unique()) == [1, 2] and set(df["status"]) == {"ok"}
+    assert (df["comm_bytes_per_step"] == df["comm_bytes_expected"]).all()
+    assert (df.loc[df["value"] == 2, "comm_calls_per_step"] == 1).all()  # one row all-reduce

@@ -92,3 +92,19 @@ def test_mann_whitney_u_matches_the_textbook():
     u_ab, p_ab = mann_whitney_u(a, b + 1)
     u_ba, p_ba = mann_whitney_u(b + 1, a)
     assert u_ab + u_ba == 30 * 30 and p_ab == pytest.approx(p_ba)
+
+
+def test_tensor_parallel_report_draws_communication_against_the_analytical_figure(tmp_path):
+    points, comm = {}, {}
+    for degree, ms in ((1, 150.0), (2, 60.0), (4, 40.0)):
+        for impl, factor in (("native", 1.0), ("reference", 1.0), ("naive", 2.25)):
+            points[("wide_mlp", degree, impl)] = ms * (1.1 if impl == "naive" else 1.0)
+            expected = 4e7 if degree == 1 else 1.05e6 * factor * degree / 2
+            comm[("wide_mlp", degree, impl)] = (expected, expected)
+    run = make_training_run(tmp_path / "tp", points, sweep="tp_degree", strategy="tp", comm=comm)
+    page = write_report(run, tmp_path / "reports")[0].read_text()
+    assert "<h2>Communication</h2>" in page
+    imgs = re.findall(r'<img alt="([^"]+)" src="data:image/png;base64,', page)
+    assert any("analytical" in alt and "tp_degree" in alt for alt in imgs)
+    assert "best <b>tp_degree=4</b>" in page and "the default 1 takes" in page
+    assert "<th scope='col'>comm_bytes_expected</th>" in page
