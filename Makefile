@@ -1,4 +1,5 @@
 # make test     set up .venv (torch CPU build 2.13.0 on CPU machines) and run lint + tests
+# make bench    the pytest-benchmark set with statistics, saved under .benchmarks/
 # make sweep    set up .venv and run the DDP bucket sweep on 2 ranks, with its report
 # GPU machines: install your own CUDA torch into .venv first and pass TORCH= (see README).
 PY ?= python3
@@ -15,7 +16,7 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install -q $(TORCH) -e '.[test]'
 	touch $@
 
-.PHONY: setup browser test sweep tensorboard
+.PHONY: setup browser test bench sweep tensorboard
 setup: $(BIN)/.installed browser
 
 # Headless Chromium for the report's browser test (Debian's package; needs apt-get as root).
@@ -26,9 +27,15 @@ browser:
 	  --no-install-recommends chromium >/dev/null; } || \
 	echo "Chromium could not be installed: the report's browser test will be skipped"
 
+# Benchmarks run once each here (--benchmark-disable) and the reference/native gate measures
+# for real; `make bench` gives the benchmarks their rounds and statistics.
 test: $(BIN)/.installed browser
 	$(BIN)/ruff check .
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest --benchmark-disable
+
+# make bench ARGS="--benchmark-compare --benchmark-compare-fail=median:15%"
+bench: $(BIN)/.installed
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest tests/benchmarks --benchmark-autosave $(ARGS)
 
 sweep: $(BIN)/.installed
 	OMP_NUM_THREADS=1 $(BIN)/torchrun --standalone --nproc_per_node=$(NPROC) bench/run.py --sweep $(SWEEP) $(ARGS)

@@ -144,7 +144,7 @@ def test_tp_degree_sweep_fits_the_world_size_and_counts_its_bytes(tmp_path):
             "--out",
             str(out),
             "--no-report",
-        ],  # fmt: skip
+        ],
         timeout=240,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -1,0 +1,84 @@
+"""The regression gate CI runs: reference against native, measured in one run.
+
+Machines differ and are noisy, so absolute times are not compared with a stored baseline here
+(pytest-benchmark's ``--benchmark-compare-fail`` does that on one machine, see the README).
+Instead each gate times the reference and the native kernel in interleaved rounds in the same
+launch and compares their ratio with a committed limit: busbw reference / native for
+collectives (higher is better), step time reference / native for training (lower is better).
+The limits sit below (above) what this suite measures on a 2-core CPU machine with room for
+its noise: they catch a kernel that got markedly slower, not a few percent. A gate that fails
+is measured again with more rounds (``test_gate.py``) and fails only if it fails twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tests.benchmarks import workloads
+
+
+@dataclass(frozen=True)
+class Gate:
+    name: str
+    kind: str  # "collective" or "train"
+    args: tuple  # (collective, bytes) or (workload,)
+    limit: float  # busbw ratio >= limit, or step-time ratio <= limit
+    iters: int  # iterations per round
+
+
+# Measured here (2 ranks, gloo, 2 cores, three runs of this gate) as reference/native: busbw
+# all-reduce 16 MiB 1.10-1.29, 4 MiB 0.91-1.24, broadcast 1.04-1.38, all-gather 1.12-2.06,
+# reduce-scatter 1.65-2.24, all-to-all 0.71-1.03; step time DDP 0.80-1.12, FSDP 0.67-0.71,
+# TP 0.76-0.94.
+GATES = [
+    Gate("all_reduce 16MiB", "collective", ("all_reduce", 16 << 20), 0.8, 5),
+    Gate("all_reduce 4MiB", "collective", ("all_reduce", 4 << 20), 0.75, 10),
+    Gate("broadcast 16MiB", "collective", ("broadcast", 16 << 20), 0.75, 5),
+    Gate("all_gather 16MiB", "collective", ("all_gather", 16 << 20), 0.8, 5),
+    Gate("reduce_scatter 16MiB", "collective", ("reduce_scatter", 16 << 20), 1.1, 5),
+    Gate("all_to_all 16MiB", "collective", ("all_to_all", 16 << 20), 0.55, 5),
+    Gate("train step ddp", "train", ("ddp",), 1.5, 20),
+    Gate("train step fsdp", "train", ("fsdp",), 1.0, 10),
+    Gate("train step tp", "train", ("tp",), 1.25, 20),
+]
+
+
+class GateFailure(AssertionError):
+    pass
+
+
+def measure(gate: Gate, pool, rounds: int = 5, slow_s: float = 0.0) -> dict[str, float]:
+    """Median over interleaved rounds of each implementation's figure: busbw (GB/s) for a
+    collective, seconds per step for training. ``slow_s`` slows the reference (tests)."""
+    figures: dict[str, list[float]] = {"native": [], "reference": []}
+    for _ in range(rounds):
+        for impl in figures:
+            if gate.kind == "collective":
+                name, nbytes = gate.args
+                r = pool.run(workloads.collective, name, impl, nbytes, gate.iters, slow_s)[0]
+                figures[impl].append(r["busbw_GBps"])
+            else:
+                r = pool.run(workloads.train_step, gate.args[0], impl, gate.iters, slow_s)[0]
+                figures[impl].append(r["seconds"])
+    return {impl: float(np.median(v)) for impl, v in figures.items()}
+
+
+def check(gate: Gate, figures: dict[str, float]) -> float:
+    """The ratio reference / native; raises ``GateFailure`` naming the kernel and both
+    figures when it is beyond the limit."""
+    ref, native = figures["reference"], figures["native"]
+    ratio = ref / native
+    if gate.kind == "collective":
+        if ratio < gate.limit:
+            raise GateFailure(
+                f"{gate.name}: reference busbw {ref:.3f} GB/s is {ratio:.2f} x native "
+                f"{native:.3f} GB/s, below the limit {gate.limit:.2f}"
+            )
+    elif ratio > gate.limit:
+        raise GateFailure(
+            f"{gate.name}: reference step {ref * 1e3:.2f} ms is {ratio:.2f} x native "
+            f"{native * 1e3:.2f} ms, above the limit {gate.limit:.2f}"
+        )
+    return ratio

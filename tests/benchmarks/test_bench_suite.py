@@ -1,0 +1,80 @@
+"""The suite itself: the trace analyser on the shared traces, and report generation."""
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bench import analysis
+from bench.report import write_report
+from bench.trace_folder import analyse, load_trace_dir
+from tests.report_fixtures import make_training_run
+
+HTA = Path(__file__).resolve().parents[1] / "data" / "hta"
+REPO = Path(__file__).resolve().parents[2]
+# Seconds added to each analyser round: the regression test below slows it on purpose.
+SLOW_S = float(os.environ.get("PARALLEL_BENCH_SLOW_ANALYSER_S", "0"))
+
+
+@pytest.mark.parametrize("trace", ["nccl_data.json.gz", "sampled_rank-0.json.gz"])
+def test_analyse_one_trace(benchmark, trace):
+    """Read, classify and break down one trace (HTA's nccl_data: 4 GPUs' worth of kernels)."""
+    benchmark.group = "analyser"
+
+    def run():
+        time.sleep(SLOW_S)
+        return analysis.summarize(analysis.breakdown(analysis.load_trace(HTA / trace)))
+
+    summary = benchmark(run)
+    benchmark.extra_info.update(trace=trace, size_bytes=(HTA / trace).stat().st_size)
+    assert summary["compute_ms"] > 0
+
+
+def test_analyse_trace_folder(benchmark, tmp_path):
+    """A run's folder of per-rank traces, end to end (load every rank, tables per folder)."""
+    benchmark.group = "analyser"
+    for name in ("sampled_rank-0.json.gz", "sampled_rank-1.json.gz"):
+        shutil.copy(HTA / name, tmp_path / name)
+    tables = benchmark(lambda: analyse(load_trace_dir(tmp_path)))
+    assert tables  # one table per analysis, for the two ranks
+
+
+def test_report_of_a_100_point_sweep(benchmark, tmp_path):
+    benchmark.group = "report"
+    points = {("wide_mlp", float(v), impl): 100.0 + v % 7
+              for v in range(1, 51) for impl in ("native", "reference")}  # fmt: skip
+    run = make_training_run(tmp_path / "run", points)
+    out = benchmark.pedantic(
+        lambda: write_report(run, tmp_path / "reports")[0], rounds=3, warmup_rounds=0
+    )
+    benchmark.extra_info.update(points=len(points))
+    assert out.stat().st_size > 10_000
+
+
+@pytest.mark.timeout(240)
+def test_autosave_then_compare_fails_on_a_regression(tmp_path):
+    """pytest-benchmark as its users drive it: save a baseline, compare against it, and fail
+    when the median regresses by more than 15 % (here: the analyser slowed by 100 ms)."""
+    storage = f"file://{tmp_path / 'store'}"
+    base = [sys.executable, "-m", "pytest", "-q",
+            f"{Path(__file__).relative_to(REPO)}::test_analyse_one_trace[sampled_rank-0.json.gz]",
+            "--benchmark-enable", f"--benchmark-storage={storage}",
+            "--benchmark-min-rounds=3", "--benchmark-max-time=0.2"]  # fmt: skip
+
+    def pytest_run(*extra, slow="0"):
+        env = {**os.environ, "PARALLEL_BENCH_SLOW_ANALYSER_S": slow}
+        return subprocess.run([*base, *extra], cwd=REPO, env=env, capture_output=True,
+                              text=True, timeout=200)  # fmt: skip
+
+    saved = pytest_run("--benchmark-autosave")
+    assert saved.returncode == 0, saved.stdout[-2000:]
+    assert list((tmp_path / "store").rglob("0001_*.json"))
+    compared = pytest_run("--benchmark-compare")
+    assert compared.returncode == 0 and "0001" in compared.stdout, compared.stdout[-2000:]
+    slowed = pytest_run("--benchmark-compare", "--benchmark-compare-fail=median:15%", slow="0.1")
+    assert slowed.returncode != 0
+    assert "Performance has regressed" in slowed.stdout + slowed.stderr

@@ -1,0 +1,114 @@
+"""What the benchmarks time, run on the ranks of the session's pool (module-level functions, so
+that spawned rank processes can import them).
+
+Each call runs ``iters`` iterations with the suite's own timing discipline (``timed_steps``:
+barrier, per-iteration times, slowest rank) and returns the median seconds per iteration, so a
+benchmark round measures the work and never the pool's start-up or its messaging. ``slow_s``
+adds a sleep to every iteration of the reference implementation: the tests use it to prove
+that the regression gate fails when a kernel gets slower.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from bench.data import Batches
+from bench.timing import timed_steps
+from parallel_kernels.collectives import COLLECTIVES, count_wrong
+from parallel_kernels.models import MLP, MODELS, Transformer
+from parallel_kernels.strategies import STRATEGIES, data_parallel_coords
+
+CPU = torch.device("cpu")
+
+
+def _slowed(fn, impl: str, slow_s: float):
+    if impl == "native" or slow_s <= 0:
+        return fn
+
+    def slow():
+        fn()
+        time.sleep(slow_s)
+
+    return slow
+
+
+def collective(name: str, impl: str, nbytes: int, iters: int, slow_s: float = 0.0) -> dict:
+    """Seconds per call of a collective on ``nbytes`` (float32, sum), and #wrong elements of
+    one checked call afterwards."""
+    coll, n, rank = COLLECTIVES[name], dist.get_world_size(), dist.get_rank()
+    count = coll.align(nbytes // 4, n)
+    op = coll.ops[0] if coll.ops[0] != "none" else "sum"
+    inp, out, _ = coll.buffers(count, torch.float32, rank, n, op, CPU)
+    run = _slowed(lambda: coll.run(impl, inp, out, op), impl, slow_s)
+    run()  # warm-up: connections, workspaces
+    slowest, _ = timed_steps(run, iters, device=CPU, group=None)
+    inp, out, expected = coll.buffers(count, torch.float32, rank, n, op, CPU)
+    coll.run(impl, inp, out, op)
+    seconds = float(np.median(slowest)) / 1e3
+    size = coll.size_bytes(count, torch.float32)
+    return {
+        "seconds": seconds,
+        "size_bytes": size,
+        "busbw_GBps": size / seconds * coll.busbw_factor(n) / 1e9,
+        "wrong": count_wrong(out, expected),
+    }
+
+
+def tiny_transformer() -> Transformer:
+    torch.manual_seed(0)
+    return Transformer(vocab=128, dim=64, heads=4, layers=2, seq=32)
+
+
+# (strategy, options, model builder, model spec for data and loss) per training workload
+TRAINING = {
+    "ddp": ("ddp", {"bucket_cap_mb": 1.0}, lambda: MLP(), "mlp"),
+    "fsdp": ("fsdp", {"sharding_strategy": "FULL_SHARD"}, tiny_transformer, "transformer"),
+    "tp": ("tp", {"tp_degree": 2}, lambda: MLP((784, 1024, 1024, 10)), "mlp"),
+}
+_LIVE: dict[tuple[str, str], tuple] = {}  # the models a rank keeps between rounds
+
+
+def _trainer(workload: str, impl: str, batch_size: int = 32):
+    strategy, options, build, spec_name = TRAINING[workload]
+    spec = MODELS[spec_name]
+    torch.manual_seed(0)
+    model = STRATEGIES[strategy].apply(impl, build(), group=None, device=CPU, **options)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    dp_rank, dp_size = data_parallel_coords(model, dist.get_rank(), dist.get_world_size())
+    data = spec.dataset(batch_size * dp_size * 4, 0)
+    if spec_name == "transformer":  # the tiny model's vocabulary and sequence
+        x, y = (t[:, :32] % 128 for t in data.tensors)
+        data = torch.utils.data.TensorDataset(x.contiguous(), y.contiguous())
+    batches = Batches(data, batch_size=batch_size, rank=dp_rank, world_size=dp_size, device=CPU)
+
+    def step() -> None:
+        x, y = next(batches)
+        opt.zero_grad(set_to_none=True)
+        spec.loss(model(x), y).backward()
+        opt.step()
+
+    for _ in range(3):
+        step()
+    return model, step
+
+
+def train_step(workload: str, impl: str, iters: int, slow_s: float = 0.0) -> dict:
+    """Seconds per training step; the model is built on the first call and kept."""
+    key = (workload, impl)
+    if key not in _LIVE:
+        _LIVE[key] = _trainer(workload, impl)
+    _, step = _LIVE[key]
+    slowest, _ = timed_steps(_slowed(step, impl, slow_s), iters, device=CPU, group=None)
+    return {"seconds": float(np.median(slowest)) / 1e3}
+
+
+def release() -> None:
+    """Close every kept model (their process subgroups) on every rank."""
+    for model, _ in _LIVE.values():
+        if hasattr(model, "close"):
+            model.close()
+    _LIVE.clear()
