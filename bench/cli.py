@@ -59,6 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="comma list of models (default: the sweep's own)")
     p.add_argument("--impl", help="comma list of implementations, e.g. native,reference")
     p.add_argument(
+        "--strategy", help="world_size sweep: the strategy measured (ddp, fsdp, tp; default ddp)"
+    )
+    p.add_argument("--scaling", help="world_size sweep: weak, strong or both (default weak,strong)")
+    p.add_argument(
         "--option",
         action="append",
         metavar="KEY=VALUE",
@@ -83,10 +87,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--profile-steps", type=_positive_int, default=3, help="active steps traced per point"
     )
     p.add_argument(
+        "--timeout-s",
         "--point-timeout",
+        dest="point_timeout",
         type=_positive_float,
-        default=120.0,
-        help="seconds a collective may wait inside a point before the point fails",
+        default=300.0,
+        help="seconds a collective may wait before it fails: a hang becomes an error (default 300)",
+    )
+    p.add_argument(
+        "--debug",
+        action="store_true",
+        help="TORCH_DISTRIBUTED_DEBUG=DETAIL: collectives issued differently on different "
+        "ranks raise instead of hanging (slower)",
     )
     p.add_argument(
         "--backend",
@@ -193,10 +205,17 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     sweep = SWEEPS.get(args.sweep)
-    if sweep is not None and sweep.expand is not None and _world_size(args) is None:
+    needs_world = sweep is not None and (sweep.expand is not None or sweep.kind == "scaling")
+    if needs_world and _world_size(args) is None:
         fail(_launch_hint(argv))  # its values are checked against the world size
+    if args.debug:
+        # read when process groups are created: set before any rank starts (self-launch
+        # passes the environment on) and before this rank's group (under torchrun)
+        os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
     try:
         if args.sweep in SWEEPS and SWEEPS[args.sweep].kind == "collective":
+            if args.strategy or args.scaling:
+                raise ValueError("--strategy and --scaling are for the world_size sweep")
             plan, points = collective_plan(args), []
         else:
             plan, points = (
@@ -208,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
                     impls=args.impl,
                     options=args.option,
                     world_size=_world_size(args),
+                    strategy=args.strategy,
+                    scaling=args.scaling,
+                    batch_size=args.batch_size,
                 ),
             )
     except ValueError as e:

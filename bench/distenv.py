@@ -55,6 +55,8 @@ def init_distributed(*, backend: str = "auto", timeout_s: float = 300.0) -> Dist
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
+    if os.environ.get("TORCH_DISTRIBUTED_DEBUG"):
+        dist.set_debug_level_from_env()  # --debug: collective mismatches raise
     if not dist.is_initialized():
         dist.init_process_group(
             backend,

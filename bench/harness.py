@@ -25,6 +25,7 @@ from bench.nvml import NvmlSampler
 from bench.profiling import host_bytes_in_use, peak_rss_bytes, profile_steps, reset_peak_rss
 from bench.sweeps import Point
 from bench.timing import summarize_times, timed_steps
+from parallel_kernels.groups import mesh_lines, prepare
 from parallel_kernels.models import MODELS, build_model, grad_bytes, param_count
 from parallel_kernels.strategies import STRATEGIES, clip_grad_norm, data_parallel_coords
 
@@ -73,7 +74,6 @@ def _train_and_measure(
     group: dist.ProcessGroup,
     trace_dir: Path,
     progress: Callable[[str], None],
-    opened: list,
 ) -> dict:
     spec = MODELS[point.model]
     strategy = STRATEGIES[point.strategy]
@@ -87,8 +87,15 @@ def _train_and_measure(
 
     model = build_model(point.model, seed=cfg.seed).to(env.device)
     n_params, n_grad_bytes = param_count(model), grad_bytes(model)
-    # The analytical figures read the plain model, before the strategy rewrites it.
-    plain = dict(model=model, impl=point.impl, tokens=cfg.batch_size * spec.tokens_per_sample)
+    wrapped = strategy.apply(point.impl, model, group=group, device=env.device, **point.options)
+    opt = torch.optim.AdamW(wrapped.parameters(), lr=cfg.lr)
+    dp_rank, dp_size = data_parallel_coords(wrapped, rank, world)
+    batch = replica_batch(point, cfg.batch_size, dp_size)
+    # The analytical figures read the plain model's shapes: a twin on the meta device (the
+    # strategy has rewritten the real one), with this point's activation rows per replica.
+    with torch.device("meta"):
+        twin = spec.build()
+    plain = dict(model=twin, impl=point.impl, tokens=batch * spec.tokens_per_sample)
     expected = {
         col: fn(n_params, world, **plain, **point.options) if fn else np.nan
         for col, fn in (
@@ -96,15 +103,11 @@ def _train_and_measure(
             ("state_bytes_expected", strategy.expected_state_bytes),
         )
     }
-    wrapped = strategy.apply(point.impl, model, group=group, device=env.device, **point.options)
-    opened.append(wrapped)  # run_point closes what it opened (process subgroups), come what may
-    opt = torch.optim.AdamW(wrapped.parameters(), lr=cfg.lr)
-    dp_rank, dp_size = data_parallel_coords(wrapped, rank, world)
     # Enough samples for several batches per replica, so the sampler really wraps epochs.
-    dataset = spec.dataset(cfg.batch_size * dp_size * 8, cfg.seed)
+    dataset = spec.dataset(batch * dp_size * 8, cfg.seed)
     batches = Batches(
         dataset,
-        batch_size=cfg.batch_size,
+        batch_size=batch,
         rank=dp_rank,
         world_size=dp_size,
         device=env.device,
@@ -170,9 +173,22 @@ def _train_and_measure(
         params=n_params,
         grad_bytes=n_grad_bytes,
         loss=float(last_loss),
-        samples_per_s=cfg.batch_size * dp_size / (metrics["step_ms_median"] / 1e3),
+        batch_per_replica=batch,
+        samples_per_s=batch * dp_size / (metrics["step_ms_median"] / 1e3),
     )
     return metrics
+
+
+def replica_batch(point: Point, batch_size: int, dp_size: int) -> int:
+    """Samples per data-parallel replica and step: ``batch_size``, or for strong scaling the
+    point's global batch split over the replicas."""
+    if point.global_batch is None:
+        return batch_size
+    if point.global_batch % dp_size:
+        raise ValueError(
+            f"global batch {point.global_batch} does not split over {dp_size} replicas"
+        )
+    return point.global_batch // dp_size
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -237,20 +253,34 @@ def run_point(
     trace_dir: Path,
     progress: Callable[[str], None] = lambda _msg: None,
 ) -> dict:
-    """Run ``point`` on every rank (collective call); rank 0 gets the finished row."""
-    group = dist.new_group(timeout=datetime.timedelta(seconds=cfg.point_timeout_s))
-    metrics, error, opened = None, None, []
-    try:
-        metrics = _train_and_measure(point, env, cfg, group, trace_dir, progress, opened)
-    except Exception as e:  # noqa: BLE001  (any failure becomes the point's error row)
-        error = f"{type(e).__name__}: {e}"
+    """Run ``point`` on every rank, or on its first ``point.world`` ranks while the others wait
+    (collective call on every rank); rank 0 gets the finished row."""
+    k = point.world or env.world_size
+    members = list(range(k))
+    metrics, error = None, None
+    # Every rank takes part in creating the point's group (a fresh one each point, so that a
+    # point that broke its group cannot harm the next); only members get one. On part of the
+    # job, every rank also creates the subgroups the strategy will ask for (groups.py).
+    timeout = datetime.timedelta(seconds=cfg.point_timeout_s)
+    group = dist.new_group(members, timeout=timeout)
+    if k < env.world_size:
+        try:
+            shape = STRATEGIES[point.strategy].mesh_shape(k, **point.options)
+        except ValueError:  # a bad layout: the members' apply raises it as the point's error
+            shape = None
+        if shape:
+            prepare(members, mesh_lines(shape), timeout)
+    if env.rank in members:
+        try:
+            metrics = _train_and_measure(point, env, cfg, group, trace_dir, progress)
+        except Exception as e:  # noqa: BLE001  (any failure becomes the point's error row)
+            error = f"{type(e).__name__}: {e}"
     gathered: list = [None] * env.world_size
-    dist.all_gather_object(gathered, (metrics, error))
-    for module in opened:
-        if hasattr(module, "close"):
-            module.close()
-    dist.destroy_process_group(group)
+    dist.all_gather_object(gathered, (metrics, error))  # the others wait here: a barrier
+    if env.rank in members:
+        dist.destroy_process_group(group)
     gc.collect()
+    gathered = gathered[:k]
 
     row = {
         "sweep": point.sweep,
@@ -259,7 +289,9 @@ def run_point(
         "strategy": point.strategy,
         "model": point.model,
         "point": point.id,
-        "world_size": env.world_size,
+        "world_size": k,
+        "scaling": point.scaling,
+        "global_batch": point.global_batch,
         "backend": env.backend,
         "device": env.device.type,
         "steps": cfg.steps,

@@ -18,6 +18,7 @@ import pandas as pd
 from bench import report_figures as figs
 from bench.compare import compare
 from bench.results import read_run
+from bench.scaling import scaling_efficiency
 from bench.sweeps import SWEEPS
 from parallel_kernels.strategies import STRATEGIES
 
@@ -48,7 +49,8 @@ window.addEventListener("load", () => {
 </script>"""
 
 TRAINING_TABLE = [
-    "model", "value", "impl", "status", "step_ms_median", "step_ms_min", "step_ms_max",
+    "model", "value", "scaling", "impl", "status", "efficiency_pct", "step_ms_median",
+    "step_ms_min", "step_ms_max",
     "samples_per_s", "compute_ms", "comm_ms", "overlap_pct", "exposed_comm_ms", "idle_ms",
     "compute_comm_ratio", "compute_share_pct", "gpu_util_pct", "comm_calls_per_step",
     "comm_bytes_per_step", "comm_bytes_expected", "peak_mem_mb",
@@ -88,9 +90,11 @@ def html_table(
 def headline(meta: dict, df: pd.DataFrame) -> str:
     sweep = meta.get("sweep", "?")
     ok = df[df["status"] == "ok"]
+    if "efficiency_pct" in ok and ok["efficiency_pct"].notna().any():
+        return _scaling_headline(ok)
     lines = []
     default = None
-    if sweep in SWEEPS:
+    if sweep in SWEEPS and SWEEPS[sweep].strategy in STRATEGIES:
         default = STRATEGIES[SWEEPS[sweep].strategy].options.get(SWEEPS[sweep].option)
     for (model, impl), g in ok.groupby(["model", "impl"], sort=False):
         best = g.loc[g["step_ms_median"].idxmin()]
@@ -111,6 +115,21 @@ def headline(meta: dict, df: pd.DataFrame) -> str:
             )
         lines.append(text)
     return "<br>".join(lines) or "no point finished"
+
+
+def _scaling_headline(ok: pd.DataFrame) -> str:
+    """Per model, implementation and scaling mode: throughput and efficiency at the largest
+    world size, against the smallest."""
+    lines = []
+    for (model, impl, scaling), g in ok.groupby(["model", "impl", "scaling"], sort=False):
+        top, base = g.loc[g["world_size"].idxmax()], g.loc[g["world_size"].idxmin()]
+        lines.append(
+            f"<b>{html.escape(str(model))}</b>, {html.escape(str(impl))}, {scaling} scaling: "
+            f"<b>{top['efficiency_pct']:.0f} % efficiency</b> at {top['world_size']:g} ranks "
+            f"({top['samples_per_s']:.0f} samples/s; {base['samples_per_s']:.0f} at "
+            f"{base['world_size']:g}, ideal {base['samples_per_s'] * top['ideal_speedup']:.0f})"
+        )
+    return "<br>".join(lines)
 
 
 def _collective_headline(ok: pd.DataFrame, limits: dict) -> str:
@@ -135,15 +154,19 @@ def _collective_headline(ok: pd.DataFrame, limits: dict) -> str:
 
 def _training_sections(meta: dict, df: pd.DataFrame) -> list[str]:
     sweep = meta.get("sweep", "?")
-    df = df.copy()
+    df = scaling_efficiency(df)
+    scaling = df["efficiency_pct"].notna().any()
     if "window_ms" in df:
         df["compute_share_pct"] = 100 * df["compute_ms"] / df["window_ms"]
     ok = df[df["status"] == "ok"]
     parts = [f"<p class='headline'>{headline(meta, df) if len(df) else 'no results'}</p>"]
     if len(ok):
+        parts += (
+            ["<h2>Scaling</h2>", figs.scaling_figure(ok)]
+            if scaling
+            else ["<h2>Step time</h2>", figs.step_time_figure(ok, sweep)]
+        )
         parts += [
-            "<h2>Step time</h2>",
-            figs.step_time_figure(ok, sweep),
             "<h2>Where the step goes</h2>",
             figs.breakdown_figure(ok),
         ]

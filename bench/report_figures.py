@@ -35,7 +35,9 @@ def fmt_value(v) -> str:
 
 
 def point_label(r) -> str:
-    return f"{r.model} {fmt_value(r.value)} {r.impl}"
+    scaling = getattr(r, "scaling", None)
+    scaling = f" {scaling}" if isinstance(scaling, str) else ""
+    return f"{r.model} {fmt_value(r.value)}{scaling} {r.impl}"
 
 
 def is_numeric(values: pd.Series) -> bool:
@@ -181,6 +183,43 @@ def comm_figure(ok: pd.DataFrame, sweep: str) -> str:
         f"Communication per step against {sweep}: bytes one rank hands to collectives, "
         "read from the traces, one bar per implementation; the black marks are the "
         "analytical figures.",
+    )
+
+
+def scaling_figure(ok: pd.DataFrame) -> str:
+    """World-size sweep: throughput against world size with the ideal (linear from the base
+    point), and scaling efficiency; one line per implementation and scaling mode."""
+    models = list(dict.fromkeys(ok["model"]))
+    fig, axes = plt.subplots(len(models), 2, figsize=(11, 3.8 * len(models)), squeeze=False)
+    sizes = sorted(set(ok["world_size"]))
+    for row, model in zip(axes, models, strict=True):
+        g = ok[ok["model"] == model]
+        for (impl, scaling), s in g.groupby(["impl", "scaling"], sort=False):
+            s = s.sort_values("world_size")
+            label = f"{impl}, {scaling}"
+            (line,) = row[0].plot(s["world_size"], s["samples_per_s"], marker="o", label=label)
+            base = s.iloc[0]
+            row[0].plot(s["world_size"], base["samples_per_s"] * s["ideal_speedup"],
+                        linestyle=":", color=line.get_color())  # fmt: skip
+            row[1].plot(s["world_size"], s["efficiency_pct"], marker="o", label=label)
+        row[1].axhline(100, color="grey", linestyle="--", linewidth=1)
+        for ax, ylabel in ((row[0], "samples/s (dotted: ideal)"), (row[1], "efficiency, %")):
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(sizes, [str(k) for k in sizes])
+            ax.minorticks_off()
+            ax.set_xlabel("world size (ranks)")
+            ax.set_ylabel(ylabel)
+            ax.set_title(model)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+        row[1].set_ylim(0, max(110, float(np.nanmax(g["efficiency_pct"])) + 10))
+    fig.tight_layout()
+    return _png(
+        fig,
+        "Scaling: throughput against world size with the ideal linear scaling from the "
+        "smallest world size dotted, and scaling efficiency (throughput over ideal), per "
+        "implementation and scaling mode (weak: fixed per-replica batch; strong: fixed "
+        "global batch).",
     )
 
 

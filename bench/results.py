@@ -63,6 +63,9 @@ TRAINING_EXTRA_COLUMNS = [
     "step_ms_p10",
     "step_ms_p90",
     "rank_skew_ms",
+    "scaling",
+    "global_batch",
+    "batch_per_replica",
     "trace_dir",
 ]
 

@@ -91,8 +91,9 @@ def _meta(args, argv, env: DistEnv, run_dir: Path) -> dict:
 def start_run(args: argparse.Namespace, argv: list[str], columns: list[str]) -> RunContext:
     """Initialise the process group; rank 0 prepares the folder and every rank learns it."""
     # The default group only carries start-up and per-point agreement: it must outwait any
-    # point's own timeout.
-    env = init_distributed(backend=args.backend, timeout_s=max(300.0, args.point_timeout))
+    # point's own timeout, and ranks that sit out a world-size point wait on it for the whole
+    # point.
+    env = init_distributed(backend=args.backend, timeout_s=max(900.0, 3 * args.point_timeout))
     decision: list = [None]
     if env.is_main:
         decision = [_prepare_run_dir(args)]

@@ -47,11 +47,6 @@ def build(impl: str, args, env):
     )
 
 
-def close(model) -> None:
-    if hasattr(model, "close"):
-        model.close()
-
-
 def peak_memory(impl: str, args, env) -> float:
     from torch.profiler import ProfilerActivity, profile
 
@@ -66,7 +61,6 @@ def peak_memory(impl: str, args, env) -> float:
             opt.zero_grad(set_to_none=True)
             spec.loss(wrapped(x), y).backward()
             opt.step()
-    close(wrapped)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "memory.json"
         prof.export_chrome_trace(str(path))
@@ -79,7 +73,7 @@ def peak_memory(impl: str, args, env) -> float:
 
 
 def _trainer(impl: str, args, env):
-    """(wrapped model, one training step)."""
+    """One training step of a freshly built model."""
     spec = MODELS[args.model]
     wrapped = build(impl, args, env)
     opt = torch.optim.AdamW(wrapped.parameters(), lr=1e-3)
@@ -95,26 +89,24 @@ def _trainer(impl: str, args, env):
         spec.loss(wrapped(x), y).backward()
         opt.step()
 
-    return wrapped, step
+    return step
 
 
 def measure(impl: str, args, env) -> float:
-    wrapped, step = _trainer(impl, args, env)
+    step = _trainer(impl, args, env)
     for _ in range(args.warmup):
         step()
     slowest, _ = timed_steps(step, args.steps, device=env.device, group=None)
-    close(wrapped)
     return float(np.median(slowest))
 
 
 def comm_bytes(impl: str, args, env) -> float:
     """Bytes this rank hands to collectives per step, read from a profiled run's trace."""
-    wrapped, step = _trainer(impl, args, env)
+    step = _trainer(impl, args, env)
     with tempfile.TemporaryDirectory() as tmp:
         path, _ = profile_steps(step, trace_dir=Path(tmp), worker_name=f"rank{env.rank}",
                                 device=env.device, wait=1, warmup=1, active=2)  # fmt: skip
         metrics = analysis.summarize(analysis.breakdown(load_trace(path)))
-    close(wrapped)
     return float(metrics["comm_bytes_per_step"])
 
 

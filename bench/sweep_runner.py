@@ -11,13 +11,14 @@ from bench.distenv import rank0_print
 from bench.harness import HarnessConfig, run_point
 from bench.results import TRAINING_COLUMNS, TRAINING_EXTRA_COLUMNS
 from bench.run_context import finish_run, start_run
+from bench.scaling import scaling_efficiency
 from bench.sweeps import Point
 
 
 def _summary_table(df: pd.DataFrame) -> str:
     """The points, with the fastest value per model and implementation starred."""
+    df = scaling_efficiency(df)
     ok = df[df["status"] == "ok"].copy()
-    df = df.copy()
     df["best"] = ""
     if not ok.empty:
         best = ok.loc[ok.groupby(["model", "impl"])["step_ms_median"].idxmin()]
@@ -26,6 +27,7 @@ def _summary_table(df: pd.DataFrame) -> str:
     cols = [
         "model",
         "value",
+        "scaling",
         "impl",
         "status",
         "best",
@@ -38,7 +40,9 @@ def _summary_table(df: pd.DataFrame) -> str:
         "overlap_pct",
         "exposed_comm_ms",
         "peak_mem_mb",
+        "efficiency_pct",
     ]
+    df = df.dropna(axis=1, how="all")  # e.g. scaling columns outside world-size sweeps
     return df[[c for c in cols if c in df]].to_string(index=False, float_format="{:.2f}".format)
 
 

@@ -160,6 +160,16 @@ SWEEPS: dict[str, Sweep] = {
             sets=("tp_degree", "dp_shard"),
         ),
         Sweep(
+            name="world_size",
+            description="world sizes 1, 2, 4, ... up to the launched one, inside one launch, "
+            "at a fixed per-rank batch (weak scaling) and a fixed global batch (strong); "
+            "--strategy picks ddp (default), fsdp or tp",
+            kind="scaling",
+            option="world_size",
+            parse=positive_int,
+            default_models=("wide_mlp",),
+        ),
+        Sweep(
             name="message_size",
             description="every collective, native and reference, over message sizes "
             "(nccl-tests flags -b -e -f -n -w -c -d)",
@@ -209,15 +219,19 @@ class Point:
     impl: str
     strategy: str
     options: dict[str, Any] = field(default_factory=dict)
+    # World-size sweeps: the point runs on the first ``world`` ranks (None: all of them), at a
+    # fixed per-replica batch ("weak" scaling) or a fixed global batch ("strong").
+    world: int | None = None
+    scaling: str | None = None
+    global_batch: int | None = None
 
     @property
     def id(self) -> str:
         """Folder-safe, unique within a run: ``wide_mlp-bucket_cap_mb=25-native``."""
-        raw = (
-            f"{self.model}-{self.sweep}={self.value:g}-{self.impl}"
-            if isinstance(self.value, float)
-            else f"{self.model}-{self.sweep}={self.value}-{self.impl}"
-        )
+        value = f"{self.value:g}" if isinstance(self.value, float) else f"{self.value}"
+        # a world-size point names its scaling mode and strategy (a run may hold several)
+        scaling = f"-{self.scaling}-{self.strategy}" if self.scaling else ""
+        raw = f"{self.model}-{self.sweep}={value}{scaling}-{self.impl}"
         return re.sub(r"[^A-Za-z0-9_.=+-]", "_", raw)
 
 
@@ -261,6 +275,74 @@ def parse_options(items: list[str], known: dict, swept: tuple[str, ...]) -> dict
     return out
 
 
+SCALINGS = ("weak", "strong")
+
+
+def _world_size_points(
+    sweep: Sweep,
+    *,
+    values: str | None,
+    models: str | None,
+    impls: str | None,
+    options: list[str] | None,
+    world_size: int | None,
+    strategy_name: str | None,
+    scaling: str | None,
+    batch_size: int,
+) -> list[Point]:
+    """Points at world sizes up to the launched one. Strong scaling keeps the global batch of
+    the largest size at --batch-size per replica; smaller sizes split it over fewer ranks."""
+    if world_size is None:
+        raise ValueError("the world_size sweep needs the world size")
+    strategy = _strategy(strategy_name or "ddp")
+    if values:
+        sizes = []
+        for v in parse_list(values, "value"):
+            try:
+                sizes.append(positive_int(v))
+            except ValueError as e:
+                raise ValueError(f"bad value for --sweep world_size: {e}") from None
+        too_big = [k for k in sizes if k > world_size]
+        if too_big:
+            raise ValueError(
+                f"world size {too_big[0]} is larger than the {world_size} ranks launched"
+            )
+    else:
+        sizes = [1 << i for i in range(world_size.bit_length()) if 1 << i <= world_size]
+    scalings = parse_list(scaling, "scaling", dict.fromkeys(SCALINGS)) if scaling else SCALINGS
+    fixed = parse_options(options or [], strategy.options, ())
+    model_names = parse_list(models, "model", MODELS) if models else list(sweep.default_models)
+    impl_names = (
+        parse_list(impls, "implementation", strategy.impls)
+        if impls
+        else list(strategy.default_impls)
+    )
+    global_batch = batch_size * max(sizes)
+    return [
+        Point(
+            sweep=sweep.name,
+            model=m,
+            value=k,
+            impl=i,
+            strategy=strategy.name,
+            options=dict(fixed),
+            world=k,
+            scaling=sc,
+            global_batch=global_batch if sc == "strong" else None,
+        )
+        for m in model_names
+        for sc in scalings
+        for k in sizes
+        for i in impl_names
+    ]
+
+
+def _strategy(name: str):
+    if name not in STRATEGIES:
+        raise ValueError(f"unknown strategy {name!r} (known: {', '.join(STRATEGIES)})")
+    return STRATEGIES[name]
+
+
 def build_points(
     sweep_name: str,
     *,
@@ -269,12 +351,33 @@ def build_points(
     impls: str | None = None,
     options: list[str] | None = None,
     world_size: int | None = None,
+    strategy: str | None = None,
+    scaling: str | None = None,
+    batch_size: int = 64,
 ) -> list[Point]:
     """Every point of a sweep, implementations interleaved per value (so drift hits both).
-    ``world_size``: what the sweep checks its values against (TP degrees, mesh layouts)."""
+    ``world_size``: what the sweep checks its values against (TP degrees, mesh layouts, world
+    sizes). ``strategy``, ``scaling``: the world-size sweep's choices."""
     if sweep_name not in SWEEPS:
         raise ValueError(f"unknown sweep {sweep_name!r} (known: {', '.join(SWEEPS)})")
     sweep = SWEEPS[sweep_name]
+    if sweep.kind == "scaling":
+        return _world_size_points(
+            sweep,
+            values=values,
+            models=models,
+            impls=impls,
+            options=options,
+            world_size=world_size,
+            strategy_name=strategy,
+            scaling=scaling,
+            batch_size=batch_size,
+        )
+    if strategy is not None:
+        raise ValueError(f"--strategy is for the world_size sweep; {sweep_name} measures "
+                         f"{sweep.strategy or 'collectives'}")  # fmt: skip
+    if scaling is not None:
+        raise ValueError("--scaling is for the world_size sweep")
     if sweep.kind != "training":
         raise ValueError(f"sweep {sweep_name!r} has no training points")
     strategy = STRATEGIES[sweep.strategy]

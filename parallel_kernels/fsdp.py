@@ -30,6 +30,7 @@ from torch import nn
 from torch.profiler import record_function
 
 from parallel_kernels.ddp import CommStats
+from parallel_kernels.groups import split
 
 # The current names of all_gather_into_tensor / reduce_scatter_tensor (torch >= 2.12).
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -47,7 +48,6 @@ class _Groups:
     replicate: dist.ProcessGroup | None  # used when n // shard_size > 1
     n: int
     shard_size: int
-    owned: list  # subgroups created here, destroyed by close()
 
 
 def shard_group_size(strategy: str, n: int, shard_size: int | None = None) -> int:
@@ -68,24 +68,16 @@ def shard_group_size(strategy: str, n: int, shard_size: int | None = None) -> in
 
 def _make_groups(group, strategy: str, shard_size: int | None) -> _Groups:
     n = dist.get_world_size(group)
-    ranks = [dist.get_global_rank(group, r) for r in range(n)] if group else list(range(n))
     s = shard_group_size(strategy, n, shard_size)
-    owned = []
     shard_pg = replicate_pg = None
     if 1 < s < n:  # hybrid: subgroups of consecutive ranks, replicas across them
-        shard_pg, groups = dist.new_subgroups_by_enumeration(
-            [ranks[i : i + s] for i in range(0, n, s)]
-        )
-        owned += groups
-        replicate_pg, groups = dist.new_subgroups_by_enumeration([ranks[i::s] for i in range(s)])
-        owned += groups
+        shard_pg = split(group, [list(range(i, i + s)) for i in range(0, n, s)])
+        replicate_pg = split(group, [list(range(i, n, s)) for i in range(s)])
     elif s == n:
         shard_pg = group
     else:
         replicate_pg = group
-    return _Groups(
-        world=group, shard=shard_pg, replicate=replicate_pg, n=n, shard_size=s, owned=owned
-    )
+    return _Groups(world=group, shard=shard_pg, replicate=replicate_pg, n=n, shard_size=s)
 
 
 class _Unit:
@@ -391,8 +383,3 @@ class ReferenceFSDP(nn.Module):
     def sharded_bytes(self) -> int:
         """Bytes of parameters this rank holds at rest (its shards)."""
         return sum(u.shard.numel() * u.shard.element_size() for u in self.units)
-
-    def close(self) -> None:
-        for g in self.groups.owned:
-            dist.destroy_process_group(g)
-        self.groups.owned.clear()

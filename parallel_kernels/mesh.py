@@ -22,6 +22,7 @@ from torch import nn
 
 from parallel_kernels.ddp import ReferenceDDP
 from parallel_kernels.fsdp import ReferenceFSDP, fsdp_units
+from parallel_kernels.groups import device_mesh, split
 from parallel_kernels.tensor_parallel import (
     COLWISE,
     COPY,
@@ -52,6 +53,10 @@ class MeshDims:
     def dp(self) -> int:
         return self.world // self.tp
 
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.dp, self.tp)
+
     def coords(self, rank: int) -> tuple[int, int]:
         """(dp index, tp index) of a rank."""
         return divmod(rank, self.tp)
@@ -79,7 +84,6 @@ class MeshParallel(nn.Module):
         rank: int,
         tp_group,
         shard_dims: dict[str, int],
-        owned: list,
     ) -> None:
         super().__init__()
         self.module = module
@@ -92,7 +96,6 @@ class MeshParallel(nn.Module):
         # swaps new Parameter objects (same storage) into the modules after every forward;
         # the gradients land on these.
         self._params = dict(model.named_parameters())
-        self._owned = owned
 
     @property
     def dp_size(self) -> int:
@@ -156,30 +159,19 @@ class MeshParallel(nn.Module):
             return torch.cat(parts, dim=self.shard_dims[name])
         return t.detach().clone()
 
-    def close(self) -> None:
-        inner = getattr(self.module, "close", None)
-        if inner is not None:
-            inner()
-        for g in self._owned:
-            dist.destroy_process_group(g)
-        self._owned.clear()
-
 
 def _dims(group, tp_degree: int, dp_shard: bool) -> MeshDims:
     return MeshDims(world=dist.get_world_size(group), tp=tp_degree, dp_shard=dp_shard)
 
 
 def _groups(group, dims: MeshDims):
-    """(tp group, dp group, groups to destroy) over the ranks of ``group``."""
-    n = dims.world
-    ranks = [dist.get_global_rank(group, r) for r in range(n)] if group else list(range(n))
+    """(tp group, dp group) over the ranks of ``group``."""
     if dims.tp == 1:
-        return None, group, []
+        return None, group
     if dims.dp == 1:
-        return group, None, []
-    tp_pg, owned_tp = dist.new_subgroups_by_enumeration(dims.tp_ranks(ranks))
-    dp_pg, owned_dp = dist.new_subgroups_by_enumeration(dims.dp_ranks(ranks))
-    return tp_pg, dp_pg, [*owned_tp, *owned_dp]
+        return group, None
+    grid = list(range(dims.world))
+    return split(group, dims.tp_ranks(grid)), split(group, dims.dp_ranks(grid))
 
 
 def apply_reference_tp(
@@ -198,7 +190,7 @@ def apply_reference_tp(
     plan = plan_for(model, "naive" if naive else "reference", dims.tp)
     check_degree(model, plan, dims.tp)  # before any group exists: a bad degree fails cleanly
     dims_of = shard_dims(model, plan) if dims.tp > 1 else {}
-    tp_pg, dp_pg, owned = _groups(group, dims)
+    tp_pg, dp_pg = _groups(group, dims)
     if dims.tp > 1:
         apply_plan(model, plan, tp_pg)
     wrapped = model
@@ -215,7 +207,6 @@ def apply_reference_tp(
         rank=dist.get_rank(group),
         tp_group=tp_pg,
         shard_dims=dims_of,
-        owned=owned,
     )
 
 
@@ -252,7 +243,6 @@ def apply_native_tp(
     """``parallelize_module`` with ``ColwiseParallel``/``RowwiseParallel`` over the mesh's
     "tp" dimension, then ``DistributedDataParallel`` (after PyTorch's DTensor-to-local
     transform for 2-D) or ``fully_shard`` per block over its "dp" dimension."""
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import parallelize_module
     from torch.nn.parallel import DistributedDataParallel
@@ -260,7 +250,7 @@ def apply_native_tp(
     dims = _dims(group, tp_degree, dp_shard)
     plan = tp_plan(model)
     check_degree(model, plan, dims.tp)
-    mesh = init_device_mesh(device.type, (dims.dp, dims.tp), mesh_dim_names=("dp", "tp"))
+    mesh = device_mesh(device, group, dims.shape, ("dp", "tp"))
     dims_of = shard_dims(model, plan) if dims.tp > 1 else {}
     if dims.tp > 1:
         parallelize_module(model, mesh["tp"], native_plan(plan))
@@ -285,7 +275,6 @@ def apply_native_tp(
         rank=dist.get_rank(group),
         tp_group=mesh["tp"].get_group() if dims.tp > 1 else None,
         shard_dims=dims_of,
-        owned=[],
     )
 
 

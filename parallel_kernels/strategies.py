@@ -23,7 +23,8 @@ from torch.nn.parallel import DistributedDataParallel
 from parallel_kernels.ddp import ReferenceDDP
 from parallel_kernels.fsdp import STRATEGIES as SHARDING_STRATEGIES
 from parallel_kernels.fsdp import ReferenceFSDP, fsdp_units, shard_group_size
-from parallel_kernels.mesh import MeshParallel, apply_native_tp, apply_reference_tp
+from parallel_kernels.groups import device_mesh
+from parallel_kernels.mesh import MeshDims, MeshParallel, apply_native_tp, apply_reference_tp
 from parallel_kernels.mesh import expected_comm_bytes as mesh_comm_bytes
 from parallel_kernels.mesh import expected_state_bytes as mesh_state_bytes
 
@@ -110,15 +111,22 @@ def apply_reference_fsdp(
     )
 
 
-def fsdp_mesh(device: torch.device, world: int, strategy: str, shard_size: int | None):
-    """The device mesh the current FSDP API takes: 1-D for FULL_SHARD / SHARD_GRAD_OP, 2-D
-    (replicate, shard) for HYBRID_SHARD and for NO_SHARD (shard size 1)."""
-    from torch.distributed.device_mesh import init_device_mesh
+def _fsdp_mesh_shape(
+    n: int, sharding_strategy: str = "FULL_SHARD", shard_size: int | None = None, **_
+) -> tuple[int, ...]:
+    """1-D for FULL_SHARD / SHARD_GRAD_OP, 2-D (replicate, shard) for HYBRID_SHARD and for
+    NO_SHARD (shard size 1)."""
+    if sharding_strategy in ("FULL_SHARD", "SHARD_GRAD_OP"):
+        return (n,)
+    s = shard_group_size(sharding_strategy, n, shard_size)
+    return (n // s, s)
 
-    if strategy in ("FULL_SHARD", "SHARD_GRAD_OP"):
-        return init_device_mesh(device.type, (world,))
-    s = shard_group_size(strategy, world, shard_size)
-    return init_device_mesh(device.type, (world // s, s), mesh_dim_names=("replicate", "shard"))
+
+def fsdp_mesh(device: torch.device, group, strategy: str, shard_size: int | None):
+    """The device mesh the current FSDP API takes, over ``group``'s ranks."""
+    shape = _fsdp_mesh_shape(dist.get_world_size(group), strategy, shard_size)
+    return device_mesh(device, group, shape, ("shard",) if len(shape) == 1 else
+                       ("replicate", "shard"))  # fmt: skip
 
 
 def apply_native_fsdp(
@@ -138,7 +146,7 @@ def apply_native_fsdp(
     _check_strategy(sharding_strategy)
     _refuse_fsdp1_options("native", fsdp1_only)
     dtype = _precision(mixed_precision)
-    mesh = fsdp_mesh(device, dist.get_world_size(group), sharding_strategy, shard_size)
+    mesh = fsdp_mesh(device, group, sharding_strategy, shard_size)
     kwargs: dict = {"reshard_after_forward": sharding_strategy != "SHARD_GRAD_OP"}
     if dtype is not None:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype)
@@ -195,9 +203,7 @@ def apply_native_fsdp1(
     if cpu_offload:
         kwargs["cpu_offload"] = CPUOffload(offload_params=True)
     if sharding_strategy == "HYBRID_SHARD" and hybrid_mesh:
-        kwargs["device_mesh"] = fsdp_mesh(
-            device, dist.get_world_size(group), sharding_strategy, shard_size
-        )
+        kwargs["device_mesh"] = fsdp_mesh(device, group, sharding_strategy, shard_size)
     elif sharding_strategy != "HYBRID_SHARD":
         kwargs["process_group"] = group
     return FSDP(
@@ -305,6 +311,10 @@ class Strategy:
     # Payload bytes per step as the backend records them (each collective's input), same
     # arguments.
     expected_comm_bytes: Callable[..., float] | None = None
+    # The shape of the device mesh the strategy lays its ranks on, (world size, **options) ->
+    # shape, or None without subgroups: its lines are the subgroups it will ask for (see
+    # groups.prepare).
+    mesh_shape: Callable[..., tuple[int, ...] | None] = lambda n, **_: None
 
     def apply(self, impl: str, model: nn.Module, **kwargs: Any) -> nn.Module:
         if impl not in self.impls:
@@ -348,6 +358,7 @@ STRATEGIES: dict[str, Strategy] = {
             replicated=fsdp_full_parameters,
             expected_state_bytes=_fsdp_expected_state_bytes,
             expected_comm_bytes=_fsdp_expected_comm_bytes,
+            mesh_shape=_fsdp_mesh_shape,
         ),
         Strategy(
             name="tp",
@@ -364,6 +375,9 @@ STRATEGIES: dict[str, Strategy] = {
             replicated=lambda m: list(m.full_state().values()),
             expected_state_bytes=mesh_state_bytes,
             expected_comm_bytes=mesh_comm_bytes,
+            mesh_shape=lambda n, tp_degree=1, dp_shard=False, **_: (
+                MeshDims(world=n, tp=tp_degree, dp_shard=dp_shard).shape
+            ),
         ),
     )
 }

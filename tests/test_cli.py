@@ -67,6 +67,20 @@ def run_main(args, capsys) -> tuple[int, str]:
         (["--sweep", "message_size", "--impl", "nccl"], "unknown implementation nccl"),
         (["--sweep", "message_size"], "not launched by torchrun"),
         (["--sweep", "tp_degree"], "not launched by torchrun"),
+        (["--sweep", "world_size"], "not launched by torchrun"),
+        (
+            ["--sweep", "world_size", "--values", "1,8", "--nproc-per-node", "4"],
+            "world size 8 is larger than the 4 ranks launched",
+        ),
+        (
+            ["--sweep", "world_size", "--strategy", "zero", "--nproc-per-node", "2"],
+            "unknown strategy 'zero'",
+        ),
+        (
+            ["--sweep", "world_size", "--scaling", "linear", "--nproc-per-node", "2"],
+            "unknown scaling linear",
+        ),
+        (["--sweep", "bucket_cap_mb", "--strategy", "fsdp"], "is for the world_size sweep"),
         (
             ["--sweep", "tp_degree", "--values", "1,3", "--nproc-per-node", "4"],
             "TP degree 3 does not divide the world size 4",

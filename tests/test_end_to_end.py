@@ -152,3 +152,50 @@ def test_tp_degree_sweep_fits_the_world_size_and_counts_its_bytes(tmp_path):
     assert sorted(df["value"].unique()) == [1, 2] and set(df["status"]) == {"ok"}
     assert (df["comm_bytes_per_step"] == df["comm_bytes_expected"]).all()
     assert (df.loc[df["value"] == 2, "comm_calls_per_step"] == 1).all()  # one row all-reduce
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_world_size_sweep_without_torchrun(tmp_path):
+    """`python bench/run.py --sweep world_size --nproc-per-node 4`: the ranks start through
+    PyTorch's elastic launcher, points run on 1, 2 and 4 of them inside the one launch, and
+    the report draws throughput and efficiency."""
+    out, reports = tmp_path / "ws", tmp_path / "reports"
+    proc = launch(
+        [
+            sys.executable,
+            "bench/run.py",
+            "--sweep",
+            "world_size",
+            "--model",
+            "mlp",
+            "--impl",
+            "native",
+            "--steps",
+            "3",
+            "--warmup-steps",
+            "1",
+            "--profile-steps",
+            "1",
+            "--batch-size",
+            "16",
+            "--timeout-s",
+            "60",
+            "--nproc-per-node",
+            "4",
+            "--out",
+            str(out),
+            "--reports-dir",
+            str(reports),
+        ],
+        timeout=280,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    df = pd.read_csv(out / "results.csv")
+    assert set(df["status"]) == {"ok"}
+    assert sorted(zip(df["scaling"], df["world_size"], df["batch_per_replica"], strict=True)) == [
+        ("strong", 1, 64), ("strong", 2, 32), ("strong", 4, 16),
+        ("weak", 1, 16), ("weak", 2, 16), ("weak", 4, 16),
+    ]  # fmt: skip
+    html = (reports / "ws.html").read_text()
+    assert "<h2>Scaling</h2>" in html and "efficiency</b> at 4 ranks" in html

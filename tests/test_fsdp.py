@@ -74,7 +74,6 @@ def fsdp_worker(impl: str, strategy: str, steps: int, mixed_precision: str = "no
             "comm": (model.comm_stats.calls, model.comm_stats.bytes),
             "sharded_bytes": model.sharded_bytes(),
         }
-        model.close()
     out["losses"] = losses
     return out
 
@@ -151,7 +150,6 @@ def comm_worker(strategy: str, steps: int) -> tuple:
     train(model, rank_batches(world, rank, steps))
     padded = [u.padded * 4 for u in model.units]
     out = (model.comm_stats.calls, model.comm_stats.bytes, padded, model.sharded_bytes())
-    model.close()
     return out
 
 
@@ -181,7 +179,6 @@ def state_dict_worker(impl: str, strategy: str) -> dict:
     train(model, rank_batches(world, rank, 2))
     if impl == "reference":
         state = model.full_state_dict()
-        model.close()
     elif impl == "native_fsdp1":  # the seed's way: a full state dict gathered on rank 0
         from torch.distributed.fsdp import FullStateDictConfig, StateDictType
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
@@ -234,7 +231,6 @@ def held_bytes_worker(strategy: str) -> tuple[int, int]:
     after_forward = model.held_bytes()
     loss.backward()
     at_rest = model.held_bytes()
-    model.close()
     return after_forward, at_rest
 
 
@@ -401,8 +397,6 @@ def clipped_worker(impl: str, max_norm: float) -> dict:
         norms.append(float(clip_grad_norm(model, max_norm)))
         opt.step()
     full = STRATEGIES["fsdp"].replicated(model)
-    if hasattr(model, "close"):
-        model.close()
     return {"norms": norms, "full": full}
 
 

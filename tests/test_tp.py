@@ -70,7 +70,6 @@ def layer_worker(impl: str, model_name: str, degree: int) -> dict:
         grads = m.full_grads() if name == "tp" else {k: p.grad for k, p in m.named_parameters()}
         out[name] = {"y": y.detach(), "dx": xi.grad, "grads": grads}
     out["plan"] = sorted(model.shard_dims)
-    model.close()
     return out
 
 
@@ -134,7 +133,6 @@ def train_worker(impl: str, degree: int, dp_shard: bool, steps: int, clip=None) 
         "params": model.full_state(),
         "dp": (model.dp_rank, model.dp_size),
     }
-    model.close()
     return out
 
 

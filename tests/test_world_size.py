@@ -1,0 +1,76 @@
+"""World-size sweeps inside one launch: points on the first k ranks while the others wait."""
+
+import dataclasses
+
+import pandas as pd
+import pytest
+
+from bench.scaling import scaling_efficiency
+from bench.sweeps import build_points
+from tests.test_harness import FAST, run_points
+
+
+def test_points_cover_world_sizes_and_both_scalings():
+    points = build_points("world_size", world_size=4, models="mlp", impls="native")
+    assert [(p.world, p.scaling, p.global_batch) for p in points] == [
+        (1, "weak", None), (2, "weak", None), (4, "weak", None),
+        (1, "strong", 256), (2, "strong", 256), (4, "strong", 256),
+    ]  # fmt: skip
+    assert points[0].id == "mlp-world_size=1-weak-ddp-native" and points[0].strategy == "ddp"
+    tp = build_points("world_size", world_size=4, values="2,4", strategy="tp",
+                      options=["tp_degree=2"], scaling="strong", batch_size=8)  # fmt: skip
+    layouts = {(p.world, p.options["tp_degree"], p.global_batch) for p in tp}
+    assert layouts == {(2, 2, 32), (4, 2, 32)}
+    with pytest.raises(ValueError, match="world size 8 is larger than the 4 ranks launched"):
+        build_points("world_size", world_size=4, values="1,8")
+    with pytest.raises(ValueError, match="unknown strategy 'zero'"):
+        build_points("world_size", world_size=4, strategy="zero")
+    with pytest.raises(ValueError, match="--strategy is for the world_size sweep"):
+        build_points("bucket_cap_mb", strategy="fsdp")
+
+
+def test_scaling_efficiency_against_the_smallest_world_size():
+    df = pd.DataFrame({
+        "model": "m", "impl": "native", "strategy": "ddp", "status": "ok",
+        "scaling": ["weak"] * 3 + ["strong"] * 3, "world_size": [1, 2, 4] * 2,
+        "samples_per_s": [100.0, 180.0, 300.0, 100.0, 200.0, 400.0],
+    })  # fmt: skip
+    out = scaling_efficiency(df)
+    assert out["efficiency_pct"].round(6).tolist() == [100.0, 90.0, 75.0, 100.0, 100.0, 100.0]
+    assert out["ideal_speedup"].tolist() == [1.0, 2.0, 4.0] * 2
+
+
+@pytest.mark.timeout(300)
+def test_points_on_part_of_the_ranks(pool, tmp_path):
+    """At 4 launched ranks, DDP at 1 and 2 ranks (weak and strong), FSDP and TP x DP meshes on
+    2 ranks while ranks 2 and 3 wait, then a 4-rank point: each row is measured on its own
+    ranks, with its own batch, and moves the bytes its world size implies."""
+    points = build_points(
+        "world_size", world_size=4, values="1,2", models="mlp", impls="native,reference",
+        batch_size=16,
+    )  # fmt: skip
+    points += build_points("world_size", world_size=4, values="2", models="mlp",
+                           strategy="fsdp", scaling="weak", batch_size=16)  # fmt: skip
+    points += build_points("world_size", world_size=4, values="2,4", models="mlp",
+                           strategy="tp", options=["tp_degree=2"], impls="native,reference",
+                           scaling="weak", batch_size=16)  # fmt: skip
+    cfg = dataclasses.replace(FAST, batch_size=16)  # --batch-size: what the points were built with
+    rows = pool(4).run(run_points, points, str(tmp_path), cfg, timeout=280)[0]
+    for p, r in zip(points, rows, strict=True):
+        assert r["status"] == "ok", (p.id, r["error"])
+        assert r["world_size"] == p.world and r["scaling"] == p.scaling
+        if p.strategy == "ddp":
+            # one replica per rank: strong scaling splits the global batch of 32 over them
+            assert r["batch_per_replica"] == (16 if p.scaling == "weak" else 32 // p.world)
+            # every gradient all-reduced, even on one rank (DDP does not skip it)
+            assert r["comm_bytes_per_step"] == r["grad_bytes"]
+        elif (p.strategy, p.impl) == ("fsdp", "reference"):
+            # it skips re-gathering the first layer in backward (test_fsdp.py says why)
+            zero2 = r["comm_bytes_expected"] - r["grad_bytes"] / 2
+            assert zero2 < r["comm_bytes_per_step"] < r["comm_bytes_expected"]
+        else:
+            assert r["comm_bytes_per_step"] == pytest.approx(r["comm_bytes_expected"], rel=1e-6)
+        if p.strategy == "tp":  # two ranks of one TP group read the same batch: one replica
+            assert r["samples_per_s"] == pytest.approx(
+                16 * (p.world // 2) / (r["step_ms_median"] / 1e3)
+            )
