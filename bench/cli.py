@@ -169,11 +169,22 @@ def _self_launch(nproc: int, argv: list[str]) -> int:
         run(launcher_args)
     except ChildFailedError as e:
         codes = {f.exitcode for f in e.failures.values()}
-        print(
-            f"error: {len(e.failures)} rank(s) failed (exit codes {sorted(codes)})", file=sys.stderr
-        )
-        return 2 if codes == {2} else 1
+        if codes == {2}:  # bad input found after start-up: each rank printed its line
+            return 2
+        print(f"error: {describe_failures(e.failures)}", file=sys.stderr)
+        return 1
     return 0
+
+
+def describe_failures(failures: dict) -> str:
+    """One line naming each rank that failed and how: killed by a signal, or its exit code.
+    The first one listed is the first to fail (by its timestamp); the others usually followed
+    it (the launcher stops them, or they lost their peer)."""
+    parts = []
+    for rank, f in sorted(failures.items(), key=lambda kv: kv[1].timestamp):
+        how = f"killed by {f.signal_name()}" if f.exitcode < 0 else f"exit code {f.exitcode}"
+        parts.append(f"rank {rank} (pid {f.pid}) {how}")
+    return "; ".join(parts) + " (results.csv keeps every point finished before)"
 
 
 def _strip_nproc(argv: list[str]) -> list[str]:
@@ -236,6 +247,12 @@ def main(argv: list[str] | None = None) -> int:
         fail(str(e))
     if args.resume and args.out is None:
         fail("--resume needs --out RUN_DIR (the run to continue)")
+    if args.resume:
+        from bench.run_context import resume_problem
+
+        problem = resume_problem(args.out, args, _world_size(args))
+        if problem:
+            fail(problem)
     if args.out is not None and not args.resume and has_results(args.out):
         # Checked here too (rank 0 checks again after start-up) so that it fails before launch.
         fail(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import platform
 import sys
 from collections.abc import Callable
@@ -47,8 +48,41 @@ class RunContext:
                 self.samples.append_samples(row["point"], samples)
 
 
-def _prepare_run_dir(args: argparse.Namespace) -> tuple[Path | None, str | None]:
-    """Rank 0 only: pick the folder, refuse to overwrite finished results."""
+# What makes two launches the same run: --resume refuses a run made with other values of these.
+SETTINGS = (
+    "sweep", "values", "model", "impl", "option", "strategy", "scaling", "batch_size", "steps",
+    "warmup_steps", "profile_steps", "clip_grad_norm", "backend", "min_bytes", "max_bytes",
+    "factor", "iters", "warmup_iters", "check", "dtype", "op", "collectives",
+)  # fmt: skip
+
+
+def resume_problem(run_dir: Path, args: argparse.Namespace, world_size: int | None) -> str | None:
+    """Why ``run_dir`` cannot be resumed with these arguments, or None."""
+    meta_path = run_dir / "meta.json"
+    if not meta_path.exists():
+        return f"--resume: {run_dir} is not a run folder (no meta.json)"
+    if not has_results(run_dir):
+        return f"--resume: {run_dir} holds no results.csv to continue"
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, ValueError) as e:
+        return f"--resume: cannot read {meta_path}: {e}"
+    then = meta.get("config", {})
+    now = json.loads(json.dumps({k: getattr(args, k, None) for k in SETTINGS}, default=str))
+    diffs = [f"{k} {then.get(k)!r} (now {now[k]!r})" for k in SETTINGS if then.get(k) != now[k]]
+    if world_size is not None and meta.get("world_size") not in (None, world_size):
+        diffs.append(f"world size {meta['world_size']} (now {world_size})")
+    if diffs:
+        return (
+            f"--resume: {run_dir} was made with other settings: {', '.join(diffs)}; "
+            "resume with the same ones or start a new run"
+        )
+    return None
+
+
+def _prepare_run_dir(args: argparse.Namespace, world_size: int) -> tuple[Path | None, str | None]:
+    """Rank 0 only: pick the folder, refuse to overwrite finished results, or to resume a run
+    made with other settings."""
     run_dir = args.out if args.out is not None else default_run_dir(Path("results"), args.sweep)
     finished = has_results(run_dir)
     if finished and not args.resume:
@@ -56,8 +90,10 @@ def _prepare_run_dir(args: argparse.Namespace) -> tuple[Path | None, str | None]
             f"{run_dir} already holds results: pass --resume to continue it, or "
             f"choose another --out"
         )
-    if args.resume and not finished:
-        return None, f"--resume: {run_dir} holds no results.csv to continue"
+    if args.resume:
+        problem = resume_problem(run_dir, args, world_size)
+        if problem:
+            return None, problem
     try:
         (run_dir / "traces").mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -96,7 +132,7 @@ def start_run(args: argparse.Namespace, argv: list[str], columns: list[str]) -> 
     env = init_distributed(backend=args.backend, timeout_s=max(900.0, 3 * args.point_timeout))
     decision: list = [None]
     if env.is_main:
-        decision = [_prepare_run_dir(args)]
+        decision = [_prepare_run_dir(args, env.world_size)]
     dist.broadcast_object_list(decision, group_src=0)
     run_dir, error = decision[0]
     if error:
