@@ -63,9 +63,12 @@ def init_distributed(*, backend: str = "auto", timeout_s: float = 300.0) -> Dist
             timeout=datetime.timedelta(seconds=timeout_s),
             device_id=device if device_type == "cuda" else None,
         )
-    hosts: list[str | None] = [None] * dist.get_world_size()
+    # Nodes are told apart by torchrun's node rank (GROUP_RANK), not by host name: two nodes
+    # may share a name (containers, network namespaces on one machine).
     host = socket.gethostname()
-    dist.all_gather_object(hosts, host)
+    node = os.environ.get("GROUP_RANK", host)
+    nodes: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(nodes, node)
     return DistEnv(
         rank=dist.get_rank(),
         world_size=dist.get_world_size(),
@@ -74,7 +77,7 @@ def init_distributed(*, backend: str = "auto", timeout_s: float = 300.0) -> Dist
         backend=backend,
         device=device,
         host=host,
-        nnodes=len(set(hosts)),
+        nnodes=len(set(nodes)),
     )
 
 

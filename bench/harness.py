@@ -48,6 +48,10 @@ class DivergedError(RuntimeError):
     """Replicas that should be identical are not."""
 
 
+class LostRanksError(RuntimeError):
+    """The ranks could not agree on a point's outcome: a rank or a node is gone."""
+
+
 def param_digest(tensors: list[torch.Tensor]) -> str:
     """SHA-256 of the tensors' exact bytes: equal digests mean bit-identical replicas."""
     h = hashlib.sha256()
@@ -276,7 +280,14 @@ def run_point(
         except Exception as e:  # noqa: BLE001  (any failure becomes the point's error row)
             error = f"{type(e).__name__}: {e}"
     gathered: list = [None] * env.world_size
-    dist.all_gather_object(gathered, (metrics, error))  # the others wait here: a barrier
+    try:
+        dist.all_gather_object(gathered, (metrics, error))  # the others wait here: a barrier
+    except Exception as e:  # noqa: BLE001  (the job cannot go on: say what is known)
+        own = error or "finished on this rank"
+        raise LostRanksError(
+            f"point {point.id}: lost contact with the other ranks "
+            f"({type(e).__name__}: {str(e).splitlines()[0][:300]}); rank {env.rank}: {own}"
+        ) from None
     if env.rank in members:
         dist.destroy_process_group(group)
     gc.collect()

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import time
 
 import pandas as pd
 
 from bench.distenv import rank0_print
-from bench.harness import HarnessConfig, run_point
+from bench.harness import HarnessConfig, LostRanksError, run_point
 from bench.results import TRAINING_COLUMNS, TRAINING_EXTRA_COLUMNS
 from bench.run_context import finish_run, start_run
 from bench.scaling import scaling_efficiency
@@ -46,6 +48,18 @@ def _summary_table(df: pd.DataFrame) -> str:
     return df[[c for c in cols if c in df]].to_string(index=False, float_format="{:.2f}".format)
 
 
+def lost_ranks(ctx, point: Point, e: LostRanksError) -> None:
+    """A rank or node is gone: record the point as failed, say so, and end this rank now
+    (its process group cannot be torn down cleanly without the lost peers)."""
+    if ctx.env.is_main:
+        ctx.write({"sweep": point.sweep, "value": point.value, "impl": point.impl,
+                   "strategy": point.strategy, "model": point.model, "point": point.id,
+                   "world_size": point.world or ctx.env.world_size, "status": "error",
+                   "error": str(e)})  # fmt: skip
+    print(f"error: {e}", file=sys.stderr, flush=True)
+    os._exit(1)
+
+
 def run_sweep(args: argparse.Namespace, points: list[Point], argv: list[str]) -> int:
     ctx = start_run(
         args,
@@ -71,13 +85,16 @@ def run_sweep(args: argparse.Namespace, points: list[Point], argv: list[str]) ->
             rank0_print(f"{label}: already done, skipped (--resume)")
             continue
         t0 = time.perf_counter()
-        row = run_point(
-            point,
-            env,
-            cfg,
-            ctx.run_dir / "traces" / point.id,
-            progress=lambda msg, label=label: rank0_print(f"{label}: {msg}"),
-        )
+        try:
+            row = run_point(
+                point,
+                env,
+                cfg,
+                ctx.run_dir / "traces" / point.id,
+                progress=lambda msg, label=label: rank0_print(f"{label}: {msg}"),
+            )
+        except LostRanksError as e:
+            lost_ranks(ctx, point, e)
         ctx.write(row)
         if row["status"] == "ok":
             rank0_print(
