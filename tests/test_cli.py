@@ -151,3 +151,13 @@ def test_tp_sweeps_fit_their_defaults_to_the_world_size():
     by_value = {p.value: p.options for p in points}
     assert by_value == {"tp": {"tp_degree": 8, "dp_shard": False},
                         "fsdp_tp4": {"tp_degree": 4, "dp_shard": True}}  # fmt: skip
+
+
+def test_resume_refuses_a_folder_that_is_not_a_run(tmp_path, capsys):
+    (tmp_path / "results.csv").write_text("sweep,value\n")
+    code, err = run_main(
+        ["--sweep", "bucket_cap_mb", "--out", str(tmp_path), "--resume", "--nproc-per-node", "2"],
+        capsys,
+    )
+    assert code == 2 and "is not a run folder (no meta.json)" in err
+    assert len(err.strip().splitlines()) == 1
