@@ -30,7 +30,7 @@ from torch import nn
 from torch.profiler import record_function
 
 from parallel_kernels.ddp import CommStats
-from parallel_kernels.groups import split
+from parallel_kernels.groups import mesh_lines, split
 
 # The current names of all_gather_into_tensor / reduce_scatter_tensor (torch >= 2.12).
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -70,9 +70,9 @@ def _make_groups(group, strategy: str, shard_size: int | None) -> _Groups:
     n = dist.get_world_size(group)
     s = shard_group_size(strategy, n, shard_size)
     shard_pg = replicate_pg = None
-    if 1 < s < n:  # hybrid: subgroups of consecutive ranks, replicas across them
-        shard_pg = split(group, [list(range(i, i + s)) for i in range(0, n, s)])
-        replicate_pg = split(group, [list(range(i, n, s)) for i in range(s)])
+    if 1 < s < n:  # hybrid: a (replicate, shard) grid, shard groups of consecutive ranks
+        replicate_lines, shard_lines = mesh_lines((n // s, s))
+        shard_pg, replicate_pg = split(group, shard_lines), split(group, replicate_lines)
     elif s == n:
         shard_pg = group
     else:

@@ -22,7 +22,7 @@ from torch import nn
 
 from parallel_kernels.ddp import ReferenceDDP
 from parallel_kernels.fsdp import ReferenceFSDP, fsdp_units
-from parallel_kernels.groups import device_mesh, split
+from parallel_kernels.groups import device_mesh, mesh_lines, split
 from parallel_kernels.tensor_parallel import (
     COLWISE,
     COPY,
@@ -60,16 +60,6 @@ class MeshDims:
     def coords(self, rank: int) -> tuple[int, int]:
         """(dp index, tp index) of a rank."""
         return divmod(rank, self.tp)
-
-    def tp_ranks(self, ranks: list[int]) -> list[list[int]]:
-        return [ranks[i : i + self.tp] for i in range(0, self.world, self.tp)]
-
-    def dp_ranks(self, ranks: list[int]) -> list[list[int]]:
-        return [ranks[j :: self.tp] for j in range(self.tp)]
-
-    def describe(self) -> str:
-        dp = f"{'FSDP' if self.dp_shard else 'DDP'} {self.dp}"
-        return f"{dp} x TP {self.tp}"
 
 
 class MeshParallel(nn.Module):
@@ -170,8 +160,8 @@ def _groups(group, dims: MeshDims):
         return None, group
     if dims.dp == 1:
         return group, None
-    grid = list(range(dims.world))
-    return split(group, dims.tp_ranks(grid)), split(group, dims.dp_ranks(grid))
+    dp_lines, tp_lines = mesh_lines(dims.shape)  # the groups of each mesh dimension
+    return split(group, tp_lines), split(group, dp_lines)
 
 
 def apply_reference_tp(
