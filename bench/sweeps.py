@@ -290,8 +290,9 @@ def _world_size_points(
     scaling: str | None,
     batch_size: int,
 ) -> list[Point]:
-    """Points at world sizes up to the launched one. Strong scaling keeps the global batch of
-    the largest size at --batch-size per replica; smaller sizes split it over fewer ranks."""
+    """Points at world sizes up to the launched one. Strong scaling keeps one global batch,
+    --batch-size x the largest world size (one replica per rank: --batch-size each at the
+    largest size), split over each point's data-parallel replicas."""
     if world_size is None:
         raise ValueError("the world_size sweep needs the world size")
     strategy = _strategy(strategy_name or "ddp")
