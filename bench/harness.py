@@ -7,6 +7,7 @@ then agree on the outcome over the default group and all move on to the next poi
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import gc
 import hashlib
@@ -119,16 +120,25 @@ def _train_and_measure(
     )
     last_loss = torch.zeros(())
 
+    accum = int(point.train.get("grad_accum", 1))
+    skip_sync = unsynced(wrapped) if accum > 1 else None
+
     def step() -> None:
+        """One optimiser step over ``accum`` micro-batches; gradients are synchronised only
+        in the last one's backward."""
         nonlocal last_loss
-        x, y = next(batches)
         opt.zero_grad(set_to_none=True)
-        loss = spec.loss(wrapped(x), y)
-        loss.backward()
+        total = torch.zeros(())
+        for micro in range(accum):
+            x, y = next(batches)
+            with skip_sync() if micro < accum - 1 else contextlib.nullcontext():
+                loss = spec.loss(wrapped(x), y) / accum
+                loss.backward()
+            total += loss.detach().cpu()
         if cfg.clip_grad_norm is not None:
             clip_grad_norm(wrapped, cfg.clip_grad_norm)
         opt.step()
-        last_loss = loss.detach()
+        last_loss = total
 
     progress("warm-up")
     for _ in range(cfg.warmup_steps):
@@ -178,9 +188,30 @@ def _train_and_measure(
         grad_bytes=n_grad_bytes,
         loss=float(last_loss),
         batch_per_replica=batch,
-        samples_per_s=batch * dp_size / (metrics["step_ms_median"] / 1e3),
+        grad_accum=accum,
+        samples_per_s=batch * accum * dp_size / (metrics["step_ms_median"] / 1e3),
+        comm_bytes_per_sample=metrics["comm_bytes_per_step"] / (batch * accum * dp_size),
     )
     return metrics
+
+
+def unsynced(model: torch.nn.Module):
+    """A context manager factory under which backward skips gradient synchronisation: DDP's
+    and FSDP1's ``no_sync``, FSDP2's ``set_requires_gradient_sync``."""
+    if hasattr(model, "no_sync"):
+        return model.no_sync
+    if hasattr(model, "set_requires_gradient_sync"):
+
+        @contextlib.contextmanager
+        def fsdp2():
+            model.set_requires_gradient_sync(False)
+            try:
+                yield
+            finally:
+                model.set_requires_gradient_sync(True)
+
+        return fsdp2
+    raise ValueError(f"{type(model).__name__} has no way to skip gradient synchronisation")
 
 
 def replica_batch(point: Point, batch_size: int, dp_size: int) -> int:

@@ -66,6 +66,8 @@ TRAINING_EXTRA_COLUMNS = [
     "scaling",
     "global_batch",
     "batch_per_replica",
+    "grad_accum",
+    "comm_bytes_per_sample",
     "trace_dir",
 ]
 

@@ -97,6 +97,9 @@ class Sweep:
     # world size are left out (TP degrees up to the world size).
     expand: Callable[[Any, int], dict[str, Any]] | None = None
     sets: tuple[str, ...] = ()  # options the sweep sets (default: option): --option cannot
+    # A knob of the training step (harness.TRAINING_KNOBS), not a strategy option: its value
+    # goes to Point.train, and --strategy picks the strategy (default: ``strategy`` or ddp).
+    knob: bool = False
 
     def options_for(self, value: Any, world: int | None) -> dict[str, Any]:
         if self.expand is None:
@@ -158,6 +161,16 @@ SWEEPS: dict[str, Sweep] = {
             default_models=("transformer",),
             expand=_mesh,
             sets=("tp_degree", "dp_shard"),
+        ),
+        Sweep(
+            name="grad_accum",
+            description="gradient accumulation: 1, 2, 4, 8 micro-batches per optimiser step, "
+            "gradients synchronised on the last only (no_sync); --strategy ddp (default)",
+            option="grad_accum",
+            default_values=("1", "2", "4", "8"),
+            parse=positive_int,
+            default_models=("wide_mlp",),
+            knob=True,
         ),
         Sweep(
             name="world_size",
@@ -224,6 +237,7 @@ class Point:
     world: int | None = None
     scaling: str | None = None
     global_batch: int | None = None
+    train: dict[str, Any] = field(default_factory=dict)  # knobs of the training step
 
     @property
     def id(self) -> str:
@@ -374,14 +388,17 @@ def build_points(
             scaling=scaling,
             batch_size=batch_size,
         )
-    if strategy is not None:
-        raise ValueError(f"--strategy is for the world_size sweep; {sweep_name} measures "
-                         f"{sweep.strategy or 'collectives'}")  # fmt: skip
+    if strategy is not None and not sweep.knob:
+        measures = sweep.strategy or "collectives"
+        raise ValueError(
+            f"--strategy is for the world_size sweep and the training-knob sweeps; "
+            f"{sweep_name} measures {measures}"
+        )
     if scaling is not None:
         raise ValueError("--scaling is for the world_size sweep")
     if sweep.kind != "training":
         raise ValueError(f"sweep {sweep_name!r} has no training points")
-    strategy = STRATEGIES[sweep.strategy]
+    strategy = _strategy(strategy or sweep.strategy or "ddp")
     raw_values = parse_list(values, "value") if values else list(sweep.default_values)
     parsed = []
     for v in raw_values:
@@ -398,6 +415,8 @@ def build_points(
         except ValueError as e:
             raise ValueError(f"bad value for --sweep {sweep.name}: {e}") from None
     fixed = parse_options(options or [], strategy.options, sweep.sets or (sweep.option,))
+    if sweep.knob:  # the value sets a knob of the step, not an option of the strategy
+        set_by_value = [{} for _ in parsed]
     model_names = parse_list(models, "model", MODELS) if models else list(sweep.default_models)
     impl_names = (
         parse_list(impls, "implementation", strategy.impls)
@@ -412,6 +431,7 @@ def build_points(
             impl=i,
             strategy=strategy.name,
             options={**fixed, **opts},
+            train={sweep.option: v} if sweep.knob else {},
         )
         for m in model_names
         for v, opts in zip(parsed, set_by_value, strict=True)

@@ -81,6 +81,8 @@ def run_main(args, capsys) -> tuple[int, str]:
             "unknown scaling linear",
         ),
         (["--sweep", "bucket_cap_mb", "--strategy", "fsdp"], "is for the world_size sweep"),
+        (["--sweep", "grad_accum", "--values", "0"], "must be a positive integer"),
+        (["--sweep", "grad_accum", "--strategy", "zero"], "unknown strategy 'zero'"),
         (
             ["--sweep", "tp_degree", "--values", "1,3", "--nproc-per-node", "4"],
             "TP degree 3 does not divide the world size 4",

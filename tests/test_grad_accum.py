@@ -1,0 +1,39 @@
+"""Gradient accumulation through the harness: one synchronisation per optimiser step, so the
+bytes per sample fall with the number of micro-batches (the equality of no_sync accumulation
+with the large-batch step is proven in test_ddp.py)."""
+
+import pytest
+
+from bench.sweeps import build_points
+from tests.test_harness import FAST, run_points
+
+
+def test_grad_accum_points():
+    points = build_points("grad_accum", models="mlp", impls="native")
+    assert [(p.value, p.train, p.strategy, p.options) for p in points] == [
+        (k, {"grad_accum": k}, "ddp", {}) for k in (1, 2, 4, 8)
+    ]
+    fsdp = build_points("grad_accum", values="2", strategy="fsdp", impls="native")
+    assert fsdp[0].strategy == "fsdp" and fsdp[0].options == {}
+
+
+@pytest.mark.timeout(300)
+def test_accumulation_syncs_once_per_optimiser_step(pool, tmp_path):
+    points = build_points("grad_accum", values="1,4", models="mlp", impls="native,reference")
+    points += build_points("grad_accum", values="2", models="mlp", strategy="fsdp",
+                           impls="native,native_fsdp1")  # fmt: skip
+    points += build_points("grad_accum", values="2", models="mlp", strategy="tp",
+                           impls="reference")  # fmt: skip
+    rows = pool(2).run(run_points, points, str(tmp_path), FAST)[0]
+    by = {(r["strategy"], r["value"], r["impl"]): r for r in rows}
+    for impl in ("native", "reference"):
+        one, four = by[("ddp", 1, impl)], by[("ddp", 4, impl)]
+        assert one["status"] == four["status"] == "ok", (one["error"], four["error"])
+        # every gradient byte once per optimiser step, whatever the micro-batches
+        assert one["comm_bytes_per_step"] == four["comm_bytes_per_step"] == one["grad_bytes"]
+        assert four["comm_bytes_per_sample"] == pytest.approx(one["comm_bytes_per_sample"] / 4)
+        assert four["grad_accum"] == 4
+    for impl in ("native", "native_fsdp1"):  # FSDP2's set_requires_gradient_sync, FSDP1's no_sync
+        assert by[("fsdp", 2, impl)]["status"] == "ok", by[("fsdp", 2, impl)]["error"]
+    tp = by[("tp", 2, "reference")]
+    assert tp["status"] == "error" and "no way to skip gradient synchronisation" in tp["error"]
