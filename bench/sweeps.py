@@ -45,6 +45,13 @@ def positive_int(text: str) -> int:
     return value
 
 
+def on_off(text: str) -> str:
+    value = text.strip().lower()
+    if value not in ("off", "on"):
+        raise ValueError(f"{text!r} is not off or on")
+    return value
+
+
 def _tp_degree(degree: int, world: int) -> dict[str, Any]:
     if world % degree:
         raise ValueError(f"TP degree {degree} does not divide the world size {world}")
@@ -170,6 +177,16 @@ SWEEPS: dict[str, Sweep] = {
             default_values=("1", "2", "4", "8"),
             parse=positive_int,
             default_models=("wide_mlp",),
+            knob=True,
+        ),
+        Sweep(
+            name="activation_checkpointing",
+            description="activation checkpointing per transformer block, off or on: peak "
+            "memory saved against compute added; --strategy ddp (default) or fsdp",
+            option="activation_checkpointing",
+            default_values=("off", "on"),
+            parse=on_off,
+            default_models=("transformer",),
             knob=True,
         ),
         Sweep(
