@@ -84,6 +84,7 @@ def _train_and_measure(
 ) -> dict:
     spec = MODELS[point.model]
     strategy = STRATEGIES[point.strategy]
+    options, autocast = precision_setup(point, strategy, env.device)
     world = dist.get_world_size(group)
     rank = dist.get_rank(group)
     gc.collect()  # earlier points' modules hold reference cycles (hooks): free them first
@@ -97,7 +98,7 @@ def _train_and_measure(
     checkpointing = point.train.get("activation_checkpointing", "off") == "on"
     if checkpointing:
         checkpoint_blocks(model)
-    wrapped = strategy.apply(point.impl, model, group=group, device=env.device, **point.options)
+    wrapped = strategy.apply(point.impl, model, group=group, device=env.device, **options)
     if checkpointing and ReferenceFSDP in (type(wrapped), type(getattr(wrapped, "module", None))):
         # Its backward gathers parameters again through saved-tensor hooks, which
         # checkpointing replaces with recomputation; that pairing is not built yet.
@@ -111,7 +112,7 @@ def _train_and_measure(
         twin = spec.build()
     plain = dict(model=twin, impl=point.impl, tokens=batch * spec.tokens_per_sample)
     expected = {
-        col: fn(n_params, world, **plain, **point.options) if fn else np.nan
+        col: fn(n_params, world, **plain, **options) if fn else np.nan
         for col, fn in (
             ("comm_bytes_expected", strategy.expected_comm_bytes),
             ("state_bytes_expected", strategy.expected_state_bytes),
@@ -141,7 +142,8 @@ def _train_and_measure(
         for micro in range(accum):
             x, y = next(batches)
             with skip_sync() if micro < accum - 1 else contextlib.nullcontext():
-                loss = spec.loss(wrapped(x), y) / accum
+                with autocast():
+                    loss = spec.loss(wrapped(x), y) / accum
                 loss.backward()
             total += loss.detach().cpu()
         if cfg.clip_grad_norm is not None:
@@ -202,6 +204,21 @@ def _train_and_measure(
         comm_bytes_per_sample=metrics["comm_bytes_per_step"] / (batch * accum * dp_size),
     )
     return metrics
+
+
+def precision_setup(point: Point, strategy, device: torch.device):
+    """(strategy options, autocast context factory) for the point's precision knob: a strategy
+    with a mixed-precision option (FSDP) gets it set, the others run forward and loss under
+    ``torch.autocast``. A dtype the device cannot compute in is refused."""
+    name = point.train.get("precision", "fp32")
+    if name == "fp32":
+        return point.options, contextlib.nullcontext
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[name]
+    if device.type == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
+        raise ValueError(f"{torch.cuda.get_device_name(device)} cannot compute in bf16")
+    if "mixed_precision" in strategy.options:
+        return {**point.options, "mixed_precision": name}, contextlib.nullcontext
+    return point.options, lambda: torch.autocast(device.type, dtype=dtype)
 
 
 def unsynced(model: torch.nn.Module):

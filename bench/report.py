@@ -53,7 +53,7 @@ TRAINING_TABLE = [
     "step_ms_min", "step_ms_max",
     "samples_per_s", "compute_ms", "comm_ms", "overlap_pct", "exposed_comm_ms", "idle_ms",
     "compute_comm_ratio", "compute_share_pct", "gpu_util_pct", "comm_calls_per_step",
-    "comm_bytes_per_step", "comm_bytes_expected", "peak_mem_mb",
+    "comm_bytes_per_step", "comm_bytes_expected", "peak_mem_mb", "loss",
 ]  # fmt: skip
 COLLECTIVE_TABLE = [
     "collective", "op", "dtype", "size_bytes", "count", "impl", "time_us", "algbw_GBps",

@@ -45,6 +45,13 @@ def positive_int(text: str) -> int:
     return value
 
 
+def precision(text: str) -> str:
+    value = text.strip().lower()
+    if value not in ("fp32", "bf16", "fp16"):
+        raise ValueError(f"{text!r} is not a precision (fp32, bf16, fp16)")
+    return value
+
+
 def on_off(text: str) -> str:
     value = text.strip().lower()
     if value not in ("off", "on"):
@@ -187,6 +194,16 @@ SWEEPS: dict[str, Sweep] = {
             default_values=("off", "on"),
             parse=on_off,
             default_models=("transformer",),
+            knob=True,
+        ),
+        Sweep(
+            name="precision",
+            description="training precision, fp32 or bf16 (fp16 on request): autocast for DDP "
+            "and TP, FSDP's mixed-precision policy for FSDP; --strategy ddp (default)",
+            option="precision",
+            default_values=("fp32", "bf16"),
+            parse=precision,
+            default_models=("wide_mlp",),
             knob=True,
         ),
         Sweep(
