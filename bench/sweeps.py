@@ -15,7 +15,7 @@ from typing import Any
 
 from parallel_kernels.fsdp import STRATEGIES as SHARDING_STRATEGIES
 from parallel_kernels.models import MODELS
-from parallel_kernels.strategies import STRATEGIES
+from parallel_kernels.strategies import COMM_HOOKS, STRATEGIES
 
 
 def positive_float(text: str) -> float:
@@ -42,6 +42,13 @@ def positive_int(text: str) -> int:
         raise ValueError(f"{text!r} is not an integer") from None
     if value < 1:
         raise ValueError(f"{text!r} must be a positive integer")
+    return value
+
+
+def comm_hook(text: str) -> str:
+    value = text.strip().lower()
+    if value not in COMM_HOOKS:
+        raise ValueError(f"{text!r} is not a comm hook ({', '.join(COMM_HOOKS)})")
     return value
 
 
@@ -142,6 +149,16 @@ SWEEPS: dict[str, Sweep] = {
             default_values=("0.25", "1", "5", "25", "100"),
             parse=positive_float,
             default_models=("mlp", "wide_mlp"),
+        ),
+        Sweep(
+            name="comm_hook",
+            description="DDP gradient compression: none, fp16, bf16 (our cast where PyTorch's "
+            "hook refuses gloo), PowerSGD of rank 1 or 2 (native)",
+            strategy="ddp",
+            option="comm_hook",
+            default_values=COMM_HOOKS,
+            parse=comm_hook,
+            default_models=("wide_mlp",),
         ),
         Sweep(
             name="sharding_strategy",

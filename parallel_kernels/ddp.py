@@ -23,6 +23,7 @@ gradient accumulation; the next synchronised backward all-reduces the accumulate
 
 Bytes moved per synchronised step (payload, as counted in ``comm_stats``): the gradient bytes of
 all trainable parameters, once. With a ring all-reduce each rank sends 2(n-1)/n of that.
+``compress=torch.bfloat16`` (or float16) all-reduces each bucket cast down: half the bytes.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ class _Bucket:
     buffer: torch.Tensor
     pending: int = 0
     work: dist.Work | None = None
+    wire: torch.Tensor | None = None  # the compressed copy in flight, when compressing
     ready: set[int] = field(default_factory=set)  # ids of params whose grad was copied in
 
     @property
@@ -101,9 +103,11 @@ class ReferenceDDP(nn.Module):
         group: dist.ProcessGroup | None = None,
         bucket_cap_mb: float = 25.0,
         overlap: bool = True,
+        compress: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         self.module = module
+        self.compress = compress
         self.group = group
         self.world_size = dist.get_world_size(group)
         self.overlap = overlap
@@ -206,16 +210,21 @@ class ReferenceDDP(nn.Module):
             bucket.buffer.div_(self.world_size)
 
     def _start(self, bucket: _Bucket) -> None:
-        self.comm_stats.add(bucket.buffer)
-        bucket.work = dist.all_reduce(
-            bucket.buffer, op=dist.ReduceOp.SUM, group=self.group, async_op=True
-        )
+        # Compression (fp16/bf16) casts the averaged bucket down, all-reduces that, and casts
+        # the sum back: half the bytes, after the fp16/bf16 hooks of PyTorch's DDP.
+        wire = bucket.buffer if self.compress is None else bucket.buffer.to(self.compress)
+        bucket.wire = wire
+        self.comm_stats.add(wire)
+        bucket.work = dist.all_reduce(wire, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
 
     def _finish_backward(self) -> None:
         self._launch_in_order(only_ready=False)
         with torch.no_grad(), record_function("ReferenceDDP.wait_buckets"):
             for bucket in self._buckets:
                 bucket.work.wait()
+                if bucket.wire is not bucket.buffer:
+                    bucket.buffer.copy_(bucket.wire)
+                bucket.wire = None
         with torch.no_grad(), record_function("ReferenceDDP.copy_grads_out"):
             for bucket in self._buckets:
                 for p, off in zip(bucket.params, bucket.offsets, strict=True):
