@@ -132,6 +132,8 @@ def _train_and_measure(
 
     accum = int(point.train.get("grad_accum", 1))
     skip_sync = unsynced(wrapped) if accum > 1 else None
+    accelerator = getattr(wrapped, "accelerator", None)  # Accelerate's step: its backward
+    backward = accelerator.backward if accelerator is not None else torch.Tensor.backward
 
     def step() -> None:
         """One optimiser step over ``accum`` micro-batches; gradients are synchronised only
@@ -144,7 +146,7 @@ def _train_and_measure(
             with skip_sync() if micro < accum - 1 else contextlib.nullcontext():
                 with autocast():
                     loss = spec.loss(wrapped(x), y) / accum
-                loss.backward()
+                backward(loss)
             total += loss.detach().cpu()
         if cfg.clip_grad_norm is not None:
             clip_grad_norm(wrapped, cfg.clip_grad_norm)

@@ -175,6 +175,11 @@ def main() -> int:
         rank0_print(
             f"reference/native peak-memory ratio: {peaks['reference'] / peaks['native']:.3f}"
         )
+    if "accelerate" in med and "native" in med:
+        rank0_print(
+            f"accelerate/native step-time ratio: {med['accelerate'] / med['native']:.3f} "
+            "(what the convenience layer costs)"
+        )
     if "naive" in med and "reference" in med:
         rank0_print(
             f"naive/reference communication bytes per step: {comm['naive'] / comm['reference']:.2f}"

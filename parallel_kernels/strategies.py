@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from parallel_kernels.accelerate_ddp import apply_accelerate, apply_plain_ddp
 from parallel_kernels.ddp import ReferenceDDP
 from parallel_kernels.fsdp import STRATEGIES as SHARDING_STRATEGIES
 from parallel_kernels.fsdp import ReferenceFSDP, fsdp_units, shard_group_size
@@ -423,6 +424,16 @@ STRATEGIES: dict[str, Strategy] = {
             expected_state_bytes=_fsdp_expected_state_bytes,
             expected_comm_bytes=_fsdp_expected_comm_bytes,
             mesh_shape=_fsdp_mesh_shape,
+        ),
+        Strategy(
+            name="accelerate",
+            description="data parallel prepared by Hugging Face Accelerate (optional extra), "
+            "next to plain DDP with the same autocast",
+            impls={"native": apply_plain_ddp, "accelerate": apply_accelerate},
+            options={"mixed_precision": "none"},
+            default_impls=("native", "accelerate"),
+            expected_state_bytes=lambda psi, n, **_: zero_state_bytes(psi, n, "NO_SHARD"),
+            expected_comm_bytes=lambda psi, n, **_: 4 * psi,  # fp32 gradients, all-reduced once
         ),
         Strategy(
             name="tp",

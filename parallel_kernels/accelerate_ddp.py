@@ -1,0 +1,84 @@
+"""Data parallelism through Hugging Face Accelerate, next to plain DDP.
+
+``Accelerator.prepare`` wraps the model in DistributedDataParallel over the job's default group
+(from torchrun's environment) and, for mixed precision, runs its forward under autocast;
+``Accelerator.backward`` is the backward the training step calls. The harness sees the
+prepared model and calls ``model.accelerator.backward``. Accelerate is an optional extra
+(``pip install -e '.[accelerate]'``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+ACCELERATE_PRECISION = {"none": "no", "bf16": "bf16", "fp16": "fp16"}
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _check(group, mixed_precision: str) -> None:
+    if mixed_precision not in ACCELERATE_PRECISION:
+        known = ", ".join(ACCELERATE_PRECISION)
+        raise ValueError(f"unknown mixed precision {mixed_precision!r} (known: {known})")
+    if dist.get_world_size(group) != dist.get_world_size():
+        raise ValueError("Accelerate runs on the whole job (its default group), not on part of it")
+
+
+def apply_accelerate(
+    model: nn.Module,
+    *,
+    group: dist.ProcessGroup | None,
+    device: torch.device,
+    mixed_precision: str = "none",
+) -> nn.Module:
+    """The model as ``Accelerator(mixed_precision=...).prepare`` returns it."""
+    _check(group, mixed_precision)
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    # One Accelerator per point: its state is a process-wide singleton, reset between points.
+    AcceleratorState._reset_state(reset_partial_state=True)
+    accelerator = Accelerator(
+        mixed_precision=ACCELERATE_PRECISION[mixed_precision], cpu=device.type == "cpu"
+    )
+    prepared = accelerator.prepare(model)
+    prepared.accelerator = accelerator
+    return prepared
+
+
+def _autocast_fp32_out(forward, device: torch.device, dtype: torch.dtype):
+    """``forward`` under autocast, its floating output returned in fp32 (Accelerate's
+    ``convert_outputs_to_fp32``), so that the loss is computed in fp32."""
+
+    def wrapped(*args, **kwargs):
+        with torch.autocast(device.type, dtype=dtype):
+            out = forward(*args, **kwargs)
+        return out.float() if torch.is_tensor(out) and out.is_floating_point() else out
+
+    return wrapped
+
+
+def apply_plain_ddp(
+    model: nn.Module,
+    *,
+    group: dist.ProcessGroup | None,
+    device: torch.device,
+    mixed_precision: str = "none",
+) -> nn.Module:
+    """DistributedDataParallel with the model's forward under autocast and its output in fp32,
+    as Accelerate does it."""
+    _check(group, mixed_precision)
+    if mixed_precision != "none":
+        model.forward = _autocast_fp32_out(model.forward, device, DTYPES[mixed_precision])
+    device_ids = [device.index] if device.type == "cuda" else None
+    return DistributedDataParallel(model, process_group=group, device_ids=device_ids)
+
+
+def accelerate_available() -> bool:
+    try:
+        import accelerate  # noqa: F401
+    except ImportError:
+        return False
+    return True
