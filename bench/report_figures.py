@@ -223,6 +223,50 @@ def scaling_figure(ok: pd.DataFrame) -> str:
     )
 
 
+def tradeoff_figure(ok: pd.DataFrame, sweep: str) -> str:
+    """Knobs of the training step: what each setting costs and buys, one marker per point:
+    step time against peak memory, step time against bytes per sample, and the loss the
+    point's steps reached (the fp32 / uncompressed / off setting is the one to match)."""
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    per_sample = ok.get("comm_bytes_per_sample")
+    for (model, impl), g in ok.groupby(["model", "impl"], sort=False):
+        label = f"{model} {impl}"
+        (line,) = axes[0].plot(g["step_ms_median"], g["peak_mem_mb"], marker="o", linestyle="",
+                               label=label)  # fmt: skip
+        color = line.get_color()
+        if per_sample is not None:
+            axes[1].plot(g["step_ms_median"], per_sample[g.index], marker="o", linestyle="",
+                         color=color, label=label)  # fmt: skip
+        for _, r in g.iterrows():
+            text = fmt_value(r["value"])
+            axes[0].annotate(text, (r["step_ms_median"], r["peak_mem_mb"]), fontsize=7,
+                             xytext=(3, 3), textcoords="offset points")  # fmt: skip
+            if per_sample is not None:
+                axes[1].annotate(text, (r["step_ms_median"], per_sample[r.name]), fontsize=7,
+                                 xytext=(3, 3), textcoords="offset points")  # fmt: skip
+    labels = [point_label(r) for r in ok.itertuples()]
+    axes[2].barh(range(len(ok)), ok["loss"].fillna(0))
+    axes[2].set_yticks(range(len(ok)), labels, fontsize=7)
+    axes[2].invert_yaxis()
+    lo, hi = ok["loss"].min(), ok["loss"].max()
+    if np.isfinite(lo) and hi > lo:
+        axes[2].set_xlim(lo - 0.5 * (hi - lo) - 1e-6, hi + 0.5 * (hi - lo))
+    for ax, ylabel in ((axes[0], "peak memory in a step, MB"), (axes[1], "bytes per sample")):
+        ax.set_xlabel("step time, ms (median)")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[2].set_xlabel("loss after the point's steps")
+    axes[2].grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    return _png(
+        fig,
+        f"Trade-offs of {sweep}: each point's step time against its peak memory and against "
+        "the bytes it communicates per sample (labels are the settings), and the loss its "
+        "steps reached, to check that a cheaper setting still trains.",
+    )
+
+
 def health_figure(ok: pd.DataFrame) -> str:
     """Computation's share of the step per point against the 80 % rule of thumb, and GPU
     utilisation against 90 % where there is a GPU; points that miss are drawn in red."""

@@ -41,6 +41,7 @@ COMM_HOOKS = ("none", "fp16", "bf16", "powersgd1", "powersgd2")
 # step (the first runs a plain all-reduce), and only matrices it shrinks at least twofold.
 POWERSGD_START_ITER = 2
 POWERSGD_MIN_COMPRESSION = 2.0
+POWERSGD_GLOO_MAX_BYTES = 1 << 20  # DDP's first bucket holds 1 MiB: above it, two buckets
 
 
 def _check_hook(comm_hook: str) -> None:
@@ -70,6 +71,14 @@ def apply_native_ddp(
         hook = getattr(default_hooks, f"{comm_hook}_compress_hook")
         ddp.register_comm_hook(group, hook)
     elif comm_hook.startswith("powersgd"):
+        grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        if dist.get_backend(group) == "gloo" and grad_bytes > POWERSGD_GLOO_MAX_BYTES:
+            # Seen here with torch 2.13: wide_mlp (two buckets) hangs in the first compressed
+            # step; the seed MLP (one bucket) runs.
+            raise ValueError(
+                "PowerSGD hangs on gloo with more than one gradient bucket (its all-reduces are "
+                "issued from future callbacks); use NCCL, or a model under 1 MiB of gradients"
+            )
         state = psgd.PowerSGDState(
             process_group=group,
             matrix_approximation_rank=int(comm_hook[-1]),
