@@ -29,10 +29,11 @@ def test_compression_moves_fewer_bytes_and_still_trains(pool, tmp_path):
             continue
         assert r["status"] == "ok", (hook, impl, r["error"])
         if hook.startswith("powersgd"):
-            # The traces see only the plain all-reduce of the 1-D gradients: PowerSGD issues
-            # its P and Q all-reduces from future callbacks, which the profiler does not record.
+            # The traces see the plain all-reduce of the 1-D gradients, but PowerSGD issues its
+            # P and Q all-reduces from future callbacks, which the profiler records only at
+            # times: between the two, never above the analytical total.
             biases = 4 * sum(p.numel() for p in build_model("mlp").parameters() if p.dim() == 1)
-            assert r["comm_bytes_per_step"] == biases < r["comm_bytes_expected"]
+            assert biases <= r["comm_bytes_per_step"] <= r["comm_bytes_expected"]
             continue
         assert r["comm_bytes_per_step"] == pytest.approx(r["comm_bytes_expected"], rel=1e-6)
         assert abs(r["loss"] - none["loss"]) <= LOSS_TOLERANCE * none["loss"], (hook, impl)
