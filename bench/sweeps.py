@@ -153,7 +153,7 @@ SWEEPS: dict[str, Sweep] = {
         Sweep(
             name="comm_hook",
             description="DDP gradient compression: none, fp16, bf16 (our cast where PyTorch's "
-            "hook refuses gloo), PowerSGD of rank 1 or 2 (native)",
+            "hook refuses gloo), PowerSGD of rank 1 or 2 (powersgd, powersgd2; native)",
             strategy="ddp",
             option="comm_hook",
             default_values=COMM_HOOKS,

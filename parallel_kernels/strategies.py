@@ -36,12 +36,17 @@ def all_parameters(model: nn.Module) -> list[torch.Tensor]:
     return [p.detach() for p in model.parameters()]
 
 
-COMM_HOOKS = ("none", "fp16", "bf16", "powersgd1", "powersgd2")
+COMM_HOOKS = ("none", "fp16", "bf16", "powersgd", "powersgd2")  # powersgd: rank 1
 # PowerSGD's settings here (Vogels et al. 2019; torch's PowerSGDState): compress from the second
 # step (the first runs a plain all-reduce), and only matrices it shrinks at least twofold.
 POWERSGD_START_ITER = 2
 POWERSGD_MIN_COMPRESSION = 2.0
 POWERSGD_GLOO_MAX_BYTES = 1 << 20  # DDP's first bucket holds 1 MiB: above it, two buckets
+
+
+def powersgd_rank(comm_hook: str) -> int:
+    """The matrix rank of a PowerSGD setting: ``powersgd`` is rank 1, ``powersgd2`` rank 2."""
+    return int(comm_hook.removeprefix("powersgd") or 1)
 
 
 def _check_hook(comm_hook: str) -> None:
@@ -81,7 +86,7 @@ def apply_native_ddp(
             )
         state = psgd.PowerSGDState(
             process_group=group,
-            matrix_approximation_rank=int(comm_hook[-1]),
+            matrix_approximation_rank=powersgd_rank(comm_hook),
             start_powerSGD_iter=POWERSGD_START_ITER,
             min_compression_rate=POWERSGD_MIN_COMPRESSION,
         )
@@ -121,7 +126,7 @@ def _ddp_expected_comm_bytes(psi: int, n: int, *, model: nn.Module, comm_hook: s
         return 2 * psi
     if not comm_hook.startswith("powersgd"):
         return 4 * psi
-    r = int(comm_hook[-1])
+    r = powersgd_rank(comm_hook)
     total = 0.0
     for p in model.parameters():
         if p.dim() <= 1:
