@@ -178,10 +178,11 @@ def _self_launch(nproc: int, argv: list[str]) -> int:
 
 def describe_failures(failures: dict) -> str:
     """One line naming each rank that failed and how: killed by a signal, or its exit code.
-    The first one listed is the first to fail (by its timestamp); the others usually followed
-    it (the launcher stops them, or they lost their peer)."""
+    Ranks killed by a signal come first (a rank that lost its peer exits with an error, at
+    times before the launcher has seen the killed one), then by time of failure."""
     parts = []
-    for rank, f in sorted(failures.items(), key=lambda kv: kv[1].timestamp):
+    order = sorted(failures.items(), key=lambda kv: (kv[1].exitcode >= 0, kv[1].timestamp))
+    for rank, f in order:
         how = f"killed by {f.signal_name()}" if f.exitcode < 0 else f"exit code {f.exitcode}"
         parts.append(f"rank {rank} (pid {f.pid}) {how}")
     return "; ".join(parts) + " (results.csv keeps every point finished before)"
