@@ -86,15 +86,18 @@ def test_a_killed_rank_ends_the_job_loudly_and_resume_completes_it(tmp_path):
     line = err.strip().splitlines()[-1]
     assert line.startswith("error: rank 1 (pid") and "killed by SIGKILL" in line, err[-2000:]
     done = pd.read_csv(out / "results.csv")
-    assert 2 <= len(done) < 10 and set(done["status"]) == {"ok"}  # finished points kept
+    finished = done[done["status"] == "ok"]
+    assert 2 <= len(finished) < 10  # finished points kept
+    lost = done[done["status"] == "error"]  # the point that was running, when rank 0 saw it
+    assert len(lost) <= 1 and lost["error"].str.contains("lost contact").all()
 
     resumed = launch([sys.executable, "bench/run.py", *SWEEP, "--out", str(out), "--resume"],
                      timeout=240)  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert resumed.stdout.count("already done, skipped (--resume)") == len(done)
+    assert resumed.stdout.count("already done, skipped (--resume)") == len(finished)
     final = pd.read_csv(out / "results.csv")
-    assert len(final) == 10 and set(final["status"]) == {"ok"}
-    assert final["point"].is_unique
+    ok = final[final["status"] == "ok"]
+    assert len(ok) == 10 and ok["point"].is_unique  # every point once, failed ones rerun
 
     other = launch([sys.executable, "bench/run.py", *SWEEP[:-3], "--nproc-per-node", "2",
                     "--steps", "3", "--out", str(out), "--resume"], timeout=60)  # fmt: skip
