@@ -27,7 +27,6 @@ from bench.profiling import host_bytes_in_use, peak_rss_bytes, profile_steps, re
 from bench.sweeps import Point
 from bench.timing import summarize_times, timed_steps
 from parallel_kernels.checkpointing import checkpoint_blocks
-from parallel_kernels.fsdp import ReferenceFSDP
 from parallel_kernels.groups import mesh_lines, prepare
 from parallel_kernels.models import MODELS, build_model, grad_bytes, param_count
 from parallel_kernels.strategies import STRATEGIES, clip_grad_norm, data_parallel_coords
@@ -99,10 +98,6 @@ def _train_and_measure(
     if checkpointing:
         checkpoint_blocks(model)
     wrapped = strategy.apply(point.impl, model, group=group, device=env.device, **options)
-    if checkpointing and ReferenceFSDP in (type(wrapped), type(getattr(wrapped, "module", None))):
-        # Its backward gathers parameters again through saved-tensor hooks, which
-        # checkpointing replaces with recomputation; that pairing is not built yet.
-        raise ValueError("activation checkpointing is not supported by the reference FSDP yet")
     opt = torch.optim.AdamW(wrapped.parameters(), lr=cfg.lr)
     dp_rank, dp_size = data_parallel_coords(wrapped, rank, world)
     batch = replica_batch(point, cfg.batch_size, dp_size)

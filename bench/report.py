@@ -176,7 +176,7 @@ def _training_sections(meta: dict, df: pd.DataFrame) -> list[str]:
             and not (figs.is_numeric(ok["value"]))
         ):
             parts += ["<h2>Memory</h2>", figs.memory_figure(ok)]
-        if sweep in SWEEPS and (SWEEPS[sweep].knob or sweep == "comm_hook") and "loss" in ok:
+        if sweep in SWEEPS and SWEEPS[sweep].tradeoff and "loss" in ok:
             parts += ["<h2>Trade-offs</h2>", figs.tradeoff_figure(ok, sweep)]
         if "comm_bytes_expected" in ok and ok["comm_bytes_expected"].nunique() > 1:
             parts += ["<h2>Communication</h2>", figs.comm_figure(ok, sweep)]

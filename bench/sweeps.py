@@ -121,6 +121,7 @@ class Sweep:
     # A knob of the training step (harness.TRAINING_KNOBS), not a strategy option: its value
     # goes to Point.train, and --strategy picks the strategy (default: ``strategy`` or ddp).
     knob: bool = False
+    tradeoff: bool = False  # the report draws time against memory, bytes and loss per point
 
     def options_for(self, value: Any, world: int | None) -> dict[str, Any]:
         if self.expand is None:
@@ -159,6 +160,7 @@ SWEEPS: dict[str, Sweep] = {
             default_values=COMM_HOOKS,
             parse=comm_hook,
             default_models=("wide_mlp",),
+            tradeoff=True,
         ),
         Sweep(
             name="sharding_strategy",
@@ -202,6 +204,7 @@ SWEEPS: dict[str, Sweep] = {
             parse=positive_int,
             default_models=("wide_mlp",),
             knob=True,
+            tradeoff=True,
         ),
         Sweep(
             name="activation_checkpointing",
@@ -212,6 +215,7 @@ SWEEPS: dict[str, Sweep] = {
             parse=on_off,
             default_models=("transformer",),
             knob=True,
+            tradeoff=True,
         ),
         Sweep(
             name="precision",
@@ -222,6 +226,7 @@ SWEEPS: dict[str, Sweep] = {
             parse=precision,
             default_models=("wide_mlp",),
             knob=True,
+            tradeoff=True,
         ),
         Sweep(
             name="world_size",

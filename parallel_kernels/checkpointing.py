@@ -24,4 +24,5 @@ def checkpoint_blocks(model: nn.Module) -> nn.Module:
         )
     for block in blocks:
         block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
+        block.activation_checkpointed = True  # for wrappers that cannot work with it
     return model

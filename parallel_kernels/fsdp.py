@@ -238,6 +238,14 @@ def fsdp_units(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if isinstance(m, nn.Linear)]
 
 
+def _refuse_checkpointed(units: list[nn.Module]) -> None:
+    """Backward gathers a unit's parameters again through saved-tensor hooks; activation
+    checkpointing replaces saved tensors with a recomputation that bypasses the unit's gather,
+    so the two do not compose (yet)."""
+    if any(getattr(u, "activation_checkpointed", False) for u in units):
+        raise ValueError("activation checkpointing is not supported by the reference FSDP yet")
+
+
 def unit_params(module: nn.Module, units: list[nn.Module]):
     """[(unit module, [(owner, attribute, parameter), ...]), ...]: each unit's parameters in
     module order, the root last with whatever the units left; units without any are dropped."""
@@ -267,6 +275,7 @@ class ReferenceFSDP(nn.Module):
         shard_size: int | None = None,
         compute_dtype: torch.dtype | None = None,
     ) -> None:
+        _refuse_checkpointed(units)
         super().__init__()
         self.compute_dtype = compute_dtype
         if strategy not in STRATEGIES:
