@@ -12,18 +12,15 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
 ACCELERATE_PRECISION = {"none": "no", "bf16": "bf16", "fp16": "fp16"}
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def _check(group, mixed_precision: str) -> None:
+def check_precision(mixed_precision: str) -> None:
     if mixed_precision not in ACCELERATE_PRECISION:
         known = ", ".join(ACCELERATE_PRECISION)
         raise ValueError(f"unknown mixed precision {mixed_precision!r} (known: {known})")
-    if dist.get_world_size(group) != dist.get_world_size():
-        raise ValueError("Accelerate runs on the whole job (its default group), not on part of it")
 
 
 def apply_accelerate(
@@ -34,7 +31,9 @@ def apply_accelerate(
     mixed_precision: str = "none",
 ) -> nn.Module:
     """The model as ``Accelerator(mixed_precision=...).prepare`` returns it."""
-    _check(group, mixed_precision)
+    check_precision(mixed_precision)
+    if dist.get_world_size(group) != dist.get_world_size():
+        raise ValueError("Accelerate runs on the whole job (its default group), not on part of it")
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
 
@@ -60,25 +59,10 @@ def _autocast_fp32_out(forward, device: torch.device, dtype: torch.dtype):
     return wrapped
 
 
-def apply_plain_ddp(
-    model: nn.Module,
-    *,
-    group: dist.ProcessGroup | None,
-    device: torch.device,
-    mixed_precision: str = "none",
-) -> nn.Module:
-    """DistributedDataParallel with the model's forward under autocast and its output in fp32,
-    as Accelerate does it."""
-    _check(group, mixed_precision)
+def autocast_forward(model: nn.Module, device: torch.device, mixed_precision: str) -> nn.Module:
+    """Run ``model``'s forward under autocast with fp32 outputs, as Accelerate prepares it, so
+    that plain DDP can be compared with the same arithmetic."""
+    check_precision(mixed_precision)
     if mixed_precision != "none":
         model.forward = _autocast_fp32_out(model.forward, device, DTYPES[mixed_precision])
-    device_ids = [device.index] if device.type == "cuda" else None
-    return DistributedDataParallel(model, process_group=group, device_ids=device_ids)
-
-
-def accelerate_available() -> bool:
-    try:
-        import accelerate  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return model

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from parallel_kernels.accelerate_ddp import apply_accelerate, apply_plain_ddp
+from parallel_kernels.accelerate_ddp import apply_accelerate, autocast_forward
 from parallel_kernels.ddp import ReferenceDDP
 from parallel_kernels.fsdp import STRATEGIES as SHARDING_STRATEGIES
 from parallel_kernels.fsdp import ReferenceFSDP, fsdp_units, shard_group_size
@@ -113,6 +113,18 @@ def apply_reference_ddp(
     return ReferenceDDP(
         model, group=group, bucket_cap_mb=bucket_cap_mb, overlap=overlap, compress=compress
     )
+
+
+def apply_ddp_autocast(
+    model: nn.Module,
+    *,
+    group: dist.ProcessGroup | None,
+    device: torch.device,
+    mixed_precision: str = "none",
+) -> nn.Module:
+    """Plain DDP with the forward under autocast and fp32 outputs, as Accelerate prepares it."""
+    return apply_native_ddp(autocast_forward(model, device, mixed_precision), group=group,
+                            device=device)  # fmt: skip
 
 
 def _ddp_expected_comm_bytes(psi: int, n: int, *, model: nn.Module, comm_hook: str = "none",
@@ -443,7 +455,7 @@ STRATEGIES: dict[str, Strategy] = {
             name="accelerate",
             description="data parallel prepared by Hugging Face Accelerate (optional extra), "
             "next to plain DDP with the same autocast",
-            impls={"native": apply_plain_ddp, "accelerate": apply_accelerate},
+            impls={"native": apply_ddp_autocast, "accelerate": apply_accelerate},
             options={"mixed_precision": "none"},
             default_impls=("native", "accelerate"),
             expected_state_bytes=lambda psi, n, **_: zero_state_bytes(psi, n, "NO_SHARD"),
