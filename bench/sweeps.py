@@ -382,12 +382,7 @@ def _world_size_points(
         sizes = [1 << i for i in range(world_size.bit_length()) if 1 << i <= world_size]
     scalings = parse_list(scaling, "scaling", dict.fromkeys(SCALINGS)) if scaling else SCALINGS
     fixed = parse_options(options or [], strategy.options, ())
-    model_names = parse_list(models, "model", MODELS) if models else list(sweep.default_models)
-    impl_names = (
-        parse_list(impls, "implementation", strategy.impls)
-        if impls
-        else list(strategy.default_impls)
-    )
+    model_names, impl_names = _models_and_impls(sweep, strategy, models, impls)
     global_batch = batch_size * max(sizes)
     return [
         Point(
@@ -406,6 +401,17 @@ def _world_size_points(
         for k in sizes
         for i in impl_names
     ]
+
+
+def _models_and_impls(sweep: Sweep, strategy, models: str | None, impls: str | None):
+    """The models and implementations asked for, or the sweep's and the strategy's defaults."""
+    model_names = parse_list(models, "model", MODELS) if models else list(sweep.default_models)
+    impl_names = (
+        parse_list(impls, "implementation", strategy.impls)
+        if impls
+        else list(strategy.default_impls)
+    )
+    return model_names, impl_names
 
 
 def _strategy(name: str):
@@ -473,12 +479,7 @@ def build_points(
     fixed = parse_options(options or [], strategy.options, sweep.sets or (sweep.option,))
     if sweep.knob:  # the value sets a knob of the step, not an option of the strategy
         set_by_value = [{} for _ in parsed]
-    model_names = parse_list(models, "model", MODELS) if models else list(sweep.default_models)
-    impl_names = (
-        parse_list(impls, "implementation", strategy.impls)
-        if impls
-        else list(strategy.default_impls)
-    )
+    model_names, impl_names = _models_and_impls(sweep, strategy, models, impls)
     return [
         Point(
             sweep=sweep.name,

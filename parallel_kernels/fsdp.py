@@ -66,6 +66,38 @@ def shard_group_size(strategy: str, n: int, shard_size: int | None = None) -> in
     return s
 
 
+def zero_state_bytes(psi: int, n: int, strategy: str, shard_size: int | None = None) -> float:
+    """Per-rank bytes of parameters, gradients and AdamW state in fp32 training, after the ZeRO
+    paper's accounting (Rajbhandari et al. 2020, section 5) with fp32 everywhere: 4 bytes of
+    parameter, 4 of gradient and K = 8 of optimiser state (two moments) per parameter, i.e.
+    16 Psi replicated (DDP, NO_SHARD), 4 Psi + 12 Psi / S for ZeRO-2 (SHARD_GRAD_OP), 16 Psi / S
+    for ZeRO-3 (FULL_SHARD), S the shard-group size (n, or the hybrid group). The paper's
+    mixed-precision figures are (2 + 2 + K) Psi, 2 Psi + (2 + K) Psi / N and (2 + 2 + K) Psi / N
+    with K = 12. FSDP's SHARD_GRAD_OP also shards parameters at rest (it keeps them gathered
+    only from forward to backward), so it measures below the paper's ZeRO-2 figure."""
+    s = shard_group_size(strategy, n, shard_size)
+    if strategy == "SHARD_GRAD_OP":
+        return 4 * psi + 12 * psi / s
+    return 16 * psi / s
+
+
+def fsdp_comm_bytes(
+    psi: int, n: int, strategy: str, shard_size: int | None = None, *, elem_bytes: int = 4
+) -> float:
+    """Payload per step, each collective counted by its input as traces record it, with b =
+    ``elem_bytes`` per element: an all-gather sends a shard (b Psi / S), a reduce-scatter the
+    full gradient (b Psi), a hybrid's replica all-reduce a shard. FULL_SHARD gathers twice
+    (forward, and again in backward), SHARD_GRAD_OP once, NO_SHARD all-reduces b Psi. Padding
+    is not counted."""
+    b = elem_bytes
+    if strategy == "NO_SHARD":
+        return b * psi
+    s = shard_group_size(strategy, n, shard_size)
+    gathers = 1 if strategy == "SHARD_GRAD_OP" else 2
+    replica = b * psi / s if strategy == "HYBRID_SHARD" else 0
+    return gathers * b * psi / s + b * psi + replica
+
+
 def _make_groups(group, strategy: str, shard_size: int | None) -> _Groups:
     n = dist.get_world_size(group)
     s = shard_group_size(strategy, n, shard_size)

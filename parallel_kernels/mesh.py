@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from parallel_kernels.ddp import ReferenceDDP
-from parallel_kernels.fsdp import ReferenceFSDP, fsdp_units
+from parallel_kernels.fsdp import ReferenceFSDP, fsdp_comm_bytes, fsdp_units, zero_state_bytes
 from parallel_kernels.groups import device_mesh, mesh_lines, split
 from parallel_kernels.tensor_parallel import (
     COLWISE,
@@ -268,6 +268,17 @@ def apply_native_tp(
     )
 
 
+def _dp_strategy(dp_shard: bool) -> str:
+    return "FULL_SHARD" if dp_shard else "NO_SHARD"
+
+
+def _local(model: nn.Module, impl: str, n: int, tp_degree: int, dp_shard: bool):
+    """(mesh dims, TP plan, parameters one rank holds after TP) for the analytical figures."""
+    dims = MeshDims(world=n, tp=tp_degree, dp_shard=dp_shard)
+    plan = plan_for(model, impl, dims.tp)
+    return dims, plan, local_param_count(model, shard_dims(model, plan), dims.tp)
+
+
 def expected_comm_bytes(
     psi: int,
     n: int,
@@ -280,21 +291,14 @@ def expected_comm_bytes(
     **_,
 ) -> float:
     """fp32 payload per step and rank: the TP activations (``comm_elements``) plus the data
-    parallel gradients of this rank's Psi_local parameters: 4 Psi_local all-reduced (DDP), or
-    with FULL_SHARD over dp ranks two all-gathers of 4 Psi_local / dp and a reduce-scatter of
-    4 Psi_local (see ``strategies._fsdp_expected_comm_bytes``)."""
+    parallel gradients of this rank's Psi_local parameters over the dp ranks, as DDP
+    (NO_SHARD: 4 Psi_local all-reduced) or FULL_SHARD moves them (``fsdp_comm_bytes``)."""
     del psi
-    dims = MeshDims(world=n, tp=tp_degree, dp_shard=dp_shard)
-    plan = plan_for(model, impl, dims.tp)
+    dims, plan, local = _local(model, impl, n, tp_degree, dp_shard)
     tp_bytes = 4 * sum(comm_elements(model, plan, tokens, dims.tp).values())
-    local = local_param_count(model, shard_dims(model, plan), dims.tp)
     if dims.dp == 1:
-        dp_bytes = 0.0
-    elif dp_shard:
-        dp_bytes = 2 * 4 * local / dims.dp + 4 * local
-    else:
-        dp_bytes = 4 * local
-    return tp_bytes + dp_bytes
+        return tp_bytes
+    return tp_bytes + fsdp_comm_bytes(local, dims.dp, _dp_strategy(dp_shard))
 
 
 def expected_state_bytes(
@@ -307,9 +311,8 @@ def expected_state_bytes(
     dp_shard: bool = False,
     **_,
 ) -> float:
-    """16 bytes (fp32 parameter, gradient, two AdamW moments) per local parameter, divided by
-    the DP degree when it shards (ZeRO-3)."""
+    """The ZeRO accounting (``zero_state_bytes``) of the local parameters over the dp ranks:
+    16 bytes each, divided by the DP degree when it shards (ZeRO-3)."""
     del psi
-    dims = MeshDims(world=n, tp=tp_degree, dp_shard=dp_shard)
-    local = local_param_count(model, shard_dims(model, plan_for(model, impl, dims.tp)), dims.tp)
-    return 16 * local / (dims.dp if dp_shard else 1)
+    dims, _, local = _local(model, impl, n, tp_degree, dp_shard)
+    return zero_state_bytes(local, dims.dp, _dp_strategy(dp_shard))

@@ -23,7 +23,13 @@ from torch.nn.parallel import DistributedDataParallel
 from parallel_kernels.accelerate_ddp import apply_accelerate, autocast_forward
 from parallel_kernels.ddp import ReferenceDDP
 from parallel_kernels.fsdp import STRATEGIES as SHARDING_STRATEGIES
-from parallel_kernels.fsdp import ReferenceFSDP, fsdp_units, shard_group_size
+from parallel_kernels.fsdp import (
+    ReferenceFSDP,
+    fsdp_comm_bytes,
+    fsdp_units,
+    shard_group_size,
+    zero_state_bytes,
+)
 from parallel_kernels.groups import device_mesh
 from parallel_kernels.mesh import MeshDims, MeshParallel, apply_native_tp, apply_reference_tp
 from parallel_kernels.mesh import expected_comm_bytes as mesh_comm_bytes
@@ -341,21 +347,6 @@ def data_parallel_coords(model: nn.Module, rank: int, world: int) -> tuple[int, 
     return rank, world
 
 
-def zero_state_bytes(psi: int, n: int, strategy: str, shard_size: int | None = None) -> float:
-    """Per-rank bytes of parameters, gradients and AdamW state in fp32 training, after the ZeRO
-    paper's accounting (Rajbhandari et al. 2020, section 5) with fp32 everywhere: 4 bytes of
-    parameter, 4 of gradient and K = 8 of optimiser state (two moments) per parameter, i.e.
-    16 Psi replicated (DDP, NO_SHARD), 4 Psi + 12 Psi / S for ZeRO-2 (SHARD_GRAD_OP), 16 Psi / S
-    for ZeRO-3 (FULL_SHARD), S the shard-group size (n, or the hybrid group). The paper's
-    mixed-precision figures are (2 + 2 + K) Psi, 2 Psi + (2 + K) Psi / N and (2 + 2 + K) Psi / N
-    with K = 12. FSDP's SHARD_GRAD_OP also shards parameters at rest (it keeps them gathered
-    only from forward to backward), so it measures below the paper's ZeRO-2 figure."""
-    s = shard_group_size(strategy, n, shard_size)
-    if strategy == "SHARD_GRAD_OP":
-        return 4 * psi + 12 * psi / s
-    return 16 * psi / s
-
-
 def _fsdp_expected_comm_bytes(
     psi: int,
     n: int,
@@ -364,18 +355,10 @@ def _fsdp_expected_comm_bytes(
     mixed_precision: str = "none",
     **_,
 ) -> float:
-    """Payload per step, each collective counted by its input as traces record it, with b
-    bytes per element (4, or 2 under bf16/fp16 mixed precision, which gathers and reduces in
-    that dtype): an all-gather sends a shard (b Psi / S), a reduce-scatter the full gradient
-    (b Psi), a hybrid's replica all-reduce a shard. FULL_SHARD gathers twice (forward, and again
-    in backward), SHARD_GRAD_OP once, NO_SHARD all-reduces b Psi. Padding is not counted."""
+    """``fsdp_comm_bytes`` with 4 bytes per element, or 2 under bf16/fp16 mixed precision
+    (which gathers and reduces in that dtype)."""
     b = 4 if _precision(mixed_precision) is None else 2
-    if sharding_strategy == "NO_SHARD":
-        return b * psi
-    s = shard_group_size(sharding_strategy, n, shard_size)
-    gathers = 1 if sharding_strategy == "SHARD_GRAD_OP" else 2
-    replica = b * psi / s if sharding_strategy == "HYBRID_SHARD" else 0
-    return gathers * b * psi / s + b * psi + replica
+    return fsdp_comm_bytes(psi, n, sharding_strategy, shard_size, elem_bytes=b)
 
 
 def _fsdp_expected_state_bytes(
