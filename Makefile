@@ -1,6 +1,7 @@
 # make test     set up .venv (torch CPU build 2.13.0 on CPU machines) and run lint + tests
 # make bench    the pytest-benchmark set with statistics, saved under .benchmarks/
-# make sweep    set up .venv and run the DDP bucket sweep on 2 ranks, with its report
+# make sweep    set up .venv, time this machine's collectives, then run the DDP bucket sweep on
+#               2 ranks; its report holds the cost model's predictions next to the measurements
 # GPU machines: install your own CUDA torch into .venv first and pass TORCH= (see README).
 PY ?= python3
 VENV ?= .venv
@@ -9,6 +10,8 @@ NPROC ?= 2
 SWEEP ?= bucket_cap_mb
 ARGS ?=
 BIN := $(VENV)/bin
+# The collectives the cost model prices DDP and FSDP with, timed before the sweep.
+COLLECTIVES_RUN ?= results/$(shell date -u +%Y%m%dT%H%M%SZ)-collectives
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -38,7 +41,11 @@ bench: $(BIN)/.installed
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest tests/benchmarks --benchmark-autosave $(ARGS)
 
 sweep: $(BIN)/.installed
-	OMP_NUM_THREADS=1 $(BIN)/torchrun --standalone --nproc_per_node=$(NPROC) bench/run.py --sweep $(SWEEP) $(ARGS)
+	OMP_NUM_THREADS=1 $(BIN)/torchrun --standalone --nproc_per_node=$(NPROC) bench/run.py \
+	  --sweep message_size --collectives all_reduce,all_gather,reduce_scatter -b 4K -e 64M -f 4 \
+	  --out $(COLLECTIVES_RUN) --no-report
+	OMP_NUM_THREADS=1 $(BIN)/torchrun --standalone --nproc_per_node=$(NPROC) bench/run.py \
+	  --sweep $(SWEEP) --predict-with $(COLLECTIVES_RUN) $(ARGS)
 
 # make tensorboard RUN=results/<run>
 tensorboard: $(BIN)/.installed

@@ -54,6 +54,15 @@ NOT_COMPUTE_KERNEL = re.compile(
 # Main-thread CPU ops that issue or wait for communication rather than compute.
 COMM_CPU_OP = re.compile(r"^(?:c10d::|record_param_comms|nccl:|gloo:)|wait", re.IGNORECASE)
 GLOO_SPAN = re.compile(r"^gloo:")
+# FSDP's spans that block on a collective on CPU (FSDP2's all-gather and reduce, FSDP1's
+# pre-forward, pre-backward and post-backward hooks: with gloo they return when the collective
+# is done, and no op inside says "wait"): their time outside the ops they contain is waiting.
+BLOCKING_SPAN = re.compile(
+    r"^FSDP::(?:all_gather|post_backward_reduce) "
+    r"|^FullyShardedDataParallel\._(?:pre_forward|pre_backward_hook|pre_backward_prefetch"
+    r"|post_backward_hook)$"
+)
+WORK_OP = re.compile(r"^(?:aten|fsdp)::")
 STEP = re.compile(r"^ProfilerStep#(\d+)$")
 
 BREAKDOWN_COLUMNS = [
@@ -319,14 +328,33 @@ def _gpu_step_table(ev: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
     })  # fmt: skip
 
 
+def blocking_waits(ev: pd.DataFrame) -> np.ndarray:
+    """CPU traces: the main thread's time inside ``BLOCKING_SPAN`` spans not covered by the
+    ops they contain (``aten::``, ``fsdp::``): waiting for a collective."""
+    main = (ev["kind"] == "compute").to_numpy()
+    spans = main & name_matches(ev["name"], BLOCKING_SPAN)
+    if not spans.any():
+        return iv.EMPTY.copy()
+    work = main & (ev["cat"] == "cpu_op").to_numpy() & name_matches(ev["name"], WORK_OP)
+    return iv.subtract(iv.union(_spans(ev, spans)), iv.union(_spans(ev, work)))
+
+
+def cpu_compute(ev: pd.DataFrame) -> np.ndarray:
+    """CPU traces: the main thread's computation, the union of its ops less the time it spends
+    issuing or waiting for collectives (named ``c10d::``, ``*wait*`` ..., or inside FSDP's
+    blocking spans)."""
+    busy = iv.union(_spans(ev, ev["kind"] == "compute"))
+    waiting = np.vstack([iv.union(_spans(ev, ev["kind"] == "comm_cpu")), blocking_waits(ev)])
+    return iv.subtract(busy, waiting)
+
+
 def _cpu_step_table(ev: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
-    unions = {k: iv.union(_spans(ev, ev["kind"] == k)) for k in ("compute", "comm_cpu", "comm")}
-    # time the main thread spends issuing or waiting is not computation
-    compute_all = iv.subtract(unions["compute"], unions["comm_cpu"])
+    comm_all = iv.union(_spans(ev, ev["kind"] == "comm"))
+    compute_all = cpu_compute(ev)
     rows = []
     for w in windows.itertuples():
         c = iv.window(compute_all, w.start, w.end)
-        m = iv.window(unions["comm"], w.start, w.end)
+        m = iv.window(comm_all, w.start, w.end)
         rows.append({
             "step": w.step, "window_us": w.end - w.start,
             "busy_us": iv.length(np.vstack([c, m])), "compute_us": iv.length(c),

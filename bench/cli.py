@@ -74,6 +74,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--reports-dir", type=Path, default=Path("reports"))
     p.add_argument("--no-report", action="store_true", help="do not write the HTML report")
+    p.add_argument(
+        "--predict-with",
+        type=Path,
+        action="append",
+        metavar="RUN_DIR",
+        help="a --sweep message_size run of this machine: the report adds the cost model's "
+        "predictions (measured vs predicted, what-if at scale)",
+    )
     p.add_argument("--batch-size", type=_positive_int, default=64, help="per rank (default 64)")
     p.add_argument(
         "--clip-grad-norm",

@@ -17,6 +17,7 @@ import pandas as pd
 
 from bench import report_figures as figs
 from bench.compare import compare
+from bench.report_model import model_sections
 from bench.results import read_run
 from bench.scaling import scaling_efficiency
 from bench.sweeps import SWEEPS
@@ -254,8 +255,9 @@ def _comparison_sections(cmp: pd.DataFrame, baseline: Path) -> list[str]:
                        else "")]  # fmt: skip
 
 
-def render(meta: dict, df: pd.DataFrame, run_dir: Path, comparison=None) -> str:
-    """The whole page; ``comparison`` is (table from ``compare``, baseline folder) or None."""
+def render(meta: dict, df: pd.DataFrame, run_dir: Path, comparison=None, collectives=None) -> str:
+    """The whole page; ``comparison`` is (table from ``compare``, baseline folder) or None;
+    ``collectives``: message_size run folders to fit the cost model's section from, or None."""
     sweep = meta.get("sweep", "?")
     failed = df[df["status"] != "ok"] if len(df) else df
     env = (
@@ -275,6 +277,8 @@ def render(meta: dict, df: pd.DataFrame, run_dir: Path, comparison=None) -> str:
     parts += _collective_sections(meta, df) if "collective" in df else _training_sections(meta, df)
     if comparison is not None:
         parts += _comparison_sections(*comparison)
+    if collectives and "collective" not in df:
+        parts += model_sections(run_dir, list(collectives))
     if len(failed):
         parts.append("<h2 class='err'>Failed points</h2><ul>" + "".join(
             f"<li><code>{html.escape(str(r.point))}</code>: {html.escape(str(r.error))}</li>"
@@ -295,9 +299,13 @@ def render(meta: dict, df: pd.DataFrame, run_dir: Path, comparison=None) -> str:
 
 
 def write_report(
-    run_dir: Path, reports_dir: Path = Path("reports"), baseline: Path | None = None
+    run_dir: Path,
+    reports_dir: Path = Path("reports"),
+    baseline: Path | None = None,
+    collectives: list[Path] | None = None,
 ) -> tuple[Path, pd.DataFrame | None]:
-    """Write the report; return its path and, with a baseline, the comparison table."""
+    """Write the report; return its path and, with a baseline, the comparison table; with
+    ``collectives`` (message_size runs), the cost model's section."""
     run_dir = Path(run_dir)
     meta, df, samples = read_run(run_dir)
     if not meta and df.empty:
@@ -310,7 +318,7 @@ def write_report(
         comparison = (compare(df, samples, old, old_samples), Path(baseline))
     reports_dir.mkdir(parents=True, exist_ok=True)
     out = reports_dir / f"{run_dir.name}.html"
-    out.write_text(render(meta, df, run_dir, comparison))
+    out.write_text(render(meta, df, run_dir, comparison, collectives))
     return out, comparison[0] if comparison else None
 
 
@@ -320,13 +328,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reports-dir", type=Path, default=Path("reports"))
     p.add_argument("--baseline", type=Path, help="an earlier run to compare with, point by point")
     p.add_argument(
+        "--collectives",
+        type=Path,
+        action="append",
+        help="a --sweep message_size run of the same machine: adds the cost model's section",
+    )
+    p.add_argument(
         "--fail-on-regression",
         action="store_true",
         help="exit 1 when a point is significantly slower than in the baseline",
     )
     args = p.parse_args(argv)
     try:
-        out, cmp = write_report(args.run_dir, args.reports_dir, args.baseline)
+        out, cmp = write_report(args.run_dir, args.reports_dir, args.baseline, args.collectives)
     except (FileNotFoundError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

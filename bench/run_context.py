@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 from collections.abc import Callable
@@ -101,6 +102,15 @@ def _prepare_run_dir(args: argparse.Namespace, world_size: int) -> tuple[Path | 
     return run_dir, None
 
 
+def _plain(v):
+    """A setting as JSON holds it: paths (and lists of them) as strings."""
+    if isinstance(v, Path):
+        return str(v)
+    if isinstance(v, list):
+        return [_plain(x) for x in v]
+    return v
+
+
 def _meta(args, argv, env: DistEnv, run_dir: Path) -> dict:
     return {
         "run_id": run_dir.name,
@@ -117,10 +127,14 @@ def _meta(args, argv, env: DistEnv, run_dir: Path) -> dict:
         "nodes": env.nnodes,
         "ranks_per_node": env.local_world_size,
         "host": env.host,
+        # CPU cores the ranks of a node share (cost model: can communication overlap for free?)
+        "cpu_count": len(os.sched_getaffinity(0))
+        if hasattr(os, "sched_getaffinity")
+        else os.cpu_count(),
         "git_commit": git_commit(REPO),
         "start_time": utc_now(),
         "end_time": None,
-        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "config": {k: _plain(v) for k, v in vars(args).items()},
     }
 
 
@@ -169,7 +183,9 @@ def finish_run(ctx: RunContext, summary: Callable[[pd.DataFrame], str]) -> int:
             from bench.report import write_report
 
             try:
-                report_path, _ = write_report(ctx.run_dir, ctx.args.reports_dir)
+                report_path, _ = write_report(
+                    ctx.run_dir, ctx.args.reports_dir, collectives=ctx.args.predict_with
+                )
             except Exception as e:  # noqa: BLE001  (results are safe; say why there is no report)
                 print(f"report not written: {type(e).__name__}: {e}", file=sys.stderr)
         tail = f"  report: {report_path}" if report_path else ""

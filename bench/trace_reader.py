@@ -42,6 +42,9 @@ DTYPE_BYTES = {
     "Short": 2, "Bool": 1,
 }  # fmt: skip
 COMM_NAME = re.compile(r"^(?:nccl|gloo:|hccl)|ncclKernel|ncclDevKernel|^record_param_comms$")
+# Events whose input sizes are kept in ``nbytes``: collectives, and gradient accumulation (the
+# bytes of each gradient as backward produces it, which the cost model buckets).
+SIZED_NAME = re.compile(COMM_NAME.pattern + r"|^torch::autograd::AccumulateGrad$")
 
 
 class TraceError(ValueError):
@@ -112,7 +115,7 @@ class _Columns:
     mem_ts: array = field(default_factory=lambda: array("d"))
     mem_total: array = field(default_factory=lambda: array("d"))
     mem_bytes: array = field(default_factory=lambda: array("d"))
-    comm_names: dict = field(default_factory=dict)
+    sized_names: dict = field(default_factory=dict)  # name -> keep its bytes?
     count: int = 0
 
     def codes(self, values: list) -> list[int]:
@@ -141,11 +144,11 @@ class _Columns:
         self.ts.extend([e.ts or 0.0 for e in xs])
         self.dur.extend([e.dur or 0.0 for e in xs])
         args = [e.args or _NO_ARGS for e in xs]
-        is_comm = self.comm_names
-        for n in set(names) - is_comm.keys():
-            is_comm[n] = bool(COMM_NAME.search(n))
+        sized = self.sized_names
+        for n in set(names) - sized.keys():
+            sized[n] = bool(SIZED_NAME.search(n))
         self.nbytes.extend(
-            [payload_bytes(a) if is_comm[n] else np.nan for n, a in zip(names, args, strict=True)]
+            [payload_bytes(a) if sized[n] else np.nan for n, a in zip(names, args, strict=True)]
         )
         self.correlation.extend([_int_or(a.correlation) for a in args])
         self.stream.extend([_int_or(a.stream) for a in args])

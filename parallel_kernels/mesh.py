@@ -272,7 +272,7 @@ def _dp_strategy(dp_shard: bool) -> str:
     return "FULL_SHARD" if dp_shard else "NO_SHARD"
 
 
-def _local(model: nn.Module, impl: str, n: int, tp_degree: int, dp_shard: bool):
+def local_layout(model: nn.Module, impl: str, n: int, tp_degree: int, dp_shard: bool):
     """(mesh dims, TP plan, parameters one rank holds after TP) for the analytical figures."""
     dims = MeshDims(world=n, tp=tp_degree, dp_shard=dp_shard)
     plan = plan_for(model, impl, dims.tp)
@@ -294,7 +294,7 @@ def expected_comm_bytes(
     parallel gradients of this rank's Psi_local parameters over the dp ranks, as DDP
     (NO_SHARD: 4 Psi_local all-reduced) or FULL_SHARD moves them (``fsdp_comm_bytes``)."""
     del psi
-    dims, plan, local = _local(model, impl, n, tp_degree, dp_shard)
+    dims, plan, local = local_layout(model, impl, n, tp_degree, dp_shard)
     tp_bytes = 4 * sum(comm_elements(model, plan, tokens, dims.tp).values())
     if dims.dp == 1:
         return tp_bytes
@@ -314,5 +314,5 @@ def expected_state_bytes(
     """The ZeRO accounting (``zero_state_bytes``) of the local parameters over the dp ranks:
     16 bytes each, divided by the DP degree when it shards (ZeRO-3)."""
     del psi
-    dims, _, local = _local(model, impl, n, tp_degree, dp_shard)
+    dims, _, local = local_layout(model, impl, n, tp_degree, dp_shard)
     return zero_state_bytes(local, dims.dp, _dp_strategy(dp_shard))

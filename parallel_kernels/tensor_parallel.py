@@ -266,12 +266,12 @@ def apply_plan(model: nn.Module, plan: dict[str, Placement], group) -> nn.Module
     return model
 
 
-def comm_elements(
+def comm_calls(
     model: nn.Module, plan: dict[str, Placement], tokens: int, n: int
-) -> dict[str, float]:
-    """Elements one rank hands to TP collectives per training step (forward and backward), by
-    collective, for ``tokens`` activation rows (batch x sequence) of the plain ``model``,
-    counted by each collective's input as the traces record it.
+) -> list[tuple[str, str, float]]:
+    """The TP collectives of one training step, in forward order: (collective, phase,
+    elements) with phase ``forward`` or ``backward``, for ``tokens`` activation rows (batch x
+    sequence) of the plain ``model``, each counted by its input as the traces record it.
 
     Megatron plan: one all-reduce of tokens x out per row-parallel layer forward (``g``) and one
     of tokens x in per ``f`` backward, a shared ``f`` counted once: for hidden size h an MLP
@@ -280,20 +280,33 @@ def comm_elements(
     tokens x in backward. An ``f`` whose input is the data moves nothing.
     """
     if n == 1:
-        return {}
+        return []
     modules = dict(model.named_modules())
-    all_reduce = all_gather = 0.0
+    calls: list[tuple[str, str, float]] = []
     for name, place in plan.items():
         m = modules[name]
         if place.style == ROWWISE:
-            all_reduce += tokens * m.out_features
+            calls.append(("all_reduce", "forward", tokens * m.out_features))
         elif place.style == COPY:
-            all_reduce += tokens * m.normalized_shape[0]
+            calls.append(("all_reduce", "backward", tokens * m.normalized_shape[0]))
         elif place.copy_input and place.input_grad:
-            all_reduce += tokens * m.in_features
+            calls.append(("all_reduce", "backward", tokens * m.in_features))
         if place.style == NAIVE:
-            all_gather += tokens * m.out_features / n
-    return {"all_reduce": all_reduce, "all_gather": all_gather}
+            calls.append(("all_gather", "forward", tokens * m.out_features / n))
+    return calls
+
+
+def comm_elements(
+    model: nn.Module, plan: dict[str, Placement], tokens: int, n: int
+) -> dict[str, float]:
+    """Elements one rank hands to TP collectives per training step, by collective (the sums of
+    ``comm_calls``)."""
+    if n == 1:
+        return {}
+    out = {"all_reduce": 0.0, "all_gather": 0.0}
+    for collective, _, elements in comm_calls(model, plan, tokens, n):
+        out[collective] += elements
+    return out
 
 
 def local_param_count(model: nn.Module, dims: dict[str, int], n: int) -> int:

@@ -77,6 +77,27 @@ def test_cpu_breakdown_by_construction(tmp_path):
     assert analysis.memory_peak_delta(trace) == 1500  # counter was 0 before the first event
 
 
+@pytest.mark.parametrize(
+    "span", ["FSDP::all_gather (net.2)", "FullyShardedDataParallel._pre_backward_hook"]
+)
+def test_fsdp_spans_that_block_on_gloo_are_waiting(tmp_path, span):
+    """FSDP's spans return only when gloo's collective is done and no op inside says "wait":
+    their time outside the ops they contain is waiting, not computation (seen in FSDP2 and FSDP1
+    traces on CPU, where this counted as overlap that was not there)."""
+    events = [
+        _x("ProfilerStep#1", 0, 100, cat="user_annotation"),
+        _x(span, 0, 50, cat="user_annotation"),
+        _x("aten::copy_", 2, 5),  # real work inside the span
+        _x("gloo:all_gather", 8, 40, tid=2, args={"Input Dims": [[10]], "Input type": ["float"]}),
+        _x("aten::addmm", 50, 40),
+    ]
+    path = tmp_path / "rank0.1.pt.trace.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    row = analysis.breakdown(analysis.load_trace(path)).iloc[0]
+    assert row["compute_us"] == 5 + 40
+    assert row["overlap_us"] == 0 and row["exposed_comm_us"] == 40
+
+
 def test_gpu_kernels_are_classified_like_hta(tmp_path):
     events = [
         _x("ProfilerStep#1", 0, 50, cat="user_annotation"),

@@ -1,0 +1,288 @@
+"""Alpha-beta(-gamma) costs of collectives, fitted to a ``--sweep message_size`` run.
+
+Hockney's model: a message of m bytes costs alpha + m beta; a reduction costs gamma per byte.
+For a buffer of S bytes (nccl-tests' S: the whole buffer) on n ranks, the algorithms' costs are
+(Thakur, Rabenseifner and Gropp, "Optimization of Collective Communication Operations in MPICH",
+IJHPCA 2005; Chan et al., "Collective communication: theory, practice, and experience", 2007):
+
+    ring all-reduce          2(n-1) alpha + 2(n-1)/n S beta + (n-1)/n S gamma
+    ring reduce-scatter       (n-1) alpha +  (n-1)/n S beta + (n-1)/n S gamma
+    ring all-gather           (n-1) alpha +  (n-1)/n S beta
+    pairwise all-to-all       (n-1) alpha +  (n-1)/n S beta
+    binomial-tree broadcast   ceil(log2 n) (alpha + S beta)
+    double-binary-tree all-reduce (NCCL's "tree", what-if only)
+                              2 ceil(log2 n) alpha + 2 S beta + S gamma
+
+In the ring algorithms gamma's coefficient is proportional to beta's at every n, so timings of
+one algorithm cannot tell them apart; nor need they: t = a(n) alpha + b(n) S beta_eff with
+beta_eff = beta + gamma g(n)/b(n) extrapolates over n exactly as the three-term form does. Each
+collective's fit therefore has alpha and beta_eff; gamma, the reduction's own cost per byte, is
+derived across collectives (all-reduce's beta_eff less all-gather's, times 2) and reported.
+
+The fit minimises relative residuals (sizes span four orders of magnitude; plain least squares
+would ignore every small message) with alpha, beta >= 0, and reports R^2 and the residual of
+every size.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    name: str
+    a: Callable[[int], float]  # coefficient of alpha
+    b: Callable[[int], float]  # coefficient of S beta
+    g: Callable[[int], float]  # coefficient of S gamma
+
+    def time(self, nbytes: float, n: int, alpha: float, beta: float, gamma: float = 0.0) -> float:
+        if n <= 1:
+            return 0.0
+        return self.a(n) * alpha + nbytes * (self.b(n) * beta + self.g(n) * gamma)
+
+
+def _log2(n: int) -> int:
+    return math.ceil(math.log2(n)) if n > 1 else 0
+
+
+RING_ALL_REDUCE = Algorithm(
+    "ring", lambda n: 2 * (n - 1), lambda n: 2 * (n - 1) / n, lambda n: (n - 1) / n
+)
+TREE_ALL_REDUCE = Algorithm(
+    "double binary tree", lambda n: 2 * _log2(n), lambda n: 2.0, lambda n: 1.0
+)
+RING_REDUCE_SCATTER = Algorithm(
+    "ring", lambda n: n - 1, lambda n: (n - 1) / n, lambda n: (n - 1) / n
+)
+RING_ALL_GATHER = Algorithm("ring", lambda n: n - 1, lambda n: (n - 1) / n, lambda n: 0.0)
+PAIRWISE_ALL_TO_ALL = Algorithm("pairwise", lambda n: n - 1, lambda n: (n - 1) / n, lambda n: 0.0)
+TREE_BROADCAST = Algorithm("binomial tree", _log2, lambda n: float(_log2(n)), lambda n: 0.0)
+RING_BROADCAST = Algorithm("pipelined ring", lambda n: n - 1, lambda n: 1.0, lambda n: 0.0)
+
+# The algorithm each backend runs. gloo: ring all-reduce (its default), binomial-tree broadcast;
+# NCCL: rings, pipelined ring broadcast, and for all-reduce the faster of ring and tree (what
+# its tuner chooses between). Our reference collectives (parallel_kernels/algorithms.py) are
+# rings, a pairwise all-to-all and a tree/chain broadcast; their fits use the same forms.
+ALGORITHMS: dict[str, dict[str, Algorithm]] = {
+    "gloo": {
+        "all_reduce": RING_ALL_REDUCE,
+        "reduce_scatter": RING_REDUCE_SCATTER,
+        "all_gather": RING_ALL_GATHER,
+        "all_to_all": PAIRWISE_ALL_TO_ALL,
+        "broadcast": TREE_BROADCAST,
+    },
+    "nccl": {
+        "all_reduce": RING_ALL_REDUCE,
+        "reduce_scatter": RING_REDUCE_SCATTER,
+        "all_gather": RING_ALL_GATHER,
+        "all_to_all": PAIRWISE_ALL_TO_ALL,
+        "broadcast": RING_BROADCAST,
+    },
+}
+COLLECTIVES = tuple(ALGORITHMS["gloo"])
+
+
+def algorithm(backend: str, collective: str) -> Algorithm:
+    return ALGORITHMS.get(backend, ALGORITHMS["nccl"])[collective]
+
+
+OUTLIER_FACTOR = 4.0  # a size this many times further off than the median one is set aside
+
+
+class FitError(ValueError):
+    """A collectives run that cannot give the costs asked for; the message says why."""
+
+
+def nonneg_lstsq(X: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """min |X c - y| with c >= 0, exactly, by trying every set of free coefficients (two or
+    three columns: at most eight small solves)."""
+    k = X.shape[1]
+    best, best_err = np.zeros(k), float(np.sum(y**2))
+    for mask in range(1, 1 << k):
+        cols = [j for j in range(k) if mask >> j & 1]
+        c_sub, *_ = np.linalg.lstsq(X[:, cols], y, rcond=None)
+        if np.any(c_sub < 0):
+            continue
+        c = np.zeros(k)
+        c[cols] = c_sub
+        err = float(np.sum((X @ c - y) ** 2))
+        if err < best_err - 1e-18 * max(best_err, 1.0):
+            best, best_err = c, err
+    return best
+
+
+@dataclass(frozen=True)
+class Fit:
+    """t(S, n) = a(n) alpha + b(n) S beta for one collective (times in seconds)."""
+
+    backend: str
+    impl: str
+    collective: str
+    algorithm: Algorithm
+    alpha: float  # s
+    beta: float  # s/byte (beta_eff: includes the reduction, see the module docstring)
+    r2: float
+    residuals: pd.DataFrame = field(repr=False)  # world_size, size_bytes, measured/predicted
+
+    def time(self, nbytes: float, n: int) -> float:
+        return self.algorithm.time(nbytes, n, self.alpha, self.beta)
+
+    @property
+    def bandwidth_GBps(self) -> float:
+        return 1e-9 / self.beta if self.beta > 0 else math.inf
+
+    @property
+    def max_abs_residual_pct(self) -> float:
+        """Over the sizes fitted (outliers set aside are reported in ``residuals``)."""
+        kept = self.residuals[~self.residuals["outlier"]]
+        return float(kept["residual_pct"].abs().max())
+
+    @property
+    def outliers(self) -> int:
+        return int(self.residuals["outlier"].sum())
+
+
+def fit_collective(rows: pd.DataFrame, *, backend: str, impl: str, collective: str) -> Fit:
+    """Least-squares alpha, beta from rows with ``world_size``, ``size_bytes`` and ``time_us``
+    (one collective, one implementation), relative residuals weighted equally.
+
+    Robust to a scheduling hiccup: after a first fit, sizes whose relative residual exceeds
+    ``OUTLIER_FACTOR`` times the median one (at most a quarter of them) are set aside and the
+    fit is made again; they stay in the residual table, marked ``outlier``, and in R^2."""
+    algo = algorithm(backend, collective)
+    n = rows["world_size"].to_numpy(int)
+    s = rows["size_bytes"].to_numpy(float)
+    t = rows["time_us"].to_numpy(float) * 1e-6
+    if len(rows) < 2 or len(np.unique(s)) < 2:
+        raise FitError(f"{collective} ({impl}): need two sizes or more to fit, have {len(rows)}")
+    X = np.column_stack([[algo.a(k) for k in n], [algo.b(k) for k in n] * s])
+    keep = np.ones(len(t), dtype=bool)
+    coef = nonneg_lstsq(X / t[:, None], np.ones_like(t))
+    rel = np.abs(X @ coef / t - 1.0)
+    limit = OUTLIER_FACTOR * max(float(np.median(rel)), 0.01)
+    worst = np.argsort(-rel)[: len(t) // 4]
+    keep[worst[rel[worst] > limit]] = False
+    if not keep.all() and len(np.unique(s[keep])) >= 2:
+        coef = nonneg_lstsq(X[keep] / t[keep, None], np.ones(int(keep.sum())))
+    alpha, beta = coef
+    pred = X @ coef
+    ss_tot = float(np.sum((t - t.mean()) ** 2))
+    r2 = 1.0 - float(np.sum((t - pred) ** 2)) / ss_tot if ss_tot > 0 else float("nan")
+    residuals = pd.DataFrame(
+        {
+            "world_size": n,
+            "size_bytes": s.astype(np.int64),
+            "measured_us": t * 1e6,
+            "predicted_us": pred * 1e6,
+            "residual_pct": 100.0 * (pred / t - 1.0),
+            "outlier": ~keep,
+        }
+    )
+    return Fit(backend, impl, collective, algo, float(alpha), float(beta), r2, residuals)
+
+
+@dataclass
+class CommModel:
+    """Fitted costs by (implementation, collective), from one backend and machine: one fit over
+    every world size measured (for other world sizes), and one per world size when several were
+    measured (used at that size: oversubscribed CPUs add latency the algorithm's n alone does
+    not explain, e.g. alpha per ring step 0.2 ms at 2 ranks on 2 cores but 0.8 ms at 4)."""
+
+    backend: str
+    host: str
+    world_sizes: tuple[int, ...]
+    fits: dict[tuple[str, str], Fit]
+    source: str = ""
+    per_size: dict[tuple[str, str, int], Fit] = field(default_factory=dict)
+
+    def fit(self, collective: str, impl: str = "native", n: int | None = None) -> Fit:
+        if (impl, collective, n) in self.per_size:
+            return self.per_size[impl, collective, n]
+        try:
+            return self.fits[impl, collective]
+        except KeyError:
+            have = sorted({c for (i, c) in self.fits if i == impl})
+            raise FitError(
+                f"the collectives run {self.source} has no {impl} {collective} "
+                f"(it has: {', '.join(have) or 'none'}); run --sweep message_size with it"
+            ) from None
+
+    def time(self, collective: str, nbytes: float, n: int, impl: str = "native") -> float:
+        """Seconds for ``collective`` of ``nbytes`` (nccl-tests' S) on ``n`` ranks."""
+        return self.fit(collective, impl, n).time(nbytes, n)
+
+    @property
+    def gamma(self) -> float | None:
+        """The reduction's cost per byte, s/byte: 2 (beta_eff(all-reduce) - beta(all-gather)),
+        from the native fits, or None without both."""
+        ar, ag = self.fits.get(("native", "all_reduce")), self.fits.get(("native", "all_gather"))
+        if ar is None or ag is None:
+            return None
+        return max(0.0, 2.0 * (ar.beta - ag.beta))
+
+    def all_fits(self) -> list[tuple[str, Fit]]:
+        """(world sizes it is over, fit): the joint fits, then those per world size."""
+        every = ",".join(map(str, self.world_sizes))
+        return [(every, f) for f in self.fits.values()] + [
+            (str(n), f) for (_, _, n), f in self.per_size.items()
+        ]
+
+    def table(self) -> pd.DataFrame:
+        """One row per fit: alpha (us), beta (ns/B), bandwidth, R^2, worst residual; ``ranks``
+        says which world sizes the fit is over."""
+        return pd.DataFrame(
+            [
+                {
+                    "ranks": ranks,
+                    "impl": f.impl,
+                    "collective": f.collective,
+                    "algorithm": f.algorithm.name,
+                    "alpha_us": f.alpha * 1e6,
+                    "beta_ns_per_B": f.beta * 1e9,
+                    "bandwidth_GBps": f.bandwidth_GBps,
+                    "r2": f.r2,
+                    "sizes": len(f.residuals),
+                    "max_abs_residual_pct": f.max_abs_residual_pct,
+                    "outliers": f.outliers,
+                }
+                for ranks, f in self.all_fits()
+            ]
+        )
+
+
+def fit_rows(df: pd.DataFrame, *, backend: str, host: str = "", source: str = "") -> CommModel:
+    """Fit every (implementation, collective) in a message_size results table."""
+    ok = df[(df["status"] == "ok") & df["time_us"].notna()]
+    if ok.empty:
+        raise FitError(f"the collectives run {source} has no ok rows to fit")
+    fits, per_size = {}, {}
+    sizes = tuple(sorted(int(n) for n in ok["world_size"].unique()))
+    for (impl, coll), rows in ok.groupby(["impl", "collective"], sort=True):
+        if coll not in ALGORITHMS["gloo"]:
+            continue
+        fits[impl, coll] = fit_collective(rows, backend=backend, impl=impl, collective=coll)
+        if len(sizes) > 1:
+            for n, at_n in rows.groupby("world_size"):
+                per_size[impl, coll, int(n)] = fit_collective(
+                    at_n, backend=backend, impl=impl, collective=coll
+                )
+    return CommModel(
+        backend=backend, host=host, world_sizes=sizes, fits=fits, source=source, per_size=per_size
+    )
+
+
+def load_runs(run_dirs: list[Path]) -> CommModel:
+    """Fit one model from one or more message_size runs of the same backend and machine (for
+    instance 2 and 4 ranks)."""
+    from bench.model.runs import read_collectives_runs  # one place reads run folders
+
+    meta, df = read_collectives_runs(run_dirs)
+    src = ", ".join(str(p) for p in run_dirs)
+    return fit_rows(df, backend=meta["backend"], host=meta.get("host", ""), source=src)

@@ -1,0 +1,294 @@
+"""A point of a training run -> its simulated step (``schedule.py``).
+
+The point's strategy and options are rebuilt from the run's own settings (``meta.json``), so
+the model sees exactly what ran. Computation comes from traces (``compute.py``). In a bucket
+sweep, whose knob changes only how a step communicates, the points of one model and
+implementation share one profile (the median of theirs), so the predicted differences between
+bucket sizes come from the schedule and the collectives' costs alone. Elsewhere a point's
+computation is its own (a sharded optimiser steps over 1/n of the parameters; a TP degree
+splits the layers), and the model checks its communication terms.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from bench.model import schedule as sch
+from bench.model.comm import CommModel
+from bench.model.compute import ComputeProfile, from_trace_dir, pooled
+from bench.sweeps import Point, build_points
+from parallel_kernels.fsdp import fsdp_units, shard_group_size, unit_params
+from parallel_kernels.mesh import local_layout
+from parallel_kernels.models import MODELS
+from parallel_kernels.tensor_parallel import comm_calls
+
+MB = 2**20
+# Sweeps whose values change communication only: their points share one computation profile.
+# (Not sharding strategies: the optimiser steps over 1/n of the parameters when they are
+# sharded, so their computation differs.)
+POOLED_SWEEPS = {"bucket_cap_mb"}
+
+
+class Unmodelled(ValueError):
+    """A point the model does not simulate (yet); the message says what."""
+
+
+@dataclass(frozen=True)
+class Case:
+    """What the schedule needs to know about a point."""
+
+    strategy: str
+    impl: str
+    model: str
+    world: int
+    options: dict
+    train: dict
+    batch: int  # samples per replica and step
+
+
+def points_of(meta: dict) -> dict[str, Point]:
+    """The run's points, rebuilt from its settings, by id."""
+    cfg = meta.get("config", {})
+    pts = build_points(
+        meta["sweep"],
+        values=cfg.get("values"),
+        models=cfg.get("model"),
+        impls=cfg.get("impl"),
+        options=cfg.get("option"),
+        world_size=meta.get("world_size"),
+        strategy=cfg.get("strategy"),
+        scaling=cfg.get("scaling"),
+        batch_size=cfg.get("batch_size", 64),
+    )
+    return {p.id: p for p in pts}
+
+
+def case_of(point: Point, row: pd.Series) -> Case:
+    return Case(
+        strategy=point.strategy,
+        impl=point.impl,
+        model=point.model,
+        world=int(row["world_size"]),
+        options=dict(point.options),
+        train=dict(point.train),
+        batch=int(row["batch_per_replica"]),
+    )
+
+
+def _twin(model: str) -> torch.nn.Module:
+    with torch.device("meta"):
+        return MODELS[model].build()
+
+
+def _check_knobs(case: Case) -> None:
+    for knob, plain in (
+        ("precision", "fp32"),
+        ("grad_accum", 1),
+        ("activation_checkpointing", "off"),
+    ):
+        if str(case.train.get(knob, plain)) != str(plain):
+            raise Unmodelled(f"{knob}={case.train[knob]} is not modelled yet")
+
+
+def _ddp_buckets(case: Case, prof: ComputeProfile, cap_mb: float) -> list[list[int]]:
+    sizes = list(prof.grad_bytes)
+    if not sizes:
+        raise Unmodelled(f"{prof.source}: the traces show no gradient accumulation to bucket")
+    cap = int(cap_mb * MB)
+    if case.impl != "native" and case.strategy != "accelerate":  # our ReferenceDDP's buckets
+        return sch.reference_buckets(sizes, cap)
+    # DDP's first bucket is 1 MiB only when bucket_cap_mb is left at its default
+    first = case.options.get("first_bucket_mb")
+    return sch.native_buckets(sizes, cap, int(first * MB) if first else None)
+
+
+def ddp(case: Case, prof: ComputeProfile, comm: CommModel, n: int | None = None) -> list[sch.Op]:
+    n = n or case.world
+    hook = case.options.get("comm_hook", "none")
+    if hook not in ("none", "fp16", "bf16"):
+        raise Unmodelled(f"comm_hook={hook} is not modelled")
+    wire = 0.5 if hook in ("fp16", "bf16") else 1.0
+    buckets = _ddp_buckets(case, prof, float(case.options.get("bucket_cap_mb", 25.0)))
+    bucket_ms = [
+        1e3 * comm.time("all_reduce", wire * sum(prof.grad_bytes[i] for i in b), n) for b in buckets
+    ]
+    prog = sch.ddp_program(
+        forward_ms=prof.forward_ms,
+        backward_ms=prof.backward_ms,
+        after_ms=prof.after_ms,
+        ready_ms=list(prof.grad_ready_ms),
+        buckets=buckets,
+        bucket_ms=bucket_ms,
+        overlap=case.impl != "reference_nooverlap",
+    )
+    return prog
+
+
+def fsdp(case: Case, prof: ComputeProfile, comm: CommModel, n: int | None = None) -> list[sch.Op]:
+    n = n or case.world
+    strategy = case.options.get("sharding_strategy", "FULL_SHARD")
+    if strategy == "HYBRID_SHARD":
+        raise Unmodelled("HYBRID_SHARD is not modelled yet")
+    s = shard_group_size(strategy, n)
+    model = _twin(case.model)
+    # Units in forward order with their fp32 bytes; the root's leftovers (embeddings, head), if
+    # any, are gathered first and reduced last. Computation is split by parameter share (flops
+    # of a linear layer are proportional to its parameters).
+    groups = unit_params(model, fsdp_units(model))
+    if groups[-1][0] is model:
+        groups = [groups[-1], *groups[:-1]]
+    sizes = [4 * sum(p.numel() for _, _, p in params) for _, params in groups]
+    total = sum(sizes)
+    units = []
+    for nbytes in sizes:
+        share = nbytes / total
+        if s > 1:
+            gather = 1e3 * comm.time("all_gather", nbytes, s)
+            reduce = 1e3 * comm.time("reduce_scatter", nbytes, s)
+        else:
+            gather, reduce = 0.0, 1e3 * comm.time("all_reduce", nbytes, n)
+        units.append(sch.Unit(prof.forward_ms * share, prof.backward_ms * share, gather, reduce))
+    prog = sch.fsdp_program(
+        units,
+        after_ms=prof.after_ms,
+        reshard_after_forward=strategy == "FULL_SHARD",
+        shard=s > 1,
+        reduce_blocks=case.impl == "reference",
+    )
+    return prog
+
+
+def tp(case: Case, prof: ComputeProfile, comm: CommModel, n: int | None = None) -> list[sch.Op]:
+    n = n or case.world
+    degree = int(case.options.get("tp_degree", 1))
+    if case.options.get("dp_shard"):
+        raise Unmodelled("FSDP x TP is not modelled yet")
+    model = _twin(case.model)
+    dims, plan, _ = local_layout(model, case.impl, n, degree, False)
+    tokens = case.batch * MODELS[case.model].tokens_per_sample
+    fwd, bwd = [], []
+    for collective, phase, elements in comm_calls(model, plan, tokens, dims.tp):
+        # nccl-tests' S: an all-gather's whole output (the traces count its input, 1/n of it)
+        nbytes = 4 * elements * (dims.tp if collective == "all_gather" else 1)
+        (fwd if phase == "forward" else bwd).append(1e3 * comm.time(collective, nbytes, dims.tp))
+    kw = {}
+    if dims.dp > 1:
+        buckets = _ddp_buckets(case, prof, 25.0)
+        kw = dict(
+            ready_ms=list(prof.grad_ready_ms),
+            buckets=buckets,
+            bucket_ms=[
+                1e3 * comm.time("all_reduce", sum(prof.grad_bytes[i] for i in b), dims.dp)
+                for b in buckets
+            ],
+        )
+    prog = sch.tp_program(
+        forward_ms=prof.forward_ms,
+        backward_ms=prof.backward_ms,
+        after_ms=prof.after_ms,
+        forward_comm_ms=fwd,
+        backward_comm_ms=bwd,
+        **kw,
+    )
+    return prog
+
+
+SIMULATORS = {"ddp": ddp, "accelerate": ddp, "fsdp": fsdp, "tp": tp}
+
+
+def overlap_share(meta: dict) -> float:
+    """``schedule.simulate``'s share: on CPU ranks with fewer than two cores each, the main
+    thread and gloo's thread time-share a core while both run (0.5); else 1."""
+    if meta.get("device", "cpu") != "cpu":
+        return 1.0
+    cores = meta.get("cpu_count") or os.cpu_count() or 1
+    per_rank = cores / max(1, int(meta.get("ranks_per_node") or meta.get("world_size") or 1))
+    return 1.0 if per_rank >= 2 else 0.5
+
+
+def simulate_case(
+    case: Case, prof: ComputeProfile, comm: CommModel, n: int | None = None, share: float = 1.0
+) -> sch.Timeline:
+    _check_knobs(case)
+    if case.strategy not in SIMULATORS:
+        raise Unmodelled(f"strategy {case.strategy} is not modelled")
+    if case.strategy == "accelerate" and case.options.get("mixed_precision", "none") != "none":
+        raise Unmodelled("mixed precision is not modelled yet")
+    return sch.simulate(SIMULATORS[case.strategy](case, prof, comm, n), share=share)
+
+
+def compute_profiles(run_dir: Path, meta: dict, ok: pd.DataFrame) -> dict[str, ComputeProfile]:
+    """Each ok point's computation profile: pooled over the points of the same model and
+    implementation in the sweeps of ``POOLED_SWEEPS``, its own elsewhere."""
+    own = {
+        r["point"]: from_trace_dir(run_dir / "traces" / str(r["point"])) for _, r in ok.iterrows()
+    }
+    if meta.get("sweep") not in POOLED_SWEEPS:
+        return own
+    out = {}
+    for (model, impl), g in ok.groupby(["model", "impl"]):
+        shared = pooled([own[p] for p in g["point"]], f"{run_dir.name}: {model} {impl}")
+        out.update({p: shared for p in g["point"]})
+    return out
+
+
+def predict_run(run_dir: Path, meta: dict, ok: pd.DataFrame, comm: CommModel) -> pd.DataFrame:
+    """Measured next to predicted, one row per ok point of a training run."""
+    points = points_of(meta)
+    profiles = compute_profiles(run_dir, meta, ok)
+    share = overlap_share(meta)
+    rows = []
+    for _, r in ok.iterrows():
+        out = {
+            "run": run_dir.name,
+            "point": r["point"],
+            "sweep": r["sweep"],
+            "value": r["value"],
+            "model": r["model"],
+            "impl": r["impl"],
+            "strategy": r["strategy"],
+            "world_size": int(r["world_size"]),
+            "measured_step_ms": r["step_ms_median"],
+            "measured_step_ms_p10": r.get("step_ms_p10", np.nan),
+            "measured_step_ms_p90": r.get("step_ms_p90", np.nan),
+            "measured_exposed_comm_ms": r["exposed_comm_ms"],
+            "measured_overlap_pct": r["overlap_pct"],
+            "measured_comm_ms": r["comm_ms"],
+        }
+        prof = profiles[r["point"]]
+        out["compute_source"] = "pooled" if prof.points > 1 else "own"
+        point = points.get(r["point"])
+        try:
+            if point is None:
+                raise Unmodelled("the run's settings no longer yield this point")
+            tl = simulate_case(case_of(point, r), prof, comm, share=share)
+            m = tl.metrics()
+            out.update(
+                {
+                    "predicted_step_ms": m["step_ms"],
+                    "predicted_exposed_comm_ms": m["exposed_comm_ms"],
+                    "predicted_overlap_pct": m["overlap_pct"],
+                    "predicted_comm_ms": m["comm_ms"],
+                    "note": "",
+                }
+            )
+        except Unmodelled as e:
+            out["note"] = str(e)
+        rows.append(out)
+    df = pd.DataFrame(rows)
+    for col in (
+        "predicted_step_ms",
+        "predicted_exposed_comm_ms",
+        "predicted_overlap_pct",
+        "predicted_comm_ms",
+    ):
+        if col not in df:
+            df[col] = np.nan
+    df["step_error_pct"] = 100.0 * (df["predicted_step_ms"] / df["measured_step_ms"] - 1.0)
+    return df

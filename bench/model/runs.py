@@ -1,0 +1,79 @@
+"""Read the run folders the model is fitted from and checked against, refusing mixtures.
+
+A model fitted on one machine says nothing about another: every run handed to one command must
+come from the same host, backend, device and torch version, and a training run's points must
+have their traces.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from bench.model.comm import FitError
+from bench.results import read_run
+
+# What must agree between the runs of one model: the machine and the software that timed them.
+MACHINE_KEYS = ("host", "backend", "device", "device_name", "torch_version", "nodes")
+
+
+class RunError(FitError):
+    """Run folders that cannot be used together (or at all); the message says why."""
+
+
+def _read(run_dir: Path) -> tuple[dict, pd.DataFrame]:
+    run_dir = Path(run_dir)
+    if not (run_dir / "meta.json").is_file() or not (run_dir / "results.csv").is_file():
+        raise RunError(f"{run_dir} is not a run folder (no meta.json and results.csv)")
+    meta, df, _ = read_run(run_dir)
+    return meta, df
+
+
+def same_machine(metas: list[tuple[Path, dict]]) -> None:
+    """Raise RunError naming the first key on which the runs differ."""
+    first_path, first = metas[0]
+    for path, meta in metas[1:]:
+        for key in MACHINE_KEYS:
+            if meta.get(key) != first.get(key):
+                raise RunError(
+                    f"runs from different machines or settings: {key} is {first.get(key)!r} "
+                    f"in {first_path} but {meta.get(key)!r} in {path}"
+                )
+
+
+def read_collectives_runs(run_dirs: list[Path]) -> tuple[dict, pd.DataFrame]:
+    """(meta of the first, all rows) of one or more message_size runs."""
+    metas, frames = [], []
+    for d in run_dirs:
+        meta, df = _read(d)
+        if meta.get("sweep") != "message_size":
+            raise RunError(f"{d} is a {meta.get('sweep')!r} run, not a --sweep message_size run")
+        if (meta.get("collective_plan") or {}).get("dtype", "float32") != "float32":
+            raise RunError(f"{d} timed {meta['collective_plan']['dtype']}, training moves float32")
+        metas.append((Path(d), meta))
+        frames.append(df)
+    same_machine(metas)
+    return metas[0][1], pd.concat(frames, ignore_index=True)
+
+
+def read_training_runs(run_dirs: list[Path]) -> list[tuple[Path, dict, pd.DataFrame]]:
+    """[(folder, meta, ok rows)] of training runs whose ok points all have traces."""
+    out = []
+    for d in run_dirs:
+        meta, df = _read(d)
+        if meta.get("sweep") == "message_size":
+            raise RunError(f"{d} is a collectives run; give it with --collectives")
+        ok = df[df["status"] == "ok"]
+        for _, row in ok.iterrows():
+            folder = Path(d) / "traces" / str(row["point"])
+            if not any(folder.glob("*.pt.trace.json*")):
+                raise RunError(f"{d}: point {row['point']} has no traces in {folder}")
+        out.append((Path(d), meta, ok.reset_index(drop=True)))
+    same_machine([(p, m) for p, m, _ in out])
+    return out
+
+
+def check_compatible(collectives_meta: dict, source: Path, runs) -> None:
+    """The collectives run must come from the training runs' machine."""
+    same_machine([(source, collectives_meta), *[(p, m) for p, m, _ in runs]])

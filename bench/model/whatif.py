@@ -1,0 +1,142 @@
+"""Predictions at other scales: larger worlds, other links, a faster device.
+
+Weak scaling: every rank keeps its batch, so its computation is the profile's (divided by the
+device speed-up); communication grows with the world size as the collectives' algorithms say.
+Scaling efficiency is the step's computation alone over the predicted step (1 when
+communication is entirely hidden).
+
+For each world size the data-parallel choices are compared: DDP at several bucket sizes, and
+FSDP's sharding strategies (the optimiser step shrinks to 1/n of the parameters when they are
+sharded, so what follows backward is scaled by the share of optimiser state a rank holds). The
+recommendation is the fastest of each, with its predicted margin over PyTorch's defaults (DDP's
+25 MB buckets after a first bucket of 1 MiB, FSDP's FULL_SHARD), and the memory each choice
+holds per rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pandas as pd
+
+from bench.model import schedule as sch
+from bench.model.comm import FitError, load_runs
+from bench.model.compute import ComputeProfile, pooled
+from bench.model.links import LinkCosts, parse_link
+from bench.model.predict import Case, compute_profiles, ddp, fsdp, overlap_share
+from bench.model.runs import check_compatible, read_collectives_runs, read_training_runs
+from parallel_kernels.fsdp import zero_state_bytes
+
+BUCKETS_MB = (1.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0)
+# DistributedDataParallel left at its defaults: 25 MB buckets after a first one of 1 MiB.
+DEFAULT_DDP = "ddp default (25 MB, first bucket 1 MiB)"
+SHARDINGS = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD")
+DEFAULT_SHARDING = "FULL_SHARD"
+
+
+def _row(n, choice, tl: sch.Timeline, compute_ms: float, psi: int, sharding: str) -> dict:
+    m = tl.metrics()
+    return {
+        "world_size": n,
+        "choice": choice,
+        "step_ms": m["step_ms"],
+        "exposed_comm_ms": m["exposed_comm_ms"],
+        "comm_ms": m["comm_ms"],
+        "overlap_pct": m["overlap_pct"],
+        "scaling_efficiency_pct": 100.0 * compute_ms / m["step_ms"]
+        if m["step_ms"]
+        else float("nan"),
+        "state_mb_per_rank": zero_state_bytes(psi, n, sharding) / 2**20,
+    }
+
+
+def predict_scales(
+    prof: ComputeProfile,
+    *,
+    model: str,
+    batch: int,
+    comm,
+    world_sizes: list[int],
+    share: float = 1.0,
+    speedup: float = 1.0,
+    buckets_mb: tuple[float, ...] = BUCKETS_MB,
+) -> pd.DataFrame:
+    """One row per (world size, choice): DDP at each bucket size, FSDP per sharding."""
+    prof = prof.scaled(speedup)
+    psi = sum(prof.grad_bytes) // 4
+    rows = []
+    for n in world_sizes:
+        base = Case(
+            strategy="ddp", impl="native", model=model, world=n, options={}, train={}, batch=batch
+        )
+        ddp_choices = [(DEFAULT_DDP, {"bucket_cap_mb": 25.0, "first_bucket_mb": 1.0})]
+        ddp_choices += [(f"ddp bucket_cap_mb={mb:g}", {"bucket_cap_mb": mb}) for mb in buckets_mb]
+        for name, options in ddp_choices:
+            tl = sch.simulate(ddp(replace(base, options=options), prof, comm, n), share=share)
+            rows.append(_row(n, name, tl, prof.total_ms, psi, "NO_SHARD"))
+        for sharding in SHARDINGS:
+            case = replace(base, strategy="fsdp", options={"sharding_strategy": sharding})
+            held = zero_state_bytes(psi, n, sharding) / zero_state_bytes(psi, n, "NO_SHARD")
+            # the optimiser steps over the rank's share of the state
+            p = replace(prof, after_ms=prof.after_ms * held) if sharding != "NO_SHARD" else prof
+            tl = sch.simulate(fsdp(case, p, comm, n), share=share)
+            rows.append(_row(n, f"fsdp {sharding}", tl, p.total_ms, psi, sharding))
+    return pd.DataFrame(rows)
+
+
+def recommend(table: pd.DataFrame) -> pd.DataFrame:
+    """Per world size: the fastest bucket size and sharding, and their margin over the
+    defaults (positive: faster than the default by that many ms)."""
+    out = []
+    for n, g in table.groupby("world_size"):
+        for family, default in (("ddp", DEFAULT_DDP), ("fsdp", f"fsdp {DEFAULT_SHARDING}")):
+            fam = g[g["choice"].str.startswith(family + " ")]
+            best = fam.loc[fam["step_ms"].idxmin()]
+            ref = fam[fam["choice"] == default].iloc[0]
+            out.append(
+                {
+                    "world_size": n,
+                    "family": family,
+                    "recommended": best["choice"],
+                    "step_ms": best["step_ms"],
+                    "default": default,
+                    "default_step_ms": ref["step_ms"],
+                    "margin_ms": ref["step_ms"] - best["step_ms"],
+                    "margin_pct": 100.0 * (ref["step_ms"] - best["step_ms"]) / ref["step_ms"],
+                    "state_mb_per_rank": best["state_mb_per_rank"],
+                }
+            )
+    return pd.DataFrame(out)
+
+
+def load_inputs(
+    collectives: list[Path], compute: Path, *, model: str | None = None, link: str | None = None
+):
+    """(collective costs, what they assume, computation profile, model, batch per rank, overlap
+    share) for a what-if: the DDP points of ``compute`` (native ones if any, of ``model`` or the
+    model with the most gradient bytes) pooled into one profile; the costs of ``link`` (with
+    NCCL's algorithms, overlapping freely) or, without one, the collectives fitted here."""
+    meta, _ = read_collectives_runs(collectives)
+    runs = read_training_runs([compute])
+    check_compatible(meta, collectives[0], runs)
+    run_dir, run_meta, ok = runs[0]
+    points = ok[ok["strategy"] == "ddp"]
+    if points.empty:
+        raise FitError(f"--compute {run_dir} has no ok DDP points (run --sweep bucket_cap_mb)")
+    model = model or points.sort_values("grad_bytes")["model"].iloc[-1]
+    points = points[points["model"] == model]
+    if points.empty:
+        raise FitError(f"--compute {run_dir} has no ok DDP points of model {model}")
+    if (points["impl"] == "native").any():
+        points = points[points["impl"] == "native"]
+    profiles = compute_profiles(run_dir, run_meta, points)
+    prof = pooled(list({id(p): p for p in profiles.values()}.values()), f"{run_dir.name}: {model}")
+    if link:
+        costs = LinkCosts(parse_link(link))
+        about, share = costs.link.describe() + "; NCCL algorithms", 1.0
+    else:
+        costs = load_runs(collectives)
+        about = f"fitted {costs.backend} collectives of {', '.join(map(str, collectives))}"
+        share = overlap_share(run_meta)
+    return costs, about, prof, model, int(points["batch_per_replica"].iloc[0]), share

@@ -1,0 +1,105 @@
+"""The report's cost-model section: measured against predicted per point, and what the model
+predicts at larger scales, with its assumptions next to the tables (``bench/model``)."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+import numpy as np
+
+from bench.model.comm import FitError
+from bench.model.validate import MISS_PCT, bucket_choices, median_abs_error, validate
+from bench.model.whatif import load_inputs, predict_scales, recommend
+
+WHATIF_WORLDS = (8, 64, 1024)
+# This machine's fitted collectives, and a cluster's fabric with the same computation.
+WHATIF_LINKS = (None, "ib_ndr")
+POINT_COLUMNS = [
+    "point",
+    "measured_step_ms",
+    "predicted_step_ms",
+    "step_error_pct",
+    "measured_exposed_comm_ms",
+    "predicted_exposed_comm_ms",
+    "measured_overlap_pct",
+    "predicted_overlap_pct",
+    "compute_source",
+    "note",
+    "diagnosis",
+]
+WHATIF_COLUMNS = [
+    "world_size",
+    "family",
+    "recommended",
+    "step_ms",
+    "default",
+    "default_step_ms",
+    "margin_ms",
+    "margin_pct",
+    "state_mb_per_rank",
+]
+
+
+def model_sections(run_dir: Path, collectives: list[Path]) -> list[str]:
+    from bench.report import html_table
+
+    parts = ["<h2>Cost model: predicted before measured</h2>"]
+    try:
+        comm, points = validate(collectives, [run_dir])
+    except (FitError, ValueError, OSError) as e:
+        return [*parts, f"<p class='err'>No prediction: {html.escape(str(e))}</p>"]
+    fits = comm.table()
+    mae = median_abs_error(points)
+    src = ", ".join(html.escape(str(c)) for c in collectives)
+    parts.append(
+        f"<p>Collectives fitted from {src} (alpha-beta per collective; R<sup>2</sup> "
+        f"{fits['r2'].min():.3f} to {fits['r2'].max():.3f}); each point's computation read from "
+        f"its traces (pooled over a bucket sweep's points). Median absolute step-time error "
+        f"<strong>{mae:.1f} %</strong> (goal {MISS_PCT:g} %). A diagnosis names the term the "
+        f"traces disagree with most where a point misses. <code>python -m bench.model validate "
+        f"--collectives {src} {html.escape(str(run_dir))}</code></p>"
+    )
+    parts.append(html_table(points, POINT_COLUMNS, "Measured vs predicted, per point"))
+    choices = bucket_choices(points)
+    if len(choices):
+        parts.append(
+            html_table(choices, list(choices.columns), "Best bucket size: measured vs predicted")
+        )
+    parts.append(
+        html_table(fits, list(fits.columns), "Collective fits (alpha in us, beta in ns per byte)")
+    )
+    parts += _whatif(run_dir, collectives, html_table)
+    return parts
+
+
+def _whatif(run_dir: Path, collectives: list[Path], html_table) -> list[str]:
+    parts = ["<h3>What if: larger worlds</h3>"]
+    for link in WHATIF_LINKS:
+        try:
+            costs, about, prof, model, batch, share = load_inputs(collectives, run_dir, link=link)
+        except (FitError, ValueError) as e:
+            return [*parts, f"<p>No what-if: {html.escape(str(e))}</p>"]
+        table = predict_scales(
+            prof, model=model, batch=batch, comm=costs, world_sizes=list(WHATIF_WORLDS), share=share
+        )
+        eff = table.groupby("world_size")["scaling_efficiency_pct"].max()
+        parts += [
+            f"<p>{html.escape(about)}; computation of {html.escape(model)} at {batch} samples "
+            f"per rank, {prof.total_ms:.1f} ms per step ({html.escape(prof.source)}), as measured "
+            f"here; weak scaling; computation and communication each at speed {share:g} while "
+            f"both run. Best scaling efficiency: "
+            + ", ".join(f"{n} ranks {e:.0f} %" for n, e in eff.items() if np.isfinite(e))
+            + ".</p>",
+            html_table(
+                recommend(table),
+                WHATIF_COLUMNS,
+                f"Recommended bucket size and sharding, margin over defaults "
+                f"({link or 'this machine'})",
+            ),
+        ]
+    parts.append(
+        "<p>Other links and a faster device: <code>python -m bench.model whatif "
+        "--link nvlink4|ib_hdr|... --speedup X</code>.</p>"
+    )
+    return parts

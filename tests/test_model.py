@@ -1,0 +1,359 @@
+"""The cost model's parts on inputs whose answer is known: fits of synthetic timings, hand-
+computed timelines, PyTorch's own bucket assignment, a synthetic trace, link presets."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from bench.model import schedule as sch
+from bench.model.comm import ALGORITHMS, FitError, fit_rows, nonneg_lstsq
+from bench.model.compute import ComputeProfile, from_trace_dir
+from bench.model.links import PRESETS, LinkCosts, parse_link
+from bench.model.whatif import DEFAULT_DDP, predict_scales, recommend
+from parallel_kernels.ddp import plan_buckets
+from tests.kineto_writer import write_trace
+
+SIZES = [1 << k for k in range(10, 27, 2)]  # 1 KiB .. 64 MiB
+
+
+def synthetic(backend, alpha, beta, worlds, noise=0.0, seed=0):
+    rng = np.random.default_rng(seed)
+    rows = []
+    for coll, algo in ALGORITHMS[backend].items():
+        for n in worlds:
+            for s in SIZES:
+                t = algo.time(s, n, alpha, beta) * (1 + noise * rng.standard_normal())
+                rows.append(
+                    {
+                        "collective": coll,
+                        "impl": "native",
+                        "world_size": n,
+                        "size_bytes": s,
+                        "time_us": t * 1e6,
+                        "status": "ok",
+                    }
+                )
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("backend", ["gloo", "nccl"])
+@pytest.mark.parametrize("worlds", [[2], [4], [2, 4, 8]])
+def test_fit_recovers_alpha_and_beta_from_the_models_own_timings(backend, worlds):
+    alpha, beta = 35e-6, 1 / 4.2e9
+    model = fit_rows(synthetic(backend, alpha, beta, worlds), backend=backend)
+    assert model.world_sizes == tuple(worlds)
+    for coll in ALGORITHMS[backend]:
+        f = model.fit(coll)
+        assert f.alpha == pytest.approx(alpha, rel=0.01), coll
+        assert f.beta == pytest.approx(beta, rel=0.01), coll
+        assert f.r2 > 0.9999
+        assert len(f.residuals) == len(SIZES) * len(worlds)
+        assert f.max_abs_residual_pct < 1e-6
+
+
+def test_fit_under_noise_reports_its_quality_per_size():
+    model = fit_rows(synthetic("gloo", 50e-6, 1e-9, [2], noise=0.05), backend="gloo")
+    f = model.fit("all_reduce")
+    assert f.alpha == pytest.approx(50e-6, rel=0.1) and f.beta == pytest.approx(1e-9, rel=0.05)
+    assert 0.97 < f.r2 < 1.0
+    res = f.residuals.set_index("size_bytes")["residual_pct"]
+    assert list(res.index) == SIZES and res.abs().max() < 20 and res.abs().max() > 0
+    table = model.table()
+    assert set(table["collective"]) == set(ALGORITHMS["gloo"])
+
+
+def test_each_measured_world_size_gets_its_own_fit():
+    """Latency that grows faster than the algorithm's n (an oversubscribed CPU): the joint fit
+    misses it, the fit at each world size does not."""
+    at2 = synthetic("gloo", 100e-6, 1e-9, [2])
+    at4 = synthetic("gloo", 400e-6, 1.2e-9, [4])
+    model = fit_rows(pd.concat([at2, at4]), backend="gloo")
+    assert model.fit("all_reduce", n=2).alpha == pytest.approx(100e-6, rel=0.01)
+    assert model.fit("all_reduce", n=4).alpha == pytest.approx(400e-6, rel=0.01)
+    joint = model.fit("all_reduce", n=8)  # unmeasured size: the fit over both
+    assert joint is model.fits["native", "all_reduce"]
+    assert model.time("all_reduce", 1 << 20, 4) == pytest.approx(
+        ALGORITHMS["gloo"]["all_reduce"].time(1 << 20, 4, 400e-6, 1.2e-9), rel=0.01
+    )
+    assert set(model.table()["ranks"]) == {"2,4", "2", "4"}
+
+
+def test_gamma_is_derived_from_all_reduce_against_all_gather():
+    rows = synthetic("gloo", 20e-6, 1e-9, [2, 4])
+    ar = rows["collective"] == "all_reduce"
+    algo = ALGORITHMS["gloo"]["all_reduce"]
+    gamma = 0.5e-9  # reduction cost per byte, added to the all-reduce's timings only
+    rows.loc[ar, "time_us"] = [
+        algo.time(s, n, 20e-6, 1e-9, gamma) * 1e6
+        for s, n in zip(rows.loc[ar, "size_bytes"], rows.loc[ar, "world_size"], strict=True)
+    ]
+    assert fit_rows(rows, backend="gloo").gamma == pytest.approx(gamma, rel=0.01)
+
+
+def test_nonnegative_least_squares_clamps_what_would_go_negative():
+    x = np.array([1.0, 2.0, 3.0, 4.0])
+    X = np.column_stack([np.ones(4), x])
+    y = 2.0 * x - 1.0  # unconstrained intercept -1
+    c = nonneg_lstsq(X, y)
+    assert c[0] == 0.0 and c[1] > 0
+    assert np.allclose(nonneg_lstsq(X, 3 + 2 * x), [3, 2])
+
+
+def test_a_fit_needs_two_sizes_and_ok_rows():
+    one = synthetic("gloo", 1e-5, 1e-9, [2])
+    with pytest.raises(FitError, match="two sizes"):
+        fit_rows(one[one["size_bytes"] == SIZES[0]], backend="gloo")
+    with pytest.raises(FitError, match="no ok rows"):
+        fit_rows(one.assign(status="error"), backend="gloo")
+    model = fit_rows(one[one["collective"] == "broadcast"], backend="gloo", source="R")
+    with pytest.raises(FitError, match="has no native all_reduce"):
+        model.fit("all_reduce")
+
+
+# -- schedules: timelines computed by hand -------------------------------------------------------
+def test_one_bucket_without_overlap():
+    prog = sch.ddp_program(
+        forward_ms=10,
+        backward_ms=20,
+        after_ms=5,
+        ready_ms=[5, 20],
+        buckets=[[0, 1]],
+        bucket_ms=[8],
+        overlap=False,
+    )
+    tl = sch.simulate(prog)
+    assert tl.comm == [(30.0, 38.0, "bucket0")]
+    m = tl.metrics()
+    assert m["step_ms"] == 43 and m["exposed_comm_ms"] == 8 and m["overlap_ms"] == 0
+    assert m["compute_ms"] == 35 and m["overlap_pct"] == 0
+
+
+def test_two_buckets_fully_hidden_by_backward():
+    prog = sch.ddp_program(
+        forward_ms=10,
+        backward_ms=30,
+        after_ms=5,
+        ready_ms=[10, 20, 30],
+        buckets=[[0], [1], [2]],
+        bucket_ms=[5, 5, 0],
+    )
+    tl = sch.simulate(prog)
+    assert tl.comm == [(20.0, 25.0, "bucket0"), (30.0, 35.0, "bucket1")]
+    m = tl.metrics()
+    assert m["step_ms"] == 45 and m["exposed_comm_ms"] == 0 and m["overlap_pct"] == 100
+
+
+def test_buckets_go_out_in_order_and_queue_behind_each_other():
+    # bucket 0's last gradient comes after bucket 1's: bucket 1 waits for it (issued in order);
+    # bucket 1 then queues behind bucket 0 on the one communicator.
+    prog = sch.ddp_program(
+        forward_ms=0,
+        backward_ms=10,
+        after_ms=0,
+        ready_ms=[2, 8, 4],
+        buckets=[[0, 1], [2]],
+        bucket_ms=[6, 6],
+    )
+    tl = sch.simulate(prog)
+    assert tl.comm == [(8.0, 14.0, "bucket0"), (14.0, 20.0, "bucket1")]
+    assert tl.metrics()["exposed_comm_ms"] == 10
+
+
+def test_time_shared_core_halves_both_while_they_overlap():
+    prog = sch.ddp_program(
+        forward_ms=10,
+        backward_ms=20,
+        after_ms=5,
+        ready_ms=[5, 10, 20],
+        buckets=[[0, 1], [2]],
+        bucket_ms=[8, 8],
+    )
+    full = sch.simulate(prog)
+    assert full.comm == [(20.0, 28.0, "bucket0"), (30.0, 38.0, "bucket1")] and full.end_ms == 43
+    half = sch.simulate(prog, share=0.5)
+    # bucket 0 (8 ms of work) runs beside the last 10 ms of backward at half speed: 16 ms;
+    # backward does 8 ms in that time and its last 2 ms alone; bucket 1 then runs alone.
+    assert half.comm == [(20.0, 36.0, "bucket0"), (38.0, 46.0, "bucket1")]
+    assert half.end_ms == 51
+    with pytest.raises(ValueError, match="share"):
+        sch.simulate(prog, share=0)
+
+
+UNITS = [sch.Unit(forward_ms=10, backward_ms=20, gather_ms=4, reduce_ms=3)] * 2
+
+
+def test_fsdp_without_prefetch_waits_for_every_gather():
+    tl = sch.simulate(sch.fsdp_program(UNITS, after_ms=5, prefetch=False))
+    # fwd: ag0 0-4, f0 4-14, ag1 14-18, f1 18-28; bwd: ag_b1 28-32, b1 32-52, rs1 52-55 (hidden
+    # under ag_b0 queued behind it: 55-59), b0 59-79, rs0 79-82, after 82-87
+    assert [c[:2] for c in tl.comm] == [(0, 4), (14, 18), (28, 32), (52, 55), (55, 59), (79, 82)]
+    assert tl.end_ms == 87
+    assert tl.metrics()["exposed_comm_ms"] == 4 + 4 + 4 + 3 + 4 + 3 - 0
+
+
+def test_fsdp_with_prefetch_hides_the_next_gather():
+    tl = sch.simulate(sch.fsdp_program(UNITS, after_ms=5, prefetch=True))
+    # fwd: ag0 0-4, f0 4-14 with ag1 prefetched 4-8; f1 14-24. bwd: ag_b1 24-28, b1 28-48 with
+    # ag_b0 prefetched 28-32; rs1 48-51; b0 48-68; rs0 68-71; after 71-76
+    assert [c[:2] for c in tl.comm] == [(0, 4), (4, 8), (24, 28), (28, 32), (48, 51), (68, 71)]
+    assert tl.end_ms == 76
+    m = tl.metrics()
+    assert m["exposed_comm_ms"] == 4 + 4 + 3 and m["overlap_ms"] == 4 + 4 + 3
+
+
+def test_sharding_strategies_change_the_gathers():
+    no_reshard = sch.simulate(sch.fsdp_program(UNITS, after_ms=0, reshard_after_forward=False))
+    assert not any(name.startswith("ag_b") for _, _, name in no_reshard.comm)
+    no_shard = sch.simulate(sch.fsdp_program(UNITS, after_ms=0, shard=False))
+    assert [name for _, _, name in no_shard.comm] == ["rs1", "rs0"]
+    blocking = sch.simulate(sch.fsdp_program(UNITS, after_ms=0, shard=False, reduce_blocks=True))
+    assert blocking.end_ms == 20 + 40 + 6 and blocking.metrics()["overlap_ms"] == 0
+
+
+def test_tensor_parallel_all_reduces_sit_on_the_critical_path():
+    tl = sch.simulate(
+        sch.tp_program(
+            forward_ms=10, backward_ms=20, after_ms=4, forward_comm_ms=[1, 1], backward_comm_ms=[2]
+        )
+    )
+    m = tl.metrics()
+    assert tl.end_ms == 10 + 20 + 4 + 1 + 1 + 2 and m["overlap_ms"] == 0
+    assert m["exposed_comm_ms"] == 4
+
+
+def test_programs_are_checked():
+    with pytest.raises(ValueError, match="issued twice"):
+        sch.simulate([sch.Issue("a", 1), sch.Issue("a", 1)])
+    with pytest.raises(ValueError, match="never issued"):
+        sch.simulate([sch.Wait("a")])
+
+
+# -- buckets: the same assignment as PyTorch and as our reference ---------------------------------
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("cap_mb", [0.25, 1, 5, 25])
+def test_native_buckets_are_pytorchs(seed, cap_mb):
+    rng = np.random.default_rng(seed)
+    numels = [int(x) for x in rng.choice([10, 2048, 65536, 1 << 20, 4 << 20], size=12)]
+    sizes = [4 * n for n in numels]
+    cap = int(cap_mb * 2**20)
+    tensors = [torch.empty(n) for n in numels]
+    for first in (None, 2**20):
+        theirs, _ = dist._compute_bucket_assignment_by_size(tensors, [first or cap, cap])
+        assert sch.native_buckets(sizes, cap, first) == [list(b) for b in theirs]
+
+
+@pytest.mark.parametrize("cap_mb", [0.01, 0.25, 1, 25])
+def test_reference_buckets_are_plan_buckets(cap_mb):
+    params = [nn.Parameter(torch.empty(n)) for n in [10, 2048, 65536, 300, 1 << 18, 7, 4096]]
+    theirs = plan_buckets(params, cap_mb)
+    index = {id(p): i for i, p in enumerate(params)}
+    ours = sch.reference_buckets([4 * p.numel() for p in params], int(cap_mb * 2**20))
+    assert ours == [[index[id(p)] for p in b] for b in theirs]
+
+
+# -- computation read from a trace ---------------------------------------------------------------
+def _op(name, ts, dur, tid=1, cat="cpu_op", **args):
+    e = {"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": tid, "ts": ts, "dur": dur}
+    return {**e, "args": args} if args else e
+
+
+def test_compute_profile_from_a_trace(tmp_path):
+    acc = "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad"
+    events = []
+    for step, t0 in ((1, 0.0), (2, 1000.0)):
+        events += [
+            _op(f"ProfilerStep#{step}", t0, 1000, cat="user_annotation"),
+            _op("aten::addmm", t0 + 10, 200),  # forward: 200 us
+            _op("autograd::engine::evaluate_function: AddmmBackward0", t0 + 300, 100),
+            _op(acc, t0 + 400, 20),
+            _op(
+                "torch::autograd::AccumulateGrad",
+                t0 + 405,
+                10,
+                **{"Input Dims": [[256, 128]], "Input type": ["float"]},
+            ),
+            _op("autograd::engine::evaluate_function: AddmmBackward0", t0 + 420, 180),
+            _op(acc, t0 + 600, 20),
+            _op(
+                "torch::autograd::AccumulateGrad",
+                t0 + 605,
+                10,
+                **{"Input Dims": [[10]], "Input type": ["float"]},
+            ),
+            _op("c10d::allreduce_", t0 + 650, 100),  # waiting: not computation
+            _op("gloo:all_reduce", t0 + 640, 100, tid=2, cat="user_annotation"),
+            _op("Optimizer.step#AdamW.step", t0 + 800, 150),
+        ]
+    folder = tmp_path / "point"
+    folder.mkdir()
+    write_trace(folder / "rank0.1.pt.trace.json", events)
+    p = from_trace_dir(folder)
+    assert p.forward_ms == pytest.approx(0.2)
+    assert p.backward_ms == pytest.approx(0.32)  # 300..620 all busy
+    assert p.after_ms == pytest.approx(0.15)
+    assert p.grad_bytes == (256 * 128 * 4, 40)
+    assert p.grad_ready_ms == pytest.approx((0.115, 0.315))
+
+
+# -- links and what-if ---------------------------------------------------------------------------
+def test_link_presets_and_custom_links():
+    assert parse_link("ib_ndr") is PRESETS["ib_ndr"]
+    custom = parse_link("alpha=5e-6,beta=2e-11")
+    assert custom.bandwidth_GBps == pytest.approx(50) and custom.alpha_s == 5e-6
+    assert parse_link("alpha=1e-6,bw=100").beta_s_per_byte == pytest.approx(1e-11)
+    for bad, msg in (
+        ("infiniband9", "unknown link preset"),
+        ("alpha=1,beta=-2", "positive"),
+        ("alpha=x,beta=1", "not a number"),
+        ("beta=1e-9", "give alpha"),
+        ("alpha=1e-6,speed=3", "unknown key"),
+    ):
+        with pytest.raises(ValueError, match=msg):
+            parse_link(bad)
+    for link in PRESETS.values():
+        assert link.source and link.bandwidth_GBps > 0 and link.alpha_s > 0
+
+
+def test_nccl_all_reduce_takes_the_faster_of_ring_and_tree():
+    costs = LinkCosts(PRESETS["ib_ndr"])
+    ring = ALGORITHMS["nccl"]["all_reduce"]
+    small, n = 64 << 10, 1024
+    assert costs.time("all_reduce", small, n) < ring.time(small, n, 5e-6, 1 / 50e9)
+    big = 1 << 30
+    assert costs.time("all_reduce", big, 8) == pytest.approx(ring.time(big, 8, 5e-6, 1 / 50e9))
+
+
+def test_whatif_predicts_and_recommends():
+    prof = ComputeProfile(
+        forward_ms=10,
+        backward_ms=20,
+        after_ms=5,
+        grad_ready_ms=(1, 8, 15, 20),
+        grad_bytes=(40, 81920, 16 << 20, 6 << 20),
+    )
+    table = predict_scales(
+        prof, model="wide_mlp", batch=64, comm=LinkCosts(PRESETS["eth_25g"]), world_sizes=[8, 64]
+    )
+    assert set(table["world_size"]) == {8, 64}
+    assert (table["scaling_efficiency_pct"] <= 100 + 1e-9).all()
+    assert (table["step_ms"] >= 35 - 1e-9).all()
+    at = table.set_index(["world_size", "choice"])["step_ms"]
+    assert at[64, DEFAULT_DDP] >= at[8, DEFAULT_DDP]
+    rec = recommend(table)
+    assert list(rec["family"]) == ["ddp", "fsdp", "ddp", "fsdp"]
+    assert (rec["margin_ms"] >= 0).all() and rec["recommended"].notna().all()
+    fast = predict_scales(
+        prof,
+        model="wide_mlp",
+        batch=64,
+        comm=LinkCosts(PRESETS["eth_25g"]),
+        world_sizes=[8],
+        speedup=10,
+    )
+    assert fast["step_ms"].min() < table[table["world_size"] == 8]["step_ms"].min()
+    assert not math.isnan(fast["state_mb_per_rank"].iloc[0])

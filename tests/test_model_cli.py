@@ -1,0 +1,183 @@
+"""``python -m bench.model`` on real runs of this machine: a collectives run and a bucket sweep
+made with ``--predict-with`` (two launches, shared by the module), and the bad inputs it must
+refuse in one line."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from tests.test_end_to_end import REPO, TORCHRUN, launch
+
+pytestmark = pytest.mark.slow
+
+COLLECTIVES = [
+    "--sweep",
+    "message_size",
+    "-b",
+    "4K",
+    "-e",
+    "1M",
+    "-f",
+    "4",
+    "-n",
+    "5",
+    "-w",
+    "2",
+    "--collectives",
+    "all_reduce,all_gather,reduce_scatter",
+    "--no-report",
+]
+BUCKETS = [
+    "--sweep",
+    "bucket_cap_mb",
+    "--values",
+    "0.25,25",
+    "--model",
+    "mlp",
+    "--steps",
+    "4",
+    "--warmup-steps",
+    "1",
+    "--profile-steps",
+    "2",
+    "--point-timeout",
+    "30",
+]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("model")
+    coll, train, reports = root / "coll", root / "train", root / "reports"
+    run = [str(TORCHRUN), "--standalone", "--nproc_per_node=2", "bench/run.py"]
+    proc = launch([*run, *COLLECTIVES, "--out", str(coll)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = launch(
+        [
+            *run,
+            *BUCKETS,
+            "--out",
+            str(train),
+            "--reports-dir",
+            str(reports),
+            "--predict-with",
+            str(coll),
+        ]
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {"root": root, "coll": coll, "train": train, "report": reports / "train.html"}
+
+
+def model(*args, timeout=120):
+    return subprocess.run(
+        [sys.executable, "-m", "bench.model", *map(str, args)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def refused(proc, *needles):
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+@pytest.mark.timeout(300)
+def test_validate_predicts_every_ok_point(runs):
+    proc = model("validate", "--collectives", runs["coll"], runs["train"], "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    ok = pd.read_csv(runs["train"] / "results.csv").query("status == 'ok'")
+    points = pd.DataFrame(out["points"])
+    assert sorted(points["point"]) == sorted(ok["point"]) and len(points) == 4
+    assert (points["predicted_step_ms"] > 0).all() and (points["note"] == "").all()
+    merged = points.merge(ok, on="point")
+    assert (merged["measured_step_ms"] == merged["step_ms_median"]).all()
+    err = (100 * (points["predicted_step_ms"] / points["measured_step_ms"] - 1)).abs()
+    assert out["median_abs_error_pct"] == pytest.approx(err.median())
+    assert {c["model"] for c in out["bucket_choice"]} == {"mlp"}
+    assert {f["collective"] for f in out["fits"]} == {"all_reduce", "all_gather", "reduce_scatter"}
+    text = model("validate", "--collectives", runs["coll"], runs["train"])
+    assert (
+        text.returncode == 0 and "median absolute step-time error" in text.stdout.splitlines()[-1]
+    )
+    fit = model("fit", "--collectives", runs["coll"])
+    assert fit.returncode == 0 and "all_reduce (2 ranks) residuals: 4 KiB" in fit.stdout
+
+
+@pytest.mark.timeout(300)
+def test_whatif_recommends_with_its_assumptions(runs):
+    proc = model(
+        "whatif",
+        "--collectives",
+        runs["coll"],
+        "--compute",
+        runs["train"],
+        "--world-size",
+        "8,64",
+        "--link",
+        "ib_ndr",
+        "--speedup",
+        "20",
+        "--json",
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert "50 GB/s" in out["assumptions"]["link"] and out["assumptions"]["speedup"] == 20
+    assert {r["world_size"] for r in out["predictions"]} == {8, 64}
+    assert [(r["world_size"], r["family"]) for r in out["recommendations"]] == [
+        (8, "ddp"),
+        (8, "fsdp"),
+        (64, "ddp"),
+        (64, "fsdp"),
+    ]
+    fitted = model(
+        "whatif", "--collectives", runs["coll"], "--compute", runs["train"], "--world-size", "4"
+    )
+    assert fitted.returncode == 0 and "# link: fitted gloo collectives" in fitted.stdout
+
+
+def test_the_report_has_the_model_section(runs):
+    html = runs["report"].read_text()
+    assert "Cost model: predicted before measured" in html
+    assert "Measured vs predicted, per point" in html and "What if" in html
+    assert "Median absolute step-time error" in html
+
+
+@pytest.mark.timeout(300)
+def test_bad_input_is_one_line_and_exit_2(runs, tmp_path):
+    coll, train = runs["coll"], runs["train"]
+    # runs of another machine mixed in
+    other = tmp_path / "other"
+    shutil.copytree(train, other)
+    meta = json.loads((other / "meta.json").read_text())
+    (other / "meta.json").write_text(json.dumps({**meta, "host": "elsewhere"}))
+    refused(model("validate", "--collectives", coll, train, other), "different machines", "host")
+    refused(model("validate", "--collectives", coll, other), "different machines")
+    # a training run without its traces
+    bare = tmp_path / "bare"
+    shutil.copytree(train, bare, ignore=shutil.ignore_patterns("*.pt.trace.json*"))
+    refused(model("validate", "--collectives", coll, bare), "has no traces")
+    # collectives without the one DDP needs
+    partial = tmp_path / "partial"
+    shutil.copytree(coll, partial)
+    rows = pd.read_csv(partial / "results.csv")
+    rows[rows["collective"] != "all_reduce"].to_csv(partial / "results.csv", index=False)
+    refused(model("validate", "--collectives", partial, train), "no native all_reduce")
+    # the runs swapped, a folder that is not a run
+    refused(model("validate", "--collectives", train, coll), "not a --sweep message_size run")
+    refused(model("validate", "--collectives", tmp_path, train), "not a run folder")
+    # what-if: unknown link, negative world size, bad speed-up
+    args = ["whatif", "--collectives", coll, "--compute", train]
+    refused(model(*args, "--link", "infiniband9"), "unknown link preset")
+    refused(model(*args, "--world-size", "8,-2"), "world size -2 must be at least 1")
+    refused(model(*args, "--speedup", "0"), "must be positive")
+    refused(model("whatif", "--collectives", coll, "--compute", coll), "collectives run")
