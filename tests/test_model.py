@@ -2,6 +2,7 @@
 computed timelines, PyTorch's own bucket assignment, a synthetic trace, link presets."""
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -298,6 +299,17 @@ def test_compute_profile_from_a_trace(tmp_path):
     assert p.after_ms == pytest.approx(0.15)
     assert p.grad_bytes == (256 * 128 * 4, 40)
     assert p.grad_ready_ms == pytest.approx((0.115, 0.315))
+
+
+def test_compute_profile_of_a_real_gpu_trace():
+    """HolisticTraceAnalysis's NCCL trace (tests/data/hta, MIT licence, Meta Platforms): kernels
+    placed by their CPU launch; 161 gradients in backward order, inside backward."""
+    p = from_trace_dir(Path(__file__).parent / "data" / "hta", pattern="nccl_data.json.gz")
+    assert p.forward_ms == pytest.approx(12.66, abs=0.05)
+    assert p.backward_ms == pytest.approx(25.1, abs=0.1) and 0 < p.after_ms < 1
+    ready = np.array(p.grad_ready_ms)
+    assert len(ready) == 161 and (np.diff(ready) >= 0).all()
+    assert ready[0] > 0 and ready[-1] <= p.backward_ms + 1e-9
 
 
 # -- links and what-if ---------------------------------------------------------------------------

@@ -165,11 +165,21 @@ def combine(per_rank_steps: list[list[dict]], source: str) -> ComputeProfile:
     )
 
 
-def from_trace_dir(folder: Path) -> ComputeProfile:
-    files = sorted(Path(folder).glob("*.pt.trace.json*"))
+def point_traces(folder: Path, pattern: str = "*.pt.trace.json*") -> list[analysis.Trace]:
+    """Every rank's trace of one point."""
+    files = sorted(Path(folder).glob(pattern))
     if not files:
         raise FitError(f"{folder} has no traces")
-    return combine([step_profiles(analysis.load_trace(f)) for f in files], str(folder))
+    return [analysis.load_trace(f) for f in files]
+
+
+def from_traces(traces: list[analysis.Trace], source: str) -> ComputeProfile:
+    return combine([step_profiles(t) for t in traces], source)
+
+
+def from_trace_dir(folder: Path, pattern: str = "*.pt.trace.json*") -> ComputeProfile:
+    """The profile of one point: every rank's trace in ``folder``."""
+    return from_traces(point_traces(folder, pattern), str(folder))
 
 
 def pooled(profiles: list[ComputeProfile], source: str) -> ComputeProfile:

@@ -19,9 +19,10 @@ import numpy as np
 import pandas as pd
 import torch
 
+from bench.comm_analysis import collective_calls, wait_split
 from bench.model import schedule as sch
 from bench.model.comm import CommModel
-from bench.model.compute import ComputeProfile, from_trace_dir, pooled
+from bench.model.compute import ComputeProfile, from_traces, point_traces, pooled
 from bench.sweeps import Point, build_points
 from parallel_kernels.fsdp import fsdp_units, shard_group_size, unit_params
 from parallel_kernels.mesh import local_layout
@@ -100,6 +101,10 @@ def _ddp_buckets(case: Case, prof: ComputeProfile, cap_mb: float) -> list[list[i
     sizes = list(prof.grad_bytes)
     if not sizes:
         raise Unmodelled(f"{prof.source}: the traces show no gradient accumulation to bucket")
+    if not any(sizes):
+        raise Unmodelled(
+            f"{prof.source}: the traces record no gradient sizes (profile with record_shapes=True)"
+        )
     cap = int(cap_mb * MB)
     if case.impl != "native" and case.strategy != "accelerate":  # our ReferenceDDP's buckets
         return sch.reference_buckets(sizes, cap)
@@ -223,12 +228,34 @@ def simulate_case(
     return sch.simulate(SIMULATORS[case.strategy](case, prof, comm, n), share=share)
 
 
-def compute_profiles(run_dir: Path, meta: dict, ok: pd.DataFrame) -> dict[str, ComputeProfile]:
+def traced_comm(traces) -> dict[str, float]:
+    """Per step (median over profiled steps), from a point's traces: the collectives' transfer
+    time (each call's shortest duration across ranks, when its last rank had joined) and the
+    ranks' mean wait for the slowest one; what the model's communication term is checked by."""
+    calls = pd.concat([collective_calls(t) for t in traces], ignore_index=True)
+    calls = wait_split(calls[calls["step"] >= 0]) if len(calls) else calls
+    if calls.empty or calls["transfer_us"].isna().all():
+        return {"traced_transfer_ms": np.nan, "traced_wait_ms": np.nan}
+    first = calls[calls["rank"] == calls["rank"].min()]
+    transfer = first.groupby("step")["transfer_us"].sum().median() / 1e3
+    ranks = calls["rank"].nunique()
+    wait = (calls.groupby("step")["wait_us"].sum() / ranks).median() / 1e3
+    return {"traced_transfer_ms": float(transfer), "traced_wait_ms": float(wait)}
+
+
+def compute_profiles(
+    run_dir: Path, meta: dict, ok: pd.DataFrame, traced: dict | None = None
+) -> dict[str, ComputeProfile]:
     """Each ok point's computation profile: pooled over the points of the same model and
-    implementation in the sweeps of ``POOLED_SWEEPS``, its own elsewhere."""
-    own = {
-        r["point"]: from_trace_dir(run_dir / "traces" / str(r["point"])) for _, r in ok.iterrows()
-    }
+    implementation in the sweeps of ``POOLED_SWEEPS``, its own elsewhere. ``traced``, if given,
+    receives each point's ``traced_comm``."""
+    own = {}
+    for _, r in ok.iterrows():
+        folder = run_dir / "traces" / str(r["point"])
+        traces = point_traces(folder)
+        own[r["point"]] = from_traces(traces, str(folder))
+        if traced is not None:
+            traced[r["point"]] = traced_comm(traces)
     if meta.get("sweep") not in POOLED_SWEEPS:
         return own
     out = {}
@@ -241,7 +268,8 @@ def compute_profiles(run_dir: Path, meta: dict, ok: pd.DataFrame) -> dict[str, C
 def predict_run(run_dir: Path, meta: dict, ok: pd.DataFrame, comm: CommModel) -> pd.DataFrame:
     """Measured next to predicted, one row per ok point of a training run."""
     points = points_of(meta)
-    profiles = compute_profiles(run_dir, meta, ok)
+    traced: dict[str, dict] = {}
+    profiles = compute_profiles(run_dir, meta, ok, traced)
     share = overlap_share(meta)
     rows = []
     for _, r in ok.iterrows():
@@ -255,11 +283,14 @@ def predict_run(run_dir: Path, meta: dict, ok: pd.DataFrame, comm: CommModel) ->
             "strategy": r["strategy"],
             "world_size": int(r["world_size"]),
             "measured_step_ms": r["step_ms_median"],
+            # the profiled steps the computation is read from (no barrier between steps)
+            "measured_window_ms": r.get("window_ms", np.nan),
             "measured_step_ms_p10": r.get("step_ms_p10", np.nan),
             "measured_step_ms_p90": r.get("step_ms_p90", np.nan),
             "measured_exposed_comm_ms": r["exposed_comm_ms"],
             "measured_overlap_pct": r["overlap_pct"],
             "measured_comm_ms": r["comm_ms"],
+            **traced[r["point"]],
         }
         prof = profiles[r["point"]]
         out["compute_source"] = "pooled" if prof.points > 1 else "own"
@@ -291,4 +322,5 @@ def predict_run(run_dir: Path, meta: dict, ok: pd.DataFrame, comm: CommModel) ->
         if col not in df:
             df[col] = np.nan
     df["step_error_pct"] = 100.0 * (df["predicted_step_ms"] / df["measured_step_ms"] - 1.0)
+    df["window_error_pct"] = 100.0 * (df["predicted_step_ms"] / df["measured_window_ms"] - 1.0)
     return df

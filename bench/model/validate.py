@@ -16,23 +16,31 @@ MISS_PCT = 15.0  # the goal: median absolute step-time error within this
 
 
 def diagnose(r: pd.Series) -> str:
-    """For a point predicted more than MISS_PCT off: the term whose traced value is furthest
-    from the model's, in ms (communication as traced vs modelled, or the rest of the step)."""
+    """For a point predicted more than MISS_PCT off, the term the traces disagree with most,
+    in ms per step: the collectives' cost (traced transfer, each call once its last rank had
+    joined, against the fitted cost), waiting for the slowest rank (which the model has only as
+    the per-step maximum of the ranks' computation), or the computation and the rest."""
     err = r["step_error_pct"]
     if not np.isfinite(err) or abs(err) <= MISS_PCT:
         return ""
-    comm_gap = r["predicted_comm_ms"] - r["measured_comm_ms"]
-    rest_gap = (r["predicted_step_ms"] - r["predicted_exposed_comm_ms"]) - (
-        r["measured_step_ms"] - r["measured_exposed_comm_ms"]
-    )
-    if abs(comm_gap) >= abs(rest_gap):
+    gaps = {
+        "collectives": r["traced_transfer_ms"] - r["predicted_comm_ms"],
+        "waiting for the slowest rank": r["traced_wait_ms"],
+        "computation and the rest": (r["measured_step_ms"] - r["measured_exposed_comm_ms"])
+        - (r["predicted_step_ms"] - r["predicted_exposed_comm_ms"]),
+    }
+    gaps = {k: v for k, v in gaps.items() if np.isfinite(v)}
+    if not gaps:
+        return ""
+    term = max(gaps, key=lambda k: abs(gaps[k]))
+    if term == "collectives":
         return (
-            f"communication: traced {r['measured_comm_ms']:.1f} ms, modelled "
+            f"collectives: traced {r['traced_transfer_ms']:.1f} ms per step, fitted "
             f"{r['predicted_comm_ms']:.1f} ms"
         )
-    rest = r["measured_step_ms"] - r["measured_exposed_comm_ms"]
-    modelled = r["predicted_step_ms"] - r["predicted_exposed_comm_ms"]
-    return f"computation and the rest: measured {rest:.1f} ms, modelled {modelled:.1f} ms"
+    if term == "waiting for the slowest rank":
+        return f"waiting for the slowest rank: {r['traced_wait_ms']:.1f} ms per step"
+    return f"computation and the rest: {gaps[term]:+.1f} ms per step against the model"
 
 
 def bucket_choices(points: pd.DataFrame) -> pd.DataFrame:
@@ -77,6 +85,6 @@ def validate(collectives: list[Path], training: list[Path]) -> tuple[CommModel, 
     return comm, points
 
 
-def median_abs_error(points: pd.DataFrame) -> float:
-    err = points["step_error_pct"].abs().dropna()
+def median_abs_error(points: pd.DataFrame, column: str = "step_error_pct") -> float:
+    err = points[column].abs().dropna()
     return float(err.median()) if len(err) else float("nan")
