@@ -162,6 +162,18 @@ def test_bad_input_is_one_line_and_exit_2(runs, tmp_path):
     (other / "meta.json").write_text(json.dumps({**meta, "host": "elsewhere"}))
     refused(model("validate", "--collectives", coll, train, other), "different machines", "host")
     refused(model("validate", "--collectives", coll, other), "different machines")
+    # collectives timed with another reduction, training on a machine with other cores
+    maxed = tmp_path / "maxed"
+    shutil.copytree(coll, maxed)
+    meta = json.loads((maxed / "meta.json").read_text())
+    meta["collective_plan"]["op"] = "max"
+    (maxed / "meta.json").write_text(json.dumps(meta))
+    refused(model("validate", "--collectives", maxed, train), "timed op max")
+    cores = tmp_path / "cores"
+    shutil.copytree(train, cores)
+    meta = json.loads((cores / "meta.json").read_text())
+    (cores / "meta.json").write_text(json.dumps({**meta, "cpu_count": meta["cpu_count"] + 1}))
+    refused(model("validate", "--collectives", coll, cores), "cpu_count")
     # a training run without its traces
     bare = tmp_path / "bare"
     shutil.copytree(train, bare, ignore=shutil.ignore_patterns("*.pt.trace.json*"))

@@ -14,8 +14,10 @@ import pandas as pd
 from bench.model.comm import FitError
 from bench.results import read_run
 
-# What must agree between the runs of one model: the machine and the software that timed them.
+# What must agree between the runs of one model: the machine and the software that timed them
+# (cpu_count only where both runs record it: older runs do not).
 MACHINE_KEYS = ("host", "backend", "device", "device_name", "torch_version", "nodes")
+RECORDED_SINCE = ("cpu_count",)
 
 
 class RunError(FitError):
@@ -34,7 +36,8 @@ def same_machine(metas: list[tuple[Path, dict]]) -> None:
     """Raise RunError naming the first key on which the runs differ."""
     first_path, first = metas[0]
     for path, meta in metas[1:]:
-        for key in MACHINE_KEYS:
+        keys = [*MACHINE_KEYS, *(k for k in RECORDED_SINCE if k in meta and k in first)]
+        for key in keys:
             if meta.get(key) != first.get(key):
                 raise RunError(
                     f"runs from different machines or settings: {key} is {first.get(key)!r} "
@@ -49,8 +52,11 @@ def read_collectives_runs(run_dirs: list[Path]) -> tuple[dict, pd.DataFrame]:
         meta, df = _read(d)
         if meta.get("sweep") != "message_size":
             raise RunError(f"{d} is a {meta.get('sweep')!r} run, not a --sweep message_size run")
-        if (meta.get("collective_plan") or {}).get("dtype", "float32") != "float32":
-            raise RunError(f"{d} timed {meta['collective_plan']['dtype']}, training moves float32")
+        plan = meta.get("collective_plan") or {}
+        if plan.get("dtype", "float32") != "float32":
+            raise RunError(f"{d} timed {plan['dtype']}, training moves float32")
+        if plan.get("op", "sum") not in ("sum", "avg"):
+            raise RunError(f"{d} timed op {plan['op']}, training reduces with sum")
         metas.append((Path(d), meta))
         frames.append(df)
     same_machine(metas)

@@ -121,6 +121,8 @@ def simulate(program: list[Op], *, share: float = 1.0) -> Timeline:
                     waiting = None
                 continue
         if busy is None and not running:
+            if waiting is not None and not queue:  # cannot happen: a waited one is queued
+                raise RuntimeError(f"waiting for {waiting!r} with nothing in flight")
             if waiting is not None or pc < len(ops):
                 continue  # a zero-length collective just finished: go on
             break

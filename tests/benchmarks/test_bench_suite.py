@@ -55,6 +55,39 @@ def test_report_of_a_100_point_sweep(benchmark, tmp_path):
     assert out.stat().st_size > 10_000
 
 
+def test_cost_model_profile_and_simulation(benchmark):
+    """The cost model on a real trace: the computation profile of HTA's NCCL rank (161
+    gradients), then a DDP step simulated at eight bucket sizes and FSDP at three shardings."""
+    from bench.model import schedule as sch
+    from bench.model.compute import from_trace_dir
+
+    benchmark.group = "model"
+
+    def run():
+        p = from_trace_dir(HTA, pattern="nccl_data.json.gz")
+        sizes = [1 << 16] * len(p.grad_ready_ms)  # the trace records no gradient shapes
+        steps = []
+        for cap in (0.25, 1, 5, 10, 25, 50, 100, 250):
+            buckets = sch.native_buckets(sizes, int(cap * 2**20))
+            prog = sch.ddp_program(
+                forward_ms=p.forward_ms,
+                backward_ms=p.backward_ms,
+                after_ms=p.after_ms,
+                ready_ms=list(p.grad_ready_ms),
+                buckets=buckets,
+                bucket_ms=[0.1 * len(b) for b in buckets],
+            )
+            steps.append(sch.simulate(prog, share=0.5).end_ms)
+        units = [sch.Unit(1.0, 2.0, 0.5, 0.5)] * 48
+        for reshard in (True, False):
+            prog = sch.fsdp_program(units, after_ms=1.0, reshard_after_forward=reshard)
+            steps.append(sch.simulate(prog).end_ms)
+        return steps
+
+    steps = benchmark(run)
+    assert len(steps) == 10 and all(s > 0 for s in steps)
+
+
 @pytest.mark.timeout(240)
 def test_autosave_then_compare_fails_on_a_regression(tmp_path):
     """pytest-benchmark as its users drive it: save a baseline, compare against it, and fail
