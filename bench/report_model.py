@@ -9,26 +9,18 @@ from pathlib import Path
 import numpy as np
 
 from bench.model.comm import FitError
-from bench.model.validate import MISS_PCT, bucket_choices, median_abs_error, validate
+from bench.model.validate import (
+    MISS_PCT,
+    POINT_COLUMNS,
+    bucket_choices,
+    median_abs_error,
+    validate,
+)
 from bench.model.whatif import load_inputs, predict_scales, recommend
 
 WHATIF_WORLDS = (8, 64, 1024)
 # This machine's fitted collectives, and a cluster's fabric with the same computation.
 WHATIF_LINKS = (None, "ib_ndr")
-POINT_COLUMNS = [
-    "point",
-    "measured_step_ms",
-    "measured_window_ms",
-    "predicted_step_ms",
-    "step_error_pct",
-    "measured_exposed_comm_ms",
-    "predicted_exposed_comm_ms",
-    "measured_overlap_pct",
-    "predicted_overlap_pct",
-    "compute_source",
-    "note",
-    "diagnosis",
-]
 WHATIF_COLUMNS = [
     "world_size",
     "family",

@@ -23,7 +23,7 @@ import pandas as pd
 from bench.distenv import fail
 from bench.model.comm import FitError, load_runs
 from bench.model.links import PRESETS, parse_link
-from bench.model.validate import bucket_choices, median_abs_error, validate
+from bench.model.validate import POINT_COLUMNS, bucket_choices, median_abs_error, validate
 from bench.model.whatif import load_inputs, predict_scales, recommend
 
 
@@ -156,21 +156,7 @@ def cmd_validate(args) -> int:
             )
         )
         return 0
-    cols = [
-        "point",
-        "world_size",
-        "measured_step_ms",
-        "measured_window_ms",
-        "predicted_step_ms",
-        "step_error_pct",
-        "measured_exposed_comm_ms",
-        "predicted_exposed_comm_ms",
-        "measured_overlap_pct",
-        "predicted_overlap_pct",
-        "compute_source",
-        "note",
-        "diagnosis",
-    ]
+    cols = ["point", "world_size", *POINT_COLUMNS[1:]]
     _print_table(points[cols])
     if len(choices):
         _print_table(choices)

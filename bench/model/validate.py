@@ -13,6 +13,21 @@ from bench.model.predict import predict_run
 from bench.model.runs import check_compatible, read_collectives_runs, read_training_runs
 
 MISS_PCT = 15.0  # the goal: median absolute step-time error within this
+# What a reader compares, per point (the command line's table and the report's).
+POINT_COLUMNS = [
+    "point",
+    "measured_step_ms",
+    "measured_window_ms",
+    "predicted_step_ms",
+    "step_error_pct",
+    "measured_exposed_comm_ms",
+    "predicted_exposed_comm_ms",
+    "measured_overlap_pct",
+    "predicted_overlap_pct",
+    "compute_source",
+    "note",
+    "diagnosis",
+]
 
 
 def diagnose(r: pd.Series) -> str:
