@@ -320,14 +320,20 @@ def run_point(
     # point that broke its group cannot harm the next); only members get one. On part of the
     # job, every rank also creates the subgroups the strategy will ask for (groups.py).
     timeout = datetime.timedelta(seconds=cfg.point_timeout_s)
-    group = dist.new_group(members, timeout=timeout)
-    if k < env.world_size:
-        try:
-            shape = STRATEGIES[point.strategy].mesh_shape(k, **point.options)
-        except ValueError:  # a bad layout: the members' apply raises it as the point's error
-            shape = None
-        if shape:
-            prepare(members, mesh_lines(shape), timeout)
+    try:
+        group = dist.new_group(members, timeout=timeout)
+        if k < env.world_size:
+            try:
+                shape = STRATEGIES[point.strategy].mesh_shape(k, **point.options)
+            except ValueError:  # a bad layout: the members' apply raises it as the point's error
+                shape = None
+            if shape:
+                prepare(members, mesh_lines(shape), timeout)
+    except Exception as e:  # noqa: BLE001  (a peer gone between points: say so, no traceback)
+        raise LostRanksError(
+            f"point {point.id}: lost contact with the other ranks while forming the point's "
+            f"group ({type(e).__name__}: {str(e).splitlines()[0][:300]})"
+        ) from None
     if env.rank in members:
         try:
             metrics = _train_and_measure(point, env, cfg, group, trace_dir, progress)

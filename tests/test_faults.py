@@ -89,7 +89,7 @@ def test_a_killed_rank_ends_the_job_loudly_and_resume_completes_it(tmp_path):
     finished = done[done["status"] == "ok"]
     assert 2 <= len(finished) < 10  # finished points kept
     lost = done[done["status"] == "error"]  # the point that was running, when rank 0 saw it
-    assert len(lost) <= 1 and lost["error"].str.contains("lost contact").all()
+    assert len(lost) <= 1 and lost["error"].astype(str).str.contains("lost contact").all()
 
     resumed = launch([sys.executable, "bench/run.py", *SWEEP, "--out", str(out), "--resume"],
                      timeout=240)  # fmt: skip

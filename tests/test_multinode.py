@@ -126,7 +126,10 @@ def test_a_lost_node_ends_the_job_and_keeps_finished_points(two_hosts, tmp_path)
     print("\n".join(line for line in e.splitlines() if line.startswith("error:")))
     assert procs[0].returncode not in (0, None)
     assert time.monotonic() - t0 < 120  # within the job's timeouts, not a hang
-    assert "lost contact with the other ranks" in e and ADDRS[1] in e, e[-3000:]
+    assert "lost contact with the other ranks" in e, e[-3000:]
+    # mid-point the peer's address is named; between points the group could not be formed
+    assert ADDRS[1] in e or "while forming the point's group" in e, e[-3000:]
+    assert "[rank0]: Traceback" not in e, e[-3000:]  # torchrun adds its own summary
     df = pd.read_csv(out / "results.csv")
     finished = df[df["status"] == "ok"]
     assert len(finished) >= 2 and len(df) <= 10

@@ -17,7 +17,7 @@ slowest rank joins, and the step time is the slowest rank's. Steps are combined 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +40,6 @@ class ComputeProfile:
     grad_bytes: tuple[int, ...] = ()
     source: str = ""
     points: int = 1  # how many points' traces were pooled
-    _extra: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def total_ms(self) -> float:
@@ -105,7 +104,6 @@ def step_profiles(trace: analysis.Trace) -> list[dict]:
                 "forward_ms": _busy_us(items, s, b0, gpu) / 1e3,
                 "backward_ms": _busy_us(items, b0, b1, gpu) / 1e3,
                 "after_ms": _busy_us(items, b1, e, gpu) / 1e3,
-                "window_ms": (e - s) / 1e3,
                 "grad_ready_ms": ready,
                 "grad_bytes": [int(b) if b == b else 0 for b in grads["nbytes"]],
             }
@@ -141,10 +139,7 @@ def combine(per_rank_steps: list[list[dict]], source: str) -> ComputeProfile:
         same = [r for r in ranks if len(r["grad_ready_ms"]) == n]
         rows.append(
             {
-                **{
-                    k: max(r[k] for r in ranks)
-                    for k in ("forward_ms", "backward_ms", "after_ms", "window_ms")
-                },
+                **{k: max(r[k] for r in ranks) for k in ("forward_ms", "backward_ms", "after_ms")},
                 "grad_ready_ms": list(np.max([r["grad_ready_ms"] for r in same], axis=0))
                 if n
                 else [],
@@ -161,7 +156,6 @@ def combine(per_rank_steps: list[list[dict]], source: str) -> ComputeProfile:
         grad_ready_ms=tuple(ready),
         grad_bytes=tuple(int(b) for b in sizes),
         source=source,
-        _extra={"window_ms": float(np.median([r["window_ms"] for r in rows]))},
     )
 
 
