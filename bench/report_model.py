@@ -16,7 +16,7 @@ from bench.model.validate import (
     median_abs_error,
     validate,
 )
-from bench.model.whatif import load_inputs, predict_scales, recommend
+from bench.model.whatif import link_costs, load_compute, predict_scales, recommend
 
 WHATIF_WORLDS = (8, 64, 1024)
 # This machine's fitted collectives, and a cluster's fabric with the same computation.
@@ -70,11 +70,12 @@ def model_sections(run_dir: Path, collectives: list[Path]) -> list[str]:
 
 def _whatif(run_dir: Path, collectives: list[Path], html_table) -> list[str]:
     parts = ["<h3>What if: larger worlds</h3>"]
+    try:
+        prof, model, batch, run_meta = load_compute(collectives, run_dir)
+    except (FitError, ValueError) as e:
+        return [*parts, f"<p>No what-if: {html.escape(str(e))}</p>"]
     for link in WHATIF_LINKS:
-        try:
-            costs, about, prof, model, batch, share = load_inputs(collectives, run_dir, link=link)
-        except (FitError, ValueError) as e:
-            return [*parts, f"<p>No what-if: {html.escape(str(e))}</p>"]
+        costs, about, share = link_costs(link, collectives, run_meta)
         table = predict_scales(
             prof, model=model, batch=batch, comm=costs, world_sizes=list(WHATIF_WORLDS), share=share
         )

@@ -24,7 +24,7 @@ from bench.distenv import fail
 from bench.model.comm import FitError, load_runs
 from bench.model.links import PRESETS, parse_link
 from bench.model.validate import POINT_COLUMNS, bucket_choices, median_abs_error, validate
-from bench.model.whatif import load_inputs, predict_scales, recommend
+from bench.model.whatif import link_costs, load_compute, predict_scales, recommend
 
 
 class _Parser(argparse.ArgumentParser):
@@ -171,10 +171,10 @@ def cmd_validate(args) -> int:
 def cmd_whatif(args) -> int:
     if args.link:
         parse_link(args.link)  # a bad link fails before any run is read
-    inputs = load_inputs(
-        _dirs(args.collectives), Path(args.compute), model=args.model, link=args.link
+    prof, model, batch, run_meta = load_compute(
+        _dirs(args.collectives), Path(args.compute), model=args.model
     )
-    costs, about, prof, model, batch, share = inputs
+    costs, about, share = link_costs(args.link, _dirs(args.collectives), run_meta)
     table = predict_scales(
         prof,
         model=model,

@@ -110,13 +110,10 @@ def recommend(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def load_inputs(
-    collectives: list[Path], compute: Path, *, model: str | None = None, link: str | None = None
-):
-    """(collective costs, what they assume, computation profile, model, batch per rank, overlap
-    share) for a what-if: the DDP points of ``compute`` (native ones if any, of ``model`` or the
-    model with the most gradient bytes) pooled into one profile; the costs of ``link`` (with
-    NCCL's algorithms, overlapping freely) or, without one, the collectives fitted here."""
+def load_compute(collectives: list[Path], compute: Path, *, model: str | None = None):
+    """(computation profile, model, batch per rank, the run's meta) for a what-if: the DDP
+    points of ``compute`` (native ones if any, of ``model`` or the model with the most gradient
+    bytes) pooled into one profile, from the collectives' machine."""
     meta, _ = read_collectives_runs(collectives)
     runs = read_training_runs([compute])
     check_compatible(meta, collectives[0], runs)
@@ -132,11 +129,15 @@ def load_inputs(
         points = points[points["impl"] == "native"]
     profiles = compute_profiles(run_dir, run_meta, points)
     prof = pooled(list({id(p): p for p in profiles.values()}.values()), f"{run_dir.name}: {model}")
+    return prof, model, int(points["batch_per_replica"].iloc[0]), run_meta
+
+
+def link_costs(link: str | None, collectives: list[Path], run_meta: dict):
+    """(collective costs, what they assume, overlap share): a link's, with NCCL's algorithms
+    and free overlap, or without one the collectives fitted on this machine."""
     if link:
         costs = LinkCosts(parse_link(link))
-        about, share = costs.link.describe() + "; NCCL algorithms", 1.0
-    else:
-        costs = load_runs(collectives)
-        about = f"fitted {costs.backend} collectives of {', '.join(map(str, collectives))}"
-        share = overlap_share(run_meta)
-    return costs, about, prof, model, int(points["batch_per_replica"].iloc[0]), share
+        return costs, costs.link.describe() + "; NCCL algorithms", 1.0
+    costs = load_runs(collectives)
+    about = f"fitted {costs.backend} collectives of {', '.join(map(str, collectives))}"
+    return costs, about, overlap_share(run_meta)
