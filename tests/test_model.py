@@ -15,6 +15,7 @@ from bench.model import schedule as sch
 from bench.model.comm import ALGORITHMS, FitError, fit_rows, nonneg_lstsq
 from bench.model.compute import ComputeProfile, from_trace_dir
 from bench.model.links import PRESETS, LinkCosts, parse_link
+from bench.model.predict import Case, fsdp
 from bench.model.whatif import DEFAULT_DDP, predict_scales, recommend
 from parallel_kernels.ddp import plan_buckets
 from tests.kineto_writer import write_trace
@@ -225,6 +226,27 @@ def test_tensor_parallel_all_reduces_sit_on_the_critical_path():
     m = tl.metrics()
     assert tl.end_ms == 10 + 20 + 4 + 1 + 1 + 2 and m["overlap_ms"] == 0
     assert m["exposed_comm_ms"] == 4
+
+
+def test_hybrid_shard_reduces_in_its_group_then_across_replicas():
+    comm = fit_rows(synthetic("gloo", 50e-6, 1e-9, [2, 4]), backend="gloo")
+    prof = ComputeProfile(forward_ms=10, backward_ms=20, after_ms=5)
+    case = Case(
+        strategy="fsdp",
+        impl="native",
+        model="wide_mlp",
+        world=4,
+        options={"sharding_strategy": "HYBRID_SHARD"},
+        train={},
+        batch=64,
+    )
+    prog = fsdp(case, prof, comm)
+    unit0 = 4 * (784 * 2048 + 2048)  # wide_mlp's first linear layer, fp32
+    gathers = {op.name: op.ms for op in prog if isinstance(op, sch.Issue)}
+    assert gathers["ag_f0"] == pytest.approx(1e3 * comm.time("all_gather", unit0, 2))
+    assert gathers["ag_b0"] == gathers["ag_f0"]  # resharded after forward, as FULL_SHARD
+    expected = comm.time("reduce_scatter", unit0, 2) + comm.time("all_reduce", unit0 / 2, 2)
+    assert gathers["rs0"] == pytest.approx(1e3 * expected)
 
 
 def test_programs_are_checked():

@@ -138,9 +138,7 @@ def ddp(case: Case, prof: ComputeProfile, comm: CommModel, n: int | None = None)
 def fsdp(case: Case, prof: ComputeProfile, comm: CommModel, n: int | None = None) -> list[sch.Op]:
     n = n or case.world
     strategy = case.options.get("sharding_strategy", "FULL_SHARD")
-    if strategy == "HYBRID_SHARD":
-        raise Unmodelled("HYBRID_SHARD is not modelled yet")
-    s = shard_group_size(strategy, n)
+    s = shard_group_size(strategy, n, case.options.get("shard_size"))
     model = _twin(case.model)
     # Units in forward order with their fp32 bytes; the root's leftovers (embeddings, head), if
     # any, are gathered first and reduced last. Computation is split by parameter share (flops
@@ -156,13 +154,15 @@ def fsdp(case: Case, prof: ComputeProfile, comm: CommModel, n: int | None = None
         if s > 1:
             gather = 1e3 * comm.time("all_gather", nbytes, s)
             reduce = 1e3 * comm.time("reduce_scatter", nbytes, s)
+            if s < n:  # HYBRID_SHARD: then the shard is all-reduced across the n/s replicas
+                reduce += 1e3 * comm.time("all_reduce", nbytes / s, n // s)
         else:
             gather, reduce = 0.0, 1e3 * comm.time("all_reduce", nbytes, n)
         units.append(sch.Unit(prof.forward_ms * share, prof.backward_ms * share, gather, reduce))
     prog = sch.fsdp_program(
         units,
         after_ms=prof.after_ms,
-        reshard_after_forward=strategy == "FULL_SHARD",
+        reshard_after_forward=strategy in ("FULL_SHARD", "HYBRID_SHARD"),
         shard=s > 1,
         reduce_blocks=case.impl == "reference",
     )

@@ -14,7 +14,8 @@ The program builders below are the strategies' schedules:
   for every bucket, then runs what follows backward (copy-back, optimiser).
 - ``fsdp_program``: per unit, an all-gather before its forward (prefetched: issued when the
   previous unit's forward starts), again in backward under FULL_SHARD (prefetched at the later
-  unit's backward), a reduce-scatter (NO_SHARD: all-reduce) issued after its backward (and
+  unit's backward), a reduce-scatter (NO_SHARD: all-reduce; HYBRID_SHARD: reduce-scatter in
+  the shard group, then all-reduce of the shard across replicas) issued after its backward (and
   waited for at once, when the implementation blocks on it).
 - ``tp_program``: tensor-parallel all-reduces block the stream where they occur (Megatron's f
   and g sit on the critical path); data-parallel buckets of the local gradients as DDP.
