@@ -472,7 +472,8 @@ def summarize(steps: pd.DataFrame) -> dict:
 
 
 # -- command line ----------------------------------------------------------------------------
-def _records(df: pd.DataFrame) -> list[dict]:
+def records(df: pd.DataFrame) -> list[dict]:
+    """Rows as JSON-ready dicts: NaN as None, numpy scalars as Python ones."""
     out = []
     for rec in df.to_dict(orient="records"):
         out.append(
@@ -515,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(
             json.dumps(
-                {name: _records(df) for name, df in tables.items()} | {"problems": ts.problems}
+                {name: records(df) for name, df in tables.items()} | {"problems": ts.problems}
             )
         )
         return 0

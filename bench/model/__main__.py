@@ -17,9 +17,9 @@ import math
 import sys
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
+from bench.analysis import records
 from bench.distenv import fail
 from bench.model.comm import FitError, load_runs
 from bench.model.links import PRESETS, parse_link
@@ -93,10 +93,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _records(df: pd.DataFrame) -> list[dict]:
-    return json.loads(df.replace({np.nan: None}).to_json(orient="records"))
-
-
 def _print_table(df: pd.DataFrame) -> None:
     with pd.option_context(
         "display.width", 200, "display.max_columns", 30, "display.max_colwidth", 60
@@ -114,13 +110,13 @@ def cmd_fit(args) -> int:
                     "backend": comm.backend,
                     "world_sizes": comm.world_sizes,
                     "gamma_ns_per_B": None if comm.gamma is None else comm.gamma * 1e9,
-                    "fits": _records(table),
+                    "fits": records(table),
                     "residuals": [
                         {
                             "ranks": ranks,
                             "impl": f.impl,
                             "collective": f.collective,
-                            "sizes": _records(f.residuals),
+                            "sizes": records(f.residuals),
                         }
                         for ranks, f in comm.all_fits()
                     ],
@@ -147,11 +143,11 @@ def cmd_validate(args) -> int:
         print(
             json.dumps(
                 {
-                    "points": _records(points),
+                    "points": records(points),
                     "median_abs_error_pct": mae,
                     "median_abs_window_error_pct": median_abs_error(points, "window_error_pct"),
-                    "bucket_choice": _records(choices),
-                    "fits": _records(comm.table()),
+                    "bucket_choice": records(choices),
+                    "fits": records(comm.table()),
                 }
             )
         )
@@ -200,8 +196,8 @@ def cmd_whatif(args) -> int:
             json.dumps(
                 {
                     "assumptions": assumptions,
-                    "predictions": _records(table),
-                    "recommendations": _records(rec),
+                    "predictions": records(table),
+                    "recommendations": records(rec),
                 }
             )
         )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -113,6 +114,13 @@ def _ddp_buckets(case: Case, prof: ComputeProfile, cap_mb: float) -> list[list[i
     return sch.native_buckets(sizes, cap, int(first * MB) if first else None)
 
 
+def _bucket_ms(comm, prof: ComputeProfile, buckets, n: int, wire: float = 1.0) -> list[float]:
+    """Each bucket's all-reduce on n ranks, ms; ``wire``: the share of its bytes that travel."""
+    return [
+        1e3 * comm.time("all_reduce", wire * sum(prof.grad_bytes[i] for i in b), n) for b in buckets
+    ]
+
+
 def ddp(case: Case, prof: ComputeProfile, comm: CommModel, n: int | None = None) -> list[sch.Op]:
     n = n or case.world
     hook = case.options.get("comm_hook", "none")
@@ -120,9 +128,7 @@ def ddp(case: Case, prof: ComputeProfile, comm: CommModel, n: int | None = None)
         raise Unmodelled(f"comm_hook={hook} is not modelled")
     wire = 0.5 if hook in ("fp16", "bf16") else 1.0
     buckets = _ddp_buckets(case, prof, float(case.options.get("bucket_cap_mb", 25.0)))
-    bucket_ms = [
-        1e3 * comm.time("all_reduce", wire * sum(prof.grad_bytes[i] for i in b), n) for b in buckets
-    ]
+    bucket_ms = _bucket_ms(comm, prof, buckets, n, wire)
     prog = sch.ddp_program(
         forward_ms=prof.forward_ms,
         backward_ms=prof.backward_ms,
@@ -188,10 +194,7 @@ def tp(case: Case, prof: ComputeProfile, comm: CommModel, n: int | None = None) 
         kw = dict(
             ready_ms=list(prof.grad_ready_ms),
             buckets=buckets,
-            bucket_ms=[
-                1e3 * comm.time("all_reduce", sum(prof.grad_bytes[i] for i in b), dims.dp)
-                for b in buckets
-            ],
+            bucket_ms=_bucket_ms(comm, prof, buckets, dims.dp),
         )
     prog = sch.tp_program(
         forward_ms=prof.forward_ms,
@@ -243,19 +246,30 @@ def traced_comm(traces) -> dict[str, float]:
     return {"traced_transfer_ms": float(transfer), "traced_wait_ms": float(wait)}
 
 
-def compute_profiles(
-    run_dir: Path, meta: dict, ok: pd.DataFrame, traced: dict | None = None
-) -> dict[str, ComputeProfile]:
+def point_profile(folder: Path) -> tuple[ComputeProfile, dict[str, float]]:
+    """A point's own computation profile and ``traced_comm``, from one read of its traces.
+    Kept per folder and trace files (name, size, mtime): a report validates a run and then
+    prices its DDP points again for the what-if, and the traces are read once."""
+    files = tuple(
+        (f.name, f.stat().st_size, f.stat().st_mtime_ns)
+        for f in sorted(Path(folder).glob("*.pt.trace.json*"))
+    )
+    return _point_profile(str(folder), files)
+
+
+@lru_cache(maxsize=512)
+def _point_profile(folder: str, files: tuple) -> tuple[ComputeProfile, dict[str, float]]:
+    del files  # part of the key only
+    traces = point_traces(Path(folder))
+    return from_traces(traces, folder), traced_comm(traces)
+
+
+def compute_profiles(run_dir: Path, meta: dict, ok: pd.DataFrame) -> dict[str, ComputeProfile]:
     """Each ok point's computation profile: pooled over the points of the same model and
-    implementation in the sweeps of ``POOLED_SWEEPS``, its own elsewhere. ``traced``, if given,
-    receives each point's ``traced_comm``."""
-    own = {}
-    for _, r in ok.iterrows():
-        folder = run_dir / "traces" / str(r["point"])
-        traces = point_traces(folder)
-        own[r["point"]] = from_traces(traces, str(folder))
-        if traced is not None:
-            traced[r["point"]] = traced_comm(traces)
+    implementation in the sweeps of ``POOLED_SWEEPS``, its own elsewhere."""
+    own = {
+        r["point"]: point_profile(run_dir / "traces" / str(r["point"]))[0] for _, r in ok.iterrows()
+    }
     if meta.get("sweep") not in POOLED_SWEEPS:
         return own
     out = {}
@@ -268,8 +282,7 @@ def compute_profiles(
 def predict_run(run_dir: Path, meta: dict, ok: pd.DataFrame, comm: CommModel) -> pd.DataFrame:
     """Measured next to predicted, one row per ok point of a training run."""
     points = points_of(meta)
-    traced: dict[str, dict] = {}
-    profiles = compute_profiles(run_dir, meta, ok, traced)
+    profiles = compute_profiles(run_dir, meta, ok)
     share = overlap_share(meta)
     rows = []
     for _, r in ok.iterrows():
@@ -290,7 +303,7 @@ def predict_run(run_dir: Path, meta: dict, ok: pd.DataFrame, comm: CommModel) ->
             "measured_exposed_comm_ms": r["exposed_comm_ms"],
             "measured_overlap_pct": r["overlap_pct"],
             "measured_comm_ms": r["comm_ms"],
-            **traced[r["point"]],
+            **point_profile(run_dir / "traces" / str(r["point"]))[1],
         }
         prof = profiles[r["point"]]
         out["compute_source"] = "pooled" if prof.points > 1 else "own"
