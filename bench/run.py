@@ -9,7 +9,7 @@ from pathlib import Path
 # torchrun runs this file as a script: make the repository importable without an install.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.cli import main
+from bench.runner.cli import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

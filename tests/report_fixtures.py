@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.results import (
+from bench.runfolder.folder import (
     TRAINING_COLUMNS,
     TRAINING_EXTRA_COLUMNS,
     ResultsWriter,

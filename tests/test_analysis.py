@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from bench import analysis
+from bench.analysis import breakdown as analysis
 
 
 def _x(name, ts, dur, tid=1, cat="cpu_op", args=None):

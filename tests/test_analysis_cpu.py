@@ -8,9 +8,9 @@ import torch
 import torch.distributed as dist
 from torch.profiler import record_function
 
-from bench import trace_folder
-from bench.data import Batches
-from bench.profiling import profile_steps
+from bench.analysis import folder as trace_folder
+from bench.runner.data import Batches
+from bench.runner.profiling import profile_steps
 from parallel_kernels.models import MODELS, build_model
 from parallel_kernels.strategies import STRATEGIES
 

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from bench import analysis, trace_folder, trace_reader
+from bench.analysis import breakdown as analysis
+from bench.analysis import folder as trace_folder
+from bench.analysis import reader as trace_reader
 
 DATA = Path(__file__).parent / "data" / "hta"
 REPO = Path(__file__).resolve().parents[1]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import trace_folder
+from bench.analysis import folder as trace_folder
 from tests.kineto_writer import gpu_step_events, write_trace
 
 REPO = Path(__file__).resolve().parents[1]
@@ -90,10 +90,10 @@ def test_memory_does_not_grow_with_the_file(tmp_path):
     # VmHWM (peak resident memory) belongs to this process image; ru_maxrss would carry the
     # parent's peak across exec.
     code = (
-        "from bench import analysis\n"
-        "from bench.profiling import peak_rss_bytes\n"
+        "from bench.analysis.trace import load_trace\n"
+        "from bench.runner.profiling import peak_rss_bytes\n"
         "before = peak_rss_bytes()\n"
-        f"t = analysis.load_trace({str(path)!r})\n"
+        f"t = load_trace({str(path)!r})\n"
         "print(len(t.events), peak_rss_bytes() - before)\n"
     )
     proc = subprocess.run(

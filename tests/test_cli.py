@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.cli import main
-from bench.distenv import TORCHRUN_VARS
+from bench.runner.cli import main
+from bench.runner.distenv import TORCHRUN_VARS
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -140,7 +140,7 @@ def test_no_traceback_from_a_real_process():
 
 
 def test_tp_sweeps_fit_their_defaults_to_the_world_size():
-    from bench.sweeps import build_points
+    from bench.runner.sweeps import build_points
 
     def values(sweep, world):
         return sorted({p.value for p in build_points(sweep, world_size=world)}, key=str)

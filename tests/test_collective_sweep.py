@@ -12,8 +12,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from bench.collective_runner import CollectivePlan, _run_size
-from bench.results import COLLECTIVE_COLUMNS
+from bench.runfolder.folder import COLLECTIVE_COLUMNS
+from bench.runner.collectives import CollectivePlan, _run_size
 from parallel_kernels.collectives import COLLECTIVES
 from tests.test_harness import pool_env
 

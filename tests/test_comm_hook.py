@@ -3,7 +3,7 @@ hook PyTorch refuses on gloo named in its row."""
 
 import pytest
 
-from bench.sweeps import build_points
+from bench.runner.sweeps import build_points
 from parallel_kernels.models import build_model
 from tests.test_harness import FAST, run_points
 

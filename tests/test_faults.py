@@ -108,8 +108,8 @@ def test_a_killed_rank_ends_the_job_loudly_and_resume_completes_it(tmp_path):
 def mismatched_point(debug: bool) -> dict:
     """A point whose model all-reduces a rank-dependent number of elements: the seed's classic
     deadlock. With DETAIL debugging the collective is checked across ranks first."""
-    from bench.harness import HarnessConfig, run_point
-    from bench.sweeps import Point
+    from bench.runner.harness import HarnessConfig, run_point
+    from bench.runner.sweeps import Point
     from parallel_kernels import strategies
     from tests.test_harness import pool_env
 

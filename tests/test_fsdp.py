@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from bench.data import Batches
+from bench.runner.data import Batches
 from parallel_kernels.fsdp import unit_params
 from parallel_kernels.models import MODELS, Transformer
 from parallel_kernels.strategies import STRATEGIES, fsdp_units
@@ -252,8 +252,8 @@ def test_memory_per_rank_falls_with_sharding(pool):
 def hybrid_without_mesh(root: str) -> list[dict]:
     from pathlib import Path
 
-    from bench.harness import run_point
-    from bench.sweeps import Point
+    from bench.runner.harness import run_point
+    from bench.runner.sweeps import Point
     from tests.test_harness import FAST, pool_env
 
     rows = []
@@ -282,8 +282,8 @@ def test_silently_diverging_hybrid_shard_is_caught(pool, tmp_path):
 def fsdp_sweep_rows(root: str) -> list[dict]:
     from pathlib import Path
 
-    from bench.harness import run_point
-    from bench.sweeps import Point
+    from bench.runner.harness import run_point
+    from bench.runner.sweeps import Point
     from tests.test_harness import FAST, pool_env
 
     rows = []
@@ -348,8 +348,8 @@ def test_bf16_mixed_precision_trains_fp32_master_weights(pool, impl):
 def fsdp1_option_rows(root: str) -> list[dict]:
     from pathlib import Path
 
-    from bench.harness import run_point
-    from bench.sweeps import Point
+    from bench.runner.harness import run_point
+    from bench.runner.sweeps import Point
     from tests.test_harness import QUICK_FAIL, pool_env
 
     cases = [("native_fsdp1", {"cpu_offload": True}), ("native_fsdp1", {"auto_wrap": "size"}),

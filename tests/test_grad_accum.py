@@ -4,7 +4,7 @@ with the large-batch step is proven in test_ddp.py)."""
 
 import pytest
 
-from bench.sweeps import build_points
+from bench.runner.sweeps import build_points
 from tests.test_harness import FAST, run_points
 
 

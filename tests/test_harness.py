@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from bench.distenv import DistEnv
-from bench.harness import HarnessConfig, run_point
-from bench.sweeps import Point
+from bench.runner.distenv import DistEnv
+from bench.runner.harness import HarnessConfig, run_point
+from bench.runner.sweeps import Point
 from parallel_kernels.models import build_model, grad_bytes
 from parallel_kernels.strategies import STRATEGIES, apply_reference_ddp
 

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from bench import intervals as iv
+from bench.analysis import intervals as iv
 
 
 def _mask(sets, n=200):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from bench.sweeps import build_points
+from bench.runner.sweeps import build_points
 from tests.test_harness import FAST, run_points
 
 # After FAST's 2 warm-up, 4 timed and 2 traced steps from the same start and data, the bf16

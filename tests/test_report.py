@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.compare import mann_whitney_u
-from bench.report import main as report_main
-from bench.report import write_report
+from bench.report.__main__ import main as report_main
+from bench.report.compare import mann_whitney_u
+from bench.report.page import write_report
 from tests.report_fixtures import make_training_run
 
 REPO = Path(__file__).resolve().parents[1]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.report import write_report
+from bench.report.page import write_report
 from tests.report_fixtures import make_training_run
 from tests.test_report import POINTS
 

@@ -17,7 +17,7 @@ import pytest
 import tensorboard  # noqa: F401
 import torch_tb_profiler  # noqa: F401
 
-from bench.tb_scalars import write_sweep_scalars
+from bench.report.tb_scalars import write_sweep_scalars
 from tests.rank_pool import free_port
 from tests.test_harness import FAST, point, run_points
 

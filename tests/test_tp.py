@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from bench.data import Batches
+from bench.runner.data import Batches
 from parallel_kernels import tensor_parallel as tp
 from parallel_kernels.models import MLP, MODELS, Transformer
 from parallel_kernels.strategies import STRATEGIES
@@ -232,7 +232,7 @@ def harness_points(points, root):
 
 
 def tp_point(model: str, impl: str, value, **options) -> "Point":  # noqa: F821
-    from bench.sweeps import Point
+    from bench.runner.sweeps import Point
 
     return Point(sweep="mesh", model=model, value=value, impl=impl, strategy="tp",
                  options=options)  # fmt: skip

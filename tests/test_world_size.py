@@ -5,8 +5,8 @@ import dataclasses
 import pandas as pd
 import pytest
 
-from bench.scaling import scaling_efficiency
-from bench.sweeps import build_points
+from bench.analysis.scaling import scaling_efficiency
+from bench.runner.sweeps import build_points
 from tests.test_harness import FAST, run_points
 
 

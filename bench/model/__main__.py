@@ -19,8 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.analysis import records
-from bench.distenv import fail
+from bench.console import fail, records
 from bench.model.comm import FitError, load_runs
 from bench.model.links import PRESETS, parse_link
 from bench.model.validate import POINT_COLUMNS, bucket_choices, median_abs_error, validate

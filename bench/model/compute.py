@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from bench import analysis
-from bench import intervals as iv
+from bench.analysis import breakdown as analysis
+from bench.analysis import intervals as iv
 from bench.model.comm import FitError
 
 AUTOGRAD_NODE = "autograd::engine::evaluate_function"

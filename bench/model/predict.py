@@ -20,11 +20,11 @@ import numpy as np
 import pandas as pd
 import torch
 
-from bench.comm_analysis import collective_calls, wait_split
+from bench.analysis.collectives import collective_calls, wait_split
 from bench.model import schedule as sch
 from bench.model.comm import CommModel
 from bench.model.compute import ComputeProfile, from_traces, point_traces, pooled
-from bench.sweeps import Point, build_points
+from bench.runner.sweeps import Point, build_points
 from parallel_kernels.fsdp import fsdp_units, shard_group_size, unit_params
 from parallel_kernels.mesh import local_layout
 from parallel_kernels.models import MODELS

@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from bench.model.comm import FitError
-from bench.results import read_run
+from bench.runfolder.folder import read_run
 
 # What must agree between the runs of one model: the machine and the software that timed them
 # (cpu_count only where both runs record it: older runs do not).

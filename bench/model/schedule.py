@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from bench import intervals as iv
+from bench.analysis import intervals as iv
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from bench import analysis
-from bench.report import write_report
-from bench.trace_folder import analyse, load_trace_dir
+from bench.analysis import breakdown as analysis
+from bench.analysis.folder import analyse, load_trace_dir
+from bench.report.page import write_report
 from tests.report_fixtures import make_training_run
 
 HTA = Path(__file__).resolve().parents[1] / "data" / "hta"

@@ -16,8 +16,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from bench.data import Batches
-from bench.timing import timed_steps
+from bench.runner.data import Batches
+from bench.runner.timing import timed_steps
 from parallel_kernels.collectives import COLLECTIVES, count_wrong
 from parallel_kernels.models import MLP, MODELS, Transformer
 from parallel_kernels.strategies import STRATEGIES, data_parallel_coords

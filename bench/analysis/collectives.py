@@ -16,7 +16,7 @@ import warnings
 import numpy as np
 import pandas as pd
 
-from bench.analysis import STEP, Trace, prepared
+from bench.analysis.trace import STEP, Trace, prepared
 
 CALL_COLUMNS = ["rank", "step", "collective", "name", "ts", "dur", "nbytes", "seq"]
 SUMMARY_COLUMNS = [

@@ -27,43 +27,25 @@ Every analysis is a function from DataFrames to DataFrames with stable columns; 
 
 from __future__ import annotations
 
-import argparse
-import json
-import math
-import re
-import sys
-from dataclasses import dataclass, field
-from pathlib import Path
-
 import numpy as np
 import pandas as pd
 
-from bench import intervals as iv
-from bench.trace_reader import TraceError, read_trace
-
-__all__ = ["TraceError"]
-
-# traceinsight 0.6.1's kernel groups (hta/common/types.py), applied with re.match.
-COMM_KERNEL = re.compile(r"(^nccl.*)|(^hip)|(^hccl)|(.*ncclKernel.*)")
-MEMORY_KERNEL = re.compile(r"(^(hip)?Memcpy)|(^(hip)?Memset)|(^dma)")
-NOT_COMPUTE_KERNEL = re.compile(
-    r"(^nccl)|(.*Memcpy)|(.*Memset)|(.*dma)|(^.*Sync)|(^Stream Wait Event)|(cuda.*LaunchKernel)"
-    r"|(^runFunction)|(^hip)|(^job_exe)|(^packet)|(^pe_exe)|(^cpum_exe_subgraph)|(^hccl)"
-    r"|(^collective_subgraph_execution)"
+from bench.analysis import intervals as iv
+from bench.analysis.trace import (
+    BLOCKING_SPAN,
+    STEP,
+    WORK_OP,
+    Trace,
+    TraceError,
+    classify,
+    load_trace,
+    name_matches,
+    prepared,
+    spans,
+    step_windows,
 )
-# Main-thread CPU ops that issue or wait for communication rather than compute.
-COMM_CPU_OP = re.compile(r"^(?:c10d::|record_param_comms|nccl:|gloo:)|wait", re.IGNORECASE)
-GLOO_SPAN = re.compile(r"^gloo:")
-# FSDP's spans that block on a collective on CPU (FSDP2's all-gather and reduce, FSDP1's
-# pre-forward, pre-backward and post-backward hooks: with gloo they return when the collective
-# is done, and no op inside says "wait"): their time outside the ops they contain is waiting.
-BLOCKING_SPAN = re.compile(
-    r"^FSDP::(?:all_gather|post_backward_reduce) "
-    r"|^FullyShardedDataParallel\._(?:pre_forward|pre_backward_hook|pre_backward_prefetch"
-    r"|post_backward_hook)$"
-)
-WORK_OP = re.compile(r"^(?:aten|fsdp)::")
-STEP = re.compile(r"^ProfilerStep#(\d+)$")
+
+__all__ = ["STEP", "Trace", "TraceError", "load_trace", "prepared"]
 
 BREAKDOWN_COLUMNS = [
     "rank", "step", "window_us", "compute_us", "comm_us", "memory_us", "overlap_us",
@@ -75,164 +57,6 @@ RANK_COLUMNS = [
     "comm_comp_overlap_pct", "gpu_util_pct", "cpu_busy_pct", "steps", "file",
 ]  # fmt: skip
 
-
-@dataclass
-class Trace:
-    path: Path
-    meta: dict
-    events: pd.DataFrame  # complete events, trace_reader's columns
-    memory: pd.DataFrame = field(default_factory=pd.DataFrame)  # ts, total_allocated, bytes
-    _prepared: pd.DataFrame | None = field(default=None, repr=False)
-
-    @property
-    def dist_info(self) -> dict:
-        return self.meta.get("distributedInfo") or {}
-
-    @property
-    def rank(self) -> int:
-        return int(self.dist_info.get("rank", 0))
-
-    @property
-    def world_size(self) -> int:
-        return int(self.dist_info.get("world_size", 1))
-
-    @property
-    def backend(self) -> str | None:
-        return self.dist_info.get("backend")
-
-    @property
-    def is_gpu(self) -> bool:
-        return bool((self.events["stream"] >= 0).any())
-
-
-def load_trace(path: str | Path) -> Trace:
-    meta, events, memory = read_trace(path)
-    return Trace(path=Path(path), meta=meta, events=events, memory=memory)
-
-
-# -- step windows and classification ---------------------------------------------------------
-def name_matches(names: pd.Series, pattern: re.Pattern, *, search: bool = False) -> np.ndarray:
-    """Boolean per row: does the event name match? Tested once per distinct name (the reader
-    stores names as categories), not once per event."""
-    if isinstance(names.dtype, pd.CategoricalDtype):
-        cats = names.cat.categories
-        hit = np.array([bool((pattern.search if search else pattern.match)(c)) for c in cats]
-                       + [False])  # fmt: skip
-        return hit[names.cat.codes.to_numpy()]  # code -1 (missing) picks the final False
-    fn = names.astype(str).str.contains if search else names.astype(str).str.match
-    return fn(pattern).to_numpy()
-
-
-def step_windows(events: pd.DataFrame) -> pd.DataFrame:
-    """One row per CPU-side ``ProfilerStep#N``: step, start, end (microseconds)."""
-    steps = events[name_matches(events["name"], STEP) & (events["stream"] < 0).to_numpy()]
-    out = pd.DataFrame({
-        "step": steps["name"].astype(str).str.extract(STEP, expand=False).astype(int),
-        "start": steps["ts"],
-        "end": steps["ts"] + steps["dur"],
-    })  # fmt: skip
-    return out.drop_duplicates("step").sort_values("step").reset_index(drop=True)
-
-
-def _kernel_kind(name: str) -> str:
-    if COMM_KERNEL.match(name):
-        return "comm"
-    if MEMORY_KERNEL.match(name):
-        return "memory"
-    if not NOT_COMPUTE_KERNEL.match(name):
-        return "compute"
-    return "other"
-
-
-def classify(events: pd.DataFrame, *, gpu: bool) -> pd.DataFrame:
-    """Add ``kind``: compute, comm, memory, other (device events), comm_cpu (CPU issuing or
-    waiting) or none (not counted)."""
-    ev = events.copy()
-    kind = np.full(len(ev), "none", dtype=object)
-    if gpu:
-        device = (ev["stream"] >= 0).to_numpy()
-        # Classify each distinct name once: traces repeat a few hundred names many times.
-        names = ev["name"][device].astype(str)
-        lookup = {n: _kernel_kind(n) for n in pd.unique(names)}
-        kind[device] = names.map(lookup).to_numpy()
-    else:
-        on_main = (ev["tid"] == _main_thread(ev)).to_numpy()
-        ops = ev["cat"].isin(["cpu_op", "user_annotation"]).to_numpy()
-        step = name_matches(ev["name"], STEP)
-        comm_cpu = name_matches(ev["name"], COMM_CPU_OP, search=True)
-        kind[on_main & ops & ~step] = "compute"
-        kind[on_main & ops & comm_cpu] = "comm_cpu"
-        kind[name_matches(ev["name"], GLOO_SPAN)] = "comm"
-    ev["kind"] = kind
-    return ev
-
-
-def _main_thread(events: pd.DataFrame):
-    steps = events[name_matches(events["name"], STEP)]
-    if len(steps):
-        return steps["tid"].iloc[0]
-    ops = events[events["cat"] == "cpu_op"]
-    return ops["tid"].mode().iloc[0] if len(ops) else None
-
-
-def _spans(ev: pd.DataFrame, mask) -> np.ndarray:
-    sub = ev[mask]
-    return iv.as_intervals(sub["ts"], sub["ts"] + sub["dur"])
-
-
-def launch_step(ev: pd.DataFrame, windows: pd.DataFrame) -> pd.Series:
-    """Step of each event: CPU events by their start, device events by their launch (the CPU
-    event with the same correlation id); -1 outside every step."""
-    launch_ts = ev["ts"].copy()
-    device = ev["stream"] >= 0
-    if device.any():
-        cpu = ev[~device & (ev["correlation"] >= 0)].drop_duplicates("correlation")
-        by_corr = cpu.set_index("correlation")["ts"]
-        launch_ts[device] = ev.loc[device, "correlation"].map(by_corr).to_numpy()
-    ts = launch_ts.to_numpy(dtype=float)
-    starts, ends = windows["start"].to_numpy(), windows["end"].to_numpy()
-    idx = np.searchsorted(starts, ts, side="right") - 1  # the last window starting at or before
-    inside = (idx >= 0) & (ts < ends[np.clip(idx, 0, None)]) if len(starts) else idx >= 0
-    step = np.where(
-        inside, windows["step"].to_numpy()[np.clip(idx, 0, None)] if len(starts) else -1, -1
-    )
-    return pd.Series(step, index=ev.index)
-
-
-def comm_bytes_from_launch(ev: pd.DataFrame) -> pd.Series:
-    """``nbytes`` with each communication kernel given the bytes of the ``record_param_comms``
-    span enclosing the CPU call that launched it (same correlation id): NCCL kernels carry no
-    size of their own."""
-    out = ev["nbytes"].copy()
-    kernels = ev["kind"] == "comm"
-    rpc = ev[(ev["name"] == "record_param_comms") & ev["nbytes"].notna()].sort_values("ts")
-    if rpc.empty or not kernels.any():
-        return out
-    launches = ev[(ev["stream"] < 0) & (ev["correlation"] >= 0)].drop_duplicates("correlation")
-    launch_ts = ev.loc[kernels, "correlation"].map(launches.set_index("correlation")["ts"])
-    launch_ts = launch_ts.to_numpy(dtype=float)
-    starts, ends = rpc["ts"].to_numpy(), (rpc["ts"] + rpc["dur"]).to_numpy()
-    idx = np.searchsorted(starts, launch_ts, side="right") - 1
-    ok = (idx >= 0) & ~np.isnan(launch_ts)
-    ok[ok] &= launch_ts[ok] <= ends[idx[ok]]
-    found = np.full(len(launch_ts), np.nan)
-    found[ok] = rpc["nbytes"].to_numpy()[idx[ok]]
-    out[kernels] = found
-    return out
-
-
-# -- per-step temporal breakdown -------------------------------------------------------------
-def prepared(trace: Trace) -> pd.DataFrame:
-    """The trace's events classified (``kind``), assigned to steps (``step``) and, on GPU
-    traces, with communication kernels given their bytes; computed once per trace."""
-    if trace._prepared is None:
-        gpu = trace.is_gpu
-        ev = classify(trace.events, gpu=gpu)
-        ev["step"] = launch_step(ev, step_windows(ev))
-        if gpu:
-            ev["nbytes"] = comm_bytes_from_launch(ev)
-        trace._prepared = ev
-    return trace._prepared
 
 
 def _per_group_length(starts, ends, groups, n_groups: int, span: float) -> np.ndarray:
@@ -336,20 +160,20 @@ def blocking_waits(ev: pd.DataFrame) -> np.ndarray:
     if not spans.any():
         return iv.EMPTY.copy()
     work = main & (ev["cat"] == "cpu_op").to_numpy() & name_matches(ev["name"], WORK_OP)
-    return iv.subtract(iv.union(_spans(ev, spans)), iv.union(_spans(ev, work)))
+    return iv.subtract(iv.union(spans(ev, spans)), iv.union(spans(ev, work)))
 
 
 def cpu_compute(ev: pd.DataFrame) -> np.ndarray:
     """CPU traces: the main thread's computation, the union of its ops less the time it spends
     issuing or waiting for collectives (named ``c10d::``, ``*wait*`` ..., or inside FSDP's
     blocking spans)."""
-    busy = iv.union(_spans(ev, ev["kind"] == "compute"))
-    waiting = np.vstack([iv.union(_spans(ev, ev["kind"] == "comm_cpu")), blocking_waits(ev)])
+    busy = iv.union(spans(ev, ev["kind"] == "compute"))
+    waiting = np.vstack([iv.union(spans(ev, ev["kind"] == "comm_cpu")), blocking_waits(ev)])
     return iv.subtract(busy, waiting)
 
 
 def _cpu_step_table(ev: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
-    comm_all = iv.union(_spans(ev, ev["kind"] == "comm"))
+    comm_all = iv.union(spans(ev, ev["kind"] == "comm"))
     compute_all = cpu_compute(ev)
     rows = []
     for w in windows.itertuples():
@@ -416,11 +240,11 @@ def rank_summary(trace: Trace, steps: pd.DataFrame | None = None) -> dict:
     dev = ev[ev["stream"] >= 0]
     if dev.empty:
         return {**base, "steps": 0}
-    everything = iv.union(_spans(dev, slice(None)))
+    everything = iv.union(spans(dev, slice(None)))
     window = everything[-1, 1] - everything[0, 0]
     busy = iv.length(everything)
-    compute = iv.union(_spans(dev, dev["kind"] == "compute"))
-    comm = iv.union(_spans(dev, dev["kind"] == "comm"))
+    compute = iv.union(spans(dev, dev["kind"] == "compute"))
+    comm = iv.union(spans(dev, dev["kind"] == "comm"))
     comm_len = iv.length(comm)
     idle = window - busy
     return {
@@ -469,67 +293,3 @@ def summarize(steps: pd.DataFrame) -> dict:
         "comm_calls_per_step": m["comm_calls"],
         "comm_bytes_per_step": m["comm_bytes"],
     }
-
-
-# -- command line ----------------------------------------------------------------------------
-def records(df: pd.DataFrame) -> list[dict]:
-    """Rows as JSON-ready dicts: NaN as None, numpy scalars as Python ones."""
-    out = []
-    for rec in df.to_dict(orient="records"):
-        out.append(
-            {
-                k: (
-                    None
-                    if isinstance(v, float) and math.isnan(v)
-                    else v.item()
-                    if isinstance(v, np.generic)
-                    else v
-                )
-                for k, v in rec.items()
-            }
-        )
-    return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m bench.analysis", description="Analyse a folder of per-rank Kineto traces."
-    )
-    p.add_argument("trace_dir", type=Path)
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
-    p.add_argument("--csv", type=Path, metavar="DIR", help="also write each table as DIR/<t>.csv")
-    args = p.parse_args(argv)
-    from bench.trace_folder import analyse, load_trace_dir  # the folder layer builds on this one
-
-    try:
-        ts = load_trace_dir(args.trace_dir, digest_each=True)
-    except TraceError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    for problem in ts.problems:
-        print(f"warning: {problem}", file=sys.stderr)
-    tables = analyse(ts)
-    if args.csv:
-        args.csv.mkdir(parents=True, exist_ok=True)
-        for name, df in tables.items():
-            df.to_csv(args.csv / f"{name}.csv", index=False)
-    if args.json:
-        print(
-            json.dumps(
-                {name: records(df) for name, df in tables.items()} | {"problems": ts.problems}
-            )
-        )
-        return 0
-    with pd.option_context("display.width", 200, "display.max_columns", 30):
-        for name, df in tables.items():
-            print(f"\n== {name} ==")
-            print(
-                df.to_string(index=False, float_format=lambda v: f"{v:.2f}")
-                if len(df)
-                else "(none)"
-            )
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

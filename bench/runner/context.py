@@ -15,8 +15,7 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 
-from bench.distenv import DistEnv, fail, init_distributed
-from bench.results import (
+from bench.runfolder.folder import (
     ResultsWriter,
     SamplesWriter,
     default_run_dir,
@@ -26,6 +25,7 @@ from bench.results import (
     utc_now,
     write_meta,
 )
+from bench.runner.distenv import DistEnv, fail, init_distributed
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -173,14 +173,14 @@ def finish_run(ctx: RunContext, summary: Callable[[pd.DataFrame], str]) -> int:
         df = pd.read_csv(ctx.run_dir / "results.csv")
         print("\n" + summary(df), flush=True)
         try:
-            from bench.tb_scalars import write_sweep_scalars
+            from bench.report.tb_scalars import write_sweep_scalars
 
             write_sweep_scalars(ctx.run_dir, ctx.args.sweep, df)
         except Exception as e:  # noqa: BLE001  (scalars are a convenience: say why, go on)
             print(f"TensorBoard scalars not written: {type(e).__name__}: {e}", file=sys.stderr)
         report_path = None
         if not ctx.args.no_report:
-            from bench.report import write_report
+            from bench.report.page import write_report
 
             try:
                 report_path, _ = write_report(

@@ -8,11 +8,14 @@ from __future__ import annotations
 import datetime
 import os
 import socket
-import sys
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from bench.console import fail
+
+__all__ = ["fail"]
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -90,10 +93,3 @@ def rank0_print(*args, **kwargs) -> None:
     """Print on global rank 0 only (or when no process group exists), flushed at once."""
     if not dist.is_initialized() or dist.get_rank() == 0:
         print(*args, **kwargs, flush=True)
-
-
-def fail(message: str, code: int = 2) -> None:
-    """One clear line on stderr (rank 0 only under torchrun) and a non-zero exit."""
-    if int(os.environ.get("RANK", 0)) == 0:
-        print(f"error: {message}", file=sys.stderr, flush=True)
-    raise SystemExit(code)

@@ -1,6 +1,6 @@
 """The analyser against HolisticTraceAnalysis, side by side in one run, and on a large folder.
 
-    python -m bench.analysis_speed [--repeats 5] [--big-gb 1.0]
+    python -m bench.selftime.analysis_speed [--repeats 5] [--big-gb 1.0]
 
 For each folder of ``tests/data/hta`` (the sampled pair together, nccl_data alone, as HTA's
 reference figures were made) it times, in this process, load + temporal breakdown +
@@ -26,8 +26,9 @@ import time
 import warnings
 from pathlib import Path
 
-from bench import analysis, trace_folder
-from bench.profiling import peak_rss_bytes, reset_peak_rss
+from bench.analysis import breakdown as analysis
+from bench.analysis import folder as trace_folder
+from bench.runner.profiling import peak_rss_bytes, reset_peak_rss
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data" / "hta"
@@ -80,7 +81,7 @@ def big_folder(root: Path, gigabytes: float) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.analysis_speed")
+    p = argparse.ArgumentParser(prog="python -m bench.selftime.analysis_speed")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--big-gb", type=float, default=0.0, help="also analyse a folder this large")
     args = p.parse_args(argv)

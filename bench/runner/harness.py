@@ -19,13 +19,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from bench import analysis
-from bench.data import Batches
-from bench.distenv import DistEnv
-from bench.nvml import NvmlSampler
-from bench.profiling import host_bytes_in_use, peak_rss_bytes, profile_steps, reset_peak_rss
-from bench.sweeps import Point
-from bench.timing import summarize_times, timed_steps
+from bench.analysis import breakdown as analysis
+from bench.runner.data import Batches
+from bench.runner.distenv import DistEnv
+from bench.runner.nvml import NvmlSampler
+from bench.runner.profiling import host_bytes_in_use, peak_rss_bytes, profile_steps, reset_peak_rss
+from bench.runner.sweeps import Point
+from bench.runner.timing import summarize_times, timed_steps
 from parallel_kernels.checkpointing import checkpoint_blocks
 from parallel_kernels.groups import mesh_lines, prepare
 from parallel_kernels.models import MODELS, build_model, grad_bytes, param_count

@@ -7,20 +7,18 @@ reads the run folder (meta.json, results.csv, samples.csv); figures are in ``rep
 
 from __future__ import annotations
 
-import argparse
 import html
-import sys
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
-from bench import report_figures as figs
-from bench.compare import compare
-from bench.report_model import model_sections
-from bench.results import read_run
-from bench.scaling import scaling_efficiency
-from bench.sweeps import SWEEPS
+from bench.analysis.scaling import scaling_efficiency
+from bench.report import figures as figs
+from bench.report.compare import compare
+from bench.report.model_section import model_sections
+from bench.report.tables import html_table
+from bench.runfolder.folder import read_run
+from bench.runner.sweeps import SWEEPS
 from parallel_kernels.strategies import STRATEGIES
 
 CSS = """
@@ -61,31 +59,6 @@ COLLECTIVE_TABLE = [
     "busbw_GBps", "wrong", "status",
 ]  # fmt: skip
 COMPARE_TABLE = ["point", "old_ms", "new_ms", "ratio", "p_value", "verdict", "n_old", "n_new"]
-
-
-def html_table(
-    df: pd.DataFrame, cols: list[str], caption: str, *, row_class=None, cell_class=None
-) -> str:
-    """A real table (caption, header cells) of the columns present; numbers right-aligned."""
-    cols = [c for c in cols if c in df]
-    out = [f"<div class='scroll'><table><caption>{html.escape(caption)}</caption><thead><tr>"
-           + "".join(f"<th scope='col'>{html.escape(c)}</th>" for c in cols)
-           + "</tr></thead><tbody>"]  # fmt: skip
-    for idx, row in df.iterrows():
-        cells = []
-        for c in cols:
-            v = row[c]
-            cls = cell_class(row, c) if cell_class else ""
-            if isinstance(v, float | np.floating):
-                text = "" if np.isnan(v) else f"{v:,.3g}" if abs(v) < 1 else f"{v:,.2f}"
-                cls += " num"
-            else:
-                text = html.escape(str(v))
-            cells.append(f"<td class='{cls.strip()}'>{text}</td>")
-        rc = row_class(idx, row) if row_class else ""
-        out.append(f"<tr class='{rc}'>" + "".join(cells) + "</tr>")
-    out.append("</tbody></table></div>")
-    return "\n".join(out)
 
 
 def headline(meta: dict, df: pd.DataFrame) -> str:
@@ -320,44 +293,3 @@ def write_report(
     out = reports_dir / f"{run_dir.name}.html"
     out.write_text(render(meta, df, run_dir, comparison, collectives))
     return out, comparison[0] if comparison else None
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.report")
-    p.add_argument("run_dir", type=Path)
-    p.add_argument("--reports-dir", type=Path, default=Path("reports"))
-    p.add_argument("--baseline", type=Path, help="an earlier run to compare with, point by point")
-    p.add_argument(
-        "--collectives",
-        type=Path,
-        action="append",
-        help="a --sweep message_size run of the same machine: adds the cost model's section",
-    )
-    p.add_argument(
-        "--fail-on-regression",
-        action="store_true",
-        help="exit 1 when a point is significantly slower than in the baseline",
-    )
-    args = p.parse_args(argv)
-    try:
-        out, cmp = write_report(args.run_dir, args.reports_dir, args.baseline, args.collectives)
-    except (FileNotFoundError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(f"report: {out}")
-    if cmp is not None:
-        slower = cmp[cmp["regression"]]
-        print(
-            f"{len(cmp)} points compared: {len(slower)} significantly slower"
-            + "".join(
-                f"\n  slower: {r.point} x{r.ratio:.3f} (p={r.p_value:.2g})"
-                for r in slower.itertuples()
-            )
-        )
-        if args.fail_on_regression and len(slower):
-            return 1
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

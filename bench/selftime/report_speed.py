@@ -1,6 +1,6 @@
 """How long the report takes for a large sweep: 200 points (synthetic), with a baseline.
 
-    python -m bench.report_speed [--points 200]
+    python -m bench.selftime.report_speed [--points 200]
 
 Target: under 10 s on the 2-core development machine.
 """
@@ -17,11 +17,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.report_speed")
+    p = argparse.ArgumentParser(prog="python -m bench.selftime.report_speed")
     p.add_argument("--points", type=int, default=200)
     args = p.parse_args(argv)
     sys.path.insert(0, str(REPO))
-    from bench.report import write_report
+    from bench.report.page import write_report
     from tests.report_fixtures import make_training_run
 
     models = ["mlp", "wide_mlp", "transformer", "wide_mlp2"]

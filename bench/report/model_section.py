@@ -17,6 +17,7 @@ from bench.model.validate import (
     validate,
 )
 from bench.model.whatif import link_costs, load_compute, predict_scales, recommend
+from bench.report.tables import html_table
 
 WHATIF_WORLDS = (8, 64, 1024)
 # This machine's fitted collectives, and a cluster's fabric with the same computation.
@@ -35,8 +36,6 @@ WHATIF_COLUMNS = [
 
 
 def model_sections(run_dir: Path, collectives: list[Path]) -> list[str]:
-    from bench.report import html_table
-
     parts = ["<h2>Cost model: predicted before measured</h2>"]
     try:
         comm, points = validate(collectives, [run_dir])

@@ -20,11 +20,11 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 
-from bench.distenv import DistEnv, rank0_print, synchronize
-from bench.harness import root_cause
-from bench.results import COLLECTIVE_COLUMNS, COLLECTIVE_EXTRA_COLUMNS, write_meta
-from bench.run_context import RunContext, finish_run, start_run
-from bench.timing import timed_steps
+from bench.runfolder.folder import COLLECTIVE_COLUMNS, COLLECTIVE_EXTRA_COLUMNS, write_meta
+from bench.runner.context import RunContext, finish_run, start_run
+from bench.runner.distenv import DistEnv, rank0_print, synchronize
+from bench.runner.harness import root_cause
+from bench.runner.timing import timed_steps
 from parallel_kernels.collectives import COLLECTIVES, DTYPES, Collective, count_wrong
 
 

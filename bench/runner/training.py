@@ -9,12 +9,12 @@ import time
 
 import pandas as pd
 
-from bench.distenv import rank0_print
-from bench.harness import HarnessConfig, LostRanksError, run_point
-from bench.results import TRAINING_COLUMNS, TRAINING_EXTRA_COLUMNS
-from bench.run_context import finish_run, start_run
-from bench.scaling import scaling_efficiency
-from bench.sweeps import Point
+from bench.analysis.scaling import scaling_efficiency
+from bench.runfolder.folder import TRAINING_COLUMNS, TRAINING_EXTRA_COLUMNS
+from bench.runner.context import finish_run, start_run
+from bench.runner.distenv import rank0_print
+from bench.runner.harness import HarnessConfig, LostRanksError, run_point
+from bench.runner.sweeps import Point
 
 
 def _summary_table(df: pd.DataFrame) -> str:

@@ -1,8 +1,8 @@
 """Reference vs native step time (and peak memory), measured in one launch.
 
-    torchrun --standalone --nproc_per_node=2 bench/speed.py                 # DDP, wide_mlp
-    torchrun --standalone --nproc_per_node=2 bench/speed.py --strategy fsdp  # FULL_SHARD
-    torchrun --standalone --nproc_per_node=2 bench/speed.py --strategy tp    # TP degree 2
+    torchrun --standalone --nproc_per_node=2 bench/selftime/speed.py                 # DDP, wide_mlp
+    torchrun --standalone --nproc_per_node=2 bench/selftime/speed.py --strategy fsdp  # FULL_SHARD
+    torchrun --standalone --nproc_per_node=2 bench/selftime/speed.py --strategy tp    # TP degree 2
 
 Implementations are interleaved round by round (native, reference, ..., native, ...) so that
 machine drift hits them alike; each round builds the model afresh, warms up, and times steps
@@ -21,18 +21,18 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from bench import analysis
-from bench.analysis import load_trace, memory_peak_delta
-from bench.data import Batches
-from bench.distenv import init_distributed, rank0_print
-from bench.profiling import profile_steps
-from bench.timing import timed_steps
+from bench.analysis import breakdown as analysis
+from bench.analysis.breakdown import load_trace, memory_peak_delta
+from bench.runner.data import Batches
+from bench.runner.distenv import init_distributed, rank0_print
+from bench.runner.profiling import profile_steps
+from bench.runner.timing import timed_steps
 from parallel_kernels.models import MODELS, build_model
 from parallel_kernels.strategies import STRATEGIES, data_parallel_coords
 
@@ -119,7 +119,7 @@ def parse_option(text: str) -> tuple[str, object]:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(prog="bench/speed.py")
+    p = argparse.ArgumentParser(prog="bench/selftime/speed.py")
     p.add_argument("--strategy", default="ddp", choices=list(STRATEGIES))
     p.add_argument("--model", help="default: wide_mlp for ddp, transformer for fsdp")
     p.add_argument(

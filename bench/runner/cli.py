@@ -7,9 +7,9 @@ import os
 import sys
 from pathlib import Path
 
-from bench.distenv import fail, launched_by_torchrun
-from bench.results import has_results
-from bench.sweeps import SWEEPS, build_points, message_sizes, parse_list
+from bench.runfolder.folder import has_results
+from bench.runner.distenv import fail, launched_by_torchrun
+from bench.runner.sweeps import SWEEPS, build_points, message_sizes, parse_list
 from parallel_kernels.collectives import COLLECTIVES, DTYPES, IMPLS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -141,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def collective_plan(args: argparse.Namespace):
     """Validate the message_size flags (before any rank starts)."""
-    from bench.collective_runner import CollectivePlan
+    from bench.runner.collectives import CollectivePlan
 
     if args.dtype not in DTYPES:
         raise ValueError(f"unknown dtype {args.dtype!r} (known: {', '.join(DTYPES)})")
@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.resume and args.out is None:
         fail("--resume needs --out RUN_DIR (the run to continue)")
     if args.resume:
-        from bench.run_context import resume_problem
+        from bench.runner.context import resume_problem
 
         problem = resume_problem(args.out, args, _world_size(args))
         if problem:
@@ -274,9 +274,9 @@ def main(argv: list[str] | None = None) -> int:
         return _self_launch(args.nproc_per_node, _strip_nproc(argv))
 
     if plan is not None:
-        from bench.collective_runner import run_collective_sweep
+        from bench.runner.collectives import run_collective_sweep
 
         return run_collective_sweep(args, plan, argv)
-    from bench.sweep_runner import run_sweep  # imports torch.distributed machinery
+    from bench.runner.training import run_sweep  # imports torch.distributed machinery
 
     return run_sweep(args, points, argv)

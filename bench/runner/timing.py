@@ -10,7 +10,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from bench.distenv import synchronize
+from bench.runner.distenv import synchronize
 
 
 def timed_steps(

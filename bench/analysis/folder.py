@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.analysis import RANK_COLUMNS, Trace, breakdown, load_trace, rank_summary
-from bench.comm_analysis import collective_calls, collective_summary, stragglers, wait_split
-from bench.trace_reader import TraceError
+from bench.analysis.breakdown import RANK_COLUMNS, Trace, breakdown, load_trace, rank_summary
+from bench.analysis.collectives import collective_calls, collective_summary, stragglers, wait_split
+from bench.analysis.reader import TraceError
 
 TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz", ".json", ".json.gz")
 

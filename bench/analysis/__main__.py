@@ -1,0 +1,57 @@
+"""``python -m bench.analysis TRACE_DIR``: the tables of a folder of per-rank traces."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from bench.analysis.folder import analyse, load_trace_dir
+from bench.analysis.trace import TraceError
+from bench.console import records
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m bench.analysis", description="Analyse a folder of per-rank Kineto traces."
+    )
+    p.add_argument("trace_dir", type=Path)
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    p.add_argument("--csv", type=Path, metavar="DIR", help="also write each table as DIR/<t>.csv")
+    args = p.parse_args(argv)
+
+    try:
+        ts = load_trace_dir(args.trace_dir, digest_each=True)
+    except TraceError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for problem in ts.problems:
+        print(f"warning: {problem}", file=sys.stderr)
+    tables = analyse(ts)
+    if args.csv:
+        args.csv.mkdir(parents=True, exist_ok=True)
+        for name, df in tables.items():
+            df.to_csv(args.csv / f"{name}.csv", index=False)
+    if args.json:
+        print(
+            json.dumps(
+                {name: records(df) for name, df in tables.items()} | {"problems": ts.problems}
+            )
+        )
+        return 0
+    with pd.option_context("display.width", 200, "display.max_columns", 30):
+        for name, df in tables.items():
+            print(f"\n== {name} ==")
+            print(
+                df.to_string(index=False, float_format=lambda v: f"{v:.2f}")
+                if len(df)
+                else "(none)"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,53 @@
+"""``python -m bench.report RUN_DIR [--baseline OLD] [--collectives COLL_RUN]``: the HTML
+report of a run folder, and its comparison with an earlier run."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from bench.report.page import write_report
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.report")
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--reports-dir", type=Path, default=Path("reports"))
+    p.add_argument("--baseline", type=Path, help="an earlier run to compare with, point by point")
+    p.add_argument(
+        "--collectives",
+        type=Path,
+        action="append",
+        help="a --sweep message_size run of the same machine: adds the cost model's section",
+    )
+    p.add_argument(
+        "--fail-on-regression",
+        action="store_true",
+        help="exit 1 when a point is significantly slower than in the baseline",
+    )
+    args = p.parse_args(argv)
+    try:
+        out, cmp = write_report(args.run_dir, args.reports_dir, args.baseline, args.collectives)
+    except (FileNotFoundError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"report: {out}")
+    if cmp is not None:
+        slower = cmp[cmp["regression"]]
+        print(
+            f"{len(cmp)} points compared: {len(slower)} significantly slower"
+            + "".join(
+                f"\n  slower: {r.point} x{r.ratio:.3f} (p={r.p_value:.2g})"
+                for r in slower.itertuples()
+            )
+        )
+        if args.fail_on_regression and len(slower):
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
