@@ -12,7 +12,7 @@ from bench.runner.distenv import fail, launched_by_torchrun
 from bench.runner.sweeps import SWEEPS, build_points, message_sizes, parse_list
 from parallel_kernels.collectives import COLLECTIVES, DTYPES, IMPLS
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 class _Parser(argparse.ArgumentParser):

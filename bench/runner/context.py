@@ -27,7 +27,7 @@ from bench.runfolder.folder import (
 )
 from bench.runner.distenv import DistEnv, fail, init_distributed
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass

@@ -30,7 +30,7 @@ from bench.analysis import breakdown as analysis
 from bench.analysis import folder as trace_folder
 from bench.runner.profiling import peak_rss_bytes, reset_peak_rss
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "tests" / "data" / "hta"
 GROUPS = {"sampled_rank pair": ["sampled_rank-0.json.gz", "sampled_rank-1.json.gz"],
           "nccl_data": ["nccl_data.json.gz"]}  # fmt: skip
