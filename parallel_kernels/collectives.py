@@ -93,7 +93,13 @@ class Collective:
         return inp, out, expected64.to(dtype).to(device)
 
     def run(self, impl: str, inp, out, op: str, group=None) -> None:
-        (self.native if impl == "native" else self.reference)(inp, out, op, group)
+        """Run implementation ``impl`` (one of ``IMPLS``): PyTorch's own or our reference."""
+        runs = {"native": self.native, "reference": self.reference}
+        if impl not in runs:
+            raise ValueError(
+                f"unknown collective implementation {impl!r} (known: {', '.join(runs)})"
+            )
+        runs[impl](inp, out, op, group)
 
 
 def count_wrong(out: torch.Tensor, expected: torch.Tensor) -> int:

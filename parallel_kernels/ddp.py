@@ -36,7 +36,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.autograd import Variable
+from torch.nn.parallel import DistributedDataParallel
 from torch.profiler import record_function
+
+from parallel_kernels.accelerate_ddp import autocast_forward
+from parallel_kernels.knobs import COMM_HOOKS
 
 MB = 2**20
 
@@ -238,3 +242,118 @@ class ReferenceDDP(nn.Module):
                 bucket.pending = len(bucket.params)
         self._next_launch = 0
         self._callback_queued = False
+
+
+# -- the strategy's implementations (rows of ``strategies.py``) ---------------------------------
+# PowerSGD's settings here (Vogels et al. 2019; torch's PowerSGDState): compress from the second
+# step (the first runs a plain all-reduce), and only matrices it shrinks at least twofold.
+POWERSGD_START_ITER = 2
+POWERSGD_MIN_COMPRESSION = 2.0
+POWERSGD_GLOO_MAX_BYTES = 1 << 20  # DDP's first bucket holds 1 MiB: above it, two buckets
+
+
+def powersgd_rank(comm_hook: str) -> int:
+    """The matrix rank of a PowerSGD setting: ``powersgd`` is rank 1, ``powersgd2`` rank 2."""
+    return int(comm_hook.removeprefix("powersgd") or 1)
+
+
+def _check_hook(comm_hook: str) -> None:
+    if comm_hook not in COMM_HOOKS:
+        raise ValueError(f"unknown comm_hook {comm_hook!r} (known: {', '.join(COMM_HOOKS)})")
+
+
+def apply_native_ddp(
+    model: nn.Module,
+    *,
+    group: dist.ProcessGroup | None,
+    device: torch.device,
+    bucket_cap_mb: float = 25.0,
+    comm_hook: str = "none",
+) -> nn.Module:
+    """DistributedDataParallel, with one of PyTorch's communication hooks: fp16/bf16
+    compression (``default_hooks``) or PowerSGD of rank 1 or 2 with error feedback."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+
+    _check_hook(comm_hook)
+    device_ids = [device.index] if device.type == "cuda" else None
+    ddp = DistributedDataParallel(
+        model, process_group=group, device_ids=device_ids, bucket_cap_mb=bucket_cap_mb
+    )
+    if comm_hook in ("fp16", "bf16"):
+        hook = getattr(default_hooks, f"{comm_hook}_compress_hook")
+        ddp.register_comm_hook(group, hook)
+    elif comm_hook.startswith("powersgd"):
+        grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        if dist.get_backend(group) == "gloo" and grad_bytes > POWERSGD_GLOO_MAX_BYTES:
+            # Seen here with torch 2.13: wide_mlp (two buckets) hangs in the first compressed
+            # step; the seed MLP (one bucket) runs.
+            raise ValueError(
+                "PowerSGD hangs on gloo with more than one gradient bucket (its all-reduces are "
+                "issued from future callbacks); use NCCL, or a model under 1 MiB of gradients"
+            )
+        state = psgd.PowerSGDState(
+            process_group=group,
+            matrix_approximation_rank=powersgd_rank(comm_hook),
+            start_powerSGD_iter=POWERSGD_START_ITER,
+            min_compression_rate=POWERSGD_MIN_COMPRESSION,
+        )
+        ddp.register_comm_hook(state, psgd.powerSGD_hook)
+    return ddp
+
+
+def apply_reference_ddp(
+    model: nn.Module,
+    *,
+    group: dist.ProcessGroup | None,
+    device: torch.device,
+    bucket_cap_mb: float = 25.0,
+    overlap: bool = True,
+    comm_hook: str = "none",
+) -> nn.Module:
+    """ReferenceDDP; ``comm_hook`` fp16/bf16 casts each bucket down for its all-reduce (it
+    works on gloo, where PyTorch's bf16 hook refuses); PowerSGD is native only."""
+    del device  # buckets live where the parameters live
+    _check_hook(comm_hook)
+    if comm_hook.startswith("powersgd"):
+        raise ValueError("PowerSGD is implemented by native DDP only (comm_hook=powersgd*)")
+    compress = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(comm_hook)
+    return ReferenceDDP(
+        model, group=group, bucket_cap_mb=bucket_cap_mb, overlap=overlap, compress=compress
+    )
+
+
+def apply_ddp_autocast(
+    model: nn.Module,
+    *,
+    group: dist.ProcessGroup | None,
+    device: torch.device,
+    mixed_precision: str = "none",
+) -> nn.Module:
+    """Plain DDP with the forward under autocast and fp32 outputs, as Accelerate prepares it."""
+    return apply_native_ddp(autocast_forward(model, device, mixed_precision), group=group,
+                            device=device)  # fmt: skip
+
+
+def expected_comm_bytes(psi: int, n: int, *, model: nn.Module, comm_hook: str = "none",
+                        **_) -> float:  # fmt: skip
+    """Every gradient all-reduced once: 4 Psi in fp32, 2 Psi compressed to fp16/bf16. PowerSGD
+    of rank r (Vogels et al. 2019, algorithm 1) all-reduces, per gradient matrix of n x m
+    elements (a tensor viewed as shape[0] x the rest), P (n x r) and Q (m x r) in fp32 when
+    that shrinks it at least ``POWERSGD_MIN_COMPRESSION`` fold, else the matrix itself; 1-D
+    gradients (biases) go uncompressed. Counted in its compressing steps."""
+    if comm_hook in ("fp16", "bf16"):
+        return 2 * psi
+    if not comm_hook.startswith("powersgd"):
+        return 4 * psi
+    r = powersgd_rank(comm_hook)
+    total = 0.0
+    for p in model.parameters():
+        if p.dim() <= 1:
+            total += 4 * p.numel()
+            continue
+        rows, cols = p.shape[0], p.numel() // p.shape[0]
+        low_rank = (rows + cols) * min(r, rows, cols)
+        total += 4 * (low_rank if rows * cols >= POWERSGD_MIN_COMPRESSION * low_rank
+                      else rows * cols)  # fmt: skip
+    return total

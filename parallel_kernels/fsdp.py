@@ -1,426 +1,197 @@
-"""Reference sharded data parallelism (ZeRO) over per-unit flat parameters.
-
-Each unit (a transformer block, a linear layer; the root takes whatever parameters are left)
-flattens its parameters into one fp32 vector, padded to a multiple of the shard-group size S;
-each rank keeps 1/S of it as the trainable leaf, so gradients and optimiser state exist only for
-the local shard. Before a unit's forward its shard is all-gathered inside the shard group and
-the unit's parameters become views of the gathered vector; the gather is an autograd function
-whose backward reduce-scatters the gradient of the full vector back to shards (and, for
-HYBRID_SHARD, all-reduces the shards across the replicate group), averaged over all ranks.
-
-Strategies (the ZeRO paper's stages; Rajbhandari et al., SC 2020):
-- FULL_SHARD (ZeRO-3): the gathered parameters are freed after the unit's forward; what
-  backward needs of them is recorded as a position in the unit (saved-tensor hooks) and
-  re-gathered when backward first reads it (a unit whose parameters backward never reads, such
-  as a first layer whose input needs no gradient, is not gathered again). Per step: all-gather
-  forward + all-gather backward + reduce-scatter, each of (S-1)/S x the unit's bytes per rank.
-- SHARD_GRAD_OP (ZeRO-2): the gathered parameters stay alive until backward (no second
-  all-gather); gradients and optimiser state are still sharded.
-- NO_SHARD: S = 1, gradients all-reduced (DDP-like).
-- HYBRID_SHARD: shard inside groups of S ranks, replicate across the N/S groups.
-"""
+"""FSDP's implementations as a strategy applies them: PyTorch's ``fully_shard`` (FSDP2), its
+``FullyShardedDataParallel`` (FSDP1) and our ``ReferenceFSDP`` (``fsdp_reference.py``), with
+their expected communication and state (``fsdp_layout.py``'s formulas)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.profiler import record_function
 
-from parallel_kernels.ddp import CommStats
-from parallel_kernels.groups import mesh_lines, split
-
-# The current names of all_gather_into_tensor / reduce_scatter_tensor (torch >= 2.12).
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-
-STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD")
-
-
-@dataclass
-class _Groups:
-    # None is the default (world) group, as everywhere in torch.distributed: whether a group is
-    # used at all is decided by the sizes below.
-    world: dist.ProcessGroup | None
-    shard: dist.ProcessGroup | None  # used when shard_size > 1
-    replicate: dist.ProcessGroup | None  # used when n // shard_size > 1
-    n: int
-    shard_size: int
+from parallel_kernels.fsdp_layout import (
+    STRATEGIES,
+    fsdp_comm_bytes,
+    fsdp_units,
+    shard_group_size,
+    zero_state_bytes,
+)
+from parallel_kernels.fsdp_reference import ReferenceFSDP
+from parallel_kernels.groups import device_mesh
 
 
-def shard_group_size(strategy: str, n: int, shard_size: int | None = None) -> int:
-    """S, the ranks one parameter is sharded over: n, 1 for NO_SHARD, and for HYBRID_SHARD
-    ``shard_size`` (default n / 2), which must leave 2 or more replicas of 2 or more ranks."""
-    if strategy == "NO_SHARD":
-        return 1
-    if strategy != "HYBRID_SHARD":
-        return n
-    s = shard_size or n // 2
-    if n < 4 or s < 2 or n % s or s == n:
+def _check_strategy(strategy: str) -> None:
+    if strategy not in STRATEGIES:
         raise ValueError(
-            f"HYBRID_SHARD needs a shard group of 2 or more ranks dividing the "
-            f"world size into 2 or more replicas; world size {n}, shard size {s}"
+            f"unknown sharding strategy {strategy!r} (known: {', '.join(STRATEGIES)})"
         )
-    return s
 
 
-def zero_state_bytes(psi: int, n: int, strategy: str, shard_size: int | None = None) -> float:
-    """Per-rank bytes of parameters, gradients and AdamW state in fp32 training, after the ZeRO
-    paper's accounting (Rajbhandari et al. 2020, section 5) with fp32 everywhere: 4 bytes of
-    parameter, 4 of gradient and K = 8 of optimiser state (two moments) per parameter, i.e.
-    16 Psi replicated (DDP, NO_SHARD), 4 Psi + 12 Psi / S for ZeRO-2 (SHARD_GRAD_OP), 16 Psi / S
-    for ZeRO-3 (FULL_SHARD), S the shard-group size (n, or the hybrid group). The paper's
-    mixed-precision figures are (2 + 2 + K) Psi, 2 Psi + (2 + K) Psi / N and (2 + 2 + K) Psi / N
-    with K = 12. FSDP's SHARD_GRAD_OP also shards parameters at rest (it keeps them gathered
-    only from forward to backward), so it measures below the paper's ZeRO-2 figure."""
-    s = shard_group_size(strategy, n, shard_size)
-    if strategy == "SHARD_GRAD_OP":
-        return 4 * psi + 12 * psi / s
-    return 16 * psi / s
+PRECISIONS = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+def _precision(mixed_precision: str) -> torch.dtype | None:
+    if mixed_precision not in PRECISIONS:
+        raise ValueError(
+            f"unknown mixed precision {mixed_precision!r} (known: {', '.join(PRECISIONS)})"
+        )
+    return PRECISIONS[mixed_precision]
 
 
-def fsdp_comm_bytes(
-    psi: int, n: int, strategy: str, shard_size: int | None = None, *, elem_bytes: int = 4
-) -> float:
-    """Payload per step, each collective counted by its input as traces record it, with b =
-    ``elem_bytes`` per element: an all-gather sends a shard (b Psi / S), a reduce-scatter the
-    full gradient (b Psi), a hybrid's replica all-reduce a shard. FULL_SHARD gathers twice
-    (forward, and again in backward), SHARD_GRAD_OP once, NO_SHARD all-reduces b Psi. Padding
-    is not counted."""
-    b = elem_bytes
-    if strategy == "NO_SHARD":
-        return b * psi
-    s = shard_group_size(strategy, n, shard_size)
-    gathers = 1 if strategy == "SHARD_GRAD_OP" else 2
-    replica = b * psi / s if strategy == "HYBRID_SHARD" else 0
-    return gathers * b * psi / s + b * psi + replica
+def apply_reference_fsdp(
+    model: nn.Module,
+    *,
+    group: dist.ProcessGroup | None,
+    device: torch.device,
+    sharding_strategy: str = "FULL_SHARD",
+    shard_size: int | None = None,
+    mixed_precision: str = "none",
+) -> nn.Module:
+    del device
+    _check_strategy(sharding_strategy)
+    return ReferenceFSDP(
+        model,
+        fsdp_units(model),
+        strategy=sharding_strategy,
+        group=group,
+        shard_size=shard_size,
+        compute_dtype=_precision(mixed_precision),
+    )
 
 
-def _make_groups(group, strategy: str, shard_size: int | None) -> _Groups:
-    n = dist.get_world_size(group)
-    s = shard_group_size(strategy, n, shard_size)
-    shard_pg = replicate_pg = None
-    if 1 < s < n:  # hybrid: a (replicate, shard) grid, shard groups of consecutive ranks
-        replicate_lines, shard_lines = mesh_lines((n // s, s))
-        shard_pg, replicate_pg = split(group, shard_lines), split(group, replicate_lines)
-    elif s == n:
-        shard_pg = group
+def mesh_shape(
+    n: int, sharding_strategy: str = "FULL_SHARD", shard_size: int | None = None, **_
+) -> tuple[int, ...]:
+    """1-D for FULL_SHARD / SHARD_GRAD_OP, 2-D (replicate, shard) for HYBRID_SHARD and for
+    NO_SHARD (shard size 1)."""
+    if sharding_strategy in ("FULL_SHARD", "SHARD_GRAD_OP"):
+        return (n,)
+    s = shard_group_size(sharding_strategy, n, shard_size)
+    return (n // s, s)
+
+
+def fsdp_mesh(device: torch.device, group, strategy: str, shard_size: int | None):
+    """The device mesh the current FSDP API takes, over ``group``'s ranks."""
+    shape = mesh_shape(dist.get_world_size(group), strategy, shard_size)
+    return device_mesh(device, group, shape, ("shard",) if len(shape) == 1 else
+                       ("replicate", "shard"))  # fmt: skip
+
+
+def apply_native_fsdp(
+    model: nn.Module,
+    *,
+    group: dist.ProcessGroup | None,
+    device: torch.device,
+    sharding_strategy: str = "FULL_SHARD",
+    shard_size: int | None = None,
+    mixed_precision: str = "none",
+) -> nn.Module:
+    """``fully_shard`` (FSDP2) on each unit, then on the root; ``reshard_after_forward`` is
+    False for SHARD_GRAD_OP; mixed precision through ``MixedPrecisionPolicy``."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    _check_strategy(sharding_strategy)
+    dtype = _precision(mixed_precision)
+    mesh = fsdp_mesh(device, group, sharding_strategy, shard_size)
+    kwargs: dict = {"reshard_after_forward": sharding_strategy != "SHARD_GRAD_OP"}
+    if dtype is not None:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype)
+    for unit in fsdp_units(model):
+        fully_shard(unit, mesh=mesh, **kwargs)
+    fully_shard(model, mesh=mesh, **kwargs)
+    return model
+
+
+def apply_native_fsdp1(
+    model: nn.Module,
+    *,
+    group: dist.ProcessGroup | None,
+    device: torch.device,
+    sharding_strategy: str = "FULL_SHARD",
+    shard_size: int | None = None,
+    mixed_precision: str = "none",
+    auto_wrap: str = "module",
+    cpu_offload: bool = False,
+    hybrid_mesh: bool = True,
+) -> nn.Module:
+    """The seed's ``FullyShardedDataParallel`` API (FSDP1): ShardingStrategy, each unit
+    auto-wrapped (transformer blocks or linear layers), backward prefetch, original parameters.
+    On CPU it needs ``device_id=cpu``. ``auto_wrap``: "module" wraps each unit's class (the
+    transformer policy), "size" wraps any module of 100,000 parameters or more (the size-based
+    policy). ``cpu_offload`` keeps parameters on the host (it needs pinned memory, so an
+    accelerator: on a CPU-only machine the point fails with PyTorch's reason). HYBRID_SHARD gets
+    an explicit 2-D device mesh:
+    ``hybrid_mesh=False`` reproduces the silent divergence it shows without one (the harness's
+    replica check must catch it)."""
+    from torch.distributed.fsdp import (
+        BackwardPrefetch,
+        CPUOffload,
+        MixedPrecision,
+        ShardingStrategy,
+    )
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_policy
+
+    _check_strategy(sharding_strategy)
+    units = fsdp_units(model)
+    kwargs: dict = {}
+    dtype = _precision(mixed_precision)
+    if dtype is not None:
+        kwargs["mixed_precision"] = MixedPrecision(
+            param_dtype=dtype, reduce_dtype=dtype, buffer_dtype=dtype
+        )
+    if auto_wrap == "module":
+        policy = ModuleWrapPolicy({type(u) for u in units})
+    elif auto_wrap == "size":
+        policy = functools.partial(size_based_auto_wrap_policy, min_num_params=100_000)
     else:
-        replicate_pg = group
-    return _Groups(world=group, shard=shard_pg, replicate=replicate_pg, n=n, shard_size=s)
+        raise ValueError(f"unknown auto_wrap {auto_wrap!r} (known: module, size)")
+    if cpu_offload:
+        kwargs["cpu_offload"] = CPUOffload(offload_params=True)
+    if sharding_strategy == "HYBRID_SHARD" and hybrid_mesh:
+        kwargs["device_mesh"] = fsdp_mesh(device, group, sharding_strategy, shard_size)
+    elif sharding_strategy != "HYBRID_SHARD":
+        kwargs["process_group"] = group
+    return FSDP(
+        model,
+        sharding_strategy=ShardingStrategy[sharding_strategy],
+        auto_wrap_policy=policy,
+        backward_prefetch=BackwardPrefetch.BACKWARD_PRE,
+        device_id=device,
+        use_orig_params=True,
+        **kwargs,
+    )
 
 
-class _Unit:
-    """One flat parameter: the module it feeds, where each original parameter sits in it."""
+def fsdp_full_parameters(model: nn.Module) -> list[torch.Tensor]:
+    """Every parameter in full, gathered from the shards (a collective on every rank)."""
+    if isinstance(model, ReferenceFSDP):
+        return model.full_parameters()
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-    def __init__(
-        self,
-        module: nn.Module,
-        params: list[tuple[nn.Module, str, nn.Parameter]],
-        groups: _Groups,
-        strategy: str,
-        stats: CommStats,
-        compute_dtype: torch.dtype | None = None,
-    ) -> None:
-        self.module, self.groups, self.strategy, self.stats = module, groups, strategy, stats
-        self.compute_dtype = compute_dtype  # mixed precision: gather and compute in this dtype
-        self.slots = []  # (owner module, attribute, offset, shape)
-        offset = 0
-        for owner, name, p in params:
-            self.slots.append((owner, name, offset, p.shape))
-            offset += p.numel()
-        self.numel = offset
-        s = groups.shard_size
-        self.padded = -(-offset // s) * s
-        full = torch.zeros(self.padded, dtype=params[0][2].dtype, device=params[0][2].device)
-        for (_, _, off, _), (_, _, p) in zip(self.slots, params, strict=True):
-            full[off : off + p.numel()] = p.detach().reshape(-1)
-        rank = dist.get_rank(groups.shard) if groups.shard_size > 1 else 0
-        self.shard = nn.Parameter(full.chunk(s)[rank].clone())
-        for owner, name, _ in params:  # from now on these are views set before each forward
-            del owner._parameters[name]
-        self.full: torch.Tensor | None = None  # gathered vector while alive
-        self.prefetched: tuple[torch.Tensor, dist.Work] | None = None
-        self.backward_full: torch.Tensor | None = None  # re-gathered for backward (FULL_SHARD)
-
-    # -- communication ------------------------------------------------------------------------
-    def _compute(self, shard: torch.Tensor) -> torch.Tensor:
-        """The shard as the forward computes with it: cast to the compute dtype (the fp32 master
-        shard stays what the optimiser updates)."""
-        if self.compute_dtype is None or shard.dtype == self.compute_dtype:
-            return shard
-        return shard.to(self.compute_dtype)
-
-    def gather(self, shard: torch.Tensor, *, master: bool = False) -> torch.Tensor:
-        """The full vector: the prefetched one if a prefetch is in flight, else gathered now;
-        in the compute dtype, or in the master (fp32) dtype with ``master``."""
-        g = self.groups
-        shard = shard if master else self._compute(shard)
-        if g.shard_size == 1:
-            return shard.view_as(shard)
-        if self.prefetched is not None:
-            full, work = self.prefetched
-            self.prefetched = None
-            with record_function("fsdp:wait_all_gather"):
-                work.wait()
-            return full
-        full = torch.empty(self.padded, dtype=shard.dtype, device=shard.device)
-        self.stats.add(full)
-        with record_function("fsdp:wait_all_gather"):
-            _all_gather(full, shard.contiguous(), group=g.shard)
-        return full
-
-    def prefetch(self) -> None:
-        """Start gathering this unit's parameters now, to be picked up by its next gather."""
-        if self.groups.shard_size == 1 or self.prefetched is not None:
-            return
-        shard = self._compute(self.shard.detach())
-        full = torch.empty(self.padded, dtype=shard.dtype, device=shard.device)
-        self.stats.add(full)
-        work = _all_gather(full, shard.contiguous(), group=self.groups.shard, async_op=True)
-        self.prefetched = (full, work)
-
-    def reduce_grad(self, grad_full: torch.Tensor) -> torch.Tensor:
-        """Average the full gradient over all ranks and keep this rank's shard of it;
-        ``grad_full`` is a fresh buffer of the caller's, consumed here."""
-        g = self.groups
-        if g.shard_size == 1:
-            grad = grad_full  # the shard is the whole vector: reduce in place
-        else:
-            grad = torch.empty(
-                self.padded // g.shard_size, dtype=grad_full.dtype, device=grad_full.device
-            )
-            self.stats.add(grad_full)
-            with record_function("fsdp:wait_reduce_scatter"):
-                _reduce_scatter(grad, grad_full, op=dist.ReduceOp.SUM, group=g.shard)
-        if g.n // g.shard_size > 1:
-            self.stats.add(grad)
-            with record_function("fsdp:wait_all_reduce"):
-                dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=g.replicate)
-        # reduced in the compute dtype (as FSDP's reduce_dtype = param_dtype), kept in fp32
-        return grad.to(self.shard.dtype).div_(g.n)
-
-    # -- forward / backward plumbing ----------------------------------------------------------
-    def set_views(self, views: tuple[torch.Tensor, ...]) -> None:
-        for (owner, name, _, _), view in zip(self.slots, views, strict=True):
-            setattr(owner, name, view)
-
-    def clear_views(self) -> None:
-        for owner, name, _, _ in self.slots:
-            setattr(owner, name, None)
-
-    def pack(self, t: torch.Tensor):
-        """Saved-tensor hook (FULL_SHARD): a view of the gathered vector is saved as its
-        position only, so the vector can be freed after forward."""
-        full = self.full
-        if full is not None and t.untyped_storage().data_ptr() == full.untyped_storage().data_ptr():
-            return (self, t.storage_offset(), t.shape, t.stride())
-        return t
-
-    @staticmethod
-    def unpack(packed):
-        if not isinstance(packed, tuple):
-            return packed
-        unit, offset, shape, stride = packed
-        if unit.backward_full is None:  # first use in backward: gather once more
-            unit.backward_full = unit.gather(unit.shard.detach())
-        return unit.backward_full.as_strided(shape, stride, offset)
+    if isinstance(model, FSDP):
+        with FSDP.summon_full_params(model, writeback=False):
+            return [p.detach().clone() for p in model.parameters()]
+    return [
+        p.full_tensor().detach() if hasattr(p, "full_tensor") else p.detach()
+        for p in model.parameters()
+    ]
 
 
-class _Gather(torch.autograd.Function):
-    """shard -> every parameter of the unit, as views of the gathered vector; backward: the
-    parameters' gradients, laid out as the vector -> the averaged shard gradient.
-
-    One output per parameter (rather than the vector, sliced afterwards) so that backward
-    receives each gradient alone: slicing the vector would make autograd build a zero-filled
-    vector-sized gradient per parameter and add them up."""
-
-    @staticmethod
-    def forward(ctx, shard: torch.Tensor, unit: _Unit) -> tuple[torch.Tensor, ...]:
-        ctx.unit = unit
-        unit.full = full = unit.gather(shard)
-        return tuple(full[off : off + shape.numel()].view(shape) for _, _, off, shape in unit.slots)
-
-    @staticmethod
-    def backward(ctx, *grads: torch.Tensor | None):
-        unit = ctx.unit
-        # Every use of the parameters in backward is done: free the gathered copies.
-        unit.backward_full = unit.full = None
-        unit.clear_views()
-        like = next(g for g in grads if g is not None)
-        grad_full = torch.empty(unit.padded, dtype=like.dtype, device=like.device)
-        grad_full[unit.numel :].zero_()  # padding
-        for (_, _, off, shape), g in zip(unit.slots, grads, strict=True):
-            part = grad_full[off : off + shape.numel()]
-            if g is None:  # a parameter this step did not use
-                part.zero_()
-            else:
-                part.copy_(g.reshape(-1))
-        return unit.reduce_grad(grad_full), None
+def expected_comm_bytes(
+    psi: int,
+    n: int,
+    sharding_strategy: str = "FULL_SHARD",
+    shard_size: int | None = None,
+    mixed_precision: str = "none",
+    **_,
+) -> float:
+    """``fsdp_comm_bytes`` with 4 bytes per element, or 2 under bf16/fp16 mixed precision
+    (which gathers and reduces in that dtype)."""
+    b = 4 if _precision(mixed_precision) is None else 2
+    return fsdp_comm_bytes(psi, n, sharding_strategy, shard_size, elem_bytes=b)
 
 
-def fsdp_units(model: nn.Module) -> list[nn.Module]:
-    """The submodules that get a flat parameter each: transformer blocks, or the linear layers
-    of an MLP; the root takes the rest (embeddings, final norm, head)."""
-    blocks = getattr(model, "blocks", None)
-    if blocks is not None:
-        return list(blocks)
-    return [m for m in model.modules() if isinstance(m, nn.Linear)]
-
-
-def _refuse_checkpointed(units: list[nn.Module]) -> None:
-    """Backward gathers a unit's parameters again through saved-tensor hooks; activation
-    checkpointing replaces saved tensors with a recomputation that bypasses the unit's gather,
-    so the two do not compose (yet)."""
-    if any(getattr(u, "activation_checkpointed", False) for u in units):
-        raise ValueError("activation checkpointing is not supported by the reference FSDP yet")
-
-
-def unit_params(module: nn.Module, units: list[nn.Module]):
-    """[(unit module, [(owner, attribute, parameter), ...]), ...]: each unit's parameters in
-    module order, the root last with whatever the units left; units without any are dropped."""
-    claimed: set[int] = set()
-    out = []
-    for m in [*units, module]:
-        params = [(owner, name, p) for owner in m.modules()
-                  for name, p in list(owner._parameters.items())
-                  if p is not None and id(p) not in claimed]  # fmt: skip
-        if params:
-            claimed.update(id(p) for _, _, p in params)
-            out.append((m, params))
-    return out
-
-
-class ReferenceFSDP(nn.Module):
-    """Sharded data parallel wrapper (see the module docstring); ``units`` are submodules of
-    ``module`` that each get a flat parameter, the root gets the rest."""
-
-    def __init__(
-        self,
-        module: nn.Module,
-        units: list[nn.Module],
-        *,
-        strategy: str = "FULL_SHARD",
-        group: dist.ProcessGroup | None = None,
-        shard_size: int | None = None,
-        compute_dtype: torch.dtype | None = None,
-    ) -> None:
-        _refuse_checkpointed(units)
-        super().__init__()
-        self.compute_dtype = compute_dtype
-        if strategy not in STRATEGIES:
-            raise ValueError(
-                f"unknown sharding strategy {strategy!r} (known: {', '.join(STRATEGIES)})"
-            )
-        self.module, self.strategy = module, strategy
-        self.comm_stats = CommStats()
-        self.groups = _make_groups(group, strategy, shard_size)
-        self._broadcast(group)
-        self.units: list[_Unit] = []
-        for m, params in unit_params(module, units):
-            unit = _Unit(m, params, self.groups, strategy, self.comm_stats, compute_dtype)
-            self.units.append(unit)
-            m.register_forward_pre_hook(self._pre_forward(unit))
-            m.register_forward_hook(self._post_forward(unit))
-        # the trainable shards, registered so .parameters() and optimisers see them
-        self.shards = nn.ParameterList([u.shard for u in self.units])
-        self._hooks: dict[int, torch.autograd.graph.saved_tensors_hooks] = {}
-        # Units in the order their forwards start, recorded in the first step, so that each
-        # unit's forward can prefetch the next one's parameters (the same order on every rank).
-        self._order: list[_Unit] = []
-        self._recording = True
-
-    @torch.no_grad()
-    def _broadcast(self, group) -> None:
-        for t in [*self.module.parameters(), *self.module.buffers()]:
-            dist.broadcast(t, group_src=0, group=group)
-
-    def _pre_forward(self, unit: _Unit):
-        def hook(_module, args):
-            unit.set_views(_Gather.apply(unit.shard, unit))
-            if self._recording:
-                if unit in self._order:  # the second step begins: the order is known
-                    self._recording = False
-                else:
-                    self._order.append(unit)
-            if not self._recording:
-                k = self._order.index(unit)
-                if k + 1 < len(self._order):
-                    self._order[k + 1].prefetch()
-            if self.strategy in ("FULL_SHARD", "HYBRID_SHARD"):
-                ctx = torch.autograd.graph.saved_tensors_hooks(unit.pack, _Unit.unpack)
-                ctx.__enter__()
-                self._hooks[id(unit)] = ctx
-            if self.compute_dtype is not None:  # inputs in the parameters' dtype, as FSDP does
-                return tuple(a.to(self.compute_dtype) if torch.is_tensor(a)
-                             and a.is_floating_point() else a for a in args)  # fmt: skip
-            return None
-
-        return hook
-
-    def _post_forward(self, unit: _Unit):
-        def hook(_module, _args, output):
-            ctx = self._hooks.pop(id(unit), None)
-            if ctx is not None:  # free the gathered parameters until backward needs them
-                ctx.__exit__(None, None, None)
-                unit.clear_views()
-                unit.full = None
-            return output
-
-        return hook
-
-    def forward(self, *args, **kwargs):
-        return self.module(*args, **kwargs)
-
-    @torch.no_grad()
-    def full_parameters(self) -> list[torch.Tensor]:
-        """Every unit's full flat vector, gathered (a collective): what replicas must agree on."""
-        return [u.gather(u.shard.detach(), master=True)[: u.numel].clone() for u in self.units]
-
-    @torch.no_grad()
-    def full_state_dict(self, rank0_only: bool = True) -> dict[str, torch.Tensor]:
-        """The plain model's state dict, gathered (a collective on every rank); on ranks other
-        than 0 it is empty when ``rank0_only``. Loads into the unwrapped model class."""
-        names = {}
-        for prefix, owner in self.module.named_modules():
-            names[id(owner)] = f"{prefix}." if prefix else ""
-        state = {}
-        for unit, full in zip(self.units, self.full_parameters(), strict=True):
-            for owner, name, off, shape in unit.slots:
-                state[names[id(owner)] + name] = full[off : off + shape.numel()].view(shape).clone()
-        for prefix, buf in self.module.named_buffers():
-            state[prefix] = buf.detach().clone()
-        if rank0_only and dist.get_rank(self.groups.world) != 0:
-            return {}
-        return state
-
-    @torch.no_grad()
-    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
-        """Scale the shard gradients so that the norm of the whole model's gradient is at most
-        ``max_norm``; returns that norm. Shards are disjoint inside a shard group and equal
-        across replicas, so the squares are summed over the shard group only."""
-        grads = [u.shard.grad for u in self.units if u.shard.grad is not None]
-        sq = (
-            torch.stack([g.float().pow(2).sum() for g in grads]).sum() if grads else torch.zeros(())
-        )
-        if self.groups.shard_size > 1:
-            dist.all_reduce(sq, group=self.groups.shard)
-        total = sq.sqrt()
-        scale = (max_norm / (total + 1e-6)).clamp(max=1.0)
-        for g in grads:
-            g.mul_(scale.to(g.dtype))
-        return total
-
-    def held_bytes(self) -> int:
-        """Bytes of parameters this rank holds right now: its shards, plus every gathered
-        vector still alive (between forward and backward that is what tells the strategies
-        apart)."""
-        gathered = sum(u.full.numel() * u.full.element_size() for u in self.units
-                       if u.full is not None and u.groups.shard_size > 1)  # fmt: skip
-        return self.sharded_bytes() + gathered
-
-    def sharded_bytes(self) -> int:
-        """Bytes of parameters this rank holds at rest (its shards)."""
-        return sum(u.shard.numel() * u.shard.element_size() for u in self.units)
+def expected_state_bytes(
+    psi: int, n: int, sharding_strategy: str = "FULL_SHARD", shard_size: int | None = None, **_
+) -> float:
+    return zero_state_bytes(psi, n, sharding_strategy, shard_size)

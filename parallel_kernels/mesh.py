@@ -21,7 +21,8 @@ import torch.distributed as dist
 from torch import nn
 
 from parallel_kernels.ddp import ReferenceDDP
-from parallel_kernels.fsdp import ReferenceFSDP, fsdp_comm_bytes, fsdp_units, zero_state_bytes
+from parallel_kernels.fsdp_layout import fsdp_comm_bytes, fsdp_units, zero_state_bytes
+from parallel_kernels.fsdp_reference import ReferenceFSDP
 from parallel_kernels.groups import device_mesh, mesh_lines, split
 from parallel_kernels.tensor_parallel import (
     COLWISE,
@@ -171,13 +172,14 @@ def apply_reference_tp(
     device: torch.device,
     tp_degree: int = 1,
     dp_shard: bool = False,
-    naive: bool = False,
+    layer: str = "megatron",
 ) -> nn.Module:
-    """Megatron's layers (or the naive ones) over TP groups, then ReferenceDDP (or
-    ReferenceFSDP, FULL_SHARD, one flat parameter per block) over DP groups."""
+    """Megatron's layers (or, ``layer="naive"``, the naive ones) over TP groups, then
+    ReferenceDDP (or ReferenceFSDP, FULL_SHARD, one flat parameter per block) over DP
+    groups."""
     del device
     dims = _dims(group, tp_degree, dp_shard)
-    plan = plan_for(model, "naive" if naive else "reference", dims.tp)
+    plan = plan_for(model, layer, dims.tp)
     check_degree(model, plan, dims.tp)  # before any group exists: a bad degree fails cleanly
     dims_of = shard_dims(model, plan) if dims.tp > 1 else {}
     tp_pg, dp_pg = _groups(group, dims)
@@ -272,10 +274,11 @@ def _dp_strategy(dp_shard: bool) -> str:
     return "FULL_SHARD" if dp_shard else "NO_SHARD"
 
 
-def local_layout(model: nn.Module, impl: str, n: int, tp_degree: int, dp_shard: bool):
-    """(mesh dims, TP plan, parameters one rank holds after TP) for the analytical figures."""
+def local_layout(model: nn.Module, layer: str, n: int, tp_degree: int, dp_shard: bool):
+    """(mesh dims, TP plan, parameters one rank holds after TP) for the analytical figures;
+    ``layer``: the implementation's TP layers, ``megatron`` or ``naive``."""
     dims = MeshDims(world=n, tp=tp_degree, dp_shard=dp_shard)
-    plan = plan_for(model, impl, dims.tp)
+    plan = plan_for(model, layer, dims.tp)
     return dims, plan, local_param_count(model, shard_dims(model, plan), dims.tp)
 
 
@@ -284,7 +287,7 @@ def expected_comm_bytes(
     n: int,
     *,
     model: nn.Module,
-    impl: str,
+    impl,
     tokens: int,
     tp_degree: int = 1,
     dp_shard: bool = False,
@@ -294,7 +297,7 @@ def expected_comm_bytes(
     parallel gradients of this rank's Psi_local parameters over the dp ranks, as DDP
     (NO_SHARD: 4 Psi_local all-reduced) or FULL_SHARD moves them (``fsdp_comm_bytes``)."""
     del psi
-    dims, plan, local = local_layout(model, impl, n, tp_degree, dp_shard)
+    dims, plan, local = local_layout(model, impl.tp_layer, n, tp_degree, dp_shard)
     tp_bytes = 4 * sum(comm_elements(model, plan, tokens, dims.tp).values())
     if dims.dp == 1:
         return tp_bytes
@@ -306,7 +309,7 @@ def expected_state_bytes(
     n: int,
     *,
     model: nn.Module,
-    impl: str,
+    impl,
     tp_degree: int = 1,
     dp_shard: bool = False,
     **_,
@@ -314,5 +317,13 @@ def expected_state_bytes(
     """The ZeRO accounting (``zero_state_bytes``) of the local parameters over the dp ranks:
     16 bytes each, divided by the DP degree when it shards (ZeRO-3)."""
     del psi
-    dims, _, local = local_layout(model, impl, n, tp_degree, dp_shard)
+    dims, _, local = local_layout(model, impl.tp_layer, n, tp_degree, dp_shard)
     return zero_state_bytes(local, dims.dp, _dp_strategy(dp_shard))
+
+
+def data_parallel_coords(model: nn.Module, rank: int, world: int) -> tuple[int, int]:
+    """(index, size) of this rank's data-parallel replica: ranks of one tensor-parallel group
+    must read the same batch."""
+    if isinstance(model, MeshParallel):
+        return model.dp_rank, model.dp_size
+    return rank, world

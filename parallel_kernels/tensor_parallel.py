@@ -199,8 +199,14 @@ def naive_plan(model: nn.Module, n: int) -> dict[str, Placement]:
     }
 
 
-def plan_for(model: nn.Module, impl: str, n: int) -> dict[str, Placement]:
-    return naive_plan(model, n) if impl == "naive" else tp_plan(model)
+TP_LAYERS = ("megatron", "naive")
+
+
+def plan_for(model: nn.Module, layer: str, n: int) -> dict[str, Placement]:
+    """The plan of an implementation's TP layers: Megatron's pairs, or the naive columns."""
+    if layer not in TP_LAYERS:
+        raise ValueError(f"unknown TP layers {layer!r} (known: {', '.join(TP_LAYERS)})")
+    return naive_plan(model, n) if layer == "naive" else tp_plan(model)
 
 
 def shard_dims(model: nn.Module, plan: dict[str, Placement]) -> dict[str, int]:

@@ -1,7 +1,13 @@
-"""The run folder of the data contract (DESIGN.md section 3): meta.json, results.csv, traces/.
+"""The run folder of the data contract (DESIGN.md section 3): meta.json (with the folder's
+``schema_version``), points.jsonl (``points.py``), results.csv, samples.csv, traces/.
 
 Rows are appended and flushed to disk as each point finishes, so an interrupted run keeps every
-point it completed, and ``--resume`` can skip them.
+point it completed, and ``--resume`` can skip them. ``read_run`` is how the reading side opens a
+folder: it refuses, in one line, a folder that is not a run or that this version cannot read.
+
+Schema versions (major.minor; a reader reads its own major and any minor):
+- 1: meta.json, results.csv, samples.csv, traces/ (parallel-bench 0.1).
+- 2.0: adds points.jsonl, every point resolved; meta.json names its schema_version.
 """
 
 from __future__ import annotations
@@ -12,98 +18,15 @@ import json
 import math
 import os
 import subprocess
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
-# The columns every training sweep has, in this order; extra columns follow them.
-TRAINING_COLUMNS = [
-    "sweep",
-    "value",
-    "impl",
-    "strategy",
-    "world_size",
-    "status",
-    "error",
-    "step_ms_median",
-    "step_ms_min",
-    "step_ms_max",
-    "samples_per_s",
-    "compute_ms",
-    "comm_ms",
-    "overlap_ms",
-    "exposed_comm_ms",
-    "idle_ms",
-    "compute_comm_ratio",
-    "overlap_pct",
-    "gpu_util_pct",
-    "peak_mem_mb",
-    "comm_bytes_per_step",
-]
-TRAINING_EXTRA_COLUMNS = [
-    "model",
-    "point",
-    "backend",
-    "device",
-    "window_ms",
-    "comm_bytes_expected",
-    "state_mb",
-    "state_mb_expected",
-    "param_mb",
-    "grad_mb",
-    "optim_mb",
-    "peak_rss_mb",
-    "cpu_busy_pct",
-    "nvml_util_pct",
-    "params",
-    "grad_bytes",
-    "comm_calls_per_step",
-    "steps",
-    "loss",
-    "step_ms_p10",
-    "step_ms_p90",
-    "rank_skew_ms",
-    "scaling",
-    "global_batch",
-    "batch_per_replica",
-    "grad_accum",
-    "comm_bytes_per_sample",
-    "trace_dir",
-]
+from bench.runfolder.columns import SAMPLE_COLUMNS
+from bench.runfolder.points import POINTS_FILE, PointRecord, RunFolderError, read_points
 
-
-# The collective sweep's columns (DESIGN.md section 3), then extras.
-COLLECTIVE_COLUMNS = [
-    "sweep",
-    "collective",
-    "impl",
-    "world_size",
-    "dtype",
-    "size_bytes",
-    "count",
-    "time_us",
-    "algbw_GBps",
-    "busbw_GBps",
-    "wrong",
-    "status",
-    "error",
-]
-COLLECTIVE_EXTRA_COLUMNS = [
-    "op",
-    "time_us_min",
-    "time_us_max",
-    "busbw_frac_p2p",
-    "iters",
-    "point",
-    "backend",
-    "device",
-]
-
-
-# Every timed sample of every point (samples.csv): the slowest rank's time of each timed step
-# or iteration, so that runs can be compared on samples rather than on medians.
-SAMPLE_COLUMNS = ["point", "index", "ms"]
-
+SCHEMA_VERSION = "2.0"
 
 def utc_now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -154,6 +77,10 @@ class ResultsWriter:
             os.fsync(f.fileno())
 
     def append(self, row: dict) -> None:
+        """One row; a key that is not a column is a bug in the caller: refused, not dropped."""
+        unknown = sorted(set(row) - set(self.columns))
+        if unknown:
+            raise KeyError(f"{self.path.name} has no column {', '.join(unknown)}")
         self._write([[_cell(row.get(c)) for c in self.columns]])
 
 
@@ -188,13 +115,67 @@ def write_meta(path: Path, meta: dict) -> None:
     tmp.replace(path)  # atomic: a reader never sees half a file
 
 
-def read_run(run_dir: Path) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
-    """(meta, results, samples) of a run folder; absent files give empty values."""
-    meta_path, csv_path = run_dir / "meta.json", run_dir / "results.csv"
-    samples_path = run_dir / "samples.csv"
-    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
-    df = pd.read_csv(csv_path) if csv_path.exists() else pd.DataFrame()
-    samples = (
-        pd.read_csv(samples_path) if samples_path.exists() else pd.DataFrame(columns=SAMPLE_COLUMNS)
-    )
-    return meta, df, samples
+@dataclass
+class Run:
+    """A run folder as the reading side sees it."""
+
+    path: Path
+    meta: dict
+    results: pd.DataFrame
+    samples: pd.DataFrame
+    points: dict[str, PointRecord] = field(default_factory=dict)  # training runs
+
+
+def check_schema(run_dir: Path, meta: dict) -> None:
+    """RunFolderError unless this version reads the folder's schema."""
+    version = str(meta.get("schema_version", "1"))
+    major = version.split(".")[0]
+    mine = SCHEMA_VERSION.split(".")[0]
+    if not major.isdigit():
+        raise RunFolderError(f"{run_dir}: unknown schema_version {version!r}")
+    if int(major) > int(mine):
+        raise RunFolderError(
+            f"{run_dir} has schema {version}, newer than this parallel-bench reads "
+            f"({SCHEMA_VERSION}): read it with the version that wrote it"
+        )
+    if int(major) < int(mine):
+        raise RunFolderError(
+            f"{run_dir} has schema {version} (no points record): parallel-bench 0.1 reads it"
+        )
+
+
+def read_meta(run_dir: Path) -> dict:
+    path = Path(run_dir) / "meta.json"
+    if not path.is_file():
+        raise RunFolderError(f"{run_dir} is not a run folder (no meta.json)")
+    try:
+        meta = json.loads(path.read_text())
+    except ValueError as e:
+        raise RunFolderError(f"{path} is not JSON ({e})") from None
+    if not isinstance(meta, dict):
+        raise RunFolderError(f"{path} is not a run's meta.json")
+    check_schema(Path(run_dir), meta)
+    return meta
+
+
+def _csv(path: Path, columns: list[str] | None = None) -> pd.DataFrame:
+    if not path.exists() or path.stat().st_size == 0:
+        return pd.DataFrame(columns=columns)
+    try:
+        return pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        raise RunFolderError(f"{path} is not a results table ({str(e).splitlines()[0]})") from None
+
+
+def read_run(run_dir: Path) -> Run:
+    """meta.json, results.csv, samples.csv and, for training runs, the points record; one-line
+    RunFolderError when the folder is not a run this version reads."""
+    run_dir = Path(run_dir)
+    meta = read_meta(run_dir)
+    df = _csv(run_dir / "results.csv")
+    samples = _csv(run_dir / "samples.csv", SAMPLE_COLUMNS)
+    points = {} if meta.get("kind") == "collective" else read_points(run_dir)
+    return Run(path=run_dir, meta=meta, results=df, samples=samples, points=points)
+
+
+__all__ = ["POINTS_FILE", "RunFolderError"]

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from bench.runfolder.folder import has_results
 from bench.runner.distenv import fail, launched_by_torchrun
-from bench.runner.sweeps import SWEEPS, build_points, message_sizes, parse_list
+from bench.runner.points import build_points
+from bench.runner.sweeps import SWEEPS, message_sizes, parse_list, sweep_names
 from parallel_kernels.collectives import COLLECTIVES, DTYPES, IMPLS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -54,8 +55,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Sweep a distributed-training parameter; measure, profile, analyse, report.",
         epilog="Sweeps: " + "; ".join(f"{s.name}: {s.description}" for s in SWEEPS.values()),
     )
-    p.add_argument("--sweep", required=True, help=f"one of: {', '.join(SWEEPS)}")
+    p.add_argument(
+        "--sweep",
+        required=True,
+        help=f"one of: {', '.join(SWEEPS)}; or two training sweeps A,B for their grid",
+    )
     p.add_argument("--values", help="comma list of values (default: the sweep's own)")
+    p.add_argument("--values2", help="a grid's second sweep's values (default: its own)")
     p.add_argument("--model", help="comma list of models (default: the sweep's own)")
     p.add_argument("--impl", help="comma list of implementations, e.g. native,reference")
     p.add_argument(
@@ -224,33 +230,40 @@ def _world_size(args: argparse.Namespace) -> int | None:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    sweep = SWEEPS.get(args.sweep)
-    needs_world = sweep is not None and (sweep.expand is not None or sweep.kind == "scaling")
-    if needs_world and _world_size(args) is None:
+    try:
+        sweeps = [SWEEPS[n] for n in sweep_names(args.sweep)]
+    except ValueError as e:
+        fail(str(e))
+    world = _world_size(args)
+    needs_world = any(s.expand is not None or s.kind == "scaling" for s in sweeps)
+    if needs_world and world is None:
         fail(_launch_hint(argv))  # its values are checked against the world size
     if args.debug:
         # read when process groups are created: set before any rank starts (self-launch
         # passes the environment on) and before this rank's group (under torchrun)
         os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
     try:
-        if args.sweep in SWEEPS and SWEEPS[args.sweep].kind == "collective":
+        if sweeps[0].kind == "collective":
             if args.strategy or args.scaling:
                 raise ValueError("--strategy and --scaling are for the world_size sweep")
             plan, points = collective_plan(args), []
         else:
-            plan, points = (
-                None,
-                build_points(
-                    args.sweep,
-                    values=args.values,
-                    models=args.model,
-                    impls=args.impl,
-                    options=args.option,
-                    world_size=_world_size(args),
-                    strategy=args.strategy,
-                    scaling=args.scaling,
-                    batch_size=args.batch_size,
-                ),
+            plan = None
+            points = build_points(
+                args.sweep,
+                values=args.values,
+                values2=args.values2,
+                models=args.model,
+                impls=args.impl,
+                options=args.option,
+                # without a launch yet, checked as for one rank (the launch hint follows)
+                world_size=world or 1,
+                strategy=args.strategy,
+                scaling=args.scaling,
+                batch_size=args.batch_size,
+                steps=args.steps,
+                warmup_steps=args.warmup_steps,
+                profile_steps=args.profile_steps,
             )
     except ValueError as e:
         fail(str(e))

@@ -15,7 +15,10 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 
+from bench.report.page import write_report
+from bench.report.tb_scalars import write_sweep_scalars
 from bench.runfolder.folder import (
+    SCHEMA_VERSION,
     ResultsWriter,
     SamplesWriter,
     default_run_dir,
@@ -25,7 +28,9 @@ from bench.runfolder.folder import (
     utc_now,
     write_meta,
 )
+from bench.runfolder.points import POINTS_FILE, PointRecord, write_points
 from bench.runner.distenv import DistEnv, fail, init_distributed
+from bench.runner.sweeps import SWEEPS, sweep_names
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -51,7 +56,8 @@ class RunContext:
 
 # What makes two launches the same run: --resume refuses a run made with other values of these.
 SETTINGS = (
-    "sweep", "values", "model", "impl", "option", "strategy", "scaling", "batch_size", "steps",
+    "sweep", "values", "values2", "model", "impl", "option", "strategy", "scaling", "batch_size",
+    "steps",
     "warmup_steps", "profile_steps", "clip_grad_norm", "backend", "min_bytes", "max_bytes",
     "factor", "iters", "warmup_iters", "check", "dtype", "op", "collectives",
 )  # fmt: skip
@@ -112,7 +118,12 @@ def _plain(v):
 
 
 def _meta(args, argv, env: DistEnv, run_dir: Path) -> dict:
+    sweeps = [SWEEPS[n] for n in sweep_names(args.sweep)]
     return {
+        "schema_version": SCHEMA_VERSION,
+        # what the reading side needs to know of the sweep, so that it never reads the table
+        "kind": sweeps[0].kind,
+        "tradeoff": any(s.tradeoff for s in sweeps),
         "run_id": run_dir.name,
         "sweep": args.sweep,
         "argv": argv,
@@ -138,8 +149,14 @@ def _meta(args, argv, env: DistEnv, run_dir: Path) -> dict:
     }
 
 
-def start_run(args: argparse.Namespace, argv: list[str], columns: list[str]) -> RunContext:
-    """Initialise the process group; rank 0 prepares the folder and every rank learns it."""
+def start_run(
+    args: argparse.Namespace,
+    argv: list[str],
+    columns: list[str],
+    points: list[PointRecord] | None = None,
+) -> RunContext:
+    """Initialise the process group; rank 0 prepares the folder, records the points (all of
+    them, before the first runs) and every rank learns the folder."""
     # The default group only carries start-up and per-point agreement: it must outwait any
     # point's own timeout, and ranks that sit out a world-size point wait on it for the whole
     # point.
@@ -156,6 +173,8 @@ def start_run(args: argparse.Namespace, argv: list[str], columns: list[str]) -> 
     if env.is_main:
         ctx.meta = _meta(args, argv, env, run_dir)
         write_meta(run_dir / "meta.json", ctx.meta)
+        if points is not None:
+            write_points(run_dir / POINTS_FILE, points)
         ctx.writer = ResultsWriter(run_dir / "results.csv", columns)
         ctx.samples = SamplesWriter(run_dir / "samples.csv")
         ctx.skip = done_points(run_dir / "results.csv") if args.resume else set()
@@ -173,14 +192,11 @@ def finish_run(ctx: RunContext, summary: Callable[[pd.DataFrame], str]) -> int:
         df = pd.read_csv(ctx.run_dir / "results.csv")
         print("\n" + summary(df), flush=True)
         try:
-            from bench.report.tb_scalars import write_sweep_scalars
-
             write_sweep_scalars(ctx.run_dir, ctx.args.sweep, df)
         except Exception as e:  # noqa: BLE001  (scalars are a convenience: say why, go on)
             print(f"TensorBoard scalars not written: {type(e).__name__}: {e}", file=sys.stderr)
         report_path = None
         if not ctx.args.no_report:
-            from bench.report.page import write_report
 
             try:
                 report_path, _ = write_report(

@@ -20,26 +20,28 @@ import torch
 import torch.distributed as dist
 
 from bench.analysis import breakdown as analysis
+from bench.runfolder import columns
+from bench.runfolder.points import PointRecord
 from bench.runner.data import Batches
 from bench.runner.distenv import DistEnv
 from bench.runner.nvml import NvmlSampler
 from bench.runner.profiling import host_bytes_in_use, peak_rss_bytes, profile_steps, reset_peak_rss
-from bench.runner.sweeps import Point
 from bench.runner.timing import summarize_times, timed_steps
 from parallel_kernels.checkpointing import checkpoint_blocks
 from parallel_kernels.groups import mesh_lines, prepare
+from parallel_kernels.mesh import data_parallel_coords
 from parallel_kernels.models import MODELS, build_model, grad_bytes, param_count
-from parallel_kernels.strategies import STRATEGIES, clip_grad_norm, data_parallel_coords
+from parallel_kernels.step import clip_grad_norm, unsynced
+from parallel_kernels.strategies import STRATEGIES
 
 
 @dataclass(frozen=True, kw_only=True)
 class HarnessConfig:
-    batch_size: int = 64
-    warmup_steps: int = 5
-    steps: int = 20
+    """How every point is run, beyond what its record says (steps and batch are the
+    record's)."""
+
     profile_wait: int = 1
     profile_warmup: int = 1
-    profile_active: int = 3
     lr: float = 1e-3
     seed: int = 0
     point_timeout_s: float = 120.0
@@ -74,7 +76,7 @@ def check_replicas_agree(tensors: list[torch.Tensor], group: dist.ProcessGroup |
 
 
 def _train_and_measure(
-    point: Point,
+    point: PointRecord,
     env: DistEnv,
     cfg: HarnessConfig,
     group: dist.ProcessGroup,
@@ -83,9 +85,15 @@ def _train_and_measure(
 ) -> dict:
     spec = MODELS[point.model]
     strategy = STRATEGIES[point.strategy]
-    options, autocast = precision_setup(point, strategy, env.device)
+    knobs = point.knobs
+    options = {k.name: knobs[k.name] for k in strategy.knobs}
+    autocast = _autocast(point, env.device)
     world = dist.get_world_size(group)
     rank = dist.get_rank(group)
+    if point.batch_per_replica is None:
+        raise ValueError(
+            f"global batch {point.global_batch} does not split over {point.dp_size} replicas"
+        )
     gc.collect()  # earlier points' modules hold reference cycles (hooks): free them first
     heap_before = host_bytes_in_use()
     reset_peak_rss()
@@ -94,25 +102,12 @@ def _train_and_measure(
 
     model = build_model(point.model, seed=cfg.seed).to(env.device)
     n_params, n_grad_bytes = param_count(model), grad_bytes(model)
-    checkpointing = point.train.get("activation_checkpointing", "off") == "on"
-    if checkpointing:
+    if knobs["activation_checkpointing"] == "on":
         checkpoint_blocks(model)
     wrapped = strategy.apply(point.impl, model, group=group, device=env.device, **options)
     opt = torch.optim.AdamW(wrapped.parameters(), lr=cfg.lr)
     dp_rank, dp_size = data_parallel_coords(wrapped, rank, world)
-    batch = replica_batch(point, cfg.batch_size, dp_size)
-    # The analytical figures read the plain model's shapes: a twin on the meta device (the
-    # strategy has rewritten the real one), with this point's activation rows per replica.
-    with torch.device("meta"):
-        twin = spec.build()
-    plain = dict(model=twin, impl=point.impl, tokens=batch * spec.tokens_per_sample)
-    expected = {
-        col: fn(n_params, world, **plain, **options) if fn else np.nan
-        for col, fn in (
-            ("comm_bytes_expected", strategy.expected_comm_bytes),
-            ("state_bytes_expected", strategy.expected_state_bytes),
-        )
-    }
+    batch = point.batch_per_replica
     # Enough samples for several batches per replica, so the sampler really wraps epochs.
     dataset = spec.dataset(batch * dp_size * 8, cfg.seed)
     batches = Batches(
@@ -125,8 +120,8 @@ def _train_and_measure(
     )
     last_loss = torch.zeros(())
 
-    accum = int(point.train.get("grad_accum", 1))
-    skip_sync = unsynced(wrapped) if accum > 1 else None
+    accum = int(knobs["grad_accum"])
+    skip_sync = unsynced(wrapped, point.impl_facts["skip_sync"]) if accum > 1 else None
     accelerator = getattr(wrapped, "accelerator", None)  # Accelerate's step: its backward
     backward = accelerator.backward if accelerator is not None else torch.Tensor.backward
 
@@ -149,16 +144,16 @@ def _train_and_measure(
         last_loss = total
 
     progress("warm-up")
-    for _ in range(cfg.warmup_steps):
+    for _ in range(point.warmup_steps):
         step()
     with NvmlSampler(env.device) as nvml:
         slowest, fastest = timed_steps(
             step,
-            cfg.steps,
+            point.steps,
             device=env.device,
             group=group,
             on_step=lambda i: (
-                progress(f"timed step {i + 1}/{cfg.steps}") if (i + 1) % 5 == 0 else None
+                progress(f"timed step {i + 1}/{point.steps}") if (i + 1) % 5 == 0 else None
             ),
         )
     progress("profiling")
@@ -169,7 +164,7 @@ def _train_and_measure(
         device=env.device,
         wait=cfg.profile_wait,
         warmup=cfg.profile_warmup,
-        active=cfg.profile_active,
+        active=point.profile_steps,
     )
     check_replicas_agree(strategy.replicated(wrapped), group)
 
@@ -183,11 +178,12 @@ def _train_and_measure(
         peak = np.nan
     metrics.update(summarize_times(slowest, fastest))
     held = state_bytes(opt)
+    expected_state = point.figures.get("state_bytes_expected")
     metrics.update(
-        comm_bytes_expected=expected["comm_bytes_expected"],
+        comm_bytes_expected=point.figures.get("comm_bytes_expected"),
         **dict(zip(("param_mb", "grad_mb", "optim_mb"), (b / 2**20 for b in held), strict=True)),
         state_mb=sum(held) / 2**20,
-        state_mb_expected=expected["state_bytes_expected"] / 2**20,
+        state_mb_expected=np.nan if expected_state is None else expected_state / 2**20,
         peak_rss_mb=(peak_rss_bytes() or np.nan) / 2**20,
         samples_ms=[float(t) for t in slowest],  # per-step, for run-to-run comparison
         nvml_util_pct=nvml.mean_pct,
@@ -203,50 +199,16 @@ def _train_and_measure(
     return metrics
 
 
-def precision_setup(point: Point, strategy, device: torch.device):
-    """(strategy options, autocast context factory) for the point's precision knob: a strategy
-    with a mixed-precision option (FSDP) gets it set, the others run forward and loss under
-    ``torch.autocast``. A dtype the device cannot compute in is refused."""
-    name = point.train.get("precision", "fp32")
-    if name == "fp32":
-        return point.options, contextlib.nullcontext
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[name]
+def _autocast(point: PointRecord, device: torch.device):
+    """A context factory: the forward under ``torch.autocast`` when the record says so (a
+    strategy with its own mixed-precision policy has the precision among its knobs instead).
+    A dtype the device cannot compute in is refused."""
+    if point.autocast is None:
+        return contextlib.nullcontext
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[point.autocast]
     if device.type == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
         raise ValueError(f"{torch.cuda.get_device_name(device)} cannot compute in bf16")
-    if "mixed_precision" in strategy.options:
-        return {**point.options, "mixed_precision": name}, contextlib.nullcontext
-    return point.options, lambda: torch.autocast(device.type, dtype=dtype)
-
-
-def unsynced(model: torch.nn.Module):
-    """A context manager factory under which backward skips gradient synchronisation: DDP's
-    and FSDP1's ``no_sync``, FSDP2's ``set_requires_gradient_sync``."""
-    if hasattr(model, "no_sync"):
-        return model.no_sync
-    if hasattr(model, "set_requires_gradient_sync"):
-
-        @contextlib.contextmanager
-        def fsdp2():
-            model.set_requires_gradient_sync(False)
-            try:
-                yield
-            finally:
-                model.set_requires_gradient_sync(True)
-
-        return fsdp2
-    raise ValueError(f"{type(model).__name__} has no way to skip gradient synchronisation")
-
-
-def replica_batch(point: Point, batch_size: int, dp_size: int) -> int:
-    """Samples per data-parallel replica and step: ``batch_size``, or for strong scaling the
-    point's global batch split over the replicas."""
-    if point.global_batch is None:
-        return batch_size
-    if point.global_batch % dp_size:
-        raise ValueError(
-            f"global batch {point.global_batch} does not split over {dp_size} replicas"
-        )
-    return point.global_batch // dp_size
+    return lambda: torch.autocast(device.type, dtype=dtype)
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -270,30 +232,39 @@ def state_bytes(opt: torch.optim.Optimizer) -> tuple[int, int, int]:
 
 
 def _aggregate(per_rank: list[dict]) -> dict:
-    """Times from the timing all-reduce are already cross-rank; breakdowns are averaged."""
+    """The point's figures from the ranks', as the column table says: times from the timing
+    all-reduce are already cross-rank, breakdowns are averaged, memory takes the largest rank,
+    ratios are made again from the averages."""
     ranks = [r for r in per_rank if r]
     out = dict(ranks[0])
-    for key in (
-        "window_ms",
-        "compute_ms",
-        "comm_ms",
-        "overlap_ms",
-        "exposed_comm_ms",
-        "idle_ms",
-        "gpu_util_pct",
-        "cpu_busy_pct",
-        "nvml_util_pct",
-        "comm_bytes_per_step",
-        "comm_calls_per_step",
-    ):
+    for key in columns.by_ranks(columns.TRAINING, columns.MEAN):
         vals = [r.get(key, np.nan) for r in ranks]
+        vals = [np.nan if v is None else v for v in vals]
         out[key] = float(np.nanmean(vals)) if not np.all(np.isnan(vals)) else np.nan
-    for key in ("peak_mem_mb", "peak_rss_mb", "state_mb", "param_mb", "grad_mb", "optim_mb"):
+    for key in columns.by_ranks(columns.TRAINING, columns.MAX):
         out[key] = float(np.nanmax([r.get(key, np.nan) for r in ranks]))
     comm = out["comm_ms"]
     out["compute_comm_ratio"] = out["compute_ms"] / comm if comm and comm > 0 else np.nan
     out["overlap_pct"] = 100.0 * out["overlap_ms"] / comm if comm and comm > 0 else np.nan
     return out
+
+
+def point_columns(point: PointRecord) -> dict:
+    """The columns of a row that its record decides, whatever the outcome."""
+    second = point.swept[1] if len(point.swept) > 1 else None
+    return {
+        "sweep": point.sweep,
+        "value": point.value,
+        "value2": point.values[second] if second else None,
+        "impl": point.impl,
+        "strategy": point.strategy,
+        "model": point.model,
+        "point": point.id,
+        "world_size": point.world_size,
+        "scaling": point.scaling,
+        "global_batch": point.global_batch,
+        "steps": point.steps,
+    }
 
 
 def root_cause(errors: list[str | None]) -> str:
@@ -305,15 +276,17 @@ def root_cause(errors: list[str | None]) -> str:
 
 
 def run_point(
-    point: Point,
+    point: PointRecord,
     env: DistEnv,
     cfg: HarnessConfig,
     trace_dir: Path,
     progress: Callable[[str], None] = lambda _msg: None,
 ) -> dict:
-    """Run ``point`` on every rank, or on its first ``point.world`` ranks while the others wait
+    """Run ``point`` on its ranks (the first ``point.world_size``) while the others wait
     (collective call on every rank); rank 0 gets the finished row."""
-    k = point.world or env.world_size
+    k = point.world_size
+    if k > env.world_size:
+        raise ValueError(f"point {point.id} needs {k} ranks, {env.world_size} were launched")
     members = list(range(k))
     metrics, error = None, None
     # Every rank takes part in creating the point's group (a fresh one each point, so that a
@@ -324,7 +297,7 @@ def run_point(
         group = dist.new_group(members, timeout=timeout)
         if k < env.world_size:
             try:
-                shape = STRATEGIES[point.strategy].mesh_shape(k, **point.options)
+                shape = STRATEGIES[point.strategy].mesh_shape(k, **point.knobs)
             except ValueError:  # a bad layout: the members' apply raises it as the point's error
                 shape = None
             if shape:
@@ -354,18 +327,9 @@ def run_point(
     gathered = gathered[:k]
 
     row = {
-        "sweep": point.sweep,
-        "value": point.value,
-        "impl": point.impl,
-        "strategy": point.strategy,
-        "model": point.model,
-        "point": point.id,
-        "world_size": k,
-        "scaling": point.scaling,
-        "global_batch": point.global_batch,
+        **point_columns(point),
         "backend": env.backend,
         "device": env.device.type,
-        "steps": cfg.steps,
         "trace_dir": str(trace_dir),
     }
     errors = [e for _, e in gathered]

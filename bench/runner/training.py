@@ -10,11 +10,11 @@ import time
 import pandas as pd
 
 from bench.analysis.scaling import scaling_efficiency
-from bench.runfolder.folder import TRAINING_COLUMNS, TRAINING_EXTRA_COLUMNS
+from bench.runfolder import columns
+from bench.runfolder.points import PointRecord
 from bench.runner.context import finish_run, start_run
 from bench.runner.distenv import rank0_print
-from bench.runner.harness import HarnessConfig, LostRanksError, run_point
-from bench.runner.sweeps import Point
+from bench.runner.harness import HarnessConfig, LostRanksError, point_columns, run_point
 
 
 def _summary_table(df: pd.DataFrame) -> str:
@@ -48,33 +48,19 @@ def _summary_table(df: pd.DataFrame) -> str:
     return df[[c for c in cols if c in df]].to_string(index=False, float_format="{:.2f}".format)
 
 
-def lost_ranks(ctx, point: Point, e: LostRanksError) -> None:
+def lost_ranks(ctx, point: PointRecord, e: LostRanksError) -> None:
     """A rank or node is gone: record the point as failed, say so, and end this rank now
     (its process group cannot be torn down cleanly without the lost peers)."""
     if ctx.env.is_main:
-        ctx.write({"sweep": point.sweep, "value": point.value, "impl": point.impl,
-                   "strategy": point.strategy, "model": point.model, "point": point.id,
-                   "world_size": point.world or ctx.env.world_size, "status": "error",
-                   "error": str(e)})  # fmt: skip
+        ctx.write({**point_columns(point), "status": "error", "error": str(e)})
     print(f"error: {e}", file=sys.stderr, flush=True)
     os._exit(1)
 
 
-def run_sweep(args: argparse.Namespace, points: list[Point], argv: list[str]) -> int:
-    ctx = start_run(
-        args,
-        argv,
-        TRAINING_COLUMNS + TRAINING_EXTRA_COLUMNS,
-    )
+def run_sweep(args: argparse.Namespace, points: list[PointRecord], argv: list[str]) -> int:
+    ctx = start_run(args, argv, columns.written(columns.TRAINING), points=points)
     env = ctx.env
-    cfg = HarnessConfig(
-        batch_size=args.batch_size,
-        warmup_steps=args.warmup_steps,
-        steps=args.steps,
-        profile_active=args.profile_steps,
-        point_timeout_s=args.point_timeout,
-        clip_grad_norm=args.clip_grad_norm,
-    )
+    cfg = HarnessConfig(point_timeout_s=args.point_timeout, clip_grad_norm=args.clip_grad_norm)
     rank0_print(
         f"sweep {args.sweep}: {len(points)} points, world size {env.world_size}, "
         f"{env.backend} on {env.device.type}, results in {ctx.run_dir}"

@@ -1,0 +1,151 @@
+"""One table of columns: what each column of results.csv is, and how ranks make it.
+
+Each column is a row: its name, unit, how the per-rank figures become the point's figure
+(``ranks``), whether it belongs to the data contract (DESIGN.md section 3) or is an extra, and
+one line of meaning. The harness aggregates by it, the writer refuses any key it does not list,
+the report picks its table's columns from it, and docs/outputs.md's column list is made from
+it (a test keeps the two equal). A new metric is one new row here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# How the ranks' figures become a point's figure:
+POINT = "point"  # the same on every rank: a fact of the point or of its outcome
+TIMED = "timed"  # already cross-rank: the timing takes the slowest rank per step
+MEAN = "mean"  # mean over ranks (NaN where a rank has none)
+MAX = "max"  # largest over ranks (memory: the rank that needs most)
+DERIVED = "derived"  # computed from other aggregated columns
+READER = "reader"  # computed by the reading side; never written to results.csv
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    unit: str
+    ranks: str
+    contract: bool  # part of DESIGN.md's data contract (in its order) or an extra
+    meaning: str
+    report: int = 0  # position in the report's table of every point (0: not shown)
+
+    @property
+    def written(self) -> bool:
+        return self.ranks != READER
+
+
+def _c(name, unit, ranks, contract, meaning, report=0) -> Column:
+    return Column(name, unit, ranks, contract, meaning, report)
+
+
+TRAINING: tuple[Column, ...] = (
+    _c("sweep", "", POINT, True, "the sweep's name (a grid's knobs joined by commas)"),
+    _c("value", "", POINT, True, "the swept value (a grid's first knob)", report=2),
+    _c("impl", "", POINT, True, "implementation: native (PyTorch's) or ours", report=5),
+    _c("strategy", "", POINT, True, "ddp, fsdp, tp or accelerate"),
+    _c("world_size", "ranks", POINT, True, "ranks the point ran on"),
+    _c("status", "", POINT, True, "ok, or error (the row keeps its error text)", report=6),
+    _c("error", "", POINT, True, "why the point failed: the first rank's own error"),
+    _c("step_ms_median", "ms", TIMED, True, "median step time of the slowest rank", report=8),
+    _c("step_ms_min", "ms", TIMED, True, "fastest timed step (slowest rank)", report=9),
+    _c("step_ms_max", "ms", TIMED, True, "slowest timed step (slowest rank)", report=10),
+    _c("samples_per_s", "1/s", DERIVED, True, "samples of all replicas per second", report=11),
+    _c("compute_ms", "ms", MEAN, True, "computation per traced step", report=12),
+    _c("comm_ms", "ms", MEAN, True, "communication (union of collectives) per step", report=13),
+    _c("overlap_ms", "ms", MEAN, True, "communication hidden under computation per step"),
+    _c("exposed_comm_ms", "ms", MEAN, True, "communication not hidden per step", report=15),
+    _c("idle_ms", "ms", MEAN, True, "neither computing nor communicating per step", report=16),
+    _c("compute_comm_ratio", "", DERIVED, True, "compute_ms / comm_ms", report=17),
+    _c("overlap_pct", "%", DERIVED, True, "overlap_ms / comm_ms", report=14),
+    _c("gpu_util_pct", "%", MEAN, True, "GPU busy share of the step (empty on CPU)", report=19),
+    _c("peak_mem_mb", "MiB", MAX, True, "peak memory of a step (device, or host heap)", report=23),
+    _c("comm_bytes_per_step", "B", MEAN, True, "collective payload per step (traces)", report=21),
+    _c("model", "", POINT, False, "the model trained", report=1),
+    _c("point", "", POINT, False, "the point's id: its traces are in traces/<point>/"),
+    _c("backend", "", POINT, False, "gloo or nccl"),
+    _c("device", "", POINT, False, "cpu or cuda"),
+    _c("window_ms", "ms", MEAN, False, "traced step window (the breakdown's whole)"),
+    _c("comm_bytes_expected", "B", POINT, False, "analytical payload per step", report=22),
+    _c("state_mb", "MiB", MAX, False, "parameters, gradients and optimiser state held"),
+    _c("state_mb_expected", "MiB", POINT, False, "the ZeRO accounting of state_mb"),
+    _c("param_mb", "MiB", MAX, False, "parameter bytes held by a rank"),
+    _c("grad_mb", "MiB", MAX, False, "gradient bytes held by a rank"),
+    _c("optim_mb", "MiB", MAX, False, "optimiser-state bytes held by a rank"),
+    _c("peak_rss_mb", "MiB", MAX, False, "peak resident memory of a rank's process"),
+    _c("cpu_busy_pct", "%", MEAN, False, "CPU traces: main thread computing or a collective "
+       "in flight, share of the step"),
+    _c("nvml_util_pct", "%", MEAN, False, "NVML's GPU utilisation while timing"),
+    _c("params", "", POINT, False, "parameters of the plain model"),
+    _c("grad_bytes", "B", POINT, False, "gradient bytes of the plain model"),
+    _c("comm_calls_per_step", "", MEAN, False, "collective calls per step", report=20),
+    _c("steps", "", POINT, False, "timed steps"),
+    _c("loss", "", POINT, False, "loss of the last step", report=24),
+    _c("step_ms_p10", "ms", TIMED, False, "10th percentile step time"),
+    _c("step_ms_p90", "ms", TIMED, False, "90th percentile step time"),
+    _c("rank_skew_ms", "ms", TIMED, False, "median gap between the slowest and fastest rank"),
+    _c("scaling", "", POINT, False, "world-size sweeps: weak or strong", report=4),
+    _c("global_batch", "", POINT, False, "strong scaling: the global batch"),
+    _c("batch_per_replica", "", POINT, False, "samples per replica and micro-batch"),
+    _c("grad_accum", "", POINT, False, "micro-batches per optimiser step"),
+    _c("comm_bytes_per_sample", "B", DERIVED, False, "comm_bytes_per_step per sample"),
+    _c("trace_dir", "", POINT, False, "where the point's traces were written"),
+    _c("value2", "", POINT, False, "a grid's second value (empty outside grids)", report=3),
+    _c("efficiency_pct", "%", READER, False, "world-size sweeps: speedup / ideal", report=7),
+    _c("compute_share_pct", "%", READER, False, "compute_ms / window_ms", report=18),
+)  # fmt: skip
+
+COLLECTIVE: tuple[Column, ...] = (
+    _c("sweep", "", POINT, True, "message_size"),
+    _c("collective", "", POINT, True, "all_reduce, all_gather, reduce_scatter ...", report=1),
+    _c("impl", "", POINT, True, "native or reference", report=6),
+    _c("world_size", "ranks", POINT, True, "ranks"),
+    _c("dtype", "", POINT, True, "element type", report=3),
+    _c("size_bytes", "B", POINT, True, "S, the whole buffer (nccl-tests' size)", report=4),
+    _c("count", "", POINT, True, "elements", report=5),
+    _c("time_us", "us", TIMED, True, "median time of the slowest rank", report=7),
+    _c("algbw_GBps", "GB/s", DERIVED, True, "S / time", report=8),
+    _c("busbw_GBps", "GB/s", DERIVED, True, "algbw x the collective's bus factor", report=9),
+    _c("wrong", "", POINT, True, "elements differing from the exact result, all ranks", report=10),
+    _c("status", "", POINT, True, "ok or error", report=11),
+    _c("error", "", POINT, True, "why the size failed"),
+    _c("op", "", POINT, False, "reduction: sum, avg or max", report=2),
+    _c("time_us_min", "us", TIMED, False, "fastest iteration"),
+    _c("time_us_max", "us", TIMED, False, "slowest iteration"),
+    _c("busbw_frac_p2p", "", DERIVED, False, "busbw / the measured point-to-point bandwidth"),
+    _c("iters", "", POINT, False, "timed iterations"),
+    _c("point", "", POINT, False, "the size's id"),
+    _c("backend", "", POINT, False, "gloo or nccl"),
+    _c("device", "", POINT, False, "cpu or cuda"),
+)  # fmt: skip
+
+# Every timed sample of every point (samples.csv): the slowest rank's time of each timed step
+# or iteration, so that runs can be compared on samples rather than on medians.
+SAMPLE_COLUMNS = ["point", "index", "ms"]
+
+
+def written(table: tuple[Column, ...]) -> list[str]:
+    """The columns of results.csv, in order: the contract's, then the extras."""
+    cols = [c for c in table if c.written]
+    return [c.name for c in cols if c.contract] + [c.name for c in cols if not c.contract]
+
+
+def contract(table: tuple[Column, ...]) -> list[str]:
+    return [c.name for c in table if c.contract]
+
+
+def by_ranks(table: tuple[Column, ...], how: str) -> list[str]:
+    return [c.name for c in table if c.ranks == how]
+
+
+def report_columns(table: tuple[Column, ...]) -> list[str]:
+    return [c.name for c in sorted((c for c in table if c.report), key=lambda c: c.report)]
+
+
+def markdown(table: tuple[Column, ...]) -> str:
+    """The table as docs/outputs.md lists it."""
+    lines = ["| column | unit | ranks | contract | meaning |", "|---|---|---|---|---|"]
+    lines += [
+        f"| `{c.name}` | {c.unit} | {c.ranks} | {'yes' if c.contract else ''} | {c.meaning} |"
+        for c in table
+    ]
+    return "\n".join(lines)

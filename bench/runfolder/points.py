@@ -1,0 +1,105 @@
+"""The points record of a run folder (``points.jsonl``): each point resolved once, in full.
+
+The running side resolves everything a point is before it runs (``bench/runner/points.py``):
+sweep and swept values, model, strategy, implementation with its facts, every knob with its
+value and default, world size and ranks, batch, steps, and the inputs of its expected
+figures. It writes one JSON line per point; the reading side (report, comparison, analysis,
+cost model) takes these records and nothing of the running side's tables, so that a run
+folder keeps its meaning after the code that wrote it has moved on.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+POINTS_FILE = "points.jsonl"
+
+
+class RunFolderError(ValueError):
+    """A folder that cannot be read as a run; the message is one line that says why."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PointRecord:
+    id: str  # folder-safe, unique within a run: ``wide_mlp-bucket_cap_mb=25-native``
+    sweep: str  # the sweep's name; a grid's is its knobs joined by commas
+    swept: tuple[str, ...]  # the sweeps (axes) varied, in order (two for a grid)
+    value: Any  # the first swept value (what results.csv's ``value`` holds)
+    values: dict[str, Any]  # every swept axis (a sweep's name) -> its value here
+    # each swept axis -> the default of the knob it varies (None: an axis of its own, such as
+    # mesh layouts or world sizes): what the report compares the best value with
+    swept_defaults: dict[str, Any]
+    model: str
+    strategy: str
+    impl: str
+    impl_facts: dict[str, Any]  # the implementation's row (parallel_kernels/strategies.py)
+    schedule: str  # how the cost model schedules a step of the strategy: ddp, fsdp, tp
+    knobs: dict[str, Any]  # every knob of the strategy and of the step, with its value
+    defaults: dict[str, Any]  # the same knobs' defaults
+    autocast: str | None  # dtype the forward runs under torch.autocast in, or None
+    world_size: int  # ranks the point runs on (its first ``world_size`` ranks)
+    ranks: tuple[int, ...]
+    dp_size: int  # data-parallel replicas (ranks / TP degree)
+    tp_size: int
+    scaling: str | None = None  # world-size sweeps: weak or strong
+    global_batch: int | None = None  # strong scaling: one global batch split over replicas
+    batch_per_replica: int
+    steps: int
+    warmup_steps: int
+    profile_steps: int
+    # The inputs of the analytical figures, from the plain model's shapes: params, grad_bytes,
+    # tokens_per_sample; fsdp_unit_bytes (fp32 bytes per FSDP unit in forward order, the
+    # root's own parameters first); tp_comm_calls ([collective, phase, elements] per TP call
+    # of one step); comm_bytes_expected, state_bytes_expected (or None where they do not apply).
+    figures: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> PointRecord:
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise RunFolderError(f"unknown point fields {', '.join(unknown)}")
+        kwargs = {k: v for k, v in data.items() if k in names}
+        for key in ("swept", "ranks"):
+            if key in kwargs:
+                kwargs[key] = tuple(kwargs[key])
+        try:
+            return cls(**kwargs)
+        except TypeError as e:
+            raise RunFolderError(f"a point record is incomplete ({e})") from None
+
+
+def write_points(path: Path, points: list[PointRecord]) -> None:
+    """All of a run's points, written once before the first runs (atomic, like meta.json)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(p.to_json() + "\n" for p in points))
+    tmp.replace(path)
+
+
+def read_points(run_dir: Path) -> dict[str, PointRecord]:
+    """The run's point records by id; RunFolderError (one line) when missing or corrupt."""
+    path = Path(run_dir) / POINTS_FILE
+    if not path.is_file():
+        raise RunFolderError(f"{run_dir} has no points record ({POINTS_FILE})")
+    out = {}
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            data = json.loads(line)
+        except ValueError as e:
+            raise RunFolderError(f"{path}:{n} is not JSON ({e.msg})") from None
+        if not isinstance(data, dict):
+            raise RunFolderError(f"{path}:{n} is not a point record")
+        try:
+            rec = PointRecord.from_dict(data)
+        except RunFolderError as e:
+            raise RunFolderError(f"{path}:{n}: {e}") from None
+        out[rec.id] = rec
+    return out

@@ -1,0 +1,311 @@
+"""A sweep -> its points, each resolved once into a frozen record (``bench.runfolder.points``).
+
+Resolving reads the tables (sweeps, strategies with their implementation rows, knobs, models)
+and writes down everything a point is: the knobs with their values and defaults, the
+implementation's facts, the world and batch, and the inputs of its analytical figures, taken
+from the plain model's shapes on the meta device. The harness runs a record; the reading side
+reads records from the run folder and never these tables.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from typing import Any
+
+import torch
+
+from bench.runfolder.points import PointRecord
+from bench.runner.sweeps import SWEEPS, Sweep, parse_list, sweep_names
+from parallel_kernels.fsdp_layout import fsdp_units, unit_params
+from parallel_kernels.knobs import KNOBS, positive_int, step_knobs
+from parallel_kernels.mesh import local_layout
+from parallel_kernels.models import MODELS, grad_bytes, param_count
+from parallel_kernels.strategies import Strategy
+from parallel_kernels.strategies import strategy as strategy_row
+from parallel_kernels.tensor_parallel import comm_calls
+
+SCALINGS = ("weak", "strong")
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else f"{value}"
+
+
+def point_id(model: str, values: dict[str, Any], impl: str, suffix: str = "") -> str:
+    """Folder-safe, unique within a run: ``wide_mlp-bucket_cap_mb=25-native``; a grid names
+    both values, a world-size point its scaling and strategy (``suffix``)."""
+    axes = "-".join(f"{axis}={_fmt(v)}" for axis, v in values.items())
+    return re.sub(r"[^A-Za-z0-9_.=+-]", "_", f"{model}-{axes}{suffix}-{impl}")
+
+
+def _figures(strategy: Strategy, impl, model: str, world: int, batch: int | None,
+             knobs: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    """The analytical figures' inputs and values, from the plain model on the meta device."""
+    spec = MODELS[model]
+    with torch.device("meta"):
+        twin = spec.build()
+    psi = param_count(twin)
+    tokens = (batch or 0) * spec.tokens_per_sample
+    units = unit_params(twin, fsdp_units(twin))
+    if units[-1][0] is twin:  # the root's own parameters are gathered first, reduced last
+        units = [units[-1], *units[:-1]]
+    out: dict[str, Any] = {
+        "params": psi,
+        "grad_bytes": grad_bytes(twin),
+        "tokens_per_sample": spec.tokens_per_sample,
+        "fsdp_unit_bytes": [4 * sum(p.numel() for _, _, p in params) for _, params in units],
+        # The data-parallel gradients of a TP point are bucketed as DDP does by default.
+        "dp_bucket_cap_mb": KNOBS["bucket_cap_mb"].default,
+    }
+    options = {k.name: knobs[k.name] for k in strategy.knobs}
+    plain = dict(model=twin, impl=impl, tokens=tokens)
+    for name, fn in (("comm_bytes_expected", strategy.expected_comm_bytes),
+                     ("state_bytes_expected", strategy.expected_state_bytes)):  # fmt: skip
+        try:
+            out[name] = float(fn(psi, world, **plain, **options)) if fn else None
+        except ValueError:  # a layout that cannot run: the point's apply says why
+            out[name] = None
+    out["tp_comm_calls"] = None
+    if impl.tp_layer is not None:
+        try:
+            dims, plan, _ = local_layout(twin, impl.tp_layer, world, strategy.tp_size(**options),
+                                         False)  # fmt: skip
+            out["tp_comm_calls"] = [list(c) for c in comm_calls(twin, plan, tokens, dims.tp)]
+        except ValueError:
+            pass
+    return out
+
+
+def resolve_point(
+    *,
+    sweep: str,
+    values: dict[str, Any],
+    model: str,
+    strategy: str,
+    impl: str,
+    knobs: dict[str, Any] | None = None,
+    world_size: int,
+    swept_defaults: dict[str, Any] | None = None,
+    scaling: str | None = None,
+    global_batch: int | None = None,
+    batch_size: int = 64,
+    steps: int = 20,
+    warmup_steps: int = 5,
+    profile_steps: int = 3,
+    id_suffix: str = "",
+) -> PointRecord:
+    """One point, resolved: ``values`` maps each swept axis to its value here, ``knobs`` the
+    knobs set (by the sweep and ``--option``); every other knob takes its default."""
+    row = strategy_row(strategy)
+    if model not in MODELS:
+        raise ValueError(f"unknown model {model!r} (known: {', '.join(MODELS)})")
+    facts = row.impl(impl)
+    own = [*row.knobs, *step_knobs()]
+    defaults = {k.name: k.default for k in own}
+    settings = dict(defaults)
+    for name, value in (knobs or {}).items():
+        if name not in defaults:
+            raise ValueError(f"strategy {strategy} has no knob {name!r}")
+        settings[name] = value
+    autocast = None
+    precision = settings["precision"]
+    if precision != defaults["precision"]:
+        # a strategy with its own mixed-precision policy takes the precision there
+        if "mixed_precision" in defaults:
+            settings["mixed_precision"] = precision
+        else:
+            autocast = precision
+    tp = row.tp_size(**{k.name: settings[k.name] for k in row.knobs})
+    dp = max(1, world_size // tp) if isinstance(tp, int) and tp > 0 else 1
+    batch: int | None = batch_size
+    if global_batch is not None:
+        batch = global_batch // dp if global_batch % dp == 0 else None
+    return PointRecord(
+        id=point_id(model, values, impl, id_suffix),
+        sweep=sweep,
+        swept=tuple(values),
+        value=next(iter(values.values())),
+        values=dict(values),
+        swept_defaults=dict(swept_defaults or dict.fromkeys(values)),
+        model=model,
+        strategy=strategy,
+        impl=impl,
+        impl_facts=facts.facts(),
+        schedule=row.schedule,
+        knobs=settings,
+        defaults=defaults,
+        autocast=autocast,
+        world_size=world_size,
+        ranks=tuple(range(world_size)),
+        dp_size=dp,
+        tp_size=tp,
+        scaling=scaling,
+        global_batch=global_batch,
+        batch_per_replica=batch,
+        steps=steps,
+        warmup_steps=warmup_steps,
+        profile_steps=profile_steps,
+        figures=_figures(row, facts, model, world_size, batch, settings),
+    )
+
+
+def parse_options(items: list[str], known: dict[str, Any], swept: tuple[str, ...]) -> dict:
+    """``KEY=VALUE`` knobs fixed for the whole sweep, each parsed by its knob's row; the knobs
+    the sweep sets cannot be fixed."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--option {item!r} is not KEY=VALUE")
+        if key not in known:
+            raise ValueError(f"unknown option {key!r} (known: {', '.join(known)})")
+        if key in swept:
+            raise ValueError(f"--option {key} is what the sweep varies: use --values")
+        try:
+            out[key] = KNOBS[key].parse(value)
+        except ValueError as e:
+            raise ValueError(f"bad --option {key}: {e}") from None
+    return out
+
+
+def _models_and_impls(sweep: Sweep, strategy: Strategy, models: str | None, impls: str | None):
+    """The models and implementations asked for, or the sweep's and the strategy's defaults."""
+    model_names = parse_list(models, "model", MODELS) if models else list(sweep.default_models)
+    impl_names = (
+        parse_list(impls, "implementation", strategy.impls)
+        if impls
+        else list(strategy.default_impls)
+    )
+    return model_names, impl_names
+
+
+def _axis_values(sweep: Sweep, text: str | None, world: int) -> list[tuple[Any, dict]]:
+    """[(value, knobs it sets)] of one sweep: the values asked for, or its defaults that fit."""
+    raw = parse_list(text, "value") if text else list(sweep.default_values)
+    parsed = []
+    for v in raw:
+        try:
+            parsed.append(sweep.parse(v))
+        except ValueError as e:
+            raise ValueError(f"bad value for --sweep {sweep.name}: {e}") from None
+    if not text and sweep.expand is not None:
+        parsed = [v for v in parsed if sweep.fits(v, world)]
+    out = []
+    for v in parsed:
+        try:
+            out.append((v, sweep.knobs_for(v, world)))
+        except ValueError as e:
+            raise ValueError(f"bad value for --sweep {sweep.name}: {e}") from None
+    return out
+
+
+def _strategy_of(sweeps: list[Sweep], asked: str | None) -> Strategy:
+    fixed = {s.strategy for s in sweeps if not s.picks_strategy}
+    if asked is not None and fixed:
+        measures = ", ".join(sorted(fixed))
+        raise ValueError(
+            f"--strategy is for the world_size sweep and the training-knob sweeps; "
+            f"{','.join(s.name for s in sweeps)} measures {measures}"
+        )
+    if len(fixed) > 1:
+        raise ValueError(f"a grid of {' and '.join(sorted(fixed))} sweeps has no one strategy")
+    name = asked or (fixed.pop() if fixed else sweeps[0].strategy or "ddp")
+    return strategy_row(name)
+
+
+def build_points(
+    sweep_name: str,
+    *,
+    world_size: int,
+    values: str | None = None,
+    values2: str | None = None,
+    models: str | None = None,
+    impls: str | None = None,
+    options: list[str] | None = None,
+    strategy: str | None = None,
+    scaling: str | None = None,
+    batch_size: int = 64,
+    steps: int = 20,
+    warmup_steps: int = 5,
+    profile_steps: int = 3,
+) -> list[PointRecord]:
+    """Every point of a sweep (or of a grid of two), implementations interleaved per value (so
+    drift hits each alike). ``world_size``: the ranks launched, what values are checked
+    against (TP degrees, mesh layouts, world sizes). ``strategy``, ``scaling``: the
+    world-size sweep's choices, and the strategy of a training-knob sweep."""
+    names = sweep_names(sweep_name)
+    sweeps = [SWEEPS[n] for n in names]
+    budget = dict(batch_size=batch_size, steps=steps, warmup_steps=warmup_steps,
+                  profile_steps=profile_steps)  # fmt: skip
+    if sweeps[0].kind == "scaling":
+        return _world_size_points(sweeps[0], values=values, models=models, impls=impls,
+                                  options=options, world_size=world_size, strategy=strategy,
+                                  scaling=scaling, budget=budget)  # fmt: skip
+    if sweeps[0].kind != "training":
+        raise ValueError(f"sweep {sweep_name!r} has no training points")
+    if values2 is not None and len(sweeps) < 2:
+        raise ValueError("--values2 is for a grid (--sweep A,B): the second sweep's values")
+    if scaling is not None:
+        raise ValueError("--scaling is for the world_size sweep")
+    row = _strategy_of(sweeps, strategy)
+    axes = [_axis_values(s, v, world_size) for s, v in zip(sweeps, (values, values2), strict=False)]
+    known = {k.name: k for k in (*row.knobs, *step_knobs())}
+    for s in sweeps:
+        if s.knob and s.knob not in known:
+            raise ValueError(f"the {s.name} sweep varies a knob that {row.name} does not take")
+    set_by_sweeps = tuple(k for s in sweeps for k in s.knobs_set)
+    fixed = parse_options(options or [], known, set_by_sweeps)
+    model_names, impl_names = _models_and_impls(sweeps[0], row, models, impls)
+    swept_defaults = {s.name: KNOBS[s.knob].default if s.knob else None for s in sweeps}
+    points = []
+    for m in model_names:
+        for combo in itertools.product(*axes):
+            vals = {s.name: v for s, (v, _) in zip(sweeps, combo, strict=True)}
+            knobs = dict(fixed)
+            for _, sets in combo:
+                knobs.update(sets)
+            points += [
+                resolve_point(sweep=",".join(names), values=vals, model=m, strategy=row.name,
+                              impl=i, knobs=knobs, world_size=world_size,
+                              swept_defaults=swept_defaults, **budget)
+                for i in impl_names
+            ]
+    return points
+
+
+def _world_size_points(sweep: Sweep, *, values, models, impls, options, world_size, strategy,
+                       scaling, budget) -> list[PointRecord]:  # fmt: skip
+    """Points at world sizes up to the launched one. Strong scaling keeps one global batch,
+    --batch-size x the largest world size (one replica per rank: --batch-size each at the
+    largest size), split over each point's data-parallel replicas."""
+    row = strategy_row(strategy or "ddp")
+    if values:
+        sizes = []
+        for v in parse_list(values, "value"):
+            try:
+                sizes.append(positive_int(v))
+            except ValueError as e:
+                raise ValueError(f"bad value for --sweep world_size: {e}") from None
+        too_big = [k for k in sizes if k > world_size]
+        if too_big:
+            raise ValueError(
+                f"world size {too_big[0]} is larger than the {world_size} ranks launched"
+            )
+    else:
+        sizes = [1 << i for i in range(world_size.bit_length()) if 1 << i <= world_size]
+    scalings = parse_list(scaling, "scaling", dict.fromkeys(SCALINGS)) if scaling else SCALINGS
+    known = {k.name: k for k in (*row.knobs, *step_knobs())}
+    fixed = parse_options(options or [], known, ())
+    model_names, impl_names = _models_and_impls(sweep, row, models, impls)
+    global_batch = budget["batch_size"] * max(sizes)
+    return [
+        resolve_point(sweep=sweep.name, values={sweep.name: k}, model=m, strategy=row.name,
+                      impl=i, knobs=dict(fixed), world_size=k, scaling=sc,
+                      global_batch=global_batch if sc == "strong" else None,
+                      id_suffix=f"-{sc}-{row.name}", **budget)
+        for m in model_names
+        for sc in scalings
+        for k in sizes
+        for i in impl_names
+    ]

@@ -1,0 +1,133 @@
+"""One registry: every knob a point can set, as a row.
+
+A knob is either an option of a strategy (passed to its implementations' apply functions:
+``bucket_cap_mb``, ``sharding_strategy`` ...) or a knob of the training step that every strategy
+takes (``precision``, ``grad_accum``, ``activation_checkpointing``). Its row says how a value is
+read from the command line, its default, and where it applies; nothing else in the code base
+keeps a knob's default or tells knobs apart by name.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD")
+COMM_HOOKS = ("none", "fp16", "bf16", "powersgd", "powersgd2")  # powersgd: rank 1
+MIXED_PRECISIONS = ("none", "bf16", "fp16")
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{text!r} must be a positive number")
+    return value
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise ValueError(f"{text!r} must be a positive integer")
+    return value
+
+
+def boolean(text: str) -> bool:
+    value = str(text).strip().lower()
+    if value not in ("true", "false", "1", "0", "on", "off"):
+        raise ValueError(f"{text!r} is not true or false")
+    return value in ("true", "1", "on")
+
+
+def one_of(names: tuple[str, ...], what: str, *, upper: bool = False) -> Callable[[str], str]:
+    """A parser that accepts one of ``names`` (case-insensitive)."""
+
+    def parse(text: str) -> str:
+        value = str(text).strip()
+        value = value.upper() if upper else value.lower()
+        if value not in names:
+            raise ValueError(f"{text!r} is not {what} ({', '.join(names)})")
+        return value
+
+    return parse
+
+
+def optional_positive_int(text: str) -> int | None:
+    return None if str(text).strip().lower() in ("", "none") else positive_int(text)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Knob:
+    name: str
+    description: str
+    parse: Callable[[str], Any]
+    default: Any
+    # The strategies whose implementations take it as an option; None: a knob of the training
+    # step, which every strategy takes.
+    strategies: tuple[str, ...] | None = None
+    # Only these implementations take it (None: every implementation of those strategies); the
+    # others run at its default and refuse any other value.
+    impls: tuple[str, ...] | None = None
+
+    @property
+    def of_step(self) -> bool:
+        return self.strategies is None
+
+
+KNOBS: dict[str, Knob] = {
+    k.name: k
+    for k in (
+        Knob(name="bucket_cap_mb", description="DDP gradient bucket size, MB (2**20 bytes)",
+             parse=positive_float, default=25.0, strategies=("ddp",)),
+        Knob(name="comm_hook", description="DDP gradient compression hook",
+             parse=one_of(COMM_HOOKS, "a comm hook"), default="none", strategies=("ddp",)),
+        Knob(name="sharding_strategy", description="FSDP sharding strategy (ZeRO stage)",
+             parse=one_of(SHARDING_STRATEGIES, "a sharding strategy", upper=True),
+             default="FULL_SHARD", strategies=("fsdp",)),
+        Knob(name="shard_size", description="HYBRID_SHARD: ranks per shard group (default n/2)",
+             parse=optional_positive_int, default=None, strategies=("fsdp",)),
+        Knob(name="mixed_precision", description="the strategy's own mixed-precision policy",
+             parse=one_of(MIXED_PRECISIONS, "a mixed precision"), default="none",
+             strategies=("fsdp", "accelerate")),
+        Knob(name="auto_wrap", description="FSDP1 auto-wrap policy: module (units) or size",
+             parse=one_of(("module", "size"), "an auto-wrap policy"), default="module",
+             strategies=("fsdp",), impls=("native_fsdp1",)),
+        Knob(name="cpu_offload", description="FSDP1 parameters kept on the host",
+             parse=boolean, default=False, strategies=("fsdp",), impls=("native_fsdp1",)),
+        Knob(name="hybrid_mesh", description="FSDP1 HYBRID_SHARD given an explicit 2-D mesh",
+             parse=boolean, default=True, strategies=("fsdp",), impls=("native_fsdp1",)),
+        Knob(name="tp_degree", description="tensor-parallel degree (the rest data parallel)",
+             parse=positive_int, default=1, strategies=("tp",)),
+        Knob(name="dp_shard", description="TP: the data-parallel dimension shards (FSDP)",
+             parse=boolean, default=False, strategies=("tp",)),
+        Knob(name="precision", description="training precision: fp32, or bf16/fp16 by autocast "
+             "or the strategy's mixed-precision policy", parse=one_of(PRECISIONS, "a precision"),
+             default="fp32"),
+        Knob(name="grad_accum", description="micro-batches per optimiser step (sync on the last)",
+             parse=positive_int, default=1),
+        Knob(name="activation_checkpointing", description="each block's forward recomputed in "
+             "backward", parse=one_of(("off", "on"), "off or on"), default="off"),
+    )
+}  # fmt: skip
+
+
+def knob(name: str) -> Knob:
+    if name not in KNOBS:
+        raise ValueError(f"unknown knob {name!r} (known: {', '.join(KNOBS)})")
+    return KNOBS[name]
+
+
+def step_knobs() -> list[Knob]:
+    return [k for k in KNOBS.values() if k.of_step]
+
+
+def strategy_knobs(strategy: str) -> list[Knob]:
+    return [k for k in KNOBS.values() if k.strategies is not None and strategy in k.strategies]
