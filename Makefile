@@ -34,6 +34,7 @@ browser:
 # for real; `make bench` gives the benchmarks their rounds and statistics.
 test: $(BIN)/.installed browser
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest --benchmark-disable
 
 # make bench ARGS="--benchmark-compare --benchmark-compare-fail=median:15%"

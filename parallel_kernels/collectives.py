@@ -254,4 +254,6 @@ COLLECTIVES: dict[str, Collective] = {
         ),
     )
 }
-IMPLS = ("native", "reference")
+# The implementations of every collective, each with its one fact: is it PyTorch's own (True) or
+# ours, built from point-to-point primitives (False)?
+IMPLS = {"native": True, "reference": False}

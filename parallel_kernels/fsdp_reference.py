@@ -30,8 +30,9 @@ from torch import nn
 from torch.profiler import record_function
 
 from parallel_kernels.ddp import CommStats
+from parallel_kernels.dims import MeshDims
 from parallel_kernels.fsdp_layout import STRATEGIES, shard_group_size, unit_params
-from parallel_kernels.groups import mesh_lines, split
+from parallel_kernels.groups import split
 
 # The current names of all_gather_into_tensor / reduce_scatter_tensor (torch >= 2.12).
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -53,7 +54,7 @@ def _make_groups(group, strategy: str, shard_size: int | None) -> _Groups:
     s = shard_group_size(strategy, n, shard_size)
     shard_pg = replicate_pg = None
     if 1 < s < n:  # hybrid: a (replicate, shard) grid, shard groups of consecutive ranks
-        replicate_lines, shard_lines = mesh_lines((n // s, s))
+        replicate_lines, shard_lines = MeshDims(world=n, inner=s, inner_name="shard group").lines()
         shard_pg, replicate_pg = split(group, shard_lines), split(group, replicate_lines)
     elif s == n:
         shard_pg = group

@@ -14,7 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD")
+from parallel_kernels.fsdp_layout import STRATEGIES as SHARDING_STRATEGIES
+
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd", "powersgd2")  # powersgd: rank 1
 MIXED_PRECISIONS = ("none", "bf16", "fp16")
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -76,6 +77,14 @@ class Knob:
     # Only these implementations take it (None: every implementation of those strategies); the
     # others run at its default and refuse any other value.
     impls: tuple[str, ...] | None = None
+    # The keyword the code takes its value by (the apply functions', the training step's):
+    # the knob's name unless a row says otherwise, so that a knob can be renamed on the command
+    # line without touching any code.
+    param: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.param:
+            object.__setattr__(self, "param", self.name)
 
     @property
     def of_step(self) -> bool:
@@ -127,6 +136,14 @@ def knob(name: str) -> Knob:
 
 def step_knobs() -> list[Knob]:
     return [k for k in KNOBS.values() if k.of_step]
+
+
+def by_param(param: str) -> Knob:
+    """The knob whose value the code takes as ``param``."""
+    for k in KNOBS.values():
+        if k.param == param:
+            return k
+    raise KeyError(f"no knob takes {param!r}")
 
 
 def strategy_knobs(strategy: str) -> list[Knob]:

@@ -14,16 +14,15 @@ implementation uses ``DistributedDataParallel``/``fully_shard`` on the DTensor m
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from parallel_kernels.ddp import ReferenceDDP
+from parallel_kernels.dims import MeshDims
 from parallel_kernels.fsdp_layout import fsdp_comm_bytes, fsdp_units, zero_state_bytes
 from parallel_kernels.fsdp_reference import ReferenceFSDP
-from parallel_kernels.groups import device_mesh, mesh_lines, split
+from parallel_kernels.groups import device_mesh, split
 from parallel_kernels.tensor_parallel import (
     COLWISE,
     COPY,
@@ -36,31 +35,6 @@ from parallel_kernels.tensor_parallel import (
     shard_dims,
     tp_plan,
 )
-
-
-@dataclass(frozen=True, kw_only=True)
-class MeshDims:
-    world: int
-    tp: int = 1
-    dp_shard: bool = False  # the data-parallel dimension shards (FSDP) instead of replicating
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.tp, int) or self.tp < 1:
-            raise ValueError(f"TP degree must be a positive integer, got {self.tp!r}")
-        if self.world % self.tp:
-            raise ValueError(f"TP degree {self.tp} does not divide the world size {self.world}")
-
-    @property
-    def dp(self) -> int:
-        return self.world // self.tp
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (self.dp, self.tp)
-
-    def coords(self, rank: int) -> tuple[int, int]:
-        """(dp index, tp index) of a rank."""
-        return divmod(rank, self.tp)
 
 
 class MeshParallel(nn.Module):
@@ -152,7 +126,7 @@ class MeshParallel(nn.Module):
 
 
 def _dims(group, tp_degree: int, dp_shard: bool) -> MeshDims:
-    return MeshDims(world=dist.get_world_size(group), tp=tp_degree, dp_shard=dp_shard)
+    return MeshDims(world=dist.get_world_size(group), inner=tp_degree, dp_shard=dp_shard)
 
 
 def _groups(group, dims: MeshDims):
@@ -161,7 +135,7 @@ def _groups(group, dims: MeshDims):
         return None, group
     if dims.dp == 1:
         return group, None
-    dp_lines, tp_lines = mesh_lines(dims.shape)  # the groups of each mesh dimension
+    dp_lines, tp_lines = dims.lines()  # the groups of each mesh dimension
     return split(group, tp_lines), split(group, dp_lines)
 
 
@@ -277,7 +251,7 @@ def _dp_strategy(dp_shard: bool) -> str:
 def local_layout(model: nn.Module, layer: str, n: int, tp_degree: int, dp_shard: bool):
     """(mesh dims, TP plan, parameters one rank holds after TP) for the analytical figures;
     ``layer``: the implementation's TP layers, ``megatron`` or ``naive``."""
-    dims = MeshDims(world=n, tp=tp_degree, dp_shard=dp_shard)
+    dims = MeshDims(world=n, inner=tp_degree, dp_shard=dp_shard)
     plan = plan_for(model, layer, dims.tp)
     return dims, plan, local_param_count(model, shard_dims(model, plan), dims.tp)
 
@@ -326,4 +300,4 @@ def data_parallel_coords(model: nn.Module, rank: int, world: int) -> tuple[int, 
     must read the same batch."""
     if isinstance(model, MeshParallel):
         return model.dp_rank, model.dp_size
-    return rank, world
+    return MeshDims(world=world).coords(rank)[0], world  # every rank its own replica

@@ -21,6 +21,7 @@ from torch import nn
 
 from parallel_kernels import ddp, fsdp, mesh
 from parallel_kernels.accelerate_ddp import apply_accelerate
+from parallel_kernels.dims import MeshDims
 from parallel_kernels.fsdp_layout import zero_state_bytes
 from parallel_kernels.knobs import Knob, strategy_knobs
 
@@ -89,8 +90,8 @@ class Strategy:
 
     @property
     def defaults(self) -> dict[str, Any]:
-        """Each of the strategy's knobs with its default."""
-        return {k.name: k.default for k in self.knobs}
+        """Each of the strategy's knobs with its default, by the keyword its code takes."""
+        return {k.param: k.default for k in self.knobs}
 
     def impl(self, name: str) -> Impl:
         if name not in self.impls:
@@ -98,10 +99,10 @@ class Strategy:
         return self.impls[name]
 
     def impl_knobs(self, impl: str, knobs: Mapping[str, Any]) -> dict[str, Any]:
-        """The knobs ``impl``'s apply function takes, from ``knobs`` (missing ones at their
-        defaults). A knob that only other implementations take must keep its default; a knob
-        that is not the strategy's is refused."""
-        own = {k.name: k for k in self.knobs}
+        """The keyword arguments ``impl``'s apply function takes, from ``knobs`` (by keyword;
+        missing ones at their defaults). A knob that only other implementations take must keep
+        its default; a knob that is not the strategy's is refused."""
+        own = {k.param: k for k in self.knobs}
         for name in knobs:
             if name not in own:
                 raise TypeError(f"strategy {self.name} has no option {name!r}")
@@ -112,7 +113,7 @@ class Strategy:
                 out[name] = value
             elif value != k.default:
                 raise ValueError(
-                    f"option {name}={value} exists only for {', '.join(k.impls)}, not {impl}"
+                    f"option {k.name}={value} exists only for {', '.join(k.impls)}, not {impl}"
                 )
         return out
 
@@ -214,7 +215,7 @@ STRATEGIES: dict[str, Strategy] = {
             expected_state_bytes=mesh.expected_state_bytes,
             expected_comm_bytes=mesh.expected_comm_bytes,
             mesh_shape=lambda n, tp_degree=1, dp_shard=False, **_: (
-                mesh.MeshDims(world=n, tp=tp_degree, dp_shard=dp_shard).shape
+                MeshDims(world=n, inner=tp_degree, dp_shard=dp_shard).shape
             ),
             tp_size=lambda tp_degree=1, **_: tp_degree,
         ),

@@ -7,13 +7,11 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.runfolder.folder import (
-    TRAINING_COLUMNS,
-    TRAINING_EXTRA_COLUMNS,
-    ResultsWriter,
-    SamplesWriter,
-    write_meta,
-)
+from bench.runfolder import columns
+from bench.runfolder.folder import SCHEMA_VERSION, ResultsWriter, SamplesWriter, write_meta
+from bench.runfolder.points import POINTS_FILE, write_points
+from bench.runner.points import resolve_point
+from parallel_kernels.knobs import KNOBS
 
 
 def make_training_run(
@@ -33,13 +31,21 @@ def make_training_run(
     rng = np.random.default_rng(seed)
     run_dir.mkdir(parents=True)
     write_meta(run_dir / "meta.json", {
+        "schema_version": SCHEMA_VERSION, "kind": "training", "tradeoff": False,
         "run_id": run_dir.name, "sweep": sweep, "argv": ["--sweep", sweep],
         "torch_version": "2.13.0", "backend": "gloo", "device": "cpu", "device_name": "x86_64",
         "world_size": 2, "nodes": 1, "host": "h", "git_commit": "abc",
         "start_time": "2026-01-01T00:00:00Z", "end_time": "2026-01-01T00:01:00Z",
     })  # fmt: skip
-    writer = ResultsWriter(run_dir / "results.csv", TRAINING_COLUMNS + TRAINING_EXTRA_COLUMNS)
+    writer = ResultsWriter(run_dir / "results.csv", columns.written(columns.TRAINING))
     samples = SamplesWriter(run_dir / "samples.csv")
+    records = [
+        resolve_point(sweep=sweep, values={sweep: value}, model=model, strategy=strategy,
+                      impl=impl, world_size=2, knobs={sweep: value},
+                      swept_defaults={sweep: KNOBS[sweep].default})
+        for (model, value, impl) in [*points, *(failed or {})]
+    ]  # fmt: skip
+    write_points(run_dir / POINTS_FILE, records)
     for (model, value, impl), ms in points.items():
         point = f"{model}-{sweep}={value:g}-{impl}"
         measured, expected = (comm or {}).get((model, value, impl), (4e7, 4e7))

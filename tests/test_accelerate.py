@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from bench.runner.sweeps import build_points
+from bench.runner.points import build_points
 from parallel_kernels.models import MODELS
 from parallel_kernels.strategies import STRATEGIES
 from tests.test_fsdp import CPU, rank_batches, single_process, tiny
@@ -54,9 +54,9 @@ def test_accelerate_step_matches_single_process(pool, impl):
 
 def accelerate_points(root: str) -> list[dict]:
     _torchrun_env()
-    points = build_points("precision", models="mlp", strategy="accelerate")
-    points += build_points("grad_accum", values="2", models="mlp", strategy="accelerate",
-                           impls="accelerate")  # fmt: skip
+    points = build_points("precision", world_size=2, models="mlp", strategy="accelerate")
+    points += build_points("grad_accum", world_size=2, values="2", models="mlp",
+                           strategy="accelerate", impls="accelerate")  # fmt: skip
     return run_points(points, root, FAST)
 
 

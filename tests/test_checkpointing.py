@@ -1,12 +1,11 @@
 """Activation checkpointing: the same gradients, alone and under DDP and FSDP, less memory."""
 
-import dataclasses
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from bench.runner.sweeps import build_points
+from bench.runner.points import build_points
 from parallel_kernels.checkpointing import checkpoint_blocks
 from parallel_kernels.models import MLP, MODELS
 from parallel_kernels.strategies import STRATEGIES
@@ -50,11 +49,11 @@ def test_checkpointed_training_matches_single_process(pool, strategy, impl):
 
 @pytest.mark.timeout(300)
 def test_the_sweep_saves_memory_and_names_what_it_cannot_do(pool, tmp_path):
-    points = build_points("activation_checkpointing", impls="native")
-    points += build_points("activation_checkpointing", values="on", strategy="fsdp",
-                           impls="reference")  # fmt: skip
-    cfg = dataclasses.replace(FAST, batch_size=16)
-    rows = pool(2).run(run_points, points, str(tmp_path), cfg, timeout=280)[0]
+    points = build_points("activation_checkpointing", world_size=2, impls="native",
+                          batch_size=16)  # fmt: skip
+    points += build_points("activation_checkpointing", world_size=2, values="on", strategy="fsdp",
+                           impls="reference", batch_size=16)  # fmt: skip
+    rows = pool(2).run(run_points, points, str(tmp_path), FAST, timeout=280)[0]
     by = {(r["strategy"], r["value"]): r for r in rows}
     off, on = by[("ddp", "off")], by[("ddp", "on")]
     assert off["status"] == on["status"] == "ok", (off["error"], on["error"])

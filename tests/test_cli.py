@@ -46,9 +46,17 @@ def run_main(args, capsys) -> tuple[int, str]:
             "'ZERO4' is not a sharding strategy",
         ),
         (["--sweep", "sharding_strategy", "--impl", "deepspeed"], "unknown implementation"),
+        (["--sweep", "bucket_cap_mb,bucket_cap_mb"], "a grid names bucket_cap_mb twice"),
+        (["--sweep", "tp_degree,mesh", "--nproc-per-node", "4"], "sets the knob tp_degree twice"),
+        (["--sweep", "bucket_cap_mb,sharding_strategy"], "has no one strategy"),
+        (["--sweep", "bucket_cap_mb,world_size"], "a grid crosses training sweeps"),
+        (["--sweep", "bucket_cap_mb,precision,grad_accum"], "crosses two sweeps, not 3"),
+        (["--sweep", "bucket_cap_mb", "--values2", "1"], "--values2 is for a grid"),
+        (["--sweep", "bucket_cap_mb", "--option", "comm_hook=zip"], "'zip' is not a comm hook"),
+        (["--sweep", "precision", "--option", "precision=bf16"], "use --values"),
         (
-            ["--sweep", "sharding_strategy", "--option", "precision=bf16"],
-            "unknown option 'precision'",
+            ["--sweep", "sharding_strategy", "--option", "bucket_cap_mb=5"],
+            "unknown option 'bucket_cap_mb'",
         ),
         (["--sweep", "sharding_strategy", "--option", "bf16"], "is not KEY=VALUE"),
         (["--sweep", "bucket_cap_mb", "--option", "bucket_cap_mb=5"], "use --values"),
@@ -140,7 +148,7 @@ def test_no_traceback_from_a_real_process():
 
 
 def test_tp_sweeps_fit_their_defaults_to_the_world_size():
-    from bench.runner.sweeps import build_points
+    from bench.runner.points import build_points
 
     def values(sweep, world):
         return sorted({p.value for p in build_points(sweep, world_size=world)}, key=str)
@@ -150,7 +158,7 @@ def test_tp_sweeps_fit_their_defaults_to_the_world_size():
     assert values("mesh", 2) == ["dp", "tp"]
     assert values("mesh", 4) == ["ddp_tp", "dp", "fsdp_tp", "tp"]
     points = build_points("mesh", world_size=8, values="tp,fsdp_tp4")
-    by_value = {p.value: p.options for p in points}
+    by_value = {p.value: {k: p.knobs[k] for k in ("tp_degree", "dp_shard")} for p in points}
     assert by_value == {"tp": {"tp_degree": 8, "dp_shard": False},
                         "fsdp_tp4": {"tp_degree": 4, "dp_shard": True}}  # fmt: skip
 

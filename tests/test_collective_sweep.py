@@ -12,10 +12,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from bench.runfolder.folder import COLLECTIVE_COLUMNS
+from bench.runfolder import columns
 from bench.runner.collectives import CollectivePlan, _run_size
 from parallel_kernels.collectives import COLLECTIVES
 from tests.test_harness import pool_env
+
+COLLECTIVE_COLUMNS = columns.contract(columns.COLLECTIVE)
 
 REPO = Path(__file__).resolve().parents[1]
 PLAN = CollectivePlan(

@@ -3,7 +3,7 @@ hook PyTorch refuses on gloo named in its row."""
 
 import pytest
 
-from bench.runner.sweeps import build_points
+from bench.runner.points import build_points
 from parallel_kernels.models import build_model
 from tests.test_harness import FAST, run_points
 
@@ -14,7 +14,7 @@ LOSS_TOLERANCE = 0.05
 
 @pytest.mark.timeout(300)
 def test_compression_moves_fewer_bytes_and_still_trains(pool, tmp_path):
-    points = build_points("comm_hook", models="mlp")
+    points = build_points("comm_hook", world_size=2, models="mlp")
     rows = pool(2).run(run_points, points, str(tmp_path), FAST)[0]
     by = {(r["value"], r["impl"]): r for r in rows}
     none = by[("none", "native")]

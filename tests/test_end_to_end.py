@@ -9,7 +9,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from bench.runfolder.folder import TRAINING_COLUMNS
+from bench.runfolder import columns
+
+TRAINING_COLUMNS = columns.contract(columns.TRAINING)
+
 
 REPO = Path(__file__).resolve().parents[1]
 TORCHRUN = Path(sys.executable).with_name("torchrun")
@@ -199,3 +202,33 @@ def test_world_size_sweep_without_torchrun(tmp_path):
     ]  # fmt: skip
     html = (reports / "ws.html").read_text()
     assert "<h2>Scaling</h2>" in html and "efficiency</b> at 4 ranks" in html
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_grid_of_two_knobs_is_one_row_per_combination(tmp_path):
+    """``--sweep bucket_cap_mb,precision``: the cross product, each row naming both values,
+    each point's record its knobs; the report draws a panel per precision."""
+    out, reports = tmp_path / "grid", tmp_path / "reports"
+    proc = launch([sys.executable, "bench/run.py", "--sweep", "bucket_cap_mb,precision",
+                   "--values", "1,25", "--values2", "fp32,bf16", "--model", "mlp", "--impl",
+                   "reference", "--steps", "3", "--warmup-steps", "1", "--profile-steps", "1",
+                   "--nproc-per-node", "2", "--out", str(out),
+                   "--reports-dir", str(reports)])  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    df = pd.read_csv(out / "results.csv")
+    assert (df["status"] == "ok").all(), df["error"].tolist()
+    assert sorted(zip(df["value"], df["value2"], strict=True)) == [
+        (1.0, "bf16"), (1.0, "fp32"), (25.0, "bf16"), (25.0, "fp32")
+    ]  # fmt: skip
+    assert set(df["sweep"]) == {"bucket_cap_mb,precision"}
+    records = [json.loads(line) for line in (out / "points.jsonl").read_text().splitlines()]
+    by_id = {r["id"]: r for r in records}
+    for row in df.itertuples():
+        rec = by_id[row.point]
+        assert rec["knobs"]["bucket_cap_mb"] == row.value
+        assert rec["knobs"]["precision"] == row.value2
+        assert rec["autocast"] == (None if row.value2 == "fp32" else "bf16")
+    html = (reports / "grid.html").read_text()
+    assert "one panel per model and precision" in html
+    assert "precision=bf16" in html  # the headline per precision

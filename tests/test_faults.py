@@ -109,9 +109,8 @@ def mismatched_point(debug: bool) -> dict:
     """A point whose model all-reduces a rank-dependent number of elements: the seed's classic
     deadlock. With DETAIL debugging the collective is checked across ranks first."""
     from bench.runner.harness import HarnessConfig, run_point
-    from bench.runner.sweeps import Point
     from parallel_kernels import strategies
-    from tests.test_harness import pool_env
+    from tests.test_harness import make_point, pool_env
 
     class Mismatched(torch.nn.Module):
         def __init__(self, model):
@@ -129,14 +128,16 @@ def mismatched_point(debug: bool) -> dict:
         return m
 
     strategies.STRATEGIES["mismatch"] = strategies.Strategy(
-        name="mismatch", description="test only", impls={"bad": apply}, options={},
-        default_impls=("bad",),
+        name="mismatch", description="test only",
+        impls={"bad": strategies.Impl(name="bad", apply=apply, native=False)},
+        default_impls=("bad",), schedule="ddp",
     )  # fmt: skip
     previous = dist.get_debug_level()
     dist.set_debug_level(dist.DebugLevel.DETAIL if debug else previous)
     try:
-        point = Point(sweep="t", model="mlp", value=1, impl="bad", strategy="mismatch")
-        cfg = HarnessConfig(warmup_steps=1, steps=2, profile_active=1, point_timeout_s=10.0)
+        point = make_point("t", "mlp", 1, "bad", "mismatch", warmup_steps=1, steps=2,
+                           profile_steps=1)  # fmt: skip
+        cfg = HarnessConfig(point_timeout_s=10.0)
         t0 = time.monotonic()
         row = run_point(point, pool_env(), cfg, Path("/tmp/unused-traces"))
         row["seconds"] = time.monotonic() - t0

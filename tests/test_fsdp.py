@@ -5,9 +5,9 @@ import torch
 import torch.distributed as dist
 
 from bench.runner.data import Batches
-from parallel_kernels.fsdp import unit_params
+from parallel_kernels.fsdp_layout import fsdp_units, unit_params
 from parallel_kernels.models import MODELS, Transformer
-from parallel_kernels.strategies import STRATEGIES, fsdp_units
+from parallel_kernels.strategies import STRATEGIES
 
 CPU = torch.device("cpu")
 BATCH = 8
@@ -253,19 +253,13 @@ def hybrid_without_mesh(root: str) -> list[dict]:
     from pathlib import Path
 
     from bench.runner.harness import run_point
-    from bench.runner.sweeps import Point
-    from tests.test_harness import FAST, pool_env
+    from tests.test_harness import FAST, make_point, pool_env
 
     rows = []
     for hybrid_mesh in (False, True):
-        point = Point(
-            sweep="sharding_strategy",
-            model="mlp",
-            value="HYBRID_SHARD",
-            impl="native_fsdp1",
-            strategy="fsdp",
-            options={"sharding_strategy": "HYBRID_SHARD", "hybrid_mesh": hybrid_mesh},
-        )
+        point = make_point("sharding_strategy", "mlp", "HYBRID_SHARD", "native_fsdp1", "fsdp",
+                           world_size=4, knobs={"sharding_strategy": "HYBRID_SHARD",
+                                                "hybrid_mesh": hybrid_mesh})  # fmt: skip
         rows.append(run_point(point, pool_env(), FAST, Path(root) / str(hybrid_mesh)))
     return rows
 
@@ -283,20 +277,13 @@ def fsdp_sweep_rows(root: str) -> list[dict]:
     from pathlib import Path
 
     from bench.runner.harness import run_point
-    from bench.runner.sweeps import Point
-    from tests.test_harness import FAST, pool_env
+    from tests.test_harness import FAST, make_point, pool_env
 
     rows = []
     for strategy in ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"):
         for impl in ("native", "native_fsdp1", "reference"):
-            point = Point(
-                sweep="sharding_strategy",
-                model="mlp",
-                value=strategy,
-                impl=impl,
-                strategy="fsdp",
-                options={"sharding_strategy": strategy},
-            )
+            point = make_point("sharding_strategy", "mlp", strategy, impl, "fsdp",
+                               knobs={"sharding_strategy": strategy})  # fmt: skip
             rows.append(run_point(point, pool_env(), FAST, Path(root) / point.id))
     return rows
 
@@ -349,21 +336,14 @@ def fsdp1_option_rows(root: str) -> list[dict]:
     from pathlib import Path
 
     from bench.runner.harness import run_point
-    from bench.runner.sweeps import Point
-    from tests.test_harness import QUICK_FAIL, pool_env
+    from tests.test_harness import QUICK_FAIL, make_point, pool_env
 
     cases = [("native_fsdp1", {"cpu_offload": True}), ("native_fsdp1", {"auto_wrap": "size"}),
              ("reference", {"cpu_offload": True})]  # fmt: skip
     rows = []
     for impl, extra in cases:
-        point = Point(
-            sweep="sharding_strategy",
-            model="wide_mlp",
-            value="FULL_SHARD",
-            impl=impl,
-            strategy="fsdp",
-            options={"sharding_strategy": "FULL_SHARD", **extra},
-        )
+        point = make_point("sharding_strategy", "wide_mlp", "FULL_SHARD", impl, "fsdp",
+                           knobs={"sharding_strategy": "FULL_SHARD", **extra})  # fmt: skip
         rows.append(run_point(point, pool_env(), QUICK_FAIL, Path(root) / f"{impl}{len(rows)}"))
     return rows
 
@@ -383,7 +363,7 @@ def test_fsdp1_options_run_or_say_why(pool, tmp_path):
 
 
 def clipped_worker(impl: str, max_norm: float) -> dict:
-    from parallel_kernels.strategies import clip_grad_norm
+    from parallel_kernels.step import clip_grad_norm
 
     world, rank = dist.get_world_size(), dist.get_rank()
     model = STRATEGIES["fsdp"].apply(

@@ -4,25 +4,28 @@ with the large-batch step is proven in test_ddp.py)."""
 
 import pytest
 
-from bench.runner.sweeps import build_points
+from bench.runner.points import build_points
 from tests.test_harness import FAST, run_points
 
 
 def test_grad_accum_points():
-    points = build_points("grad_accum", models="mlp", impls="native")
-    assert [(p.value, p.train, p.strategy, p.options) for p in points] == [
-        (k, {"grad_accum": k}, "ddp", {}) for k in (1, 2, 4, 8)
+    points = build_points("grad_accum", world_size=2, models="mlp", impls="native")
+    assert [(p.value, p.knobs["grad_accum"], p.strategy) for p in points] == [
+        (k, k, "ddp") for k in (1, 2, 4, 8)
     ]
-    fsdp = build_points("grad_accum", values="2", strategy="fsdp", impls="native")
-    assert fsdp[0].strategy == "fsdp" and fsdp[0].options == {}
+    # every other knob at its default
+    assert all(p.knobs["bucket_cap_mb"] == p.defaults["bucket_cap_mb"] for p in points)
+    fsdp = build_points("grad_accum", world_size=2, values="2", strategy="fsdp", impls="native")
+    assert fsdp[0].strategy == "fsdp" and fsdp[0].knobs["sharding_strategy"] == "FULL_SHARD"
 
 
 @pytest.mark.timeout(300)
 def test_accumulation_syncs_once_per_optimiser_step(pool, tmp_path):
-    points = build_points("grad_accum", values="1,4", models="mlp", impls="native,reference")
-    points += build_points("grad_accum", values="2", models="mlp", strategy="fsdp",
+    points = build_points("grad_accum", world_size=2, values="1,4", models="mlp",
+                          impls="native,reference")  # fmt: skip
+    points += build_points("grad_accum", world_size=2, values="2", models="mlp", strategy="fsdp",
                            impls="native,native_fsdp1")  # fmt: skip
-    points += build_points("grad_accum", values="2", models="mlp", strategy="tp",
+    points += build_points("grad_accum", world_size=2, values="2", models="mlp", strategy="tp",
                            impls="reference")  # fmt: skip
     rows = pool(2).run(run_points, points, str(tmp_path), FAST)[0]
     by = {(r["strategy"], r["value"], r["impl"]): r for r in rows}

@@ -1,5 +1,6 @@
 """The harness on live ranks: rows, traces, overlap measured, failures recorded, not hidden."""
 
+import dataclasses
 import socket
 from pathlib import Path
 
@@ -7,15 +8,19 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from bench.runfolder.points import PointRecord
 from bench.runner.distenv import DistEnv
 from bench.runner.harness import HarnessConfig, run_point
-from bench.runner.sweeps import Point
+from bench.runner.points import resolve_point
+from parallel_kernels.ddp import apply_reference_ddp
 from parallel_kernels.models import build_model, grad_bytes
-from parallel_kernels.strategies import STRATEGIES, apply_reference_ddp
+from parallel_kernels.strategies import STRATEGIES
 
-FAST = HarnessConfig(warmup_steps=2, steps=4, profile_active=2, point_timeout_s=60.0)
+FAST = HarnessConfig(point_timeout_s=60.0)
 # A failure on one rank makes the others wait out this timeout: keep it short there.
-QUICK_FAIL = HarnessConfig(warmup_steps=2, steps=4, profile_active=2, point_timeout_s=5.0)
+QUICK_FAIL = HarnessConfig(point_timeout_s=5.0)
+# Steps of every point the tests run (a sweep's own are 5 warm-up, 20 timed, 3 traced).
+FAST_STEPS = {"warmup_steps": 2, "steps": 4, "profile_steps": 2}
 
 
 def pool_env() -> DistEnv:
@@ -31,19 +36,24 @@ def pool_env() -> DistEnv:
     )
 
 
-def point(model: str, impl: str, cap: float) -> Point:
-    return Point(
-        sweep="bucket_cap_mb",
-        model=model,
-        value=cap,
-        impl=impl,
-        strategy="ddp",
-        options={"bucket_cap_mb": cap},
-    )
+def make_point(sweep: str, model: str, value, impl: str, strategy: str, *, world_size: int = 2,
+               knobs: dict | None = None, **kwargs) -> PointRecord:  # fmt: skip
+    """A resolved point of ``sweep`` at ``value`` (setting ``knobs``), with the tests' steps."""
+    return resolve_point(sweep=sweep, values={sweep: value}, model=model, strategy=strategy,
+                         impl=impl, knobs=knobs or {}, world_size=world_size,
+                         **{**FAST_STEPS, **kwargs})  # fmt: skip
 
 
-def run_points(points: list[Point], root: str, cfg: HarnessConfig = FAST) -> list[dict]:
-    return [run_point(p, pool_env(), cfg, Path(root) / p.id) for p in points]
+def point(model: str, impl: str, cap: float) -> PointRecord:
+    return make_point("bucket_cap_mb", model, cap, impl, "ddp", knobs={"bucket_cap_mb": cap})
+
+
+def run_points(points: list[PointRecord], root: str, cfg: HarnessConfig = FAST) -> list[dict]:
+    """Run each point with the tests' steps (a sweep's points come with a sweep's)."""
+    return [
+        run_point(dataclasses.replace(p, **FAST_STEPS), pool_env(), cfg, Path(root) / p.id)
+        for p in points
+    ]
 
 
 @pytest.mark.timeout(240)
@@ -67,13 +77,13 @@ def test_rows_traces_and_overlap(pool, tmp_path):
     assert by_impl["reference"]["overlap_pct"] > by_impl["reference_nooverlap"]["overlap_pct"] + 10
 
 
-def _raise_on_rank1(model, *, group, device, bucket_cap_mb):
+def _raise_on_rank1(model, *, group, device, **knobs):
     if dist.get_rank() == 1:
         raise RuntimeError("injected failure on rank 1")
-    return apply_reference_ddp(model, group=group, device=device, bucket_cap_mb=bucket_cap_mb)
+    return apply_reference_ddp(model, group=group, device=device, **knobs)
 
 
-def _diverge_on_rank1(model, *, group, device, bucket_cap_mb):
+def _diverge_on_rank1(model, *, group, device, **knobs):
     """A wrapper whose replicas drift apart silently: rank 1 skips the start-up broadcast and
     trains without synchronising gradients."""
     if dist.get_rank() == 1:
@@ -86,8 +96,9 @@ def _diverge_on_rank1(model, *, group, device, bucket_cap_mb):
 
 
 def failing_sweep(root: str) -> list[dict]:
-    STRATEGIES["ddp"].impls["raise_rank1"] = _raise_on_rank1
-    STRATEGIES["ddp"].impls["diverge"] = _diverge_on_rank1
+    impls, reference = STRATEGIES["ddp"].impls, STRATEGIES["ddp"].impls["reference"]
+    impls["raise_rank1"] = dataclasses.replace(reference, name="raise_rank1", apply=_raise_on_rank1)
+    impls["diverge"] = dataclasses.replace(reference, name="diverge", apply=_diverge_on_rank1)
     try:
         return run_points(
             [

@@ -15,10 +15,11 @@ from bench.model import schedule as sch
 from bench.model.comm import ALGORITHMS, FitError, fit_rows, nonneg_lstsq
 from bench.model.compute import ComputeProfile, from_trace_dir
 from bench.model.links import PRESETS, LinkCosts, parse_link
-from bench.model.predict import Case, fsdp
+from bench.model.predict import case_of, fsdp
 from bench.model.whatif import DEFAULT_DDP, predict_scales, recommend
 from parallel_kernels.ddp import plan_buckets
 from tests.kineto_writer import write_trace
+from tests.test_harness import make_point
 
 SIZES = [1 << k for k in range(10, 27, 2)]  # 1 KiB .. 64 MiB
 
@@ -231,16 +232,9 @@ def test_tensor_parallel_all_reduces_sit_on_the_critical_path():
 def test_hybrid_shard_reduces_in_its_group_then_across_replicas():
     comm = fit_rows(synthetic("gloo", 50e-6, 1e-9, [2, 4]), backend="gloo")
     prof = ComputeProfile(forward_ms=10, backward_ms=20, after_ms=5)
-    case = Case(
-        strategy="fsdp",
-        impl="native",
-        model="wide_mlp",
-        world=4,
-        options={"sharding_strategy": "HYBRID_SHARD"},
-        train={},
-        batch=64,
-    )
-    prog = fsdp(case, prof, comm)
+    record = make_point("sharding_strategy", "wide_mlp", "HYBRID_SHARD", "native", "fsdp",
+                        world_size=4, knobs={"sharding_strategy": "HYBRID_SHARD"})  # fmt: skip
+    prog = fsdp(case_of(record), prof, comm)
     unit0 = 4 * (784 * 2048 + 2048)  # wide_mlp's first linear layer, fp32
     gathers = {op.name: op.ms for op in prog if isinstance(op, sch.Issue)}
     assert gathers["ag_f0"] == pytest.approx(1e3 * comm.time("all_gather", unit0, 2))
@@ -370,9 +364,9 @@ def test_whatif_predicts_and_recommends():
         grad_ready_ms=(1, 8, 15, 20),
         grad_bytes=(40, 81920, 16 << 20, 6 << 20),
     )
-    table = predict_scales(
-        prof, model="wide_mlp", batch=64, comm=LinkCosts(PRESETS["eth_25g"]), world_sizes=[8, 64]
-    )
+    point = make_point("bucket_cap_mb", "wide_mlp", 25.0, "native", "ddp")
+    table = predict_scales(prof, point=point, comm=LinkCosts(PRESETS["eth_25g"]),
+                           world_sizes=[8, 64])  # fmt: skip
     assert set(table["world_size"]) == {8, 64}
     assert (table["scaling_efficiency_pct"] <= 100 + 1e-9).all()
     assert (table["step_ms"] >= 35 - 1e-9).all()
@@ -383,8 +377,7 @@ def test_whatif_predicts_and_recommends():
     assert (rec["margin_ms"] >= 0).all() and rec["recommended"].notna().all()
     fast = predict_scales(
         prof,
-        model="wide_mlp",
-        batch=64,
+        point=point,
         comm=LinkCosts(PRESETS["eth_25g"]),
         world_sizes=[8],
         speedup=10,

@@ -2,7 +2,7 @@
 
 import pytest
 
-from bench.runner.sweeps import build_points
+from bench.runner.points import build_points
 from tests.test_harness import FAST, run_points
 
 # After FAST's 2 warm-up, 4 timed and 2 traced steps from the same start and data, the bf16
@@ -12,8 +12,8 @@ LOSS_TOLERANCE = 0.03
 
 @pytest.mark.timeout(300)
 def test_bf16_trains_like_fp32_and_fsdp_halves_its_bytes(pool, tmp_path):
-    points = build_points("precision", models="mlp", impls="native,reference")
-    points += build_points("precision", models="mlp", strategy="fsdp",
+    points = build_points("precision", world_size=2, models="mlp", impls="native,reference")
+    points += build_points("precision", world_size=2, models="mlp", strategy="fsdp",
                            impls="native,reference")  # fmt: skip
     rows = pool(2).run(run_points, points, str(tmp_path), FAST)[0]
     by = {(r["strategy"], r["value"], r["impl"]): r for r in rows}

@@ -231,11 +231,10 @@ def harness_points(points, root):
     return run_points(points, root, FAST)
 
 
-def tp_point(model: str, impl: str, value, **options) -> "Point":  # noqa: F821
-    from bench.runner.sweeps import Point
+def tp_point(model: str, impl: str, value, **knobs):
+    from tests.test_harness import make_point
 
-    return Point(sweep="mesh", model=model, value=value, impl=impl, strategy="tp",
-                 options=options)  # fmt: skip
+    return make_point("mesh", model, value, impl, "tp", world_size=4, knobs=knobs)
 
 
 @pytest.mark.timeout(300)

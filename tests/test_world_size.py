@@ -1,32 +1,30 @@
 """World-size sweeps inside one launch: points on the first k ranks while the others wait."""
 
-import dataclasses
-
 import pandas as pd
 import pytest
 
 from bench.analysis.scaling import scaling_efficiency
-from bench.runner.sweeps import build_points
+from bench.runner.points import build_points
 from tests.test_harness import FAST, run_points
 
 
 def test_points_cover_world_sizes_and_both_scalings():
     points = build_points("world_size", world_size=4, models="mlp", impls="native")
-    assert [(p.world, p.scaling, p.global_batch) for p in points] == [
+    assert [(p.world_size, p.scaling, p.global_batch) for p in points] == [
         (1, "weak", None), (2, "weak", None), (4, "weak", None),
         (1, "strong", 256), (2, "strong", 256), (4, "strong", 256),
     ]  # fmt: skip
     assert points[0].id == "mlp-world_size=1-weak-ddp-native" and points[0].strategy == "ddp"
     tp = build_points("world_size", world_size=4, values="2,4", strategy="tp",
                       options=["tp_degree=2"], scaling="strong", batch_size=8)  # fmt: skip
-    layouts = {(p.world, p.options["tp_degree"], p.global_batch) for p in tp}
+    layouts = {(p.world_size, p.knobs["tp_degree"], p.global_batch) for p in tp}
     assert layouts == {(2, 2, 32), (4, 2, 32)}
     with pytest.raises(ValueError, match="world size 8 is larger than the 4 ranks launched"):
         build_points("world_size", world_size=4, values="1,8")
     with pytest.raises(ValueError, match="unknown strategy 'zero'"):
         build_points("world_size", world_size=4, strategy="zero")
     with pytest.raises(ValueError, match="--strategy is for the world_size sweep"):
-        build_points("bucket_cap_mb", strategy="fsdp")
+        build_points("bucket_cap_mb", world_size=2, strategy="fsdp")
 
 
 def test_scaling_efficiency_against_the_smallest_world_size():
@@ -54,14 +52,13 @@ def test_points_on_part_of_the_ranks(pool, tmp_path):
     points += build_points("world_size", world_size=4, values="2,4", models="mlp",
                            strategy="tp", options=["tp_degree=2"], impls="native,reference",
                            scaling="weak", batch_size=16)  # fmt: skip
-    cfg = dataclasses.replace(FAST, batch_size=16)  # --batch-size: what the points were built with
-    rows = pool(4).run(run_points, points, str(tmp_path), cfg, timeout=280)[0]
+    rows = pool(4).run(run_points, points, str(tmp_path), FAST, timeout=280)[0]
     for p, r in zip(points, rows, strict=True):
         assert r["status"] == "ok", (p.id, r["error"])
-        assert r["world_size"] == p.world and r["scaling"] == p.scaling
+        assert r["world_size"] == p.world_size and r["scaling"] == p.scaling
         if p.strategy == "ddp":
             # one replica per rank: strong scaling splits the global batch of 32 over them
-            assert r["batch_per_replica"] == (16 if p.scaling == "weak" else 32 // p.world)
+            assert r["batch_per_replica"] == (16 if p.scaling == "weak" else 32 // p.world_size)
             # every gradient all-reduced, even on one rank (DDP does not skip it)
             assert r["comm_bytes_per_step"] == r["grad_bytes"]
         elif (p.strategy, p.impl) == ("fsdp", "reference"):
@@ -72,5 +69,5 @@ def test_points_on_part_of_the_ranks(pool, tmp_path):
             assert r["comm_bytes_per_step"] == pytest.approx(r["comm_bytes_expected"], rel=1e-6)
         if p.strategy == "tp":  # two ranks of one TP group read the same batch: one replica
             assert r["samples_per_s"] == pytest.approx(
-                16 * (p.world // 2) / (r["step_ms_median"] / 1e3)
+                16 * (p.world_size // 2) / (r["step_ms_median"] / 1e3)
             )

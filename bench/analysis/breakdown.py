@@ -38,10 +38,10 @@ from bench.analysis.trace import (
     Trace,
     TraceError,
     classify,
+    intervals_of,
     load_trace,
     name_matches,
     prepared,
-    spans,
     step_windows,
 )
 
@@ -160,20 +160,20 @@ def blocking_waits(ev: pd.DataFrame) -> np.ndarray:
     if not spans.any():
         return iv.EMPTY.copy()
     work = main & (ev["cat"] == "cpu_op").to_numpy() & name_matches(ev["name"], WORK_OP)
-    return iv.subtract(iv.union(spans(ev, spans)), iv.union(spans(ev, work)))
+    return iv.subtract(iv.union(intervals_of(ev, spans)), iv.union(intervals_of(ev, work)))
 
 
 def cpu_compute(ev: pd.DataFrame) -> np.ndarray:
     """CPU traces: the main thread's computation, the union of its ops less the time it spends
     issuing or waiting for collectives (named ``c10d::``, ``*wait*`` ..., or inside FSDP's
     blocking spans)."""
-    busy = iv.union(spans(ev, ev["kind"] == "compute"))
-    waiting = np.vstack([iv.union(spans(ev, ev["kind"] == "comm_cpu")), blocking_waits(ev)])
+    busy = iv.union(intervals_of(ev, ev["kind"] == "compute"))
+    waiting = np.vstack([iv.union(intervals_of(ev, ev["kind"] == "comm_cpu")), blocking_waits(ev)])
     return iv.subtract(busy, waiting)
 
 
 def _cpu_step_table(ev: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
-    comm_all = iv.union(spans(ev, ev["kind"] == "comm"))
+    comm_all = iv.union(intervals_of(ev, ev["kind"] == "comm"))
     compute_all = cpu_compute(ev)
     rows = []
     for w in windows.itertuples():
@@ -240,11 +240,11 @@ def rank_summary(trace: Trace, steps: pd.DataFrame | None = None) -> dict:
     dev = ev[ev["stream"] >= 0]
     if dev.empty:
         return {**base, "steps": 0}
-    everything = iv.union(spans(dev, slice(None)))
+    everything = iv.union(intervals_of(dev, slice(None)))
     window = everything[-1, 1] - everything[0, 0]
     busy = iv.length(everything)
-    compute = iv.union(spans(dev, dev["kind"] == "compute"))
-    comm = iv.union(spans(dev, dev["kind"] == "comm"))
+    compute = iv.union(intervals_of(dev, dev["kind"] == "compute"))
+    comm = iv.union(intervals_of(dev, dev["kind"] == "comm"))
     comm_len = iv.length(comm)
     idle = window - busy
     return {

@@ -140,7 +140,8 @@ def _main_thread(events: pd.DataFrame):
     return ops["tid"].mode().iloc[0] if len(ops) else None
 
 
-def spans(ev: pd.DataFrame, mask) -> np.ndarray:
+def intervals_of(ev: pd.DataFrame, mask) -> np.ndarray:
+    """The [start, end] intervals of the events that ``mask`` selects."""
     sub = ev[mask]
     return iv.as_intervals(sub["ts"], sub["ts"] + sub["dur"])
 

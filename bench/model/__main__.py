@@ -166,14 +166,14 @@ def cmd_validate(args) -> int:
 def cmd_whatif(args) -> int:
     if args.link:
         parse_link(args.link)  # a bad link fails before any run is read
-    prof, model, batch, run_meta = load_compute(
+    prof, point, run_meta = load_compute(
         _dirs(args.collectives), Path(args.compute), model=args.model
     )
+    model, batch = point.model, point.batch_per_replica
     costs, about, share = link_costs(args.link, _dirs(args.collectives), run_meta)
     table = predict_scales(
         prof,
-        model=model,
-        batch=batch,
+        point=point,
         comm=costs,
         world_sizes=args.world_size,
         share=share,

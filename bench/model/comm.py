@@ -34,6 +34,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from bench.model.errors import FitError
+from bench.model.runs import read_collectives_runs
+
+__all__ = ["FitError"]
+
 
 @dataclass(frozen=True)
 class Algorithm:
@@ -94,10 +99,6 @@ def algorithm(backend: str, collective: str) -> Algorithm:
 
 
 OUTLIER_FACTOR = 4.0  # a size this many times further off than the median one is set aside
-
-
-class FitError(ValueError):
-    """A collectives run that cannot give the costs asked for; the message says why."""
 
 
 def nonneg_lstsq(X: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -281,8 +282,6 @@ def fit_rows(df: pd.DataFrame, *, backend: str, host: str = "", source: str = ""
 def load_runs(run_dirs: list[Path]) -> CommModel:
     """Fit one model from one or more message_size runs of the same backend and machine (for
     instance 2 and 4 ranks)."""
-    from bench.model.runs import read_collectives_runs  # one place reads run folders
-
     meta, df = read_collectives_runs(run_dirs)
     src = ", ".join(str(p) for p in run_dirs)
     return fit_rows(df, backend=meta["backend"], host=meta.get("host", ""), source=src)

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from bench.model.comm import ALGORITHMS, TREE_ALL_REDUCE
+
 
 @dataclass(frozen=True)
 class Link:
@@ -87,8 +89,6 @@ class LinkCosts:
     link: Link
 
     def time(self, collective: str, nbytes: float, n: int, impl: str = "native") -> float:
-        from bench.model.comm import ALGORITHMS, TREE_ALL_REDUCE
-
         del impl
         a, b, g = self.link.alpha_s, self.link.beta_s_per_byte, self.link.gamma_s_per_byte
         t = ALGORITHMS["nccl"][collective].time(nbytes, n, a, b, g)

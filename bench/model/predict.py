@@ -1,12 +1,14 @@
 """A point of a training run -> its simulated step (``schedule.py``).
 
-The point's strategy and options are rebuilt from the run's own settings (``meta.json``), so
-the model sees exactly what ran. Computation comes from traces (``compute.py``). In a bucket
-sweep, whose knob changes only how a step communicates, the points of one model and
-implementation share one profile (the median of theirs), so the predicted differences between
-bucket sizes come from the schedule and the collectives' costs alone. Elsewhere a point's
-computation is its own (a sharded optimiser steps over 1/n of the parameters; a TP degree
-splits the layers), and the model checks its communication terms.
+The point is read from the run's own points record (``points.jsonl``): its schedule, the facts
+of its implementation (does it overlap, whose buckets, do its reductions block), its knobs and
+the shapes its figures were resolved from, so the model sees exactly what ran, whatever the
+code base says today. Computation comes from traces (``compute.py``). In a bucket sweep, whose
+knob changes only how a step communicates, the points of one model and implementation share
+one profile (the median of theirs), so the predicted differences between bucket sizes come
+from the schedule and the collectives' costs alone. Elsewhere a point's computation is its own
+(a sharded optimiser steps over 1/n of the parameters; a TP degree splits the layers), and the
+model checks its communication terms.
 """
 
 from __future__ import annotations
@@ -15,26 +17,26 @@ import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
-import torch
 
 from bench.analysis.collectives import collective_calls, wait_split
 from bench.model import schedule as sch
 from bench.model.comm import CommModel
 from bench.model.compute import ComputeProfile, from_traces, point_traces, pooled
-from bench.runner.sweeps import Point, build_points
-from parallel_kernels.fsdp import fsdp_units, shard_group_size, unit_params
-from parallel_kernels.mesh import local_layout
-from parallel_kernels.models import MODELS
-from parallel_kernels.tensor_parallel import comm_calls
+from bench.runfolder.points import PointRecord
+from parallel_kernels.fsdp_layout import shard_group_size
 
 MB = 2**20
 # Sweeps whose values change communication only: their points share one computation profile.
 # (Not sharding strategies: the optimiser steps over 1/n of the parameters when they are
 # sharded, so their computation differs.)
 POOLED_SWEEPS = {"bucket_cap_mb"}
+# Knobs the schedules do not model: a point that sets one away from its default is not
+# predicted (the note says which).
+UNMODELLED_KNOBS = ("precision", "grad_accum", "activation_checkpointing", "mixed_precision")
 
 
 class Unmodelled(ValueError):
@@ -43,59 +45,35 @@ class Unmodelled(ValueError):
 
 @dataclass(frozen=True)
 class Case:
-    """What the schedule needs to know about a point."""
+    """What the schedule needs to know about a point (``case_of`` reads it from a record)."""
 
-    strategy: str
-    impl: str
-    model: str
+    schedule: str  # ddp, fsdp, tp
+    facts: dict[str, Any]  # the implementation's row
+    knobs: dict[str, Any]
+    defaults: dict[str, Any]
     world: int
-    options: dict
-    train: dict
-    batch: int  # samples per replica and step
+    figures: dict[str, Any]  # fsdp_unit_bytes, tp_comm_calls, dp_bucket_cap_mb, params ...
+    tp: int = 1
+    # DistributedDataParallel left at its defaults puts 1 MiB in its first bucket (what-if).
+    first_bucket_mb: float | None = None
 
 
-def points_of(meta: dict) -> dict[str, Point]:
-    """The run's points, rebuilt from its settings, by id."""
-    cfg = meta.get("config", {})
-    pts = build_points(
-        meta["sweep"],
-        values=cfg.get("values"),
-        models=cfg.get("model"),
-        impls=cfg.get("impl"),
-        options=cfg.get("option"),
-        world_size=meta.get("world_size"),
-        strategy=cfg.get("strategy"),
-        scaling=cfg.get("scaling"),
-        batch_size=cfg.get("batch_size", 64),
-    )
-    return {p.id: p for p in pts}
-
-
-def case_of(point: Point, row: pd.Series) -> Case:
+def case_of(point: PointRecord) -> Case:
     return Case(
-        strategy=point.strategy,
-        impl=point.impl,
-        model=point.model,
-        world=int(row["world_size"]),
-        options=dict(point.options),
-        train=dict(point.train),
-        batch=int(row["batch_per_replica"]),
+        schedule=point.schedule,
+        facts=dict(point.impl_facts),
+        knobs=dict(point.knobs),
+        defaults=dict(point.defaults),
+        world=point.world_size,
+        figures=dict(point.figures),
+        tp=point.tp_size,
     )
-
-
-def _twin(model: str) -> torch.nn.Module:
-    with torch.device("meta"):
-        return MODELS[model].build()
 
 
 def _check_knobs(case: Case) -> None:
-    for knob, plain in (
-        ("precision", "fp32"),
-        ("grad_accum", 1),
-        ("activation_checkpointing", "off"),
-    ):
-        if str(case.train.get(knob, plain)) != str(plain):
-            raise Unmodelled(f"{knob}={case.train[knob]} is not modelled yet")
+    for knob in UNMODELLED_KNOBS:
+        if knob in case.knobs and case.knobs[knob] != case.defaults[knob]:
+            raise Unmodelled(f"{knob}={case.knobs[knob]} is not modelled yet")
 
 
 def _ddp_buckets(case: Case, prof: ComputeProfile, cap_mb: float) -> list[list[int]]:
@@ -107,10 +85,9 @@ def _ddp_buckets(case: Case, prof: ComputeProfile, cap_mb: float) -> list[list[i
             f"{prof.source}: the traces record no gradient sizes (profile with record_shapes=True)"
         )
     cap = int(cap_mb * MB)
-    if case.impl != "native" and case.strategy != "accelerate":  # our ReferenceDDP's buckets
+    if case.facts["buckets"] == "reference":  # our ReferenceDDP's buckets
         return sch.reference_buckets(sizes, cap)
-    # DDP's first bucket is 1 MiB only when bucket_cap_mb is left at its default
-    first = case.options.get("first_bucket_mb")
+    first = case.first_bucket_mb
     return sch.native_buckets(sizes, cap, int(first * MB) if first else None)
 
 
@@ -123,11 +100,11 @@ def _bucket_ms(comm, prof: ComputeProfile, buckets, n: int, wire: float = 1.0) -
 
 def ddp(case: Case, prof: ComputeProfile, comm: CommModel, n: int | None = None) -> list[sch.Op]:
     n = n or case.world
-    hook = case.options.get("comm_hook", "none")
-    if hook not in ("none", "fp16", "bf16"):
+    hook = case.knobs.get("comm_hook")
+    if hook not in (None, "none", "fp16", "bf16"):
         raise Unmodelled(f"comm_hook={hook} is not modelled")
-    wire = 0.5 if hook in ("fp16", "bf16") else 1.0
-    buckets = _ddp_buckets(case, prof, float(case.options.get("bucket_cap_mb", 25.0)))
+    wire = 0.5 if hook in ("fp16", "bf16") else 1.0  # the bucket cast to 16 bits
+    buckets = _ddp_buckets(case, prof, float(case.knobs["bucket_cap_mb"]))
     bucket_ms = _bucket_ms(comm, prof, buckets, n, wire)
     prog = sch.ddp_program(
         forward_ms=prof.forward_ms,
@@ -136,23 +113,20 @@ def ddp(case: Case, prof: ComputeProfile, comm: CommModel, n: int | None = None)
         ready_ms=list(prof.grad_ready_ms),
         buckets=buckets,
         bucket_ms=bucket_ms,
-        overlap=case.impl != "reference_nooverlap",
+        overlap=case.facts["overlap"],
     )
     return prog
 
 
 def fsdp(case: Case, prof: ComputeProfile, comm: CommModel, n: int | None = None) -> list[sch.Op]:
     n = n or case.world
-    strategy = case.options.get("sharding_strategy", "FULL_SHARD")
-    s = shard_group_size(strategy, n, case.options.get("shard_size"))
-    model = _twin(case.model)
-    # Units in forward order with their fp32 bytes; the root's leftovers (embeddings, head), if
-    # any, are gathered first and reduced last. Computation is split by parameter share (flops
-    # of a linear layer are proportional to its parameters).
-    groups = unit_params(model, fsdp_units(model))
-    if groups[-1][0] is model:
-        groups = [groups[-1], *groups[:-1]]
-    sizes = [4 * sum(p.numel() for _, _, p in params) for _, params in groups]
+    strategy = case.knobs["sharding_strategy"]
+    s = shard_group_size(strategy, n, case.knobs.get("shard_size"))
+    # Units in forward order with their fp32 bytes (the root's leftovers, if any, first: they
+    # are gathered first and reduced last), as the record resolved them from the model.
+    # Computation is split by parameter share (flops of a linear layer are proportional to its
+    # parameters).
+    sizes = list(case.figures["fsdp_unit_bytes"])
     total = sum(sizes)
     units = []
     for nbytes in sizes:
@@ -170,31 +144,31 @@ def fsdp(case: Case, prof: ComputeProfile, comm: CommModel, n: int | None = None
         after_ms=prof.after_ms,
         reshard_after_forward=strategy in ("FULL_SHARD", "HYBRID_SHARD"),
         shard=s > 1,
-        reduce_blocks=case.impl == "reference",
+        reduce_blocks=case.facts["reduce_blocks"],
     )
     return prog
 
 
 def tp(case: Case, prof: ComputeProfile, comm: CommModel, n: int | None = None) -> list[sch.Op]:
     n = n or case.world
-    degree = int(case.options.get("tp_degree", 1))
-    if case.options.get("dp_shard"):
+    if case.knobs.get("dp_shard"):
         raise Unmodelled("FSDP x TP is not modelled yet")
-    model = _twin(case.model)
-    dims, plan, _ = local_layout(model, case.impl, n, degree, False)
-    tokens = case.batch * MODELS[case.model].tokens_per_sample
+    calls = case.figures.get("tp_comm_calls")
+    if calls is None:
+        raise Unmodelled("the record holds no TP collectives for this point")
+    tp_n, dp_n = case.tp, max(1, n // case.tp)
     fwd, bwd = [], []
-    for collective, phase, elements in comm_calls(model, plan, tokens, dims.tp):
+    for collective, phase, elements in calls:
         # nccl-tests' S: an all-gather's whole output (the traces count its input, 1/n of it)
-        nbytes = 4 * elements * (dims.tp if collective == "all_gather" else 1)
-        (fwd if phase == "forward" else bwd).append(1e3 * comm.time(collective, nbytes, dims.tp))
+        nbytes = 4 * elements * (tp_n if collective == "all_gather" else 1)
+        (fwd if phase == "forward" else bwd).append(1e3 * comm.time(collective, nbytes, tp_n))
     kw = {}
-    if dims.dp > 1:
-        buckets = _ddp_buckets(case, prof, 25.0)
+    if dp_n > 1:
+        buckets = _ddp_buckets(case, prof, float(case.figures["dp_bucket_cap_mb"]))
         kw = dict(
             ready_ms=list(prof.grad_ready_ms),
             buckets=buckets,
-            bucket_ms=_bucket_ms(comm, prof, buckets, dims.dp),
+            bucket_ms=_bucket_ms(comm, prof, buckets, dp_n),
         )
     prog = sch.tp_program(
         forward_ms=prof.forward_ms,
@@ -207,7 +181,7 @@ def tp(case: Case, prof: ComputeProfile, comm: CommModel, n: int | None = None) 
     return prog
 
 
-SIMULATORS = {"ddp": ddp, "accelerate": ddp, "fsdp": fsdp, "tp": tp}
+SIMULATORS = {"ddp": ddp, "fsdp": fsdp, "tp": tp}  # by the strategy's schedule
 
 
 def overlap_share(meta: dict) -> float:
@@ -224,11 +198,9 @@ def simulate_case(
     case: Case, prof: ComputeProfile, comm: CommModel, n: int | None = None, share: float = 1.0
 ) -> sch.Timeline:
     _check_knobs(case)
-    if case.strategy not in SIMULATORS:
-        raise Unmodelled(f"strategy {case.strategy} is not modelled")
-    if case.strategy == "accelerate" and case.options.get("mixed_precision", "none") != "none":
-        raise Unmodelled("mixed precision is not modelled yet")
-    return sch.simulate(SIMULATORS[case.strategy](case, prof, comm, n), share=share)
+    if case.schedule not in SIMULATORS:
+        raise Unmodelled(f"schedule {case.schedule} is not modelled")
+    return sch.simulate(SIMULATORS[case.schedule](case, prof, comm, n), share=share)
 
 
 def traced_comm(traces) -> dict[str, float]:
@@ -279,9 +251,11 @@ def compute_profiles(run_dir: Path, meta: dict, ok: pd.DataFrame) -> dict[str, C
     return out
 
 
-def predict_run(run_dir: Path, meta: dict, ok: pd.DataFrame, comm: CommModel) -> pd.DataFrame:
-    """Measured next to predicted, one row per ok point of a training run."""
-    points = points_of(meta)
+def predict_run(
+    run_dir: Path, meta: dict, ok: pd.DataFrame, comm: CommModel, points: dict[str, PointRecord]
+) -> pd.DataFrame:
+    """Measured next to predicted, one row per ok point of a training run (``points``: its
+    records, by id)."""
     profiles = compute_profiles(run_dir, meta, ok)
     share = overlap_share(meta)
     rows = []
@@ -310,8 +284,8 @@ def predict_run(run_dir: Path, meta: dict, ok: pd.DataFrame, comm: CommModel) ->
         point = points.get(r["point"])
         try:
             if point is None:
-                raise Unmodelled("the run's settings no longer yield this point")
-            tl = simulate_case(case_of(point, r), prof, comm, share=share)
+                raise Unmodelled("the run's points record has no such point")
+            tl = simulate_case(case_of(point), prof, comm, share=share)
             m = tl.metrics()
             out.update(
                 {

@@ -8,11 +8,13 @@ have their traces.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 import pandas as pd
 
-from bench.model.comm import FitError
-from bench.runfolder.folder import read_run
+from bench.model.errors import FitError
+from bench.runfolder.folder import Run, read_run
+from bench.runfolder.points import POINTS_FILE, PointRecord, RunFolderError
 
 # What must agree between the runs of one model: the machine and the software that timed them
 # (cpu_count only where both runs record it: older runs do not).
@@ -20,16 +22,25 @@ MACHINE_KEYS = ("host", "backend", "device", "device_name", "torch_version", "no
 RECORDED_SINCE = ("cpu_count",)
 
 
+class TrainingRun(NamedTuple):
+    path: Path
+    meta: dict
+    ok: pd.DataFrame  # the ok rows of results.csv
+    points: dict[str, PointRecord]
+
+
 class RunError(FitError):
     """Run folders that cannot be used together (or at all); the message says why."""
 
 
-def _read(run_dir: Path) -> tuple[dict, pd.DataFrame]:
+def _read(run_dir: Path) -> Run:
     run_dir = Path(run_dir)
     if not (run_dir / "meta.json").is_file() or not (run_dir / "results.csv").is_file():
         raise RunError(f"{run_dir} is not a run folder (no meta.json and results.csv)")
-    meta, df, _ = read_run(run_dir)
-    return meta, df
+    try:
+        return read_run(run_dir)
+    except RunFolderError as e:
+        raise RunError(str(e)) from None
 
 
 def same_machine(metas: list[tuple[Path, dict]]) -> None:
@@ -49,8 +60,9 @@ def read_collectives_runs(run_dirs: list[Path]) -> tuple[dict, pd.DataFrame]:
     """(meta of the first, all rows) of one or more message_size runs."""
     metas, frames = [], []
     for d in run_dirs:
-        meta, df = _read(d)
-        if meta.get("sweep") != "message_size":
+        run = _read(d)
+        meta, df = run.meta, run.results
+        if meta.get("kind") != "collective":
             raise RunError(f"{d} is a {meta.get('sweep')!r} run, not a --sweep message_size run")
         plan = meta.get("collective_plan") or {}
         if plan.get("dtype", "float32") != "float32":
@@ -63,23 +75,28 @@ def read_collectives_runs(run_dirs: list[Path]) -> tuple[dict, pd.DataFrame]:
     return metas[0][1], pd.concat(frames, ignore_index=True)
 
 
-def read_training_runs(run_dirs: list[Path]) -> list[tuple[Path, dict, pd.DataFrame]]:
-    """[(folder, meta, ok rows)] of training runs whose ok points all have traces."""
+def read_training_runs(run_dirs: list[Path]) -> list[TrainingRun]:
+    """[(folder, meta, ok rows, point records)] of training runs whose ok points all have
+    traces and records."""
     out = []
     for d in run_dirs:
-        meta, df = _read(d)
-        if meta.get("sweep") == "message_size":
+        run = _read(d)
+        meta, df = run.meta, run.results
+        if meta.get("kind") == "collective":
             raise RunError(f"{d} is a collectives run; give it with --collectives")
         ok = df[df["status"] == "ok"]
+        missing = sorted(set(ok["point"]) - set(run.points))
+        if missing:
+            raise RunError(f"{d}: point {missing[0]} has no record in {POINTS_FILE}")
         for _, row in ok.iterrows():
             folder = Path(d) / "traces" / str(row["point"])
             if not any(folder.glob("*.pt.trace.json*")):
                 raise RunError(f"{d}: point {row['point']} has no traces in {folder}")
-        out.append((Path(d), meta, ok.reset_index(drop=True)))
-    same_machine([(p, m) for p, m, _ in out])
+        out.append(TrainingRun(Path(d), meta, ok.reset_index(drop=True), run.points))
+    same_machine([(r.path, r.meta) for r in out])
     return out
 
 
 def check_compatible(collectives_meta: dict, source: Path, runs) -> None:
     """The collectives run must come from the training runs' machine."""
-    same_machine([(source, collectives_meta), *[(p, m) for p, m, _ in runs]])
+    same_machine([(source, collectives_meta), *[(r.path, r.meta) for r in runs]])

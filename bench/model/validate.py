@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from bench.model.comm import CommModel
+from bench.model.comm import CommModel, fit_rows
 from bench.model.predict import predict_run
 from bench.model.runs import check_compatible, read_collectives_runs, read_training_runs
 
@@ -84,8 +84,6 @@ def bucket_choices(points: pd.DataFrame) -> pd.DataFrame:
 
 
 def validate(collectives: list[Path], training: list[Path]) -> tuple[CommModel, pd.DataFrame]:
-    from bench.model.comm import fit_rows
-
     meta, df = read_collectives_runs(collectives)
     runs = read_training_runs(training)
     check_compatible(meta, collectives[0], runs)
@@ -95,7 +93,8 @@ def validate(collectives: list[Path], training: list[Path]) -> tuple[CommModel, 
         host=meta.get("host", ""),
         source=", ".join(map(str, collectives)),
     )
-    points = pd.concat([predict_run(d, m, ok, comm) for d, m, ok in runs], ignore_index=True)
+    rows = [predict_run(r.path, r.meta, r.ok, comm, r.points) for r in runs]
+    points = pd.concat(rows, ignore_index=True)
     points["diagnosis"] = points.apply(diagnose, axis=1) if len(points) else []
     return comm, points
 

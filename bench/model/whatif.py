@@ -24,12 +24,14 @@ from bench.model import schedule as sch
 from bench.model.comm import FitError, load_runs
 from bench.model.compute import ComputeProfile, pooled
 from bench.model.links import LinkCosts, parse_link
-from bench.model.predict import Case, compute_profiles, ddp, fsdp, overlap_share
+from bench.model.predict import case_of, compute_profiles, ddp, fsdp, overlap_share
 from bench.model.runs import check_compatible, read_collectives_runs, read_training_runs
-from parallel_kernels.fsdp import zero_state_bytes
+from bench.runfolder.points import PointRecord
+from parallel_kernels.fsdp_layout import zero_state_bytes
 
 BUCKETS_MB = (1.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0)
 # DistributedDataParallel left at its defaults: 25 MB buckets after a first one of 1 MiB.
+DEFAULT_BUCKET_MB = 25.0  # DistributedDataParallel's own default, whatever our knob table says
 DEFAULT_DDP = "ddp default (25 MB, first bucket 1 MiB)"
 SHARDINGS = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD")
 DEFAULT_SHARDING = "FULL_SHARD"
@@ -54,8 +56,7 @@ def _row(n, choice, tl: sch.Timeline, compute_ms: float, psi: int, sharding: str
 def predict_scales(
     prof: ComputeProfile,
     *,
-    model: str,
-    batch: int,
+    point: PointRecord,
     comm,
     world_sizes: list[int],
     share: float = 1.0,
@@ -66,17 +67,21 @@ def predict_scales(
     prof = prof.scaled(speedup)
     psi = sum(prof.grad_bytes) // 4
     rows = []
+    # The measured DDP point's record: its implementation's facts and the model's shapes.
+    base = replace(case_of(point), knobs={}, defaults={})
     for n in world_sizes:
-        base = Case(
-            strategy="ddp", impl="native", model=model, world=n, options={}, train={}, batch=batch
-        )
-        ddp_choices = [(DEFAULT_DDP, {"bucket_cap_mb": 25.0, "first_bucket_mb": 1.0})]
-        ddp_choices += [(f"ddp bucket_cap_mb={mb:g}", {"bucket_cap_mb": mb}) for mb in buckets_mb]
-        for name, options in ddp_choices:
-            tl = sch.simulate(ddp(replace(base, options=options), prof, comm, n), share=share)
+        base = replace(base, world=n)
+        default = replace(base, knobs={"bucket_cap_mb": DEFAULT_BUCKET_MB}, first_bucket_mb=1.0)
+        ddp_choices = [(DEFAULT_DDP, default)]
+        ddp_choices += [(f"ddp bucket_cap_mb={mb:g}", replace(base, knobs={"bucket_cap_mb": mb}))
+                        for mb in buckets_mb]  # fmt: skip
+        for name, case in ddp_choices:
+            tl = sch.simulate(ddp(case, prof, comm, n), share=share)
             rows.append(_row(n, name, tl, prof.total_ms, psi, "NO_SHARD"))
         for sharding in SHARDINGS:
-            case = replace(base, strategy="fsdp", options={"sharding_strategy": sharding})
+            # native fully_shard: its reductions do not block computation
+            case = replace(base, schedule="fsdp", facts={**base.facts, "reduce_blocks": False},
+                           knobs={"sharding_strategy": sharding})  # fmt: skip
             held = zero_state_bytes(psi, n, sharding) / zero_state_bytes(psi, n, "NO_SHARD")
             # the optimiser steps over the rank's share of the state
             p = replace(prof, after_ms=prof.after_ms * held) if sharding != "NO_SHARD" else prof
@@ -111,25 +116,27 @@ def recommend(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def load_compute(collectives: list[Path], compute: Path, *, model: str | None = None):
-    """(computation profile, model, batch per rank, the run's meta) for a what-if: the DDP
+    """(computation profile, a DDP point's record, the run's meta) for a what-if: the DDP
     points of ``compute`` (native ones if any, of ``model`` or the model with the most gradient
     bytes) pooled into one profile, from the collectives' machine."""
     meta, _ = read_collectives_runs(collectives)
     runs = read_training_runs([compute])
     check_compatible(meta, collectives[0], runs)
-    run_dir, run_meta, ok = runs[0]
-    points = ok[ok["strategy"] == "ddp"]
+    run_dir, run_meta, ok, records = runs[0]
+    points = ok[[records[p].schedule == "ddp" and records[p].knobs.get("comm_hook") in
+                 (None, "none") for p in ok["point"]]]  # fmt: skip
     if points.empty:
         raise FitError(f"--compute {run_dir} has no ok DDP points (run --sweep bucket_cap_mb)")
     model = model or points.sort_values("grad_bytes")["model"].iloc[-1]
     points = points[points["model"] == model]
     if points.empty:
         raise FitError(f"--compute {run_dir} has no ok DDP points of model {model}")
-    if (points["impl"] == "native").any():
-        points = points[points["impl"] == "native"]
+    native = [records[p].impl_facts["native"] for p in points["point"]]
+    if any(native):
+        points = points[native]
     profiles = compute_profiles(run_dir, run_meta, points)
     prof = pooled(list({id(p): p for p in profiles.values()}.values()), f"{run_dir.name}: {model}")
-    return prof, model, int(points["batch_per_replica"].iloc[0]), run_meta
+    return prof, records[points["point"].iloc[0]], run_meta
 
 
 def link_costs(link: str | None, collectives: list[Path], run_meta: dict):

@@ -7,9 +7,8 @@ import argparse
 import sys
 from pathlib import Path
 
-import pandas as pd
-
 from bench.report.page import write_report
+from bench.runfolder.points import RunFolderError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         out, cmp = write_report(args.run_dir, args.reports_dir, args.baseline, args.collectives)
-    except (FileNotFoundError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
+    except (RunFolderError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"report: {out}")

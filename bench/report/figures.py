@@ -44,17 +44,27 @@ def is_numeric(values: pd.Series) -> bool:
     return pd.api.types.is_numeric_dtype(values)
 
 
-def step_time_figure(ok: pd.DataFrame, sweep: str) -> str:
+def step_time_figure(ok: pd.DataFrame, sweep: str, second: str | None = None) -> str:
     """Numeric sweeps (bucket sizes): lines on a log axis; named values (sharding strategies):
-    bars side by side, one per implementation."""
-    models = list(dict.fromkeys(ok["model"]))
+    bars side by side, one per implementation. One panel per model, and in a grid per value of
+    its ``second`` knob (the ``value2`` column)."""
     numeric = is_numeric(ok["value"])
     names = list(dict.fromkeys(ok["value"]))
-    fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 3.8), squeeze=False)
-    for ax, model in zip(axes[0], models, strict=True):
-        impls = list(dict.fromkeys(ok.loc[ok["model"] == model, "impl"]))
+    grid = second is not None and "value2" in ok
+    keys = ["model", "value2"] if grid else ["model"]
+    panels = list(dict.fromkeys(ok[keys].itertuples(index=False, name=None)))
+    cols = min(len(panels), 3)
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols, 3.8 * rows), squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    for ax, panel in zip(axes.flat, panels, strict=False):
+        sel = np.logical_and.reduce([ok[k] == v for k, v in zip(keys, panel, strict=True)])
+        here = ok[sel]
+        model = panel[0]
+        impls = list(dict.fromkeys(here["impl"]))
         width = 0.8 / max(1, len(impls))
-        for k, (impl, g) in enumerate(ok[ok["model"] == model].groupby("impl", sort=False)):
+        for k, (impl, g) in enumerate(here.groupby("impl", sort=False)):
             g = g.sort_values("value") if numeric else g
             err = [g["step_ms_median"] - g["step_ms_min"], g["step_ms_max"] - g["step_ms_median"]]
             if numeric:
@@ -70,15 +80,16 @@ def step_time_figure(ok: pd.DataFrame, sweep: str) -> str:
             ax.minorticks_off()
         else:
             ax.set_xticks(range(len(names)), names, fontsize=8)
-        ax.set_xlabel(sweep)
+        ax.set_xlabel(sweep.split(",")[0])
         ax.set_ylabel("step time, ms (median, min-max)")
-        ax.set_title(model)
+        ax.set_title(f"{model}, {second}={fmt_value(panel[1])}" if grid else model)
         ax.grid(alpha=0.3)
         ax.legend()
+    per = f"model and {second}" if grid else "model"
     return _png(
         fig,
-        f"Step time (median, bars from min to max) against {sweep}, one panel per "
-        "model, one line per implementation.",
+        f"Step time (median, bars from min to max) against {sweep.split(',')[0]}, one panel "
+        f"per {per}, one line per implementation.",
     )
 
 

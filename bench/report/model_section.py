@@ -70,17 +70,18 @@ def model_sections(run_dir: Path, collectives: list[Path]) -> list[str]:
 def _whatif(run_dir: Path, collectives: list[Path], html_table) -> list[str]:
     parts = ["<h3>What if: larger worlds</h3>"]
     try:
-        prof, model, batch, run_meta = load_compute(collectives, run_dir)
+        prof, point, run_meta = load_compute(collectives, run_dir)
     except (FitError, ValueError) as e:
         return [*parts, f"<p>No what-if: {html.escape(str(e))}</p>"]
     for link in WHATIF_LINKS:
         costs, about, share = link_costs(link, collectives, run_meta)
         table = predict_scales(
-            prof, model=model, batch=batch, comm=costs, world_sizes=list(WHATIF_WORLDS), share=share
+            prof, point=point, comm=costs, world_sizes=list(WHATIF_WORLDS), share=share
         )
         eff = table.groupby("world_size")["scaling_efficiency_pct"].max()
         parts += [
-            f"<p>{html.escape(about)}; computation of {html.escape(model)} at {batch} samples "
+            f"<p>{html.escape(about)}; computation of {html.escape(point.model)} at "
+            f"{point.batch_per_replica} samples "
             f"per rank, {prof.total_ms:.1f} ms per step ({html.escape(prof.source)}), as measured "
             f"here; weak scaling; computation and communication each at speed {share:g} while "
             f"both run. Best scaling efficiency: "

@@ -17,9 +17,9 @@ from bench.report import figures as figs
 from bench.report.compare import compare
 from bench.report.model_section import model_sections
 from bench.report.tables import html_table
-from bench.runfolder.folder import read_run
-from bench.runner.sweeps import SWEEPS
-from parallel_kernels.strategies import STRATEGIES
+from bench.runfolder import columns
+from bench.runfolder.folder import Run, RunFolderError, read_run
+from bench.runfolder.points import PointRecord
 
 CSS = """
 body{font-family:system-ui,sans-serif;margin:2em auto;max-width:72em;padding:0 1em;color:#222;
@@ -47,34 +47,35 @@ window.addEventListener("load", () => {
 });
 </script>"""
 
-TRAINING_TABLE = [
-    "model", "value", "scaling", "impl", "status", "efficiency_pct", "step_ms_median",
-    "step_ms_min", "step_ms_max",
-    "samples_per_s", "compute_ms", "comm_ms", "overlap_pct", "exposed_comm_ms", "idle_ms",
-    "compute_comm_ratio", "compute_share_pct", "gpu_util_pct", "comm_calls_per_step",
-    "comm_bytes_per_step", "comm_bytes_expected", "peak_mem_mb", "loss",
-]  # fmt: skip
-COLLECTIVE_TABLE = [
-    "collective", "op", "dtype", "size_bytes", "count", "impl", "time_us", "algbw_GBps",
-    "busbw_GBps", "wrong", "status",
-]  # fmt: skip
+TRAINING_TABLE = columns.report_columns(columns.TRAINING)
+COLLECTIVE_TABLE = columns.report_columns(columns.COLLECTIVE)
 COMPARE_TABLE = ["point", "old_ms", "new_ms", "ratio", "p_value", "verdict", "n_old", "n_new"]
 
 
-def headline(meta: dict, df: pd.DataFrame) -> str:
+def _axes(points: dict[str, PointRecord]) -> tuple[dict, str | None]:
+    """(swept axis -> its knob's default, the grid's second axis or None), from the record."""
+    first = next(iter(points.values()), None)
+    if first is None:
+        return {}, None
+    return first.swept_defaults, first.swept[1] if len(first.swept) > 1 else None
+
+
+def headline(meta: dict, df: pd.DataFrame, points: dict[str, PointRecord]) -> str:
     sweep = meta.get("sweep", "?")
     ok = df[df["status"] == "ok"]
     if "efficiency_pct" in ok and ok["efficiency_pct"].notna().any():
         return _scaling_headline(ok)
+    defaults, second = _axes(points)
+    default = defaults.get(sweep.split(",")[0])
+    keys = ["model", "impl", "value2"] if second else ["model", "impl"]
     lines = []
-    default = None
-    if sweep in SWEEPS and SWEEPS[sweep].strategy in STRATEGIES:
-        default = STRATEGIES[SWEEPS[sweep].strategy].options.get(SWEEPS[sweep].option)
-    for (model, impl), g in ok.groupby(["model", "impl"], sort=False):
+    for key, g in ok.groupby(keys, sort=False):
         best = g.loc[g["step_ms_median"].idxmin()]
+        where = f", {second}={figs.fmt_value(key[2])}" if second else ""
         text = (
-            f"<b>{html.escape(str(model))}</b>, {html.escape(str(impl))}: best "
-            f"<b>{sweep}={figs.fmt_value(best['value'])}</b> at {best['step_ms_median']:.1f} ms "
+            f"<b>{html.escape(str(key[0]))}</b>, {html.escape(str(key[1]))}{html.escape(where)}: "
+            f"best <b>{sweep.split(',')[0]}={figs.fmt_value(best['value'])}</b> at "
+            f"{best['step_ms_median']:.1f} ms "
             f"(min {best['step_ms_min']:.1f}, max {best['step_ms_max']:.1f})"
         )
         base = g[g["value"] == default] if default is not None else g.iloc[0:0]
@@ -106,15 +107,20 @@ def _scaling_headline(ok: pd.DataFrame) -> str:
     return "<br>".join(lines)
 
 
-def _collective_headline(ok: pd.DataFrame, limits: dict) -> str:
+def _collective_headline(ok: pd.DataFrame, limits: dict, impl_native: dict) -> str:
+    """Best busbw per collective and implementation, and ours over PyTorch's (the run's
+    ``impl_native`` says which is which)."""
+    ours = [i for i, native in impl_native.items() if not native]
+    theirs = [i for i, native in impl_native.items() if native]
     lines = []
     for coll, g in ok.groupby("collective", sort=False):
         best = g.groupby("impl")["busbw_GBps"].max()
         text = f"<b>{coll}</b>: best busbw " + ", ".join(
             f"{impl} {v:.2f} GB/s" for impl, v in best.items()
         )
-        if {"native", "reference"} <= set(best.index):
-            text += f" (reference/native {best['reference'] / best['native']:.2f})"
+        if ours and theirs and {ours[0], theirs[0]} <= set(best.index):
+            o, t = ours[0], theirs[0]
+            text += f" ({o}/{t} {best[o] / best[t]:.2f})"
         lines.append(text)
     p2p = limits.get("p2p_GBps")
     if p2p:
@@ -126,19 +132,19 @@ def _collective_headline(ok: pd.DataFrame, limits: dict) -> str:
     return "<br>".join(lines)
 
 
-def _training_sections(meta: dict, df: pd.DataFrame) -> list[str]:
+def _training_sections(meta: dict, df: pd.DataFrame, points: dict[str, PointRecord]) -> list[str]:
     sweep = meta.get("sweep", "?")
     df = scaling_efficiency(df)
     scaling = df["efficiency_pct"].notna().any()
     if "window_ms" in df:
         df["compute_share_pct"] = 100 * df["compute_ms"] / df["window_ms"]
     ok = df[df["status"] == "ok"]
-    parts = [f"<p class='headline'>{headline(meta, df) if len(df) else 'no results'}</p>"]
+    parts = [f"<p class='headline'>{headline(meta, df, points) if len(df) else 'no results'}</p>"]
     if len(ok):
         parts += (
             ["<h2>Scaling</h2>", figs.scaling_figure(ok)]
             if scaling
-            else ["<h2>Step time</h2>", figs.step_time_figure(ok, sweep)]
+            else ["<h2>Step time</h2>", figs.step_time_figure(ok, sweep, _axes(points)[1])]
         )
         parts += [
             "<h2>Where the step goes</h2>",
@@ -150,7 +156,7 @@ def _training_sections(meta: dict, df: pd.DataFrame) -> list[str]:
             and not (figs.is_numeric(ok["value"]))
         ):
             parts += ["<h2>Memory</h2>", figs.memory_figure(ok)]
-        if sweep in SWEEPS and SWEEPS[sweep].tradeoff and "loss" in ok:
+        if meta.get("tradeoff") and "loss" in ok:
             parts += ["<h2>Trade-offs</h2>", figs.tradeoff_figure(ok, sweep)]
         if "comm_bytes_expected" in ok and ok["comm_bytes_expected"].nunique() > 1:
             parts += ["<h2>Communication</h2>", figs.comm_figure(ok, sweep)]
@@ -183,7 +189,8 @@ def _training_sections(meta: dict, df: pd.DataFrame) -> list[str]:
 def _collective_sections(meta: dict, df: pd.DataFrame) -> list[str]:
     ok = df[df["status"] == "ok"]
     limits = meta.get("limits", {})
-    parts = [f"<p class='headline'>{_collective_headline(ok, limits)}</p>"]
+    head = _collective_headline(ok, limits, meta.get("impl_native", {}))
+    parts = [f"<p class='headline'>{head}</p>"]
     if len(ok):
         parts += [
             "<h2>Bus bandwidth</h2>",
@@ -228,9 +235,10 @@ def _comparison_sections(cmp: pd.DataFrame, baseline: Path) -> list[str]:
                        else "")]  # fmt: skip
 
 
-def render(meta: dict, df: pd.DataFrame, run_dir: Path, comparison=None, collectives=None) -> str:
+def render(run: Run, comparison=None, collectives=None) -> str:
     """The whole page; ``comparison`` is (table from ``compare``, baseline folder) or None;
     ``collectives``: message_size run folders to fit the cost model's section from, or None."""
+    meta, df, run_dir = run.meta, run.results, run.path
     sweep = meta.get("sweep", "?")
     failed = df[df["status"] != "ok"] if len(df) else df
     env = (
@@ -247,10 +255,14 @@ def render(meta: dict, df: pd.DataFrame, run_dir: Path, comparison=None, collect
         f"<p>{html.escape(env)}. Started {meta.get('start_time')}, ended "
         f"{meta.get('end_time')}.</p>",
     ]
-    parts += _collective_sections(meta, df) if "collective" in df else _training_sections(meta, df)
+    parts += (
+        _collective_sections(meta, df)
+        if meta.get("kind") == "collective"
+        else _training_sections(meta, df, run.points)
+    )
     if comparison is not None:
         parts += _comparison_sections(*comparison)
-    if collectives and "collective" not in df:
+    if collectives and meta.get("kind") != "collective":
         parts += model_sections(run_dir, list(collectives))
     if len(failed):
         parts.append("<h2 class='err'>Failed points</h2><ul>" + "".join(
@@ -279,17 +291,16 @@ def write_report(
 ) -> tuple[Path, pd.DataFrame | None]:
     """Write the report; return its path and, with a baseline, the comparison table; with
     ``collectives`` (message_size runs), the cost model's section."""
-    run_dir = Path(run_dir)
-    meta, df, samples = read_run(run_dir)
-    if not meta and df.empty:
-        raise FileNotFoundError(f"{run_dir} holds no meta.json or results.csv")
+    run = read_run(Path(run_dir))
+    if run.results.empty:
+        raise RunFolderError(f"{run_dir} holds no results.csv")
     comparison = None
     if baseline is not None:
-        _, old, old_samples = read_run(Path(baseline))
-        if old.empty:
-            raise FileNotFoundError(f"baseline {baseline} holds no results.csv")
-        comparison = (compare(df, samples, old, old_samples), Path(baseline))
+        old = read_run(Path(baseline))
+        if old.results.empty:
+            raise RunFolderError(f"baseline {baseline} holds no results.csv")
+        comparison = (compare(run.results, run.samples, old.results, old.samples), Path(baseline))
     reports_dir.mkdir(parents=True, exist_ok=True)
-    out = reports_dir / f"{run_dir.name}.html"
-    out.write_text(render(meta, df, run_dir, comparison, collectives))
+    out = reports_dir / f"{run.path.name}.html"
+    out.write_text(render(run, comparison, collectives))
     return out, comparison[0] if comparison else None

@@ -149,3 +149,14 @@ def markdown(table: tuple[Column, ...]) -> str:
         for c in table
     ]
     return "\n".join(lines)
+
+
+def docs_block() -> str:
+    """What docs/outputs.md holds between its column markers (a test keeps them equal)."""
+    return (
+        "Training sweeps (`results.csv`; ranks: how the ranks' figures become the point's; "
+        "`reader` columns are computed by the report, never written):\n\n"
+        + markdown(TRAINING)
+        + "\n\nThe collective sweep (`--sweep message_size`):\n\n"
+        + markdown(COLLECTIVE)
+    )

@@ -61,10 +61,8 @@ class PointRecord:
 
     @classmethod
     def from_dict(cls, data: dict) -> PointRecord:
+        """A record from its JSON; fields a newer minor version added are left aside."""
         names = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise RunFolderError(f"unknown point fields {', '.join(unknown)}")
         kwargs = {k: v for k, v in data.items() if k in names}
         for key in ("swept", "ranks"):
             if key in kwargs:

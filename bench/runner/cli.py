@@ -8,9 +8,12 @@ import sys
 from pathlib import Path
 
 from bench.runfolder.folder import has_results
+from bench.runner.collectives import CollectivePlan, run_collective_sweep
+from bench.runner.context import resume_problem
 from bench.runner.distenv import fail, launched_by_torchrun
 from bench.runner.points import build_points
 from bench.runner.sweeps import SWEEPS, message_sizes, parse_list, sweep_names
+from bench.runner.training import run_sweep
 from parallel_kernels.collectives import COLLECTIVES, DTYPES, IMPLS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -147,8 +150,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def collective_plan(args: argparse.Namespace):
     """Validate the message_size flags (before any rank starts)."""
-    from bench.runner.collectives import CollectivePlan
-
     if args.dtype not in DTYPES:
         raise ValueError(f"unknown dtype {args.dtype!r} (known: {', '.join(DTYPES)})")
     if args.op not in ("sum", "avg", "max"):
@@ -158,7 +159,7 @@ def collective_plan(args: argparse.Namespace):
         collectives=parse_list(args.collectives, "collective", COLLECTIVES)
         if args.collectives
         else list(COLLECTIVES),
-        impls=parse_list(args.impl, "implementation", dict.fromkeys(IMPLS))
+        impls=parse_list(args.impl, "implementation", IMPLS)
         if args.impl
         else list(IMPLS),
         dtype=args.dtype,
@@ -270,8 +271,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.resume and args.out is None:
         fail("--resume needs --out RUN_DIR (the run to continue)")
     if args.resume:
-        from bench.runner.context import resume_problem
-
         problem = resume_problem(args.out, args, _world_size(args))
         if problem:
             fail(problem)
@@ -287,9 +286,5 @@ def main(argv: list[str] | None = None) -> int:
         return _self_launch(args.nproc_per_node, _strip_nproc(argv))
 
     if plan is not None:
-        from bench.runner.collectives import run_collective_sweep
-
         return run_collective_sweep(args, plan, argv)
-    from bench.runner.training import run_sweep  # imports torch.distributed machinery
-
     return run_sweep(args, points, argv)

@@ -20,12 +20,13 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 
-from bench.runfolder.folder import COLLECTIVE_COLUMNS, COLLECTIVE_EXTRA_COLUMNS, write_meta
+from bench.runfolder import columns
+from bench.runfolder.folder import write_meta
 from bench.runner.context import RunContext, finish_run, start_run
 from bench.runner.distenv import DistEnv, rank0_print, synchronize
 from bench.runner.harness import root_cause
 from bench.runner.timing import timed_steps
-from parallel_kernels.collectives import COLLECTIVES, DTYPES, Collective, count_wrong
+from parallel_kernels.collectives import COLLECTIVES, DTYPES, IMPLS, Collective, count_wrong
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -197,7 +198,7 @@ def run_collective_sweep(args: argparse.Namespace, plan: CollectivePlan, argv: l
     ctx = start_run(
         args,
         argv,
-        COLLECTIVE_COLUMNS + COLLECTIVE_EXTRA_COLUMNS,
+        columns.written(columns.COLLECTIVE),
     )
     env = ctx.env
     limits = measure_limits(env, min(max(plan.sizes), 64 << 20))
@@ -209,6 +210,8 @@ def run_collective_sweep(args: argparse.Namespace, plan: CollectivePlan, argv: l
     if env.is_main:
         ctx.meta["limits"] = limits
         ctx.meta["collective_plan"] = vars(plan)
+        # what the reading side needs to know of each implementation (the table's fact)
+        ctx.meta["impl_native"] = {impl: IMPLS[impl] for impl in plan.impls}
         write_meta(ctx.run_dir / "meta.json", ctx.meta)
     n = env.world_size
     itemsize = torch.empty((), dtype=DTYPES[plan.dtype]).element_size()
@@ -248,6 +251,13 @@ def run_collective_sweep(args: argparse.Namespace, plan: CollectivePlan, argv: l
     return finish_run(ctx, lambda df: footer(df, limits))
 
 
+def ours_and_native(impls: list[str], native: dict[str, bool]) -> tuple[str | None, str | None]:
+    """(our implementation, PyTorch's) among ``impls``, by the table's fact; None if absent."""
+    ours = [i for i in impls if native.get(i) is False]
+    theirs = [i for i in impls if native.get(i)]
+    return (ours[0] if ours else None), (theirs[0] if theirs else None)
+
+
 def footer(df: pd.DataFrame, limits: dict) -> str:
     """nccl-tests' closing line per collective and implementation (average busbw), the best
     busbw against the measured point-to-point bandwidth, and reference/native busbw per size."""
@@ -269,12 +279,12 @@ def footer(df: pd.DataFrame, limits: dict) -> str:
     wide = ok.pivot_table(
         index=["collective", "size_bytes"], columns="impl", values="busbw_GBps", sort=False
     )
-    if {"native", "reference"} <= set(wide.columns):
-        lines.append("# reference / native busbw per size (> 1: the reference is faster):")
+    ours, theirs = ours_and_native(list(wide.columns), IMPLS)
+    if ours and theirs:
+        lines.append(f"# {ours} / {theirs} busbw per size (> 1: ours is faster):")
         for coll, g in wide.groupby(level=0, sort=False):
             ratios = "  ".join(
-                f"{human_bytes(size)}: {r.reference / r.native:.2f}"
-                for (_, size), r in g.iterrows()
+                f"{human_bytes(size)}: {r[ours] / r[theirs]:.2f}" for (_, size), r in g.iterrows()
             )
             lines.append(f"#   {coll:<15} {ratios}")
     failed = df[df["status"] != "ok"]

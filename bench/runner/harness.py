@@ -7,7 +7,6 @@ then agree on the outcome over the default group and all move on to the next poi
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import gc
 import hashlib
@@ -22,16 +21,12 @@ import torch.distributed as dist
 from bench.analysis import breakdown as analysis
 from bench.runfolder import columns
 from bench.runfolder.points import PointRecord
-from bench.runner.data import Batches
 from bench.runner.distenv import DistEnv
 from bench.runner.nvml import NvmlSampler
 from bench.runner.profiling import host_bytes_in_use, peak_rss_bytes, profile_steps, reset_peak_rss
+from bench.runner.step import build_trainer
 from bench.runner.timing import summarize_times, timed_steps
-from parallel_kernels.checkpointing import checkpoint_blocks
 from parallel_kernels.groups import mesh_lines, prepare
-from parallel_kernels.mesh import data_parallel_coords
-from parallel_kernels.models import MODELS, build_model, grad_bytes, param_count
-from parallel_kernels.step import clip_grad_norm, unsynced
 from parallel_kernels.strategies import STRATEGIES
 
 
@@ -83,72 +78,20 @@ def _train_and_measure(
     trace_dir: Path,
     progress: Callable[[str], None],
 ) -> dict:
-    spec = MODELS[point.model]
     strategy = STRATEGIES[point.strategy]
-    knobs = point.knobs
-    options = {k.name: knobs[k.name] for k in strategy.knobs}
-    autocast = _autocast(point, env.device)
-    world = dist.get_world_size(group)
-    rank = dist.get_rank(group)
-    if point.batch_per_replica is None:
-        raise ValueError(
-            f"global batch {point.global_batch} does not split over {point.dp_size} replicas"
-        )
     gc.collect()  # earlier points' modules hold reference cycles (hooks): free them first
     heap_before = host_bytes_in_use()
     reset_peak_rss()
     if env.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(env.device)
-
-    model = build_model(point.model, seed=cfg.seed).to(env.device)
-    n_params, n_grad_bytes = param_count(model), grad_bytes(model)
-    if knobs["activation_checkpointing"] == "on":
-        checkpoint_blocks(model)
-    wrapped = strategy.apply(point.impl, model, group=group, device=env.device, **options)
-    opt = torch.optim.AdamW(wrapped.parameters(), lr=cfg.lr)
-    dp_rank, dp_size = data_parallel_coords(wrapped, rank, world)
-    batch = point.batch_per_replica
-    # Enough samples for several batches per replica, so the sampler really wraps epochs.
-    dataset = spec.dataset(batch * dp_size * 8, cfg.seed)
-    batches = Batches(
-        dataset,
-        batch_size=batch,
-        rank=dp_rank,
-        world_size=dp_size,
-        device=env.device,
-        seed=cfg.seed,
-    )
-    last_loss = torch.zeros(())
-
-    accum = int(knobs["grad_accum"])
-    skip_sync = unsynced(wrapped, point.impl_facts["skip_sync"]) if accum > 1 else None
-    accelerator = getattr(wrapped, "accelerator", None)  # Accelerate's step: its backward
-    backward = accelerator.backward if accelerator is not None else torch.Tensor.backward
-
-    def step() -> None:
-        """One optimiser step over ``accum`` micro-batches; gradients are synchronised only
-        in the last one's backward."""
-        nonlocal last_loss
-        opt.zero_grad(set_to_none=True)
-        total = torch.zeros(())
-        for micro in range(accum):
-            x, y = next(batches)
-            with skip_sync() if micro < accum - 1 else contextlib.nullcontext():
-                with autocast():
-                    loss = spec.loss(wrapped(x), y) / accum
-                backward(loss)
-            total += loss.detach().cpu()
-        if cfg.clip_grad_norm is not None:
-            clip_grad_norm(wrapped, cfg.clip_grad_norm)
-        opt.step()
-        last_loss = total
+    trainer = build_trainer(point, env, group, seed=cfg.seed, lr=cfg.lr, clip=cfg.clip_grad_norm)
 
     progress("warm-up")
     for _ in range(point.warmup_steps):
-        step()
+        trainer.step()
     with NvmlSampler(env.device) as nvml:
         slowest, fastest = timed_steps(
-            step,
+            trainer.step,
             point.steps,
             device=env.device,
             group=group,
@@ -158,7 +101,7 @@ def _train_and_measure(
         )
     progress("profiling")
     trace_path, heap_at_active = profile_steps(
-        step,
+        trainer.step,
         trace_dir=trace_dir,
         worker_name=f"rank{env.rank}",
         device=env.device,
@@ -166,7 +109,7 @@ def _train_and_measure(
         warmup=cfg.profile_warmup,
         active=point.profile_steps,
     )
-    check_replicas_agree(strategy.replicated(wrapped), group)
+    check_replicas_agree(strategy.replicated(trainer.wrapped), group)
 
     trace = analysis.load_trace(trace_path)
     metrics = analysis.summarize(analysis.breakdown(trace))
@@ -177,8 +120,9 @@ def _train_and_measure(
     else:
         peak = np.nan
     metrics.update(summarize_times(slowest, fastest))
-    held = state_bytes(opt)
+    held = state_bytes(trainer.opt)
     expected_state = point.figures.get("state_bytes_expected")
+    samples = trainer.samples_per_step
     metrics.update(
         comm_bytes_expected=point.figures.get("comm_bytes_expected"),
         **dict(zip(("param_mb", "grad_mb", "optim_mb"), (b / 2**20 for b in held), strict=True)),
@@ -188,27 +132,15 @@ def _train_and_measure(
         samples_ms=[float(t) for t in slowest],  # per-step, for run-to-run comparison
         nvml_util_pct=nvml.mean_pct,
         peak_mem_mb=peak / 2**20,
-        params=n_params,
-        grad_bytes=n_grad_bytes,
-        loss=float(last_loss),
-        batch_per_replica=batch,
-        grad_accum=accum,
-        samples_per_s=batch * accum * dp_size / (metrics["step_ms_median"] / 1e3),
-        comm_bytes_per_sample=metrics["comm_bytes_per_step"] / (batch * accum * dp_size),
+        params=point.figures["params"],
+        grad_bytes=point.figures["grad_bytes"],
+        loss=float(trainer.last_loss),
+        batch_per_replica=point.batch_per_replica,
+        grad_accum=trainer.accum,
+        samples_per_s=samples / (metrics["step_ms_median"] / 1e3),
+        comm_bytes_per_sample=metrics["comm_bytes_per_step"] / samples,
     )
     return metrics
-
-
-def _autocast(point: PointRecord, device: torch.device):
-    """A context factory: the forward under ``torch.autocast`` when the record says so (a
-    strategy with its own mixed-precision policy has the precision among its knobs instead).
-    A dtype the device cannot compute in is refused."""
-    if point.autocast is None:
-        return contextlib.nullcontext
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[point.autocast]
-    if device.type == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
-        raise ValueError(f"{torch.cuda.get_device_name(device)} cannot compute in bf16")
-    return lambda: torch.autocast(device.type, dtype=dtype)
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

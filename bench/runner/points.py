@@ -18,7 +18,7 @@ import torch
 from bench.runfolder.points import PointRecord
 from bench.runner.sweeps import SWEEPS, Sweep, parse_list, sweep_names
 from parallel_kernels.fsdp_layout import fsdp_units, unit_params
-from parallel_kernels.knobs import KNOBS, positive_int, step_knobs
+from parallel_kernels.knobs import KNOBS, by_param, positive_int, step_knobs
 from parallel_kernels.mesh import local_layout
 from parallel_kernels.models import MODELS, grad_bytes, param_count
 from parallel_kernels.strategies import Strategy
@@ -56,9 +56,9 @@ def _figures(strategy: Strategy, impl, model: str, world: int, batch: int | None
         "tokens_per_sample": spec.tokens_per_sample,
         "fsdp_unit_bytes": [4 * sum(p.numel() for _, _, p in params) for _, params in units],
         # The data-parallel gradients of a TP point are bucketed as DDP does by default.
-        "dp_bucket_cap_mb": KNOBS["bucket_cap_mb"].default,
+        "dp_bucket_cap_mb": by_param("bucket_cap_mb").default,
     }
-    options = {k.name: knobs[k.name] for k in strategy.knobs}
+    options = {k.param: knobs[k.param] for k in strategy.knobs}
     plain = dict(model=twin, impl=impl, tokens=tokens)
     for name, fn in (("comm_bytes_expected", strategy.expected_comm_bytes),
                      ("state_bytes_expected", strategy.expected_state_bytes)):  # fmt: skip
@@ -96,13 +96,14 @@ def resolve_point(
     id_suffix: str = "",
 ) -> PointRecord:
     """One point, resolved: ``values`` maps each swept axis to its value here, ``knobs`` the
-    knobs set (by the sweep and ``--option``); every other knob takes its default."""
+    knobs set (by the sweep and ``--option``), by the keyword the code takes each by; every
+    other knob takes its default."""
     row = strategy_row(strategy)
     if model not in MODELS:
         raise ValueError(f"unknown model {model!r} (known: {', '.join(MODELS)})")
     facts = row.impl(impl)
     own = [*row.knobs, *step_knobs()]
-    defaults = {k.name: k.default for k in own}
+    defaults = {k.param: k.default for k in own}
     settings = dict(defaults)
     for name, value in (knobs or {}).items():
         if name not in defaults:
@@ -116,7 +117,7 @@ def resolve_point(
             settings["mixed_precision"] = precision
         else:
             autocast = precision
-    tp = row.tp_size(**{k.name: settings[k.name] for k in row.knobs})
+    tp = row.tp_size(**{k.param: settings[k.param] for k in row.knobs})
     dp = max(1, world_size // tp) if isinstance(tp, int) and tp > 0 else 1
     batch: int | None = batch_size
     if global_batch is not None:
@@ -151,8 +152,8 @@ def resolve_point(
 
 
 def parse_options(items: list[str], known: dict[str, Any], swept: tuple[str, ...]) -> dict:
-    """``KEY=VALUE`` knobs fixed for the whole sweep, each parsed by its knob's row; the knobs
-    the sweep sets cannot be fixed."""
+    """``NAME=VALUE`` knobs fixed for the whole sweep, each parsed by its knob's row, keyed by
+    the keyword the code takes it by; the knobs the sweep sets cannot be fixed."""
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -160,10 +161,10 @@ def parse_options(items: list[str], known: dict[str, Any], swept: tuple[str, ...
             raise ValueError(f"--option {item!r} is not KEY=VALUE")
         if key not in known:
             raise ValueError(f"unknown option {key!r} (known: {', '.join(known)})")
-        if key in swept:
+        if known[key].param in swept:
             raise ValueError(f"--option {key} is what the sweep varies: use --values")
         try:
-            out[key] = KNOBS[key].parse(value)
+            out[known[key].param] = known[key].parse(value)
         except ValueError as e:
             raise ValueError(f"bad --option {key}: {e}") from None
     return out

@@ -74,8 +74,8 @@ class Sweep:
 
     @property
     def knobs_set(self) -> tuple[str, ...]:
-        """The knobs the sweep's values set (what ``--option`` may not fix)."""
-        return self.sets or ((self.knob,) if self.knob else ())
+        """The keywords of the knobs the sweep's values set (what ``--option`` may not fix)."""
+        return self.sets or ((KNOBS[self.knob].param,) if self.knob else ())
 
     @property
     def picks_strategy(self) -> bool:
@@ -87,7 +87,7 @@ class Sweep:
 
     def knobs_for(self, value: Any, world: int | None) -> dict[str, Any]:
         if self.expand is None:
-            return {self.knob: value}
+            return {KNOBS[self.knob].param: value}
         if world is None:
             raise ValueError(f"the {self.name} sweep needs the world size")
         return self.expand(value, world)
@@ -203,9 +203,8 @@ def sweep_names(text: str) -> list[str]:
     names = [t.strip() for t in text.split(",") if t.strip()]
     unknown = [n for n in names if n not in SWEEPS]
     if not names or unknown:
-        raise ValueError(
-            f"unknown sweep {', '.join(unknown) or repr(text)} (known: {', '.join(SWEEPS)})"
-        )
+        names_given = ", ".join(map(repr, unknown)) or repr(text)
+        raise ValueError(f"unknown sweep {names_given} (known: {', '.join(SWEEPS)})")
     if len(names) > 2:
         raise ValueError(f"a grid crosses two sweeps, not {len(names)}: {text}")
     if len(names) == 2:

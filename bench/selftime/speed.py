@@ -29,38 +29,35 @@ import torch.distributed as dist
 
 from bench.analysis import breakdown as analysis
 from bench.analysis.breakdown import load_trace, memory_peak_delta
-from bench.runner.data import Batches
+from bench.runfolder.points import PointRecord
 from bench.runner.distenv import init_distributed, rank0_print
+from bench.runner.points import resolve_point
 from bench.runner.profiling import profile_steps
+from bench.runner.step import build_trainer
 from bench.runner.timing import timed_steps
-from parallel_kernels.models import MODELS, build_model
-from parallel_kernels.strategies import STRATEGIES, data_parallel_coords
+from parallel_kernels.knobs import KNOBS
+from parallel_kernels.strategies import STRATEGIES
 
 TARGETS = {"ddp": 1.10, "fsdp": 1.20, "tp": 1.15}  # reference/native step time, from the issues
 DEFAULT_MODEL = {"ddp": "wide_mlp", "fsdp": "transformer", "tp": "wide_mlp"}
+COMPARED_AT = {"tp": {"tp_degree": 2}}  # the issue's comparison: TP degree 2
 
 
-def build(impl: str, args, env):
-    model = build_model(args.model).to(env.device)
-    return STRATEGIES[args.strategy].apply(
-        impl, model, group=None, device=env.device, **args.options
-    )
+def point(impl: str, args, env) -> PointRecord:
+    """The implementation's point: the suite's own resolution, at the chosen knobs."""
+    return resolve_point(sweep="speed", values={"impl": impl}, model=args.model,
+                         strategy=args.strategy, impl=impl, knobs=args.options,
+                         world_size=env.world_size, batch_size=args.batch_size)  # fmt: skip
 
 
 def peak_memory(impl: str, args, env) -> float:
     from torch.profiler import ProfilerActivity, profile
 
-    spec = MODELS[args.model]
-    data = spec.dataset(args.batch_size * env.world_size, 0)
-    x, y = data.tensors[0][: args.batch_size], data.tensors[1][: args.batch_size]
     gc.collect()  # garbage freed inside the window would not be counted as freed
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        wrapped = build(impl, args, env)
-        opt = torch.optim.AdamW(wrapped.parameters(), lr=1e-3)
+        trainer = build_trainer(point(impl, args, env), env, None)
         for _ in range(2):
-            opt.zero_grad(set_to_none=True)
-            spec.loss(wrapped(x), y).backward()
-            opt.step()
+            trainer.step()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "memory.json"
         prof.export_chrome_trace(str(path))
@@ -72,28 +69,9 @@ def peak_memory(impl: str, args, env) -> float:
     return t.item()
 
 
-def _trainer(impl: str, args, env):
-    """One training step of a freshly built model."""
-    spec = MODELS[args.model]
-    wrapped = build(impl, args, env)
-    opt = torch.optim.AdamW(wrapped.parameters(), lr=1e-3)
-    dp_rank, dp_size = data_parallel_coords(wrapped, env.rank, env.world_size)
-    data = spec.dataset(args.batch_size * dp_size * 8, 0)
-    batches = Batches(
-        data, batch_size=args.batch_size, rank=dp_rank, world_size=dp_size, device=env.device
-    )
-
-    def step() -> None:
-        x, y = next(batches)
-        opt.zero_grad(set_to_none=True)
-        spec.loss(wrapped(x), y).backward()
-        opt.step()
-
-    return step
-
-
 def measure(impl: str, args, env) -> float:
-    step = _trainer(impl, args, env)
+    """Median step time (slowest rank) of a freshly built model: the harness's own step."""
+    step = build_trainer(point(impl, args, env), env, None).step
     for _ in range(args.warmup):
         step()
     slowest, _ = timed_steps(step, args.steps, device=env.device, group=None)
@@ -102,7 +80,7 @@ def measure(impl: str, args, env) -> float:
 
 def comm_bytes(impl: str, args, env) -> float:
     """Bytes this rank hands to collectives per step, read from a profiled run's trace."""
-    step = _trainer(impl, args, env)
+    step = build_trainer(point(impl, args, env), env, None).step
     with tempfile.TemporaryDirectory() as tmp:
         path, _ = profile_steps(step, trace_dir=Path(tmp), worker_name=f"rank{env.rank}",
                                 device=env.device, wait=1, warmup=1, active=2)  # fmt: skip
@@ -111,11 +89,13 @@ def comm_bytes(impl: str, args, env) -> float:
 
 
 def parse_option(text: str) -> tuple[str, object]:
-    key, _, value = text.partition("=")
+    key, sep, value = text.partition("=")
+    if not sep or key not in KNOBS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KNOB=VALUE (knobs: {', '.join(KNOBS)})")
     try:
-        return key, float(value) if "." in value else int(value)
-    except ValueError:
-        return key, value
+        return key, KNOBS[key].parse(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def main() -> int:
@@ -127,7 +107,7 @@ def main() -> int:
         action="append",
         default=[],
         type=parse_option,
-        help="strategy option, e.g. bucket_cap_mb=25 or sharding_strategy=FULL_SHARD",
+        help="a knob, e.g. bucket_cap_mb=25 or sharding_strategy=FULL_SHARD (repeatable)",
     )
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--rounds", type=int, default=5)
@@ -137,10 +117,7 @@ def main() -> int:
     args = p.parse_args()
     strategy = STRATEGIES[args.strategy]
     args.model = args.model or DEFAULT_MODEL.get(args.strategy, "transformer")
-    defaults = {k: v for k, v in strategy.options.items() if v is not None}
-    if args.strategy == "tp":
-        defaults["tp_degree"] = 2  # the issue's comparison: degree 2
-    args.options = defaults | dict(args.option)
+    args.options = COMPARED_AT.get(args.strategy, {}) | dict(args.option)
     env = init_distributed()
     impls = args.impl.split(",") if args.impl else list(strategy.impls)
     times: dict[str, list[float]] = {i: [] for i in impls}
@@ -154,7 +131,7 @@ def main() -> int:
     peaks = {i: peak_memory(i, args, env) for i in impls}
     comm = {i: comm_bytes(i, args, env) for i in impls}
     med = {i: float(np.median(t)) for i, t in times.items()}
-    opts = ", ".join(f"{k}={v}" for k, v in args.options.items())
+    opts = ", ".join(f"{k}={v}" for k, v in point(impls[0], args, env).knobs.items())
     rank0_print(
         f"\n{args.strategy} ({opts}), {args.model}, world size {env.world_size}, "
         f"{env.backend} on {env.device.type}"

@@ -19,8 +19,9 @@ import torch.distributed as dist
 from bench.runner.data import Batches
 from bench.runner.timing import timed_steps
 from parallel_kernels.collectives import COLLECTIVES, count_wrong
+from parallel_kernels.mesh import data_parallel_coords
 from parallel_kernels.models import MLP, MODELS, Transformer
-from parallel_kernels.strategies import STRATEGIES, data_parallel_coords
+from parallel_kernels.strategies import STRATEGIES
 
 CPU = torch.device("cpu")
 

@@ -1,0 +1,111 @@
+"""The training step of a point, as the harness times it and as ``bench/selftime/speed.py``
+compares implementations with: build the plain model (same seed on every rank), apply the
+strategy's implementation, and step AdamW over the point's micro-batches."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from bench.runfolder.points import PointRecord
+from bench.runner.data import Batches
+from bench.runner.distenv import DistEnv
+from parallel_kernels.checkpointing import checkpoint_blocks
+from parallel_kernels.mesh import data_parallel_coords
+from parallel_kernels.models import MODELS, build_model
+from parallel_kernels.step import clip_grad_norm, unsynced
+from parallel_kernels.strategies import STRATEGIES
+
+
+def autocast_for(point: PointRecord, device: torch.device):
+    """A context factory: the forward under ``torch.autocast`` when the record says so (a
+    strategy with its own mixed-precision policy has the precision among its knobs instead).
+    A dtype the device cannot compute in is refused."""
+    if point.autocast is None:
+        return contextlib.nullcontext
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[point.autocast]
+    if device.type == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
+        raise ValueError(f"{torch.cuda.get_device_name(device)} cannot compute in bf16")
+    return lambda: torch.autocast(device.type, dtype=dtype)
+
+
+@dataclass
+class Trainer:
+    """A point's model, wrapped, with its optimiser and data; ``step()`` is one optimiser
+    step over ``accum`` micro-batches, gradients synchronised only in the last one's
+    backward."""
+
+    point: PointRecord
+    wrapped: torch.nn.Module
+    opt: torch.optim.Optimizer
+    batches: Batches
+    dp_size: int
+    accum: int
+    clip: float | None = None
+    last_loss: torch.Tensor = field(default_factory=lambda: torch.zeros(()))
+
+    def __post_init__(self) -> None:
+        spec = MODELS[self.point.model]
+        self._loss = spec.loss
+        self._autocast = autocast_for(self.point, next(self.wrapped.parameters()).device)
+        facts = self.point.impl_facts
+        self._skip_sync = unsynced(self.wrapped, facts["skip_sync"]) if self.accum > 1 else None
+        accelerator = getattr(self.wrapped, "accelerator", None)  # Accelerate's own backward
+        self._backward = accelerator.backward if accelerator is not None else torch.Tensor.backward
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.point.batch_per_replica * self.accum * self.dp_size
+
+    def step(self) -> None:
+        self.opt.zero_grad(set_to_none=True)
+        total = torch.zeros(())
+        for micro in range(self.accum):
+            x, y = next(self.batches)
+            last = micro == self.accum - 1
+            with contextlib.nullcontext() if last else self._skip_sync():
+                with self._autocast():
+                    loss = self._loss(self.wrapped(x), y) / self.accum
+                self._backward(loss)
+            total += loss.detach().cpu()
+        if self.clip is not None:
+            clip_grad_norm(self.wrapped, self.clip)
+        self.opt.step()
+        self.last_loss = total
+
+
+def build_trainer(
+    point: PointRecord,
+    env: DistEnv,
+    group: dist.ProcessGroup | None,
+    *,
+    seed: int = 0,
+    lr: float = 1e-3,
+    clip: float | None = None,
+) -> Trainer:
+    """The point's model built, wrapped by its strategy's implementation, and fed its data."""
+    if point.batch_per_replica is None:
+        raise ValueError(
+            f"global batch {point.global_batch} does not split over {point.dp_size} replicas"
+        )
+    spec = MODELS[point.model]
+    strategy = STRATEGIES[point.strategy]
+    knobs = point.knobs
+    model = build_model(point.model, seed=seed).to(env.device)
+    if knobs["activation_checkpointing"] == "on":
+        checkpoint_blocks(model)
+    options = {k.param: knobs[k.param] for k in strategy.knobs}
+    wrapped = strategy.apply(point.impl, model, group=group, device=env.device, **options)
+    opt = torch.optim.AdamW(wrapped.parameters(), lr=lr)
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    dp_rank, dp_size = data_parallel_coords(wrapped, rank, world)
+    batch = point.batch_per_replica
+    # Enough samples for several batches per replica, so the sampler really wraps epochs.
+    dataset = spec.dataset(batch * dp_size * 8, seed)
+    batches = Batches(dataset, batch_size=batch, rank=dp_rank, world_size=dp_size,
+                      device=env.device, seed=seed)  # fmt: skip
+    return Trainer(point=point, wrapped=wrapped, opt=opt, batches=batches, dp_size=dp_size,
+                   accum=int(knobs["grad_accum"]), clip=clip)  # fmt: skip

@@ -1,0 +1,160 @@
+"""The run folder stands on its own: the reading side needs nothing of the side that ran it.
+
+``tests/data/runs/`` holds a small real run made with this layout's first version (a 2-rank
+bucket sweep of the seed MLP, its traces gzipped, and a message_size run of the same machine).
+Every later version must keep reading it.
+"""
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.report.__main__ import main as report_main
+from bench.runfolder import columns
+from bench.runfolder.folder import SCHEMA_VERSION, read_run
+from bench.runfolder.points import POINTS_FILE, RunFolderError, read_points
+
+REPO = Path(__file__).resolve().parents[1]
+RUNS = REPO / "tests" / "data" / "runs"
+BUCKET, COLLECTIVES = RUNS / "bucket2", RUNS / "collectives2"
+# What the running side is: with these unimportable, the reading side must still work.
+RUNNING_SIDE = (
+    "bench.runner", "parallel_kernels.strategies", "parallel_kernels.knobs",
+    "parallel_kernels.models", "parallel_kernels.collectives",
+)  # fmt: skip
+
+READ_EVERYTHING = """
+import io, json, re, sys, contextlib
+from pathlib import Path
+blocked = {blocked!r}
+for name in blocked:
+    sys.modules[name] = None  # ``import name`` (and its submodules) now raises ImportError
+from bench.report.page import write_report
+from bench.analysis.__main__ import main as analyse
+from bench.model.__main__ import main as model
+out = {{}}
+report, cmp = write_report(Path({run!r}), Path({tmp!r}) / "reports", baseline=Path({run!r}),
+                           collectives=[Path({coll!r})])
+html = report.read_text()
+out["images"] = html.count("data:image/png;base64,")
+out["report"] = re.sub(r"data:image/png;base64,[A-Za-z0-9+/=]+", "IMG", html)
+out["comparison"] = cmp.to_dict(orient="records")
+for name, argv in (("analysis", [str(Path({run!r}) / "traces" / "mlp-bucket_cap_mb=25-native"),
+                                 "--json"]),
+                   ("validate", ["validate", "--collectives", {coll!r}, {run!r}, "--json"])):
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = (analyse if name == "analysis" else model)(argv)
+    out[name] = [code, json.loads(buf.getvalue())]
+out["running_side_loaded"] = sorted(n for n in sys.modules if n in blocked and sys.modules[n])
+print(json.dumps(out, default=str))
+"""
+
+
+def read_everything(tmp: Path, blocked: tuple[str, ...]) -> dict:
+    code = READ_EVERYTHING.format(blocked=list(blocked), run=str(BUCKET), coll=str(COLLECTIVES),
+                                  tmp=str(tmp))  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=240, cwd=REPO)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+@pytest.mark.timeout(300)
+def test_report_baseline_analysis_and_model_read_the_folder_without_the_running_side(tmp_path):
+    normal = read_everything(tmp_path / "a", ())
+    alone = read_everything(tmp_path / "b", RUNNING_SIDE)
+    assert alone["running_side_loaded"] == []
+    for key in ("report", "images", "comparison", "analysis", "validate"):
+        assert alone[key] == normal[key], key
+    # and what was read is the real thing: four points, each predicted, traces analysed
+    assert normal["images"] >= 4 and "mlp-bucket_cap_mb=25-native" in normal["report"]
+    assert len(normal["comparison"]) == 4
+    code, validate = normal["validate"]
+    assert code == 0 and len(validate["points"]) == 4
+    assert all(p["predicted_step_ms"] > 0 for p in validate["points"])
+    assert normal["analysis"][0] == 0 and len(normal["analysis"][1]["ranks"]) == 2
+
+
+def test_the_committed_run_is_read_with_its_points_records():
+    run = read_run(BUCKET)
+    assert run.meta["schema_version"].split(".")[0] == SCHEMA_VERSION.split(".")[0]
+    assert set(run.points) == set(run.results["point"])
+    rec = run.points["mlp-bucket_cap_mb=1-reference"]
+    assert rec.knobs["bucket_cap_mb"] == 1.0 and rec.defaults["bucket_cap_mb"] == 25.0
+    assert rec.impl_facts["buckets"] == "reference" and rec.impl_facts["native"] is False
+    assert rec.figures["params"] == 235146 and rec.world_size == 2
+    assert list(run.results.columns) == columns.written(columns.TRAINING)
+
+
+def test_docs_list_the_column_table():
+    text = (REPO / "docs" / "outputs.md").read_text()
+    block = re.search(r"<!-- columns:start -->\n(.*)\n<!-- columns:end -->", text, re.S)
+    assert block and block.group(1) == columns.docs_block()
+
+
+def test_the_writer_refuses_a_column_it_does_not_know(tmp_path):
+    from bench.runfolder.folder import ResultsWriter
+
+    writer = ResultsWriter(tmp_path / "results.csv", columns.written(columns.TRAINING))
+    with pytest.raises(KeyError, match="no column step_time"):
+        writer.append({"sweep": "x", "step_time": 1.0})
+
+
+def _copy(tmp_path: Path) -> Path:
+    out = tmp_path / "run"
+    shutil.copytree(BUCKET, out)
+    return out
+
+
+def _report(run: Path, capsys) -> tuple[int, str]:
+    code = report_main([str(run), "--reports-dir", str(run.parent / "reports")])
+    return code, capsys.readouterr().err
+
+
+def test_bad_run_folders_are_one_line_and_exit_2(tmp_path, capsys):
+    run = _copy(tmp_path)
+    (run / POINTS_FILE).unlink()
+    code, err = _report(run, capsys)
+    assert code == 2 and err.count("\n") == 1 and "no points record" in err
+
+    run = _copy(tmp_path / "corrupt")
+    (run / POINTS_FILE).write_text('{"id": "x", "sweep"\n')
+    code, err = _report(run, capsys)
+    assert code == 2 and err.count("\n") == 1 and "points.jsonl:1 is not JSON" in err
+
+    run = _copy(tmp_path / "incomplete")
+    (run / POINTS_FILE).write_text('{"id": "x"}\n')
+    code, err = _report(run, capsys)
+    assert code == 2 and "point record is incomplete" in err
+
+    for version, says in (("3.0", "newer than this parallel-bench reads"),
+                          ("1", "parallel-bench 0.1 reads it")):  # fmt: skip
+        run = _copy(tmp_path / version)
+        meta = json.loads((run / "meta.json").read_text())
+        (run / "meta.json").write_text(json.dumps({**meta, "schema_version": version}))
+        code, err = _report(run, capsys)
+        assert code == 2 and err.count("\n") == 1 and says in err, err
+
+    code, err = _report(tmp_path / "nothing", capsys)
+    assert code == 2 and "is not a run folder (no meta.json)" in err
+
+
+def test_a_minor_version_is_read(tmp_path):
+    run = _copy(tmp_path)
+    meta = json.loads((run / "meta.json").read_text())
+    major = SCHEMA_VERSION.split(".")[0]
+    (run / "meta.json").write_text(json.dumps({**meta, "schema_version": f"{major}.9"}))
+    # a newer minor version may add fields: they are left aside
+    lines = (run / POINTS_FILE).read_text().splitlines()
+    added = [json.dumps({**json.loads(line), "added_later": 1}) for line in lines]
+    (run / POINTS_FILE).write_text("\n".join(added) + "\n")
+    assert read_points(run) == read_run(BUCKET).points
+    with pytest.raises(RunFolderError, match="incomplete"):
+        (run / POINTS_FILE).write_text(json.dumps({"id": "x", "added_later": 1}) + "\n")
+        read_points(run)
