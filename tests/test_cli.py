@@ -171,3 +171,20 @@ def test_resume_refuses_a_folder_that_is_not_a_run(tmp_path, capsys):
     )
     assert code == 2 and "is not a run folder (no meta.json)" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_resume_refuses_a_run_of_another_schema(tmp_path, capsys):
+    """Rows of this version have other columns than a schema-1 run's: never mix them."""
+    import json
+    import shutil
+
+    run = tmp_path / "old"
+    shutil.copytree(Path(__file__).parent / "data" / "runs" / "bucket2", run)
+    meta = json.loads((run / "meta.json").read_text())
+    del meta["schema_version"]
+    (run / "meta.json").write_text(json.dumps(meta))
+    code, err = run_main(
+        ["--sweep", "bucket_cap_mb", "--out", str(run), "--resume", "--nproc-per-node", "2"],
+        capsys,
+    )
+    assert code == 2 and "schema 1 (no points record): parallel-bench 0.1 reads it" in err

@@ -21,6 +21,7 @@ from bench.runfolder.folder import (
     SCHEMA_VERSION,
     ResultsWriter,
     SamplesWriter,
+    check_schema,
     default_run_dir,
     done_points,
     git_commit,
@@ -28,7 +29,7 @@ from bench.runfolder.folder import (
     utc_now,
     write_meta,
 )
-from bench.runfolder.points import POINTS_FILE, PointRecord, write_points
+from bench.runfolder.points import POINTS_FILE, PointRecord, RunFolderError, write_points
 from bench.runner.distenv import DistEnv, fail, init_distributed
 from bench.runner.sweeps import SWEEPS, sweep_names
 
@@ -74,6 +75,10 @@ def resume_problem(run_dir: Path, args: argparse.Namespace, world_size: int | No
         meta = json.loads(meta_path.read_text())
     except (OSError, ValueError) as e:
         return f"--resume: cannot read {meta_path}: {e}"
+    try:  # a run of another schema has other columns: appending to it would mix them
+        check_schema(run_dir, meta)
+    except RunFolderError as e:
+        return f"--resume: {e}"
     then = meta.get("config", {})
     now = json.loads(json.dumps({k: getattr(args, k, None) for k in SETTINGS}, default=str))
     diffs = [f"{k} {then.get(k)!r} (now {now[k]!r})" for k in SETTINGS if then.get(k) != now[k]]

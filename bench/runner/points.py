@@ -63,7 +63,7 @@ def _figures(strategy: Strategy, impl, model: str, world: int, batch: int | None
     for name, fn in (("comm_bytes_expected", strategy.expected_comm_bytes),
                      ("state_bytes_expected", strategy.expected_state_bytes)):  # fmt: skip
         try:
-            out[name] = float(fn(psi, world, **plain, **options)) if fn else None
+            out[name] = fn(psi, world, **plain, **options) if fn else None
         except ValueError:  # a layout that cannot run: the point's apply says why
             out[name] = None
     out["tp_comm_calls"] = None
