@@ -93,7 +93,7 @@ def test_a_killed_rank_ends_the_job_loudly_and_resume_completes_it(tmp_path):
 
     resumed = launch([sys.executable, "bench/run.py", *SWEEP, "--out", str(out), "--resume"],
                      timeout=240)  # fmt: skip
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert resumed.returncode == 0, resumed.stderr[-2000:] + resumed.stdout[-3000:]
     assert resumed.stdout.count("already done, skipped (--resume)") == len(finished)
     final = pd.read_csv(out / "results.csv")
     ok = final[final["status"] == "ok"]

@@ -93,7 +93,7 @@ def parse_option(text: str) -> tuple[str, object]:
     if not sep or key not in KNOBS:
         raise argparse.ArgumentTypeError(f"{text!r} is not KNOB=VALUE (knobs: {', '.join(KNOBS)})")
     try:
-        return key, KNOBS[key].parse(value)
+        return KNOBS[key].param, KNOBS[key].parse(value)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
