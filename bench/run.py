@@ -8,16 +8,15 @@ import os
 import sys
 from pathlib import Path
 
-# A rank that crashes in native code (a segfault or an abort in a backend) prints its Python
-# stack on stderr before it dies, so the launcher's "killed by SIGSEGV" says where.
-faulthandler.enable()
-
 # torchrun runs this file as a script: make the repository importable without an install.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.runner.cli import main
 
 if __name__ == "__main__":
+    # A rank that crashes in native code (a segfault or an abort in a backend) prints its
+    # Python stack on stderr before it dies, so the launcher's "killed by SIGSEGV" says where.
+    faulthandler.enable()
     code = main()
     # Every result is on disk (each row fsync'd, meta.json replaced atomically) and every process
     # group destroyed: leave without running native static destructors, where a backend thread
