@@ -1,5 +1,5 @@
 """Two nodes for real: two network namespaces on this machine joined by a veth pair, addresses
-only inside them, one torchrun per namespace (see the README's multi-node recipe).
+only inside them, one torchrun per namespace (see docs/multinode.md).
 
 Found to be needed with torch 2.13: ``--rdzv_conf=is_host=1`` on the node that owns the
 endpoint address, ``--local_addr`` on both, ``GLOO_SOCKET_IFNAME`` naming the veth (both ends

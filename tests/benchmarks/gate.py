@@ -1,7 +1,7 @@
 """The regression gate CI runs: reference against native, measured in one run.
 
 Machines differ and are noisy, so absolute times are not compared with a stored baseline here
-(pytest-benchmark's ``--benchmark-compare-fail`` does that on one machine, see the README).
+(pytest-benchmark's ``--benchmark-compare-fail`` does that on one machine, see docs/benchmarks.md).
 Instead each gate times the reference and the native kernel in interleaved rounds in the same
 launch and compares their ratio with a committed limit: busbw reference / native for
 collectives (higher is better), step time reference / native for training (lower is better).
