@@ -52,13 +52,14 @@ def step_time_figure(ok: pd.DataFrame, sweep: str, second: str | None = None) ->
     names = list(dict.fromkeys(ok["value"]))
     grid = second is not None and "value2" in ok
     keys = ["model", "value2"] if grid else ["model"]
-    panels = list(dict.fromkeys(ok[keys].itertuples(index=False, name=None)))
-    cols = min(len(panels), 3)
-    rows = -(-len(panels) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols, 3.8 * rows), squeeze=False)
-    for ax in axes.flat[len(panels):]:
-        ax.set_visible(False)
-    for ax, panel in zip(axes.flat, panels, strict=False):
+    models = list(dict.fromkeys(ok["model"]))
+    # a grid reads as one: a row per model, a column per value of the second knob
+    seconds = list(dict.fromkeys(ok["value2"])) if grid else [None]
+    panels = [(m, v) if grid else (m,) for m in models for v in seconds]
+    rows, cols = (len(models), len(seconds)) if grid else (1, len(models))
+    fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols, 3.8 * rows), squeeze=False,
+                             layout="constrained")  # fmt: skip
+    for ax, panel in zip(axes.flat, panels, strict=True):
         sel = np.logical_and.reduce([ok[k] == v for k, v in zip(keys, panel, strict=True)])
         here = ok[sel]
         model = panel[0]
