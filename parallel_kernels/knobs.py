@@ -3,8 +3,10 @@
 A knob is either an option of a strategy (passed to its implementations' apply functions:
 ``bucket_cap_mb``, ``sharding_strategy`` ...) or a knob of the training step that every strategy
 takes (``precision``, ``grad_accum``, ``activation_checkpointing``). Its row says how a value is
-read from the command line, its default, and where it applies; nothing else in the code base
-keeps a knob's default or tells knobs apart by name.
+read from the command line, its default, where it applies, and the keyword (``param``) the code
+takes its value by. The command line knows a knob by its name; the code reads a point's value
+by that keyword from the point's record, which holds every knob's value and default: no other
+place keeps a knob's default.
 """
 
 from __future__ import annotations

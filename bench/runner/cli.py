@@ -68,14 +68,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="comma list of models (default: the sweep's own)")
     p.add_argument("--impl", help="comma list of implementations, e.g. native,reference")
     p.add_argument(
-        "--strategy", help="world_size sweep: the strategy measured (ddp, fsdp, tp; default ddp)"
+        "--strategy",
+        help="world_size and training-knob sweeps: the strategy measured (default ddp)",
     )
     p.add_argument("--scaling", help="world_size sweep: weak, strong or both (default weak,strong)")
     p.add_argument(
         "--option",
         action="append",
-        metavar="KEY=VALUE",
-        help="a strategy option fixed for every point, e.g. mixed_precision=bf16 (repeatable)",
+        metavar="KNOB=VALUE",
+        help="a knob fixed for every point, e.g. sharding_strategy=HYBRID_SHARD or "
+        "precision=bf16 (repeatable)",
     )
     p.add_argument("--out", type=Path, help="run folder (default results/<UTC time>-<sweep>)")
     p.add_argument(
