@@ -56,8 +56,9 @@ print(json.dumps(out, default=str))
 """
 
 
-def read_everything(tmp: Path, blocked: tuple[str, ...]) -> dict:
-    code = READ_EVERYTHING.format(blocked=list(blocked), run=str(BUCKET), coll=str(COLLECTIVES),
+def read_everything(tmp: Path, blocked: tuple[str, ...], run: Path = BUCKET,
+                    coll: Path = COLLECTIVES) -> dict:  # fmt: skip
+    code = READ_EVERYTHING.format(blocked=list(blocked), run=str(run), coll=str(coll),
                                   tmp=str(tmp))  # fmt: skip
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=240, cwd=REPO)  # fmt: skip
@@ -79,6 +80,30 @@ def test_report_baseline_analysis_and_model_read_the_folder_without_the_running_
     assert code == 0 and len(validate["points"]) == 4
     assert all(p["predicted_step_ms"] > 0 for p in validate["points"])
     assert normal["analysis"][0] == 0 and len(normal["analysis"][1]["ranks"]) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_run_made_now_reads_the_same_without_the_running_side(tmp_path):
+    """Today's code writes a run folder (and a collectives run of this machine); read with the
+    running side unimportable, it gives what it gives with it."""
+    run, coll = tmp_path / "bucket", tmp_path / "coll"
+    for args in (["--sweep", "message_size", "--collectives", "all_reduce,all_gather", "-b", "64K",
+                  "-e", "4M", "-f", "8", "-n", "5", "-w", "1", "--out", str(coll)],
+                 ["--sweep", "bucket_cap_mb", "--values", "1,25", "--model", "mlp", "--steps",
+                  "4", "--warmup-steps", "1", "--profile-steps", "1", "--out", str(run)]):
+        proc = subprocess.run([sys.executable, "bench/run.py", *args, "--nproc-per-node", "2",
+                               "--no-report"], capture_output=True, text=True, timeout=200,
+                              cwd=REPO)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    normal = read_everything(tmp_path / "a", (), run, coll)
+    alone = read_everything(tmp_path / "b", RUNNING_SIDE, run, coll)
+    for key in ("report", "images", "comparison", "analysis", "validate"):
+        assert alone[key] == normal[key], key
+    assert len(normal["validate"][1]["points"]) == 4
+    # a collectives run without reduce-scatter: the what-if says so instead of failing
+    assert "No what-if (fitted gloo collectives" in normal["report"]
+    assert "has no native reduce_scatter" in normal["report"]
 
 
 def test_the_committed_run_is_read_with_its_points_records():

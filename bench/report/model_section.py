@@ -75,9 +75,13 @@ def _whatif(run_dir: Path, collectives: list[Path], html_table) -> list[str]:
         return [*parts, f"<p>No what-if: {html.escape(str(e))}</p>"]
     for link in WHATIF_LINKS:
         costs, about, share = link_costs(link, collectives, run_meta)
-        table = predict_scales(
-            prof, point=point, comm=costs, world_sizes=list(WHATIF_WORLDS), share=share
-        )
+        try:  # the collectives run may lack one the choices need (FSDP's reduce-scatter)
+            table = predict_scales(
+                prof, point=point, comm=costs, world_sizes=list(WHATIF_WORLDS), share=share
+            )
+        except FitError as e:
+            parts.append(f"<p>No what-if ({html.escape(about)}): {html.escape(str(e))}</p>")
+            continue
         eff = table.groupby("world_size")["scaling_efficiency_pct"].max()
         parts += [
             f"<p>{html.escape(about)}; computation of {html.escape(point.model)} at "
