@@ -28,6 +28,7 @@ from bench.runfolder.points import POINTS_FILE, PointRecord, RunFolderError, rea
 
 SCHEMA_VERSION = "2.0"
 
+
 def utc_now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
