@@ -92,14 +92,18 @@ class Collective:
         )
         return inp, out, expected64.to(dtype).to(device)
 
-    def run(self, impl: str, inp, out, op: str, group=None) -> None:
-        """Run implementation ``impl`` (one of ``IMPLS``): PyTorch's own or our reference."""
+    def impl(self, impl: str) -> Run:
+        """Implementation ``impl`` (one of ``IMPLS``): PyTorch's own or our reference, as a
+        function of (input, output, op, group)."""
         runs = {"native": self.native, "reference": self.reference}
         if impl not in runs:
             raise ValueError(
                 f"unknown collective implementation {impl!r} (known: {', '.join(runs)})"
             )
-        runs[impl](inp, out, op, group)
+        return runs[impl]
+
+    def run(self, impl: str, inp, out, op: str, group=None) -> None:
+        self.impl(impl)(inp, out, op, group)
 
 
 def count_wrong(out: torch.Tensor, expected: torch.Tensor) -> int:

@@ -130,12 +130,6 @@ KNOBS: dict[str, Knob] = {
 }  # fmt: skip
 
 
-def knob(name: str) -> Knob:
-    if name not in KNOBS:
-        raise ValueError(f"unknown knob {name!r} (known: {', '.join(KNOBS)})")
-    return KNOBS[name]
-
-
 def step_knobs() -> list[Knob]:
     return [k for k in KNOBS.values() if k.of_step]
 

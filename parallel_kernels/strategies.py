@@ -88,11 +88,6 @@ class Strategy:
     def knobs(self) -> list[Knob]:
         return strategy_knobs(self.name)
 
-    @property
-    def defaults(self) -> dict[str, Any]:
-        """Each of the strategy's knobs with its default, by the keyword its code takes."""
-        return {k.param: k.default for k in self.knobs}
-
     def impl(self, name: str) -> Impl:
         if name not in self.impls:
             raise KeyError(f"strategy {self.name!r} has no implementation {name!r}")
@@ -125,6 +120,10 @@ class Strategy:
         return row.apply(model, group=group, device=device, **self.impl_knobs(impl, knobs))
 
 
+def _by_name(*impls: Impl) -> dict[str, Impl]:
+    return {i.name: i for i in impls}
+
+
 def _ddp_state_bytes(psi: int, n: int, **_) -> float:
     return zero_state_bytes(psi, n, "NO_SHARD")
 
@@ -135,19 +134,16 @@ STRATEGIES: dict[str, Strategy] = {
         Strategy(
             name="ddp",
             description="data parallel: replicated model, gradients all-reduced in buckets",
-            impls={
-                i.name: i
-                for i in (
-                    Impl(name="native", apply=ddp.apply_native_ddp, native=True, buckets="ddp",
-                         skip_sync="no_sync"),
-                    Impl(name="reference", apply=ddp.apply_reference_ddp, native=False,
-                         buckets="reference", skip_sync="no_sync"),
-                    # Same buckets, all-reduced only after backward: the no-overlap baseline.
-                    Impl(name="reference_nooverlap",
-                         apply=partial(ddp.apply_reference_ddp, overlap=False), native=False,
-                         overlap=False, buckets="reference", skip_sync="no_sync"),
-                )
-            },
+            impls=_by_name(
+                Impl(name="native", apply=ddp.apply_native_ddp, native=True, buckets="ddp",
+                     skip_sync="no_sync"),
+                Impl(name="reference", apply=ddp.apply_reference_ddp, native=False,
+                     buckets="reference", skip_sync="no_sync"),
+                # Same buckets, all-reduced only after backward: the no-overlap baseline.
+                Impl(name="reference_nooverlap",
+                     apply=partial(ddp.apply_reference_ddp, overlap=False), native=False,
+                     overlap=False, buckets="reference", skip_sync="no_sync"),
+            ),
             default_impls=("native", "reference"),
             schedule="ddp",
             expected_state_bytes=_ddp_state_bytes,
@@ -157,17 +153,14 @@ STRATEGIES: dict[str, Strategy] = {
             name="fsdp",
             description="sharded data parallel (ZeRO): parameters, gradients and optimiser "
             "state split across ranks",
-            impls={
-                i.name: i
-                for i in (
-                    Impl(name="native", apply=fsdp.apply_native_fsdp, native=True,
-                         skip_sync="set_requires_gradient_sync"),
-                    Impl(name="reference", apply=fsdp.apply_reference_fsdp, native=False,
-                         reduce_blocks=True),
-                    Impl(name="native_fsdp1", apply=fsdp.apply_native_fsdp1, native=True,
-                         skip_sync="no_sync"),
-                )
-            },
+            impls=_by_name(
+                Impl(name="native", apply=fsdp.apply_native_fsdp, native=True,
+                     skip_sync="set_requires_gradient_sync"),
+                Impl(name="reference", apply=fsdp.apply_reference_fsdp, native=False,
+                     reduce_blocks=True),
+                Impl(name="native_fsdp1", apply=fsdp.apply_native_fsdp1, native=True,
+                     skip_sync="no_sync"),
+            ),
             default_impls=("native", "native_fsdp1", "reference"),
             schedule="fsdp",
             replicated=fsdp.fsdp_full_parameters,
@@ -179,15 +172,12 @@ STRATEGIES: dict[str, Strategy] = {
             name="accelerate",
             description="data parallel prepared by Hugging Face Accelerate (optional extra), "
             "next to plain DDP with the same autocast",
-            impls={
-                i.name: i
-                for i in (
-                    Impl(name="native", apply=ddp.apply_ddp_autocast, native=True,
-                         buckets="ddp", skip_sync="no_sync"),
-                    Impl(name="accelerate", apply=apply_accelerate, native=True, buckets="ddp",
-                         skip_sync="no_sync"),
-                )
-            },
+            impls=_by_name(
+                Impl(name="native", apply=ddp.apply_ddp_autocast, native=True,
+                     buckets="ddp", skip_sync="no_sync"),
+                Impl(name="accelerate", apply=apply_accelerate, native=True, buckets="ddp",
+                     skip_sync="no_sync"),
+            ),
             default_impls=("native", "accelerate"),
             schedule="ddp",
             expected_state_bytes=_ddp_state_bytes,
@@ -197,18 +187,15 @@ STRATEGIES: dict[str, Strategy] = {
             name="tp",
             description="tensor parallel (Megatron column/row layers) over a (dp, tp) mesh, "
             "data parallel (DDP, or FSDP with dp_shard) over the rest of the ranks",
-            impls={
-                i.name: i
-                for i in (
-                    Impl(name="native", apply=mesh.apply_native_tp, native=True, buckets="ddp",
-                         tp_layer="megatron"),
-                    Impl(name="reference", apply=mesh.apply_reference_tp, native=False,
-                         buckets="reference", tp_layer="megatron"),
-                    # The seed's column layer that all-gathers its output: what pairing saves.
-                    Impl(name="naive", apply=partial(mesh.apply_reference_tp, layer="naive"),
-                         native=False, buckets="reference", tp_layer="naive"),
-                )
-            },
+            impls=_by_name(
+                Impl(name="native", apply=mesh.apply_native_tp, native=True, buckets="ddp",
+                     tp_layer="megatron"),
+                Impl(name="reference", apply=mesh.apply_reference_tp, native=False,
+                     buckets="reference", tp_layer="megatron"),
+                # The seed's column layer that all-gathers its output: what pairing saves.
+                Impl(name="naive", apply=partial(mesh.apply_reference_tp, layer="naive"),
+                     native=False, buckets="reference", tp_layer="naive"),
+            ),
             default_impls=("native", "reference", "naive"),
             schedule="tp",
             replicated=lambda m: list(m.full_state().values()),

@@ -18,7 +18,7 @@ from bench.report.compare import compare
 from bench.report.model_section import model_sections
 from bench.report.tables import html_table
 from bench.runfolder import columns
-from bench.runfolder.folder import Run, RunFolderError, read_run
+from bench.runfolder.folder import Run, RunFolderError, ours_and_native, read_run
 from bench.runfolder.points import PointRecord
 
 CSS = """
@@ -110,17 +110,15 @@ def _scaling_headline(ok: pd.DataFrame) -> str:
 def _collective_headline(ok: pd.DataFrame, limits: dict, impl_native: dict) -> str:
     """Best busbw per collective and implementation, and ours over PyTorch's (the run's
     ``impl_native`` says which is which)."""
-    ours = [i for i, native in impl_native.items() if not native]
-    theirs = [i for i, native in impl_native.items() if native]
     lines = []
     for coll, g in ok.groupby("collective", sort=False):
         best = g.groupby("impl")["busbw_GBps"].max()
         text = f"<b>{coll}</b>: best busbw " + ", ".join(
             f"{impl} {v:.2f} GB/s" for impl, v in best.items()
         )
-        if ours and theirs and {ours[0], theirs[0]} <= set(best.index):
-            o, t = ours[0], theirs[0]
-            text += f" ({o}/{t} {best[o] / best[t]:.2f})"
+        ours, theirs = ours_and_native(list(best.index), impl_native)
+        if ours and theirs:
+            text += f" ({ours}/{theirs} {best[ours] / best[theirs]:.2f})"
         lines.append(text)
     p2p = limits.get("p2p_GBps")
     if p2p:

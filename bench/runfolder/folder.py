@@ -127,6 +127,15 @@ class Run:
     points: dict[str, PointRecord] = field(default_factory=dict)  # training runs
 
 
+def ours_and_native(impls: list[str], native: dict[str, bool]) -> tuple[str | None, str | None]:
+    """(our implementation, PyTorch's) among ``impls`` of a collectives run, by each one's
+    ``native`` fact (the collectives table's, recorded in meta.json as ``impl_native``); None
+    where absent."""
+    ours = [i for i in impls if native.get(i) is False]
+    theirs = [i for i in impls if native.get(i)]
+    return (ours[0] if ours else None), (theirs[0] if theirs else None)
+
+
 def check_schema(run_dir: Path, meta: dict) -> None:
     """RunFolderError unless this version reads the folder's schema."""
     version = str(meta.get("schema_version", "1"))

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from bench.runfolder import columns
-from bench.runfolder.folder import write_meta
+from bench.runfolder.folder import ours_and_native, write_meta
 from bench.runner.context import RunContext, finish_run, start_run
 from bench.runner.distenv import DistEnv, rank0_print, synchronize
 from bench.runner.harness import root_cause
@@ -102,15 +102,16 @@ def _measure(
     n, rank = dist.get_world_size(group), dist.get_rank(group)
     dtype = DTYPES[plan.dtype]
     inp, out, _ = coll.buffers(count, dtype, rank, n, op, env.device)
+    run = coll.impl(impl)  # looked up once, not in the timed loop
     for _ in range(plan.warmup):
-        coll.run(impl, inp, out, op, group)
+        run(inp, out, op, group)
     slowest, _ = timed_steps(
-        lambda: coll.run(impl, inp, out, op, group), plan.iters, device=env.device, group=group
+        lambda: run(inp, out, op, group), plan.iters, device=env.device, group=group
     )
     wrong = 0
     if plan.check:
         inp, out, expected = coll.buffers(count, dtype, rank, n, op, env.device)
-        coll.run(impl, inp, out, op, group)
+        run(inp, out, op, group)
         synchronize(env.device)
         wrong = count_wrong(out, expected)
     return {
@@ -249,13 +250,6 @@ def run_collective_sweep(args: argparse.Namespace, plan: CollectivePlan, argv: l
         for group in groups.values():
             dist.destroy_process_group(group)
     return finish_run(ctx, lambda df: footer(df, limits))
-
-
-def ours_and_native(impls: list[str], native: dict[str, bool]) -> tuple[str | None, str | None]:
-    """(our implementation, PyTorch's) among ``impls``, by the table's fact; None if absent."""
-    ours = [i for i in impls if native.get(i) is False]
-    theirs = [i for i in impls if native.get(i)]
-    return (ours[0] if ours else None), (theirs[0] if theirs else None)
 
 
 def footer(df: pd.DataFrame, limits: dict) -> str:

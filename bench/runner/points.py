@@ -9,6 +9,7 @@ reads records from the run folder and never these tables.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 from typing import Any
@@ -39,12 +40,18 @@ def point_id(model: str, values: dict[str, Any], impl: str, suffix: str = "") ->
     return re.sub(r"[^A-Za-z0-9_.=+-]", "_", f"{model}-{axes}{suffix}-{impl}")
 
 
+@functools.cache
+def _twin(model: str) -> torch.nn.Module:
+    """The plain model on the meta device: its shapes, without memory. Built once per model
+    and only read (the figures never change it), whatever the number of points."""
+    with torch.device("meta"):
+        return MODELS[model].build()
+
+
 def _figures(strategy: Strategy, impl, model: str, world: int, batch: int | None,
              knobs: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
-    """The analytical figures' inputs and values, from the plain model on the meta device."""
-    spec = MODELS[model]
-    with torch.device("meta"):
-        twin = spec.build()
+    """The analytical figures' inputs and values, from the plain model's shapes."""
+    spec, twin = MODELS[model], _twin(model)
     psi = param_count(twin)
     tokens = (batch or 0) * spec.tokens_per_sample
     units = unit_params(twin, fsdp_units(twin))

@@ -39,6 +39,7 @@ class Trainer:
     backward."""
 
     point: PointRecord
+    device: torch.device
     wrapped: torch.nn.Module
     opt: torch.optim.Optimizer
     batches: Batches
@@ -50,7 +51,7 @@ class Trainer:
     def __post_init__(self) -> None:
         spec = MODELS[self.point.model]
         self._loss = spec.loss
-        self._autocast = autocast_for(self.point, next(self.wrapped.parameters()).device)
+        self._autocast = autocast_for(self.point, self.device)
         facts = self.point.impl_facts
         self._skip_sync = unsynced(self.wrapped, facts["skip_sync"]) if self.accum > 1 else None
         accelerator = getattr(self.wrapped, "accelerator", None)  # Accelerate's own backward
@@ -107,5 +108,5 @@ def build_trainer(
     dataset = spec.dataset(batch * dp_size * 8, seed)
     batches = Batches(dataset, batch_size=batch, rank=dp_rank, world_size=dp_size,
                       device=env.device, seed=seed)  # fmt: skip
-    return Trainer(point=point, wrapped=wrapped, opt=opt, batches=batches, dp_size=dp_size,
-                   accum=int(knobs["grad_accum"]), clip=clip)  # fmt: skip
+    return Trainer(point=point, device=env.device, wrapped=wrapped, opt=opt, batches=batches,
+                   dp_size=dp_size, accum=int(knobs["grad_accum"]), clip=clip)  # fmt: skip
