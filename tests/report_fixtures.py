@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.runfolder import columns
+from bench.runfolder.columns import NOISE_COLUMNS
 from bench.runfolder.folder import SCHEMA_VERSION, ResultsWriter, SamplesWriter, write_meta
 from bench.runfolder.points import POINTS_FILE, write_points
 from bench.runner.points import resolve_point
@@ -21,12 +22,18 @@ def make_training_run(
     seed: int = 0,
     failed: dict[tuple[str, float, str], str] | None = None,
     steps: int = 20,
+    rounds: int = 3,
+    visit_sd: float = 0.01,
+    floor_sd: float = 0.01,
     sweep: str = "bucket_cap_mb",
     strategy: str = "ddp",
     comm: dict[tuple[str, float, str], tuple[float, float]] | None = None,
 ) -> Path:
     """A training run (bucket_cap_mb unless ``sweep`` says otherwise): ``points`` maps (model,
-    value, impl) to a median step time (ms); each point gets ``steps`` samples with 3 % noise.
+    value, impl) to a median step time (ms); each point gets ``rounds`` visits of ``steps``
+    samples with 3 % noise, each visit off by ``visit_sd`` (drift), and each round as a whole
+    by 0.5 %; noise.csv holds a reference workload's 2.0 ms with ``floor_sd`` noise between
+    visits.
     ``comm``: (measured, analytical) bytes per step of some points (default 4e7 both)."""
     rng = np.random.default_rng(seed)
     run_dir.mkdir(parents=True)
@@ -36,7 +43,9 @@ def make_training_run(
         "torch_version": "2.13.0", "backend": "gloo", "device": "cpu", "device_name": "x86_64",
         "world_size": 2, "nodes": 1, "host": "h", "git_commit": "abc",
         "start_time": "2026-01-01T00:00:00Z", "end_time": "2026-01-01T00:01:00Z",
+        "config": {"target_ci_pct": 2.0, "max_steps": 60, "max_point_s": 8.0, "rounds": rounds},
     })  # fmt: skip
+    noise = ResultsWriter(run_dir / "noise.csv", NOISE_COLUMNS)
     writer = ResultsWriter(run_dir / "results.csv", columns.written(columns.TRAINING))
     samples = SamplesWriter(run_dir / "samples.csv")
     records = [
@@ -46,23 +55,36 @@ def make_training_run(
         for (model, value, impl) in [*points, *(failed or {})]
     ]  # fmt: skip
     write_points(run_dir / POINTS_FILE, records)
-    for (model, value, impl), ms in points.items():
-        point = f"{model}-{sweep}={value:g}-{impl}"
-        measured, expected = (comm or {}).get((model, value, impl), (4e7, 4e7))
-        t = ms * (1 + 0.03 * rng.standard_normal(steps))
-        compute = 0.7 * ms if impl == "native" else 0.85 * ms
-        writer.append({
-            "sweep": sweep, "value": value, "impl": impl, "strategy": strategy,
-            "world_size": 2, "status": "ok", "error": "", "step_ms_median": float(np.median(t)),
-            "step_ms_min": float(t.min()), "step_ms_max": float(t.max()),
-            "samples_per_s": 128 / (ms / 1e3), "window_ms": ms, "compute_ms": compute,
-            "comm_ms": 0.3 * ms, "overlap_ms": 0.1 * ms, "exposed_comm_ms": 0.2 * ms,
-            "idle_ms": ms - compute - 0.2 * ms, "overlap_pct": 33.3, "compute_comm_ratio": 2.5,
-            "peak_mem_mb": 100.0, "comm_bytes_per_step": measured, "comm_calls_per_step": 2,
-            "comm_bytes_expected": expected,
-            "model": model, "point": point, "backend": "gloo", "device": "cpu",
-        })  # fmt: skip
-        samples.append_samples(point, list(t))
+    round_effect = 1 + 0.005 * rng.standard_normal(rounds)
+    pooled: dict[str, list[float]] = {}
+    for r in range(rounds):
+        for (model, value, impl), ms in points.items():
+            point = f"{model}-{sweep}={value:g}-{impl}"
+            floor = 2.0 * (1 + floor_sd * rng.standard_normal(5))
+            noise.append({"gap": len(pooled) + r * len(points), "round": r + 1, "after": "",
+                          "ms": float(np.median(floor)), "ms_min": float(floor.min()),
+                          "ms_max": float(floor.max()), "n": 5})  # fmt: skip
+            drift = round_effect[r] * (1 + visit_sd * rng.standard_normal())
+            t = ms * drift * (1 + 0.03 * rng.standard_normal(steps))
+            all_t = np.array(pooled.setdefault(point, []) + list(t))
+            pooled[point] = list(all_t)
+            measured, expected = (comm or {}).get((model, value, impl), (4e7, 4e7))
+            compute = 0.7 * ms if impl == "native" else 0.85 * ms
+            writer.append({
+                "sweep": sweep, "value": value, "impl": impl, "strategy": strategy,
+                "world_size": 2, "status": "ok", "error": "",
+                "step_ms_median": float(np.median(all_t)), "step_ms_min": float(all_t.min()),
+                "step_ms_max": float(all_t.max()), "samples_per_s": 128 / (ms / 1e3),
+                "window_ms": ms, "compute_ms": compute, "comm_ms": 0.3 * ms,
+                "overlap_ms": 0.1 * ms, "exposed_comm_ms": 0.2 * ms,
+                "idle_ms": ms - compute - 0.2 * ms, "overlap_pct": 33.3,
+                "compute_comm_ratio": 2.5, "peak_mem_mb": 100.0,
+                "comm_bytes_per_step": measured, "comm_calls_per_step": 2,
+                "comm_bytes_expected": expected, "model": model, "point": point,
+                "backend": "gloo", "device": "cpu", "round": r + 1, "rounds": r + 1,
+                "steps": len(all_t), "stop": "max_steps",
+            })  # fmt: skip
+            samples.append_samples(point, r + 1, list(t))
     for (model, value, impl), error in (failed or {}).items():
         writer.append(
             {

@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -91,7 +92,9 @@ def test_message_size_sweep_end_to_end(tmp_path):
             "-f",
             "32",
             "-n",
-            "3",
+            "6",
+            "--max-steps",
+            "12",
             "-w",
             "1",
             "-d",
@@ -123,8 +126,20 @@ def test_message_size_sweep_end_to_end(tmp_path):
         rtol=1e-4,
         atol=0,
     )
+    # adaptive: at least -n, then more until +-2 % or --max-steps; every iteration kept
     samples = pd.read_csv(out / "samples.csv")
-    assert samples.groupby("point").size().to_dict() == dict.fromkeys(df["point"], 3)
+    assert samples.groupby("point").size().to_dict() == dict(
+        zip(df["point"], df["iters"], strict=True)
+    )
+    assert df["iters"].between(6, 12).all()
+    assert (df.loc[df["iters"] < 12, "stop"] == "target").all()
+    assert (df["time_us_ci_low"] <= df["time_us"]).all()
+    assert (df["time_us"] <= df["time_us_ci_high"]).all()
+    assert (df["busbw_GBps_ci_low"] <= df["busbw_GBps"]).all()
+    assert (df["busbw_GBps"] <= df["busbw_GBps_ci_high"]).all()
+    assert "+-%" in proc.stdout  # the console's table carries the interval
+    page = next(reports.glob("*.html")).read_text()
+    assert re.search(r"best busbw \w+ [\d.]+ GB/s \[[\d.]+, [\d.]+\]", page)
     meta = json.loads((out / "meta.json").read_text())
     assert meta["limits"]["p2p_GBps"] > 0 and meta["limits"]["memcpy_GBps"] > 0
     assert "# Avg bus bandwidth" in proc.stdout

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ import pandas as pd
 import pytest
 
 from bench.runfolder import columns
+from bench.runfolder.folder import read_run
 
 TRAINING_COLUMNS = columns.contract(columns.TRAINING)
 
@@ -25,6 +27,10 @@ SMALL = [
     "mlp",
     "--steps",
     "3",
+    "--max-steps",
+    "3",
+    "--rounds",
+    "1",
     "--warmup-steps",
     "1",
     "--profile-steps",
@@ -42,13 +48,17 @@ def launch(cmd: list[str], timeout: float = 180) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_sweep_writes_the_data_contract_and_resumes(tmp_path):
+    """Two rounds of two values and two implementations: a row per visit, the samples of each
+    round, the noise floor between visits, the answers on the console; resume skips them."""
     out, reports = tmp_path / "run", tmp_path / "reports"
+    rounds = ["--rounds", "2", "--max-steps", "6"]  # 3 timed steps in each of 2 rounds
     cmd = [
         str(TORCHRUN),
         "--standalone",
         "--nproc_per_node=2",
         "bench/run.py",
         *SMALL,
+        *rounds,
         "--out",
         str(out),
         "--reports-dir",
@@ -58,7 +68,11 @@ def test_sweep_writes_the_data_contract_and_resumes(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     last = proc.stdout.strip().splitlines()[-1]
     assert last == f"results: {out}  report: {reports / 'run.html'}"
-    assert "[4/4] mlp-bucket_cap_mb=5-reference: ok" in proc.stdout
+    assert proc.stdout.count(": ok, step ") == 8 and "[round 2/2 4/4] " in proc.stdout
+    assert "USDT" not in proc.stderr + proc.stdout  # the profiler's start/stop lines: silenced
+    # the console carries the answer per model and implementation, with its confidence
+    assert "mlp, native: " in proc.stdout and "mlp, reference: " in proc.stdout
+    assert "typical_ms_low" in proc.stdout
 
     meta = json.loads((out / "meta.json").read_text())
     for key in (
@@ -78,14 +92,24 @@ def test_sweep_writes_the_data_contract_and_resumes(tmp_path):
         assert key in meta, key
     assert meta["world_size"] == 2 and meta["backend"] == "gloo" and meta["end_time"]
 
-    df = pd.read_csv(out / "results.csv")
-    assert list(df.columns[: len(TRAINING_COLUMNS)]) == TRAINING_COLUMNS
-    assert len(df) == 4 and set(df["status"]) == {"ok"}
+    visits = pd.read_csv(out / "results.csv")
+    assert list(visits.columns[: len(TRAINING_COLUMNS)]) == TRAINING_COLUMNS
+    assert len(visits) == 8 and sorted(visits["round"]) == [1] * 4 + [2] * 4
+    orders = meta["round_orders"]
+    assert len(orders) == 2 and all(sorted(o) == sorted(visits["point"].unique()) for o in orders)
+    df = read_run(out).results  # a row per point: its last round, pooling both
+    assert len(df) == 4 and set(df["status"]) == {"ok"} and (df["rounds"] == 2).all()
+    assert (df["steps"] == 6).all() and set(df["stop"]) <= {"target", "max_steps"}
+    assert (df["step_ms_ci_low"] <= df["step_ms_median"]).all()
+    assert (df["step_ms_median"] <= df["step_ms_ci_high"]).all()
+    noise = pd.read_csv(out / "noise.csv")
+    assert len(noise) == 8 and (noise["ms"] > 0).all()
     assert df["gpu_util_pct"].isna().all()  # does not apply on CPU: empty, never zero
     assert df["nvml_util_pct"].isna().all() and (df["cpu_busy_pct"] > 0).all()
     assert (out / "traces" / "sweep_scalars").is_dir()  # the sweep's TensorBoard scalars
     samples = pd.read_csv(out / "samples.csv")  # every timed step, for comparisons
-    assert samples.groupby("point").size().to_dict() == dict.fromkeys(df["point"], 3)
+    assert samples.groupby("point").size().to_dict() == dict.fromkeys(df["point"], 6)
+    assert (samples.groupby(["point", "round"]).size() == 3).all()
     assert (df["comm_bytes_per_step"] == df["grad_bytes"]).all()
     assert (df["comm_bytes_expected"] == df["grad_bytes"]).all()
     for point in df["point"]:
@@ -97,7 +121,7 @@ def test_sweep_writes_the_data_contract_and_resumes(tmp_path):
     again = launch(cmd)
     assert again.returncode != 0
     assert "already holds results" in again.stderr
-    assert len(pd.read_csv(out / "results.csv")) == 4  # untouched
+    assert len(pd.read_csv(out / "results.csv")) == 8  # untouched
 
     # Resume through the built-in launcher (no torchrun): every finished point is skipped.
     resumed = launch(
@@ -105,6 +129,7 @@ def test_sweep_writes_the_data_contract_and_resumes(tmp_path):
             sys.executable,
             "bench/run.py",
             *SMALL,
+            *rounds,
             "--out",
             str(out),
             "--resume",
@@ -114,8 +139,8 @@ def test_sweep_writes_the_data_contract_and_resumes(tmp_path):
         ]
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert resumed.stdout.count("already done, skipped (--resume)") == 4
-    assert len(pd.read_csv(out / "results.csv")) == 4
+    assert resumed.stdout.count("already done, skipped (--resume)") == 8
+    assert len(pd.read_csv(out / "results.csv")) == 8
 
 
 @pytest.mark.slow
@@ -136,6 +161,10 @@ def test_tp_degree_sweep_fits_the_world_size_and_counts_its_bytes(tmp_path):
             "reference,native",
             "--steps",
             "3",
+            "--max-steps",
+            "3",
+            "--rounds",
+            "1",
             "--warmup-steps",
             "1",
             "--profile-steps",
@@ -175,7 +204,11 @@ def test_world_size_sweep_without_torchrun(tmp_path):
             "--impl",
             "native",
             "--steps",
-            "3",
+            "6",
+            "--max-steps",
+            "6",
+            "--rounds",
+            "1",
             "--warmup-steps",
             "1",
             "--profile-steps",
@@ -201,7 +234,9 @@ def test_world_size_sweep_without_torchrun(tmp_path):
         ("weak", 1, 16), ("weak", 2, 16), ("weak", 4, 16),
     ]  # fmt: skip
     html = (reports / "ws.html").read_text()
-    assert "<h2>Scaling</h2>" in html and "efficiency</b> at 4 ranks" in html
+    assert "<h2>Scaling</h2>" in html
+    # the efficiency with its interval (one round: the steps' and the noise floor's)
+    assert re.search(r"efficiency</b> \[\d+, \d+\] at 4 ranks", html)
 
 
 @pytest.mark.slow
@@ -212,7 +247,8 @@ def test_a_grid_of_two_knobs_is_one_row_per_combination(tmp_path):
     out, reports = tmp_path / "grid", tmp_path / "reports"
     proc = launch([sys.executable, "bench/run.py", "--sweep", "bucket_cap_mb,precision",
                    "--values", "1,25", "--values2", "fp32,bf16", "--model", "mlp", "--impl",
-                   "reference", "--steps", "3", "--warmup-steps", "1", "--profile-steps", "1",
+                   "reference", "--steps", "3", "--max-steps", "3", "--rounds", "1",
+                   "--warmup-steps", "1", "--profile-steps", "1",
                    "--nproc-per-node", "2", "--out", str(out),
                    "--reports-dir", str(reports)])  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]

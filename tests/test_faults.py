@@ -56,7 +56,8 @@ def rows(path: Path) -> int:
 
 
 SWEEP = ["--sweep", "bucket_cap_mb", "--values", "0.25,1,5,25,100", "--model", "mlp",
-         "--steps", "10", "--warmup-steps", "2", "--profile-steps", "1", "--timeout-s", "30",
+         "--steps", "10", "--max-steps", "10", "--rounds", "1", "--warmup-steps", "2",
+         "--profile-steps", "1", "--timeout-s", "30",
          "--nproc-per-node", "2", "--no-report"]  # fmt: skip
 
 

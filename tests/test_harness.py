@@ -19,7 +19,7 @@ from parallel_kernels.strategies import STRATEGIES
 FAST = HarnessConfig(point_timeout_s=60.0)
 # A failure on one rank makes the others wait out this timeout: keep it short there.
 QUICK_FAIL = HarnessConfig(point_timeout_s=5.0)
-# Steps of every point the tests run (a sweep's own are 5 warm-up, 20 timed, 3 traced).
+# Steps of every point the tests run (a sweep's own: 5 warm-up, at least 10 timed, 3 traced).
 FAST_STEPS = {"warmup_steps": 2, "steps": 4, "profile_steps": 2}
 
 

@@ -82,6 +82,7 @@ def node(i: int, args: list[str], limit: int = 200) -> subprocess.Popen:
 
 def sweep(out: Path, values: str) -> list[str]:
     return ["--sweep", "bucket_cap_mb", "--values", values, "--model", "mlp", "--steps", "5",
+            "--max-steps", "5", "--rounds", "1",
             "--warmup-steps", "1", "--profile-steps", "1", "--timeout-s", "30",
             "--out", str(out), "--no-report"]  # fmt: skip
 

@@ -5,11 +5,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from bench.report.__main__ import main as report_main
-from bench.report.compare import mann_whitney_u
 from bench.report.page import write_report
 from tests.report_fixtures import make_training_run
 
@@ -27,11 +25,14 @@ def test_report_shows_the_answer_figures_tables_and_how_to_dig(tmp_path):
     out, cmp = write_report(run, tmp_path / "reports")
     assert cmp is None and out == tmp_path / "reports" / "run.html"
     page = out.read_text()
-    # the answer, with its margin over the default and whether the spread allows the claim
-    assert "best <b>bucket_cap_mb=5</b>" in page and "the default 25 takes" in page
+    # the answer, with the default's cost over the best and its interval
+    assert "best bucket_cap_mb=5 at" in page and "separable from every other value" in page
+    assert re.search(r"the default 25 takes x1\.2\d\d \[1\.\d\d, 1\.\d\d\] the time of "
+                     r"the best: slower", page)  # fmt: skip
+    assert "<h2>Confidence</h2>" in page and "Noise floor" in page
     imgs = re.findall(r'<img alt="([^"]+)" src="data:image/png;base64,', page)
     assert len(imgs) == 3 and all(len(alt) > 30 for alt in imgs)  # described, not "figure"
-    assert "<caption>" in page and "<th scope='col'>step_ms_median</th>" in page
+    assert "<caption>" in page and "<th scope='col'>typical_ms_low</th>" in page
     assert "rank 1: RuntimeError: boom" in page  # failed points listed
     assert f"tensorboard --logdir {run / 'traces'}" in page
     assert "torchrun --standalone --nproc_per_node=2 bench/run.py --sweep bucket_cap_mb" in page
@@ -52,7 +53,9 @@ def test_comparison_finds_the_regression_and_nothing_else(tmp_path):
         1.2, rel=0.05
     )
     assert cmp["regression"].sum() == 1
-    assert set(cmp.loc[~cmp["regression"], "verdict"]) == {"no significant change"}
+    assert set(cmp.loc[~cmp["regression"], "verdict"]) == {"tied"}
+    reg = by_point.loc["wide_mlp-bucket_cap_mb=25-reference"]
+    assert 1 < reg["low"] < 1.2 < reg["high"]
     page = (tmp_path / "reports" / "new.html").read_text()
     assert "1 regression(s)." in page and "Compared with old" in page
     code = report_main(
@@ -68,6 +71,31 @@ def test_comparison_finds_the_regression_and_nothing_else(tmp_path):
     assert code == 1
 
 
+def test_a_tie_is_said_and_a_noise_floor_larger_than_the_effects_is_flagged(tmp_path):
+    near = {
+        ("wide_mlp", v, "native"): ms for v, ms in ((1.0, 100.0), (25.0, 100.5), (100.0, 101.0))
+    }
+    run = make_training_run(tmp_path / "run", near, visit_sd=0.03, floor_sd=0.15)
+    page = write_report(run, tmp_path / "reports")[0].read_text()
+    assert "tie: no value of bucket_cap_mb is separable from the fastest at 95 %" in page
+    assert re.search(r"<span class='flag'>\(every difference here, [\d.]+ % at most, is "
+                     r"smaller than the machine's noise floor of [\d.]+ %\)</span>", page)
+    assert re.search(r"the default 25 (takes x1\.0\d\d \[[\d.]+, [\d.]+\] the time of the best: "
+                     r"tied|is the fastest)", page)  # fmt: skip
+
+
+def test_resume_reads_back_every_round(tmp_path):
+    from bench.runner.context import _resumed
+
+    run = make_training_run(tmp_path / "run", POINTS, rounds=3, steps=7)
+    skip, history, noise = _resumed(run)
+    assert skip == {(f"wide_mlp-bucket_cap_mb={v:g}-{i}", r) for v in (1.0, 25.0, 100.0)
+                    for i in ("native", "reference") for r in (1, 2, 3)}  # fmt: skip
+    h = history["wide_mlp-bucket_cap_mb=25-native"]
+    assert len(h.slowest) == 21 and len(h.medians) == 3 and h.row["rounds"] == 3
+    assert h.row["compute_ms"] == pytest.approx(70.0) and len(noise) == 18
+
+
 def test_report_command_rejects_a_folder_without_results(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "bench.report", str(tmp_path / "nothing")],
@@ -78,20 +106,6 @@ def test_report_command_rejects_a_folder_without_results(tmp_path):
     )
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
-
-
-def test_mann_whitney_u_matches_the_textbook():
-    # complete separation of 5 and 5: U = 0, asymptotic two-sided p = 0.0122 (with continuity)
-    u, p = mann_whitney_u([1, 2, 3, 4, 5], [6, 7, 8, 9, 10])
-    assert u == 0 and p == pytest.approx(0.0122, abs=5e-4)
-    assert mann_whitney_u([3, 3, 3], [3, 3, 3])[1] == 1.0
-    rng = np.random.default_rng(0)
-    a, b = rng.normal(100, 5, 30), rng.normal(100, 5, 30)
-    assert mann_whitney_u(a, b)[1] > 0.05  # same distribution
-    assert mann_whitney_u(a, b + 10)[1] < 1e-6  # shifted by two standard deviations
-    u_ab, p_ab = mann_whitney_u(a, b + 1)
-    u_ba, p_ba = mann_whitney_u(b + 1, a)
-    assert u_ab + u_ba == 30 * 30 and p_ab == pytest.approx(p_ba)
 
 
 def test_tensor_parallel_report_draws_communication_against_the_analytical_figure(tmp_path):
@@ -106,5 +120,5 @@ def test_tensor_parallel_report_draws_communication_against_the_analytical_figur
     assert "<h2>Communication</h2>" in page
     imgs = re.findall(r'<img alt="([^"]+)" src="data:image/png;base64,', page)
     assert any("analytical" in alt and "tp_degree" in alt for alt in imgs)
-    assert "best <b>tp_degree=4</b>" in page and "the default 1 takes" in page
+    assert "best tp_degree=4 at" in page and "the default 1 takes" in page
     assert "<th scope='col'>comm_bytes_expected</th>" in page

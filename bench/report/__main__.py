@@ -25,7 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--fail-on-regression",
         action="store_true",
-        help="exit 1 when a point is significantly slower than in the baseline",
+        help="exit 1 when a point is slower than in the baseline (the 95 % interval of its "
+        "ratio, over every point together, above 1)",
     )
     args = p.parse_args(argv)
     try:
@@ -37,9 +38,10 @@ def main(argv: list[str] | None = None) -> int:
     if cmp is not None:
         slower = cmp[cmp["regression"]]
         print(
-            f"{len(cmp)} points compared: {len(slower)} significantly slower"
+            f"{len(cmp)} points compared: {(cmp['verdict'] == 'faster').sum()} faster, "
+            f"{len(slower)} slower, {(cmp['verdict'] == 'tied').sum()} tied (95 %)"
             + "".join(
-                f"\n  slower: {r.point} x{r.ratio:.3f} (p={r.p_value:.2g})"
+                f"\n  slower: {r.point} x{r.ratio:.3f} [{r.low:.3f}, {r.high:.3f}]"
                 for r in slower.itertuples()
             )
         )

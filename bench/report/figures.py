@@ -67,13 +67,12 @@ def step_time_figure(ok: pd.DataFrame, sweep: str, second: str | None = None) ->
         width = 0.8 / max(1, len(impls))
         for k, (impl, g) in enumerate(here.groupby("impl", sort=False)):
             g = g.sort_values("value") if numeric else g
-            err = [g["step_ms_median"] - g["step_ms_min"], g["step_ms_max"] - g["step_ms_median"]]
+            y, err = _with_interval(g)
             if numeric:
-                ax.errorbar(g["value"], g["step_ms_median"], yerr=err, marker="o", capsize=3,
-                            label=impl)  # fmt: skip
+                ax.errorbar(g["value"], y, yerr=err, marker="o", capsize=3, label=impl)
             else:
                 x = [names.index(v) + (k - (len(impls) - 1) / 2) * width for v in g["value"]]
-                ax.bar(x, g["step_ms_median"], width, yerr=err, capsize=3, label=impl)
+                ax.bar(x, y, width, yerr=err, capsize=3, label=impl)
         if numeric:  # a log axis, ticked at the swept values themselves
             ax.set_xscale("log", base=2)
             ticks = sorted(set(ok["value"]))
@@ -82,16 +81,28 @@ def step_time_figure(ok: pd.DataFrame, sweep: str, second: str | None = None) ->
         else:
             ax.set_xticks(range(len(names)), names, fontsize=8)
         ax.set_xlabel(sweep.split(",")[0])
-        ax.set_ylabel("step time, ms (median, min-max)")
+        ax.set_ylabel("step time, ms (95 % interval)")
         ax.set_title(f"{model}, {second}={fmt_value(panel[1])}" if grid else model)
         ax.grid(alpha=0.3)
         ax.legend()
     per = f"model and {second}" if grid else "model"
     return _png(
         fig,
-        f"Step time (median, bars from min to max) against {sweep.split(',')[0]}, one panel "
-        f"per {per}, one line per implementation.",
+        f"Typical step time (the geometric mean of the rounds' medians) with its 95 % interval, "
+        f"against {sweep.split(',')[0]}, one panel per {per}, one line per implementation.",
     )
+
+
+def _with_interval(g: pd.DataFrame) -> tuple[pd.Series, list[pd.Series]]:
+    """(typical step time, its error bars below and above) of the reader's interval columns,
+    or the median and its own interval where they are absent; no bar where there is none."""
+    if "typical_ms" in g and g["typical_ms"].notna().all():
+        y, lo, hi = g["typical_ms"], g["typical_ms_low"], g["typical_ms_high"]
+    else:
+        y = g["step_ms_median"]
+        lo = g.get("step_ms_ci_low", pd.Series(np.nan, index=g.index))
+        hi = g.get("step_ms_ci_high", pd.Series(np.nan, index=g.index))
+    return y, [(y - lo).fillna(0).clip(lower=0), (hi - y).fillna(0).clip(lower=0)]
 
 
 def breakdown_figure(ok: pd.DataFrame) -> str:
@@ -340,16 +351,18 @@ def busbw_figure(ok: pd.DataFrame, limits: dict) -> str:
 
 def comparison_figure(cmp: pd.DataFrame) -> str:
     """new/old ratio per point, coloured by verdict."""
-    colors = {"faster": "#2e8b57", "slower": "#c0392b", "no significant change": "#999999"}
+    colors = {"faster": "#2e8b57", "slower": "#c0392b", "tied": "#999999"}
     fig, ax = plt.subplots(figsize=(7, max(2.5, 0.28 * len(cmp) + 1)))
-    ax.barh(range(len(cmp)), cmp["ratio"] - 1, left=1, color=[colors[v] for v in cmp["verdict"]])
+    err = [(cmp["ratio"] - cmp["low"]).fillna(0), (cmp["high"] - cmp["ratio"]).fillna(0)]
+    ax.barh(range(len(cmp)), cmp["ratio"] - 1, left=1, color=[colors[v] for v in cmp["verdict"]],
+            xerr=err, capsize=2)  # fmt: skip
     ax.axvline(1, color="black", linewidth=1)
     ax.set_yticks(range(len(cmp)), cmp["point"], fontsize=7)
     ax.invert_yaxis()
-    ax.set_xlabel("median time, new / baseline (< 1 is faster)")
+    ax.set_xlabel("typical time, new / baseline, 95 % interval (< 1 is faster)")
     ax.grid(axis="x", alpha=0.3)
     return _png(
         fig,
-        "New run against the baseline, per point: the ratio of median times; green "
-        "is significantly faster, red significantly slower, grey no significant change.",
+        "New run against the baseline, per point: the ratio of typical times with its 95 % "
+        "interval; green is faster, red slower (the interval excludes 1), grey tied.",
     )

@@ -8,18 +8,22 @@ reads the run folder (meta.json, results.csv, samples.csv); figures are in ``rep
 from __future__ import annotations
 
 import html
+import re
 from pathlib import Path
 
 import pandas as pd
 
+from bench.analysis.confidence import families, point_intervals, run_estimates, verdicts
 from bench.analysis.scaling import scaling_efficiency
+from bench.report import claims
 from bench.report import figures as figs
-from bench.report.compare import compare
+from bench.report.compare import TIED, compare
 from bench.report.model_section import model_sections
 from bench.report.tables import html_table
 from bench.runfolder import columns
 from bench.runfolder.folder import Run, RunFolderError, ours_and_native, read_run
 from bench.runfolder.points import PointRecord
+from bench.stats.estimates import ratio
 
 CSS = """
 body{font-family:system-ui,sans-serif;margin:2em auto;max-width:72em;padding:0 1em;color:#222;
@@ -29,7 +33,8 @@ table{border-collapse:collapse;font-size:.85em;margin:.5em 0}
 td,th{padding:.25em .6em;border:1px solid #ddd} th{background:#f4f4f4;text-align:left}
 caption{text-align:left;font-weight:600;padding:.3em 0}
 td.num{text-align:right;font-variant-numeric:tabular-nums}
-tr.best{background:#e8f6e8} .err{color:#b00} .flag{color:#b00;font-weight:600}
+tr.best{background:#e8f6e8} tr.tied{background:#f3faf3}
+.err{color:#b00} .flag{color:#b00;font-weight:600}
 code{background:#f4f4f4;padding:0 .2em;word-break:break-all}
 .headline{font-size:1.1em;background:#f7f9fc;padding:.8em 1em;border-left:4px solid #4a7}
 figure{margin:1em 0} figure img{max-width:100%;height:auto}
@@ -49,7 +54,10 @@ window.addEventListener("load", () => {
 
 TRAINING_TABLE = columns.report_columns(columns.TRAINING)
 COLLECTIVE_TABLE = columns.report_columns(columns.COLLECTIVE)
-COMPARE_TABLE = ["point", "old_ms", "new_ms", "ratio", "p_value", "verdict", "n_old", "n_new"]
+COMPARE_TABLE = [
+    "point", "old_ms", "new_ms", "ratio", "low", "high", "p_value", "verdict", "rounds_old",
+    "rounds_new",
+]  # fmt: skip
 
 
 def _axes(points: dict[str, PointRecord]) -> tuple[dict, str | None]:
@@ -60,51 +68,61 @@ def _axes(points: dict[str, PointRecord]) -> tuple[dict, str | None]:
     return first.swept_defaults, first.swept[1] if len(first.swept) > 1 else None
 
 
-def headline(meta: dict, df: pd.DataFrame, points: dict[str, PointRecord]) -> str:
-    sweep = meta.get("sweep", "?")
+def training_claims(run: Run) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(results with each point's typical time and interval, the verdict per group)."""
+    df = run.results
+    ok = df[df["status"] == "ok"] if len(df) else df
+    intervals = point_intervals(run.samples, run.noise, ok)
+    if len(df) and len(intervals):
+        df = df.merge(intervals.drop(columns="rounds"), on="point", how="left")
+    defaults, _ = _axes(run.points)
+    sweep = run.meta.get("sweep", "?").split(",")[0]
+    found = verdicts(df, run.samples, run.noise, {"value": defaults.get(sweep)})
+    return df, found
+
+
+def headline(run: Run, df: pd.DataFrame, found: pd.DataFrame) -> str:
     ok = df[df["status"] == "ok"]
     if "efficiency_pct" in ok and ok["efficiency_pct"].notna().any():
-        return _scaling_headline(ok)
-    defaults, second = _axes(points)
-    default = defaults.get(sweep.split(",")[0])
-    keys = ["model", "impl", "value2"] if second else ["model", "impl"]
-    lines = []
-    for key, g in ok.groupby(keys, sort=False):
-        best = g.loc[g["step_ms_median"].idxmin()]
-        where = f", {second}={figs.fmt_value(key[2])}" if second else ""
-        text = (
-            f"<b>{html.escape(str(key[0]))}</b>, {html.escape(str(key[1]))}{html.escape(where)}: "
-            f"best <b>{sweep.split(',')[0]}={figs.fmt_value(best['value'])}</b> at "
-            f"{best['step_ms_median']:.1f} ms "
-            f"(min {best['step_ms_min']:.1f}, max {best['step_ms_max']:.1f})"
-        )
-        base = g[g["value"] == default] if default is not None else g.iloc[0:0]
-        if len(base) and best["value"] != default:
-            b = base.iloc[0]
-            margin = 100 * (b["step_ms_median"] / best["step_ms_median"] - 1)
-            real = best["step_ms_max"] < b["step_ms_min"]
-            text += (
-                f"; the default {figs.fmt_value(default)} takes {margin:+.1f} % "
-                f"({b['step_ms_median']:.1f} ms; min-max ranges "
-                f"{'do not overlap' if real else 'overlap: the difference may be noise'})"
-            )
-        lines.append(text)
-    return "<br>".join(lines) or "no point finished"
+        return _scaling_headline(ok, run_estimates(run.samples, run.noise, families(ok)))
+    _, second = _axes(run.points)
+    rounds = int(df["rounds"].max()) if "rounds" in df and df["rounds"].notna().any() else 1
+    return claims.headline(found, run.meta.get("sweep", "?").split(",")[0], second, rounds)
 
 
-def _scaling_headline(ok: pd.DataFrame) -> str:
+def headline_text(run: Run, df: pd.DataFrame, found: pd.DataFrame) -> str:
+    """The headline as console text: a line per group."""
+    text = headline(run, df, found).replace("<br>", "\n")
+    return html.unescape(re.sub(r"<[^>]+>", "", text))
+
+
+def _scaling_headline(ok: pd.DataFrame, est: dict) -> str:
     """Per model, implementation and scaling mode: throughput and efficiency at the largest
-    world size, against the smallest."""
+    world size, against the smallest, the efficiency with its 95 % interval (efficiency is
+    proportional to the smallest size's step time over the largest's: their ratio's)."""
     lines = []
     for (model, impl, scaling), g in ok.groupby(["model", "impl", "scaling"], sort=False):
         top, base = g.loc[g["world_size"].idxmax()], g.loc[g["world_size"].idxmin()]
+        span = ""
+        if top["point"] in est and base["point"] in est and top["point"] != base["point"]:
+            r = ratio(est[base["point"]], est[top["point"]])
+            if pd.notna(r.low) and pd.notna(r.high):
+                eff = top["efficiency_pct"]
+                span = f" [{eff * r.low / r.ratio:.0f}, {eff * r.high / r.ratio:.0f}]"
         lines.append(
             f"<b>{html.escape(str(model))}</b>, {html.escape(str(impl))}, {scaling} scaling: "
-            f"<b>{top['efficiency_pct']:.0f} % efficiency</b> at {top['world_size']:g} ranks "
+            f"<b>{top['efficiency_pct']:.0f} % efficiency</b>{span} at {top['world_size']:g} ranks "
             f"({top['samples_per_s']:.0f} samples/s; {base['samples_per_s']:.0f} at "
             f"{base['world_size']:g}, ideal {base['samples_per_s'] * top['ideal_speedup']:.0f})"
         )
     return "<br>".join(lines)
+
+
+def _busbw_interval(row: pd.Series) -> str:
+    lo, hi = row.get("busbw_GBps_ci_low"), row.get("busbw_GBps_ci_high")
+    if lo is None or hi is None or pd.isna(lo) or pd.isna(hi):
+        return ""
+    return f" [{lo:.2f}, {hi:.2f}]"
 
 
 def _collective_headline(ok: pd.DataFrame, limits: dict, impl_native: dict) -> str:
@@ -112,9 +130,10 @@ def _collective_headline(ok: pd.DataFrame, limits: dict, impl_native: dict) -> s
     ``impl_native`` says which is which)."""
     lines = []
     for coll, g in ok.groupby("collective", sort=False):
-        best = g.groupby("impl")["busbw_GBps"].max()
+        at = g.loc[g.groupby("impl")["busbw_GBps"].idxmax()].set_index("impl")
+        best = at["busbw_GBps"]
         text = f"<b>{coll}</b>: best busbw " + ", ".join(
-            f"{impl} {v:.2f} GB/s" for impl, v in best.items()
+            f"{impl} {r['busbw_GBps']:.2f} GB/s{_busbw_interval(r)}" for impl, r in at.iterrows()
         )
         ours, theirs = ours_and_native(list(best.index), impl_native)
         if ours and theirs:
@@ -130,14 +149,17 @@ def _collective_headline(ok: pd.DataFrame, limits: dict, impl_native: dict) -> s
     return "<br>".join(lines)
 
 
-def _training_sections(meta: dict, df: pd.DataFrame, points: dict[str, PointRecord]) -> list[str]:
+def _training_sections(run: Run) -> list[str]:
+    meta, points = run.meta, run.points
     sweep = meta.get("sweep", "?")
+    df, found = training_claims(run)
     df = scaling_efficiency(df)
     scaling = df["efficiency_pct"].notna().any()
     if "window_ms" in df:
         df["compute_share_pct"] = 100 * df["compute_ms"] / df["window_ms"]
     ok = df[df["status"] == "ok"]
-    parts = [f"<p class='headline'>{headline(meta, df, points) if len(df) else 'no results'}</p>"]
+    head = headline(run, df, found) if len(df) else "no results"
+    parts = [f"<p class='headline'>{head}</p>"]
     if len(ok):
         parts += (
             ["<h2>Scaling</h2>", figs.scaling_figure(ok)]
@@ -160,7 +182,7 @@ def _training_sections(meta: dict, df: pd.DataFrame, points: dict[str, PointReco
             parts += ["<h2>Communication</h2>", figs.comm_figure(ok, sweep)]
         if "window_ms" in ok:
             parts += ["<h2>Rules of thumb</h2>", figs.health_figure(ok)]
-    best = set(ok.groupby(["model", "impl"])["step_ms_median"].idxmin()) if len(ok) else set()
+    best, tied = _best_and_tied(ok, found)
 
     def flag(row, col):
         if col == "compute_share_pct" and row.get(col, 100) < figs.COMPUTE_SHARE_TARGET:
@@ -174,14 +196,32 @@ def _training_sections(meta: dict, df: pd.DataFrame, points: dict[str, PointReco
         html_table(
             df,
             TRAINING_TABLE,
-            "Every point (fastest per model and implementation shaded; "
+            "Every point (the best per model and implementation shaded, values tied with it "
+            "lighter; typical_ms: geometric mean of the rounds' medians, with its 95 % interval; "
             f"computation under {figs.COMPUTE_SHARE_TARGET:.0f} % of the step or GPU utilisation "
             f"under {figs.GPU_UTIL_TARGET:.0f} % in red)",
-            row_class=lambda i, r: "best" if i in best else "",
+            row_class=lambda i, r: "best" if i in best else "tied" if i in tied else "",
             cell_class=flag,
         ),
     ]
+    if len(ok) and not scaling:
+        parts += claims.confidence_section(meta, ok, run.samples, run.noise)
     return parts
+
+
+def _best_and_tied(ok: pd.DataFrame, found: pd.DataFrame) -> tuple[set, set]:
+    """Row labels of each group's best point, and of the points tied with it."""
+    best, tied = set(), set()
+    for v in found.itertuples():
+        sel = (ok["model"] == v.model) & (ok["impl"] == v.impl)
+        if v.value2 is not None and "value2" in ok:
+            sel &= ok["value2"] == v.value2
+        for i, value in ok.loc[sel, "value"].items():
+            if value == v.best:
+                best.add(i)
+            elif value in v.tied:
+                tied.add(i)
+    return best, tied
 
 
 def _collective_sections(meta: dict, df: pd.DataFrame) -> list[str]:
@@ -220,15 +260,16 @@ def _comparison_sections(cmp: pd.DataFrame, baseline: Path) -> list[str]:
     summary = (
         f"{len(cmp)} points compared with <code>{html.escape(str(baseline))}</code>: "
         f"{(cmp['verdict'] == 'faster').sum()} faster, {n_reg} slower, "
-        f"{(cmp['verdict'] == 'no significant change').sum()} without significant "
-        "change (Mann-Whitney U on the per-step samples, p < 0.05, and at least 2 %)."
+        f"{(cmp['verdict'] == TIED).sum()} tied: the 95 % interval of the ratio new / "
+        "baseline, over every point together, includes 1 (each run's spread between rounds, "
+        "or with one round its steps and its noise floor)."
     )
     if n_reg:
         summary = f"<span class='flag'>{n_reg} regression(s).</span> " + summary
     return [f"<h2>Compared with {html.escape(baseline.name)}</h2>", f"<p>{summary}</p>",
             figs.comparison_figure(cmp),
-            html_table(cmp, COMPARE_TABLE, "Per point: baseline and new median (ms), ratio "
-                       "new / baseline, p-value, verdict",
+            html_table(cmp, COMPARE_TABLE, "Per point: baseline and new typical time (ms), "
+                       "ratio new / baseline with its interval, p-value, verdict",
                        cell_class=lambda r, c: "flag" if c == "verdict" and r["regression"]
                        else "")]  # fmt: skip
 
@@ -256,7 +297,7 @@ def render(run: Run, comparison=None, collectives=None) -> str:
     parts += (
         _collective_sections(meta, df)
         if meta.get("kind") == "collective"
-        else _training_sections(meta, df, run.points)
+        else _training_sections(run)
     )
     if comparison is not None:
         parts += _comparison_sections(*comparison)
@@ -297,7 +338,9 @@ def write_report(
         old = read_run(Path(baseline))
         if old.results.empty:
             raise RunFolderError(f"baseline {baseline} holds no results.csv")
-        comparison = (compare(run.results, run.samples, old.results, old.samples), Path(baseline))
+        cmp = compare(run.results, run.samples, old.results, old.samples, new_noise=run.noise,
+                      old_noise=old.noise)  # fmt: skip
+        comparison = (cmp, Path(baseline))
     reports_dir.mkdir(parents=True, exist_ok=True)
     out = reports_dir / f"{run.path.name}.html"
     out.write_text(render(run, comparison, collectives))

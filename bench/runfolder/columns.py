@@ -46,9 +46,9 @@ TRAINING: tuple[Column, ...] = (
     _c("world_size", "ranks", POINT, True, "ranks the point ran on"),
     _c("status", "", POINT, True, "ok, or error (the row keeps its error text)", report=6),
     _c("error", "", POINT, True, "why the point failed: the first rank's own error"),
-    _c("step_ms_median", "ms", TIMED, True, "median step time of the slowest rank", report=8),
-    _c("step_ms_min", "ms", TIMED, True, "fastest timed step (slowest rank)", report=9),
-    _c("step_ms_max", "ms", TIMED, True, "slowest timed step (slowest rank)", report=10),
+    _c("step_ms_median", "ms", TIMED, True, "median step time of the slowest rank"),
+    _c("step_ms_min", "ms", TIMED, True, "fastest timed step (slowest rank)"),
+    _c("step_ms_max", "ms", TIMED, True, "slowest timed step (slowest rank)"),
     _c("samples_per_s", "1/s", DERIVED, True, "samples of all replicas per second", report=11),
     _c("compute_ms", "ms", MEAN, True, "computation per traced step", report=12),
     _c("comm_ms", "ms", MEAN, True, "communication (union of collectives) per step", report=13),
@@ -78,7 +78,17 @@ TRAINING: tuple[Column, ...] = (
     _c("params", "", POINT, False, "parameters of the plain model"),
     _c("grad_bytes", "B", POINT, False, "gradient bytes of the plain model"),
     _c("comm_calls_per_step", "", MEAN, False, "collective calls per step", report=20),
-    _c("steps", "", POINT, False, "timed steps"),
+    _c("step_ms_ci_low", "ms", TIMED, False, "95 % interval of step_ms_median, low end "
+       "(order statistics: distribution-free)"),
+    _c("step_ms_ci_high", "ms", TIMED, False, "95 % interval of step_ms_median, high end"),
+    _c("steps", "", TIMED, False, "timed steps, every round so far"),
+    _c("stop", "", POINT, False, "what ended this visit's timing: target (the interval is "
+       "tight enough), max_steps or max_point_s (the budget)"),
+    _c("round", "", POINT, False, "the round of this visit: a point has a row per round, the "
+       "last ok one is its answer"),
+    _c("rounds", "", POINT, False, "rounds pooled in this row's figures", report=25),
+    _c("round_spread_pct", "%", TIMED, False, "largest over smallest round median, minus 1: "
+       "drift between rounds"),
     _c("loss", "", POINT, False, "loss of the last step", report=24),
     _c("step_ms_p10", "ms", TIMED, False, "10th percentile step time"),
     _c("step_ms_p90", "ms", TIMED, False, "90th percentile step time"),
@@ -92,6 +102,10 @@ TRAINING: tuple[Column, ...] = (
     _c("value2", "", POINT, False, "a grid's second value (empty outside grids)", report=3),
     _c("efficiency_pct", "%", READER, False, "world-size sweeps: speedup / ideal", report=7),
     _c("compute_share_pct", "%", READER, False, "compute_ms / window_ms", report=18),
+    _c("typical_ms", "ms", READER, False, "geometric mean of the rounds' medians", report=8),
+    _c("typical_ms_low", "ms", READER, False, "its 95 % interval, low end: the rounds' drift "
+       "included (or, in one round, the noise floor)", report=9),
+    _c("typical_ms_high", "ms", READER, False, "its 95 % interval, high end", report=10),
 )  # fmt: skip
 
 COLLECTIVE: tuple[Column, ...] = (
@@ -105,14 +119,20 @@ COLLECTIVE: tuple[Column, ...] = (
     _c("time_us", "us", TIMED, True, "median time of the slowest rank", report=7),
     _c("algbw_GBps", "GB/s", DERIVED, True, "S / time", report=8),
     _c("busbw_GBps", "GB/s", DERIVED, True, "algbw x the collective's bus factor", report=9),
-    _c("wrong", "", POINT, True, "elements differing from the exact result, all ranks", report=10),
-    _c("status", "", POINT, True, "ok or error", report=11),
+    _c("wrong", "", POINT, True, "elements differing from the exact result, all ranks", report=12),
+    _c("status", "", POINT, True, "ok or error", report=13),
     _c("error", "", POINT, True, "why the size failed"),
     _c("op", "", POINT, False, "reduction: sum, avg or max", report=2),
     _c("time_us_min", "us", TIMED, False, "fastest iteration"),
     _c("time_us_max", "us", TIMED, False, "slowest iteration"),
     _c("busbw_frac_p2p", "", DERIVED, False, "busbw / the measured point-to-point bandwidth"),
-    _c("iters", "", POINT, False, "timed iterations"),
+    _c("time_us_ci_low", "us", TIMED, False, "95 % interval of time_us, low end (order "
+       "statistics)"),
+    _c("time_us_ci_high", "us", TIMED, False, "95 % interval of time_us, high end"),
+    _c("busbw_GBps_ci_low", "GB/s", DERIVED, False, "busbw at time_us_ci_high", report=10),
+    _c("busbw_GBps_ci_high", "GB/s", DERIVED, False, "busbw at time_us_ci_low", report=11),
+    _c("iters", "", POINT, False, "timed iterations (adaptive: at least -n)"),
+    _c("stop", "", POINT, False, "what ended the timing: target, max_steps or max_point_s"),
     _c("point", "", POINT, False, "the size's id"),
     _c("backend", "", POINT, False, "gloo or nccl"),
     _c("device", "", POINT, False, "cpu or cuda"),
@@ -120,7 +140,11 @@ COLLECTIVE: tuple[Column, ...] = (
 
 # Every timed sample of every point (samples.csv): the slowest rank's time of each timed step
 # or iteration, so that runs can be compared on samples rather than on medians.
-SAMPLE_COLUMNS = ["point", "index", "ms"]
+SAMPLE_COLUMNS = ["point", "round", "index", "ms"]
+
+# noise.csv: the reference workload timed at each gap between points (``gap`` counts them,
+# ``after`` names the point before it, empty at a round's start): its median, extremes, count.
+NOISE_COLUMNS = ["gap", "round", "after", "ms", "ms_min", "ms_max", "n"]
 
 
 def written(table: tuple[Column, ...]) -> list[str]:

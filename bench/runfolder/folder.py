@@ -1,5 +1,5 @@
 """The run folder of the data contract (DESIGN.md section 3): meta.json (with the folder's
-``schema_version``), points.jsonl (``points.py``), results.csv, samples.csv, traces/.
+``schema_version``), points.jsonl (``points.py``), results.csv, samples.csv, noise.csv, traces/.
 
 Rows are appended and flushed to disk as each point finishes, so an interrupted run keeps every
 point it completed, and ``--resume`` can skip them. ``read_run`` is how the reading side opens a
@@ -8,6 +8,10 @@ folder: it refuses, in one line, a folder that is not a run or that this version
 Schema versions (major.minor; a reader reads its own major and any minor):
 - 1: meta.json, results.csv, samples.csv, traces/ (parallel-bench 0.1).
 - 2.0: adds points.jsonl, every point resolved; meta.json names its schema_version.
+- 2.1: rounds. results.csv has a row per visit of a point (``round``), each with the figures
+  pooled over that point's rounds so far: a point's answer is its last ok row. samples.csv
+  names each sample's round; noise.csv holds the reference workload timed between points.
+  A 2.0 folder reads as one round without a noise floor.
 """
 
 from __future__ import annotations
@@ -23,10 +27,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.runfolder.columns import SAMPLE_COLUMNS
+from bench.runfolder.columns import NOISE_COLUMNS, SAMPLE_COLUMNS
 from bench.runfolder.points import POINTS_FILE, PointRecord, RunFolderError, read_points
 
-SCHEMA_VERSION = "2.0"
+SCHEMA_VERSION = "2.1"
 
 
 def utc_now() -> str:
@@ -91,8 +95,8 @@ class SamplesWriter(ResultsWriter):
     def __init__(self, path: Path) -> None:
         super().__init__(path, SAMPLE_COLUMNS)
 
-    def append_samples(self, point: str, samples: list[float]) -> None:
-        self._write([[point, i, f"{ms:.6g}"] for i, ms in enumerate(samples)])
+    def append_samples(self, point: str, round_: int, samples: list[float]) -> None:
+        self._write([[point, round_, i, f"{ms:.6g}"] for i, ms in enumerate(samples)])
 
 
 def has_results(run_dir: Path) -> bool:
@@ -100,14 +104,13 @@ def has_results(run_dir: Path) -> bool:
     return csv_path.exists() and csv_path.stat().st_size > 0
 
 
-def done_points(path: Path) -> set[str]:
-    """Point ids already finished with status ok (what ``--resume`` skips)."""
-    if not path.exists():
+def done_visits(visits: pd.DataFrame) -> set[tuple[str, int]]:
+    """(point, round) of every visit finished with status ok (what ``--resume`` skips)."""
+    if visits.empty or "point" not in visits or "status" not in visits:
         return set()
-    df = pd.read_csv(path, dtype=str, keep_default_na=False)
-    if "point" not in df or "status" not in df:
-        return set()
-    return set(df.loc[df["status"] == "ok", "point"])
+    ok = visits[visits["status"] == "ok"]
+    rounds = ok["round"] if "round" in ok else pd.Series(1, index=ok.index)
+    return {(str(p), int(r)) for p, r in zip(ok["point"], rounds.fillna(1), strict=True)}
 
 
 def write_meta(path: Path, meta: dict) -> None:
@@ -122,9 +125,11 @@ class Run:
 
     path: Path
     meta: dict
-    results: pd.DataFrame
-    samples: pd.DataFrame
+    results: pd.DataFrame  # one row per point: its answer (the last ok visit, else the last)
+    samples: pd.DataFrame  # point, round, index, ms
     points: dict[str, PointRecord] = field(default_factory=dict)  # training runs
+    visits: pd.DataFrame = field(default_factory=pd.DataFrame)  # every row, a row per round
+    noise: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=NOISE_COLUMNS))
 
 
 def ours_and_native(impls: list[str], native: dict[str, bool]) -> tuple[str | None, str | None]:
@@ -182,10 +187,30 @@ def read_run(run_dir: Path) -> Run:
     RunFolderError when the folder is not a run this version reads."""
     run_dir = Path(run_dir)
     meta = read_meta(run_dir)
-    df = _csv(run_dir / "results.csv")
+    visits = _csv(run_dir / "results.csv")
     samples = _csv(run_dir / "samples.csv", SAMPLE_COLUMNS)
+    if "round" not in samples:  # schema 2.0: one round
+        samples.insert(1, "round", 1)
+    if len(visits) and "round" not in visits:
+        visits["round"] = 1
+    noise = _csv(run_dir / "noise.csv", NOISE_COLUMNS)
     points = {} if meta.get("kind") == "collective" else read_points(run_dir)
-    return Run(path=run_dir, meta=meta, results=df, samples=samples, points=points)
+    return Run(path=run_dir, meta=meta, results=answers(visits, list(points)), samples=samples,
+               points=points, visits=visits, noise=noise)  # fmt: skip
+
+
+def answers(visits: pd.DataFrame, order: list[str]) -> pd.DataFrame:
+    """A row per point: its last ok visit (its figures pool every round), else its last
+    visit; in the points record's order where there is one, else in the file's."""
+    if visits.empty or "point" not in visits:
+        return visits
+    ok = visits["status"].eq("ok") if "status" in visits else pd.Series(True, index=visits.index)
+    ranked = visits.assign(_ok=ok.astype(int), _at=range(len(visits)))
+    last = ranked.sort_values(["_ok", "_at"]).drop_duplicates("point", keep="last")
+    first_seen = {p: i for i, p in enumerate(dict.fromkeys(visits["point"]))}
+    rank = {p: i for i, p in enumerate(order)} if order else first_seen
+    last = last.assign(_pos=last["point"].map(lambda p: rank.get(p, len(rank) + first_seen[p])))
+    return last.sort_values("_pos").drop(columns=["_ok", "_at", "_pos"]).reset_index(drop=True)
 
 
 __all__ = ["POINTS_FILE", "RunFolderError"]

@@ -40,6 +40,7 @@ def _int_at_least(minimum: int):
 
 
 _positive_int = _int_at_least(1)
+DEFAULT_ROUNDS = 3
 
 
 def _positive_float(text: str) -> float:
@@ -100,8 +101,48 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="MAX_NORM",
         help="clip the gradient's global norm before each optimiser step",
     )
-    p.add_argument("--warmup-steps", type=_positive_int, default=5)
-    p.add_argument("--steps", type=_positive_int, default=20, help="timed steps per point")
+    p.add_argument(
+        "--warmup-steps", type=_positive_int, default=5, help="untimed steps per visit (default 5)"
+    )
+    p.add_argument(
+        "--steps",
+        type=_positive_int,
+        default=10,
+        help="timed steps every visit of a point makes at least (default 10)",
+    )
+    r = p.add_argument_group(
+        "confidence (timing continues until the median's 95 %% interval is tight enough or the "
+        "budget is spent; rounds repeat every point in a new random order)"
+    )
+    r.add_argument(
+        "--target-ci-pct",
+        type=_positive_float,
+        default=2.0,
+        metavar="PCT",
+        help="stop timing a point once its median is known within +-PCT %% (default 2)",
+    )
+    r.add_argument(
+        "--max-steps",
+        type=_positive_int,
+        default=60,
+        help="budget: timed steps per point, all rounds together (message_size: iterations "
+        "per size; default 60)",
+    )
+    r.add_argument(
+        "--max-point-s",
+        type=_positive_float,
+        default=8.0,
+        metavar="SECONDS",
+        help="budget: seconds of timed steps per point, all rounds together (default 8)",
+    )
+    r.add_argument(
+        "--rounds",
+        type=_positive_int,
+        help="training sweeps: run every point this many times, each round in a new random "
+        "order, and pool them; the spread between rounds is what claims are tested against "
+        f"(default {DEFAULT_ROUNDS})",
+    )
+    r.add_argument("--seed", type=int, default=0, help="seed of the rounds' orders (default 0)")
     p.add_argument(
         "--profile-steps", type=_positive_int, default=3, help="active steps traced per point"
     )
@@ -134,7 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("-b", "--min-bytes", default="1K", help="smallest size (default 1K)")
     c.add_argument("-e", "--max-bytes", default="64M", help="largest size (default 64M)")
     c.add_argument("-f", "--factor", default="2", help="size multiplier (default 2)")
-    c.add_argument("-n", "--iters", type=_positive_int, default=20, help="timed iterations")
+    c.add_argument(
+        "-n", "--iters", type=_positive_int, default=20, help="timed iterations, at least"
+    )
     c.add_argument("-w", "--warmup-iters", type=_int_at_least(0), default=5)
     c.add_argument(
         "-c",
@@ -150,6 +193,25 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def check_budget(args: argparse.Namespace, collective: bool) -> None:
+    """A budget that cannot hold what every visit does is bad input."""
+    least, what = (args.iters, "-n/--iters") if collective else (args.steps, "--steps")
+    if args.max_steps < least:
+        raise ValueError(f"--max-steps {args.max_steps} is less than {what} {least}")
+    warmup = args.warmup_iters if collective else args.warmup_steps
+    if args.max_steps < warmup:
+        raise ValueError(
+            f"--max-steps {args.max_steps} is smaller than the warm-up ({warmup} steps)"
+        )
+    if collective and args.rounds is not None:
+        raise ValueError(
+            "--rounds is for training sweeps: message_size repeats sizes adaptively (-n, "
+            "--max-steps, --target-ci-pct)"
+        )
+    if args.rounds is None:
+        args.rounds = 1 if collective else DEFAULT_ROUNDS
+
+
 def collective_plan(args: argparse.Namespace):
     """Validate the message_size flags (before any rank starts)."""
     if args.dtype not in DTYPES:
@@ -161,14 +223,15 @@ def collective_plan(args: argparse.Namespace):
         collectives=parse_list(args.collectives, "collective", COLLECTIVES)
         if args.collectives
         else list(COLLECTIVES),
-        impls=parse_list(args.impl, "implementation", IMPLS)
-        if args.impl
-        else list(IMPLS),
+        impls=parse_list(args.impl, "implementation", IMPLS) if args.impl else list(IMPLS),
         dtype=args.dtype,
         op=args.op,
         iters=args.iters,
         warmup=args.warmup_iters,
         check=bool(args.check),
+        max_iters=args.max_steps,
+        max_s=args.max_point_s,
+        target_pct=args.target_ci_pct,
     )
 
 
@@ -245,8 +308,10 @@ def main(argv: list[str] | None = None) -> int:
         # read when process groups are created: set before any rank starts (self-launch
         # passes the environment on) and before this rank's group (under torchrun)
         os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+    collective = sweeps[0].kind == "collective"
     try:
-        if sweeps[0].kind == "collective":
+        check_budget(args, collective)
+        if collective:
             if args.strategy or args.scaling:
                 raise ValueError("--strategy and --scaling are for the world_size sweep")
             plan, points = collective_plan(args), []

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import time
 from dataclasses import dataclass
 
@@ -25,7 +26,8 @@ from bench.runfolder.folder import ours_and_native, write_meta
 from bench.runner.context import RunContext, finish_run, start_run
 from bench.runner.distenv import DistEnv, rank0_print, synchronize
 from bench.runner.harness import root_cause
-from bench.runner.timing import timed_steps
+from bench.runner.timing import Budget, adaptive_steps, timed_steps
+from bench.stats.intervals import median_interval
 from parallel_kernels.collectives import COLLECTIVES, DTYPES, IMPLS, Collective, count_wrong
 
 
@@ -36,9 +38,14 @@ class CollectivePlan:
     impls: list[str]
     dtype: str
     op: str
-    iters: int
+    iters: int  # at least this many timed iterations per size
     warmup: int
     check: bool
+    # then more until the median's interval is within +-target_pct %, up to max_iters and max_s
+    # seconds (the defaults: exactly ``iters``)
+    max_iters: int = 0
+    max_s: float = math.inf
+    target_pct: float = 0.0
 
 
 def human_bytes(n: float) -> str:
@@ -105,9 +112,14 @@ def _measure(
     run = coll.impl(impl)  # looked up once, not in the timed loop
     for _ in range(plan.warmup):
         run(inp, out, op, group)
-    slowest, _ = timed_steps(
-        lambda: run(inp, out, op, group), plan.iters, device=env.device, group=group
+    budget = Budget(
+        min_steps=plan.iters, max_steps=max(plan.iters, plan.max_iters), max_s=plan.max_s,
+        target_pct=plan.target_pct,
+    )  # fmt: skip
+    slowest, _, stop = adaptive_steps(
+        lambda: run(inp, out, op, group), budget, prior=[], device=env.device, group=group
     )
+    lo, hi = median_interval(slowest)
     wrong = 0
     if plan.check:
         inp, out, expected = coll.buffers(count, dtype, rank, n, op, env.device)
@@ -119,6 +131,10 @@ def _measure(
         "time_us": float(np.median(slowest)) * 1e3,
         "time_us_min": float(slowest.min()) * 1e3,
         "time_us_max": float(slowest.max()) * 1e3,
+        "time_us_ci_low": lo * 1e3,
+        "time_us_ci_high": hi * 1e3,
+        "iters": len(slowest),
+        "stop": stop,
         "wrong": wrong,
     }
 
@@ -134,7 +150,7 @@ def _header(ctx: RunContext, coll: Collective, op: str, plan: CollectivePlan) ->
     )
     rank0_print(
         f"# {'size':>12} {'count':>11} {'impl':>10} {'time(us)':>11} "
-        f"{'algbw(GB/s)':>12} {'busbw(GB/s)':>12} {'#wrong':>7}"
+        f"{'algbw(GB/s)':>12} {'busbw(GB/s)':>12} {'+-%':>6} {'iters':>6} {'#wrong':>7}"
     )
 
 
@@ -147,8 +163,14 @@ def _print_row(row: dict) -> None:
     rank0_print(
         f"  {row['size_bytes']:>12} {row['count']:>11} {row['impl']:>10} "
         f"{row['time_us']:>11.1f} {row['algbw_GBps']:>12.3f} {row['busbw_GBps']:>12.3f} "
-        f"{row['wrong']:>7}"
+        f"{_half_width(row):>6.1f} {row['iters']:>6} {row['wrong']:>7}"
     )
+
+
+def _half_width(row: dict) -> float:
+    """The median time's 95 % interval, as +- % of the median (the larger side)."""
+    t, lo, hi = row["time_us"], row["time_us_ci_low"], row["time_us_ci_high"]
+    return 100 * max(t - lo, hi - t) / t if t > 0 else float("nan")
 
 
 def _run_size(coll, impl, count, itemsize, plan, op, env, group, limits, sweep, point):
@@ -171,7 +193,6 @@ def _run_size(coll, impl, count, itemsize, plan, op, env, group, limits, sweep, 
         "op": op,
         "size_bytes": s_bytes,
         "count": count,
-        "iters": plan.iters,
         "point": point,
         "backend": env.backend,
         "device": env.device.type,
@@ -181,6 +202,10 @@ def _run_size(coll, impl, count, itemsize, plan, op, env, group, limits, sweep, 
         row.update(status="error", error=root_cause(errors))
         return row, True
     t = outcomes[0][0]["time_us"]  # identical on every rank (all-reduced)
+
+    def bus(time_us: float) -> float:  # busbw of a time (GB/s)
+        return s_bytes / (time_us * 1e-6) / 1e9 * coll.busbw_factor(n) if time_us > 0 else np.nan
+
     algbw = s_bytes / (t * 1e-6) / 1e9 if t > 0 else float("nan")
     busbw = algbw * coll.busbw_factor(n)
     row.update(
@@ -189,6 +214,9 @@ def _run_size(coll, impl, count, itemsize, plan, op, env, group, limits, sweep, 
         error="",
         algbw_GBps=algbw,
         busbw_GBps=busbw,
+        # a longer time is a lower bandwidth: the interval's ends swap
+        busbw_GBps_ci_low=bus(outcomes[0][0]["time_us_ci_high"]),
+        busbw_GBps_ci_high=bus(outcomes[0][0]["time_us_ci_low"]),
         wrong=sum(o[0]["wrong"] for o in outcomes),
         busbw_frac_p2p=busbw / limits["p2p_GBps"],
     )
@@ -226,7 +254,7 @@ def run_collective_sweep(args: argparse.Namespace, plan: CollectivePlan, argv: l
             count = coll.align(size // itemsize, n)
             for impl in plan.impls:
                 point = f"{name}-{size}-{impl}"
-                if point in ctx.skip:
+                if (point, 1) in ctx.skip:
                     rank0_print(f"  {size:>12} {count:>11} {impl:>10}  already done (--resume)")
                     continue
                 row, failed = _run_size(
@@ -249,7 +277,7 @@ def run_collective_sweep(args: argparse.Namespace, plan: CollectivePlan, argv: l
                 _print_row(row)
         for group in groups.values():
             dist.destroy_process_group(group)
-    return finish_run(ctx, lambda df: footer(df, limits))
+    return finish_run(ctx, lambda run: footer(run.results, limits))
 
 
 def footer(df: pd.DataFrame, limits: dict) -> str:

@@ -11,19 +11,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pandas as pd
+import numpy as np
 import torch
 import torch.distributed as dist
 
+from bench.runfolder.columns import NOISE_COLUMNS
 from bench.runfolder.folder import (
     SCHEMA_VERSION,
     ResultsWriter,
+    Run,
     SamplesWriter,
     check_schema,
     default_run_dir,
-    done_points,
+    done_visits,
     git_commit,
     has_results,
+    read_run,
     utc_now,
     write_meta,
 )
@@ -35,14 +38,34 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass
+class History:
+    """What a point's earlier rounds measured (every member rank holds the same): the slowest
+    rank's step times, the gap between slowest and fastest rank per step, each round's median,
+    and the last row (its trace figures are carried to rounds that do not profile again)."""
+
+    slowest: list[float] = field(default_factory=list)
+    skew: list[float] = field(default_factory=list)
+    medians: list[float] = field(default_factory=list)
+    row: dict | None = None
+
+    def add(self, slowest: list[float], skew: list[float] | None) -> None:
+        self.slowest += slowest
+        self.skew += skew or []
+        self.medians.append(float(np.median(slowest)))
+
+
+@dataclass
 class RunContext:
     args: argparse.Namespace
     env: DistEnv
     run_dir: Path
-    skip: set[str]
+    skip: set  # (point, round) of visits already done (--resume); collectives: point ids
     writer: ResultsWriter | None = None  # rank 0 only
     samples: SamplesWriter | None = None  # rank 0 only
+    noise: ResultsWriter | None = None  # rank 0 only
     meta: dict = field(default_factory=dict)
+    history: dict[str, History] = field(default_factory=dict)  # point -> its earlier rounds
+    noise_rows: list = field(default_factory=list)  # gaps already timed (--resume)
 
     def write(self, row: dict) -> None:
         """Append the row, and its timed samples (``samples_ms``) to samples.csv."""
@@ -50,13 +73,17 @@ class RunContext:
         if self.writer is not None:
             self.writer.append(row)
             if samples:
-                self.samples.append_samples(row["point"], samples)
+                self.samples.append_samples(row["point"], row.get("round", 1), samples)
+
+    def write_noise(self, row: dict) -> None:
+        if self.noise is not None:
+            self.noise.append(row)
 
 
 # What makes two launches the same run: --resume refuses a run made with other values of these.
 SETTINGS = (
     "sweep", "values", "values2", "model", "impl", "option", "strategy", "scaling", "batch_size",
-    "steps",
+    "steps", "max_steps", "max_point_s", "target_ci_pct", "rounds", "seed",
     "warmup_steps", "profile_steps", "clip_grad_norm", "backend", "min_bytes", "max_bytes",
     "factor", "iters", "warmup_iters", "check", "dtype", "op", "collectives",
 )  # fmt: skip
@@ -180,20 +207,40 @@ def start_run(
             write_points(run_dir / POINTS_FILE, points)
         ctx.writer = ResultsWriter(run_dir / "results.csv", columns)
         ctx.samples = SamplesWriter(run_dir / "samples.csv")
-        ctx.skip = done_points(run_dir / "results.csv") if args.resume else set()
-    shared = [ctx.skip]
+        ctx.noise = ResultsWriter(run_dir / "noise.csv", NOISE_COLUMNS)
+        if args.resume:
+            ctx.skip, ctx.history, ctx.noise_rows = _resumed(run_dir)
+    shared = [(ctx.skip, ctx.history, ctx.noise_rows)]
     dist.broadcast_object_list(shared, group_src=0)
-    ctx.skip = shared[0]
+    ctx.skip, ctx.history, ctx.noise_rows = shared[0]
     return ctx
 
 
-def finish_run(ctx: RunContext, summary: Callable[[pd.DataFrame], str]) -> int:
-    """Rank 0: close meta.json, print the summary table, write the report, name both last."""
+def _resumed(run_dir: Path) -> tuple[set, dict[str, History], list]:
+    """What a resumed run has done: the visits to skip, each point's earlier rounds, the gaps
+    timed."""
+    run = read_run(run_dir)
+    skip = done_visits(run.visits)
+    history: dict[str, History] = {}
+    ok = run.visits[run.visits["status"] == "ok"] if len(run.visits) else run.visits
+    samples = run.samples
+    for row in ok.to_dict("records"):
+        h = history.setdefault(row["point"], History())
+        mine = samples[(samples["point"] == row["point"]) & (samples["round"] == row["round"])]
+        h.add(mine["ms"].tolist(), None)  # the ranks' gaps are not on disk: skew restarts
+        h.row = {k: v for k, v in row.items() if not (isinstance(v, float) and np.isnan(v))}
+    return skip, history, run.noise.to_dict("records")
+
+
+def finish_run(ctx: RunContext, summary: Callable[[Run], str]) -> int:
+    """Rank 0: close meta.json, print the summary (table and answers), write the report, name
+    both last."""
     if ctx.env.is_main:
         ctx.meta["end_time"] = utc_now()
         write_meta(ctx.run_dir / "meta.json", ctx.meta)
-        df = pd.read_csv(ctx.run_dir / "results.csv")
-        print("\n" + summary(df), flush=True)
+        run = read_run(ctx.run_dir)
+        df = run.results
+        print("\n" + summary(run), flush=True)
         # The report layer (matplotlib, the model) is imported here, on rank 0 once the sweep is
         # done: at module level it cost every rank 0.56 s of start-up for nothing.
         from bench.report.page import write_report

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import gc
 import hashlib
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +26,7 @@ from bench.runner.distenv import DistEnv
 from bench.runner.nvml import NvmlSampler
 from bench.runner.profiling import host_bytes_in_use, peak_rss_bytes, profile_steps, reset_peak_rss
 from bench.runner.step import build_trainer
-from bench.runner.timing import summarize_times, timed_steps
+from bench.runner.timing import Budget, adaptive_steps, summarize_times
 from parallel_kernels.groups import mesh_lines, prepare
 from parallel_kernels.strategies import STRATEGIES
 
@@ -41,6 +42,36 @@ class HarnessConfig:
     seed: int = 0
     point_timeout_s: float = 120.0
     clip_grad_norm: float | None = None  # clip the gradient's global norm before each step
+
+
+@dataclass(frozen=True, kw_only=True)
+class Visit:
+    """One round's run of a point: its round, the samples of its earlier rounds (every member
+    rank holds the same, all-reduced), whether to profile it (its first visit that finishes:
+    traces and their breakdown are made once per point) and this visit's timing budget."""
+
+    budget: Budget
+    round: int = 1
+    prior_slowest: tuple[float, ...] = ()
+    prior_skew: tuple[float, ...] = ()  # slowest - fastest rank per step
+    prior_medians: tuple[float, ...] = ()  # each earlier round's median
+    profile: bool = True
+
+
+PROGRESS_S = 10.0  # a long visit says how far it is at most this often
+
+
+def _every(seconds: float, fn: Callable) -> Callable:
+    """``fn``, called at most once per ``seconds`` (the first call waits that long too)."""
+    last = [time.monotonic()]
+
+    def call(*args) -> None:
+        now = time.monotonic()
+        if now - last[0] >= seconds:
+            last[0] = now
+            fn(*args)
+
+    return call
 
 
 class DivergedError(RuntimeError):
@@ -74,6 +105,7 @@ def _train_and_measure(
     point: PointRecord,
     env: DistEnv,
     cfg: HarnessConfig,
+    visit: Visit,
     group: dist.ProcessGroup,
     trace_dir: Path,
     progress: Callable[[str], None],
@@ -86,59 +118,73 @@ def _train_and_measure(
         torch.cuda.reset_peak_memory_stats(env.device)
     trainer = build_trainer(point, env, group, seed=cfg.seed, lr=cfg.lr, clip=cfg.clip_grad_norm)
 
-    progress("warm-up")
+    if visit.profile:  # a point's first visit; later ones only say when they finish
+        progress("warm-up")
     for _ in range(point.warmup_steps):
         trainer.step()
     with NvmlSampler(env.device) as nvml:
-        slowest, fastest = timed_steps(
+        slowest, fastest, stop = adaptive_steps(
             trainer.step,
-            point.steps,
+            visit.budget,
+            prior=list(visit.prior_slowest),
             device=env.device,
             group=group,
-            on_step=lambda i: (
-                progress(f"timed step {i + 1}/{point.steps}") if (i + 1) % 5 == 0 else None
+            on_chunk=_every(
+                PROGRESS_S, lambda n, w: progress(f"{n} timed steps, median +-{w:.1f} %")
             ),
         )
-    progress("profiling")
-    trace_path, heap_at_active = profile_steps(
-        trainer.step,
-        trace_dir=trace_dir,
-        worker_name=f"rank{env.rank}",
-        device=env.device,
-        wait=cfg.profile_wait,
-        warmup=cfg.profile_warmup,
-        active=point.profile_steps,
-    )
+    metrics: dict = {}
+    peak = np.nan
+    if visit.profile:
+        progress("profiling")
+        trace_path, heap_at_active = profile_steps(
+            trainer.step,
+            trace_dir=trace_dir,
+            worker_name=f"rank{env.rank}",
+            device=env.device,
+            wait=cfg.profile_wait,
+            warmup=cfg.profile_warmup,
+            active=point.profile_steps,
+        )
+        trace = analysis.load_trace(trace_path)
+        metrics = analysis.summarize(analysis.breakdown(trace))
+        if heap_before is not None and heap_at_active is not None:
+            peak = heap_at_active - heap_before + analysis.memory_peak_delta(trace)
+        metrics.update(
+            comm_bytes_per_sample=metrics["comm_bytes_per_step"] / trainer.samples_per_step
+        )
     check_replicas_agree(strategy.replicated(trainer.wrapped), group)
-
-    trace = analysis.load_trace(trace_path)
-    metrics = analysis.summarize(analysis.breakdown(trace))
     if env.device.type == "cuda":
         peak = torch.cuda.max_memory_allocated(env.device)
-    elif heap_before is not None and heap_at_active is not None:
-        peak = heap_at_active - heap_before + analysis.memory_peak_delta(trace)
-    else:
-        peak = np.nan
-    metrics.update(summarize_times(slowest, fastest))
+    if visit.profile or env.device.type == "cuda":  # on the CPU the peak comes from the trace
+        metrics.update(peak_mem_mb=peak / 2**20)
+    pooled_slow = np.concatenate([visit.prior_slowest, slowest])
+    skew = np.concatenate([visit.prior_skew, slowest - fastest])
+    medians = [*visit.prior_medians, float(np.median(slowest))]
+    metrics.update(summarize_times(pooled_slow, skew))
     held = state_bytes(trainer.opt)
     expected_state = point.figures.get("state_bytes_expected")
-    samples = trainer.samples_per_step
     metrics.update(
         comm_bytes_expected=point.figures.get("comm_bytes_expected"),
         **dict(zip(("param_mb", "grad_mb", "optim_mb"), (b / 2**20 for b in held), strict=True)),
         state_mb=sum(held) / 2**20,
         state_mb_expected=np.nan if expected_state is None else expected_state / 2**20,
         peak_rss_mb=(peak_rss_bytes() or np.nan) / 2**20,
-        samples_ms=[float(t) for t in slowest],  # per-step, for run-to-run comparison
+        samples_ms=[float(t) for t in slowest],  # this visit's, for samples.csv
+        skew_ms=[float(t) for t in slowest - fastest],  # kept by the runner for next rounds
         nvml_util_pct=nvml.mean_pct,
-        peak_mem_mb=peak / 2**20,
         params=point.figures["params"],
         grad_bytes=point.figures["grad_bytes"],
         loss=float(trainer.last_loss),
         batch_per_replica=point.batch_per_replica,
         grad_accum=trainer.accum,
-        samples_per_s=samples / (metrics["step_ms_median"] / 1e3),
-        comm_bytes_per_sample=metrics["comm_bytes_per_step"] / samples,
+        samples_per_s=trainer.samples_per_step / (metrics["step_ms_median"] / 1e3),
+        steps=len(pooled_slow),
+        stop=stop,
+        round=visit.round,
+        rounds=len(medians),
+        # how far apart the rounds' medians are: drift between rounds, when it is large
+        round_spread_pct=100 * (max(medians) / min(medians) - 1) if len(medians) > 1 else np.nan,
     )
     return metrics
 
@@ -170,11 +216,17 @@ def _aggregate(per_rank: list[dict]) -> dict:
     ranks = [r for r in per_rank if r]
     out = dict(ranks[0])
     for key in columns.by_ranks(columns.TRAINING, columns.MEAN):
+        if key not in out:  # a visit that was not profiled: the runner carries them over
+            continue
         vals = [r.get(key, np.nan) for r in ranks]
         vals = [np.nan if v is None else v for v in vals]
         out[key] = float(np.nanmean(vals)) if not np.all(np.isnan(vals)) else np.nan
     for key in columns.by_ranks(columns.TRAINING, columns.MAX):
+        if key not in out:
+            continue
         out[key] = float(np.nanmax([r.get(key, np.nan) for r in ranks]))
+    if "comm_ms" not in out:
+        return out
     comm = out["comm_ms"]
     out["compute_comm_ratio"] = out["compute_ms"] / comm if comm and comm > 0 else np.nan
     out["overlap_pct"] = 100.0 * out["overlap_ms"] / comm if comm and comm > 0 else np.nan
@@ -195,7 +247,6 @@ def point_columns(point: PointRecord) -> dict:
         "world_size": point.world_size,
         "scaling": point.scaling,
         "global_batch": point.global_batch,
-        "steps": point.steps,
     }
 
 
@@ -212,10 +263,15 @@ def run_point(
     env: DistEnv,
     cfg: HarnessConfig,
     trace_dir: Path,
+    visit: Visit | None = None,
     progress: Callable[[str], None] = lambda _msg: None,
 ) -> dict:
     """Run ``point`` on its ranks (the first ``point.world_size``) while the others wait
-    (collective call on every rank); rank 0 gets the finished row."""
+    (collective call on every rank); rank 0 gets the finished row. Without a ``visit``: one
+    round of exactly ``point.steps`` timed steps."""
+    if visit is None:
+        visit = Visit(budget=Budget(min_steps=point.steps, max_steps=point.steps,
+                                    max_s=float("inf"), target_pct=0.0))  # fmt: skip
     k = point.world_size
     if k > env.world_size:
         raise ValueError(f"point {point.id} needs {k} ranks, {env.world_size} were launched")
@@ -241,7 +297,7 @@ def run_point(
         ) from None
     if env.rank in members:
         try:
-            metrics = _train_and_measure(point, env, cfg, group, trace_dir, progress)
+            metrics = _train_and_measure(point, env, cfg, visit, group, trace_dir, progress)
         except Exception as e:  # noqa: BLE001  (any failure becomes the point's error row)
             error = f"{type(e).__name__}: {e}"
     gathered: list = [None] * env.world_size

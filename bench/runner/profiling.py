@@ -10,6 +10,8 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
+from bench.runner.quiet import without_lines
+
 
 class _Mallinfo2(ctypes.Structure):
     _fields_ = [
@@ -97,13 +99,16 @@ def profile_steps(
     for stale in trace_dir.glob(f"{worker_name}.*.pt.trace.json"):  # an earlier, failed attempt
         stale.unlink()
     heap_at_active = None
-    with profile(
-        activities=activities,
-        schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
-        on_trace_ready=tensorboard_trace_handler(str(trace_dir), worker_name=worker_name),
-        record_shapes=True,
-        profile_memory=True,
-    ) as prof:
+    with (
+        without_lines(),
+        profile(
+            activities=activities,
+            schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
+            on_trace_ready=tensorboard_trace_handler(str(trace_dir), worker_name=worker_name),
+            record_shapes=True,
+            profile_memory=True,
+        ) as prof,
+    ):
         for i in range(wait + warmup + active):
             if i == wait + warmup:
                 heap_at_active = host_bytes_in_use()

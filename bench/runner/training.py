@@ -7,45 +7,47 @@ import os
 import sys
 import time
 
-import pandas as pd
+import numpy as np
 
 from bench.analysis.scaling import scaling_efficiency
 from bench.runfolder import columns
+from bench.runfolder.folder import Run, write_meta
 from bench.runfolder.points import PointRecord
-from bench.runner.context import finish_run, start_run
+from bench.runner.context import History, finish_run, start_run
 from bench.runner.distenv import rank0_print
-from bench.runner.harness import HarnessConfig, LostRanksError, point_columns, run_point
+from bench.runner.harness import HarnessConfig, LostRanksError, Visit, point_columns, run_point
+from bench.runner.noise import NoiseFloor
+from bench.runner.timing import Budget
 
 
-def _summary_table(df: pd.DataFrame) -> str:
-    """The points, with the fastest value per model and implementation starred."""
+def _summary(run: Run) -> str:
+    """The points (the best per model and implementation starred, values tied with it marked
+    =), then each group's answer with its confidence."""
+    # The reading side's claims, imported once the sweep is done (as the report is).
+    from bench.report.page import headline_text, training_claims
+
+    df, found = training_claims(run)
     df = scaling_efficiency(df)
-    ok = df[df["status"] == "ok"].copy()
     df["best"] = ""
-    if not ok.empty:
-        best = ok.loc[ok.groupby(["model", "impl"])["step_ms_median"].idxmin()]
-        df.loc[best.index, "best"] = "*"
+    for v in found.itertuples():
+        sel = (df["model"] == v.model) & (df["impl"] == v.impl) & (df["status"] == "ok")
+        if v.value2 is not None and "value2" in df:
+            sel &= df["value2"] == v.value2
+        df.loc[sel & df["value"].isin(v.tied), "best"] = "="
+        df.loc[sel & (df["value"] == v.best), "best"] = "*"
     df["comm_MB"] = df["comm_bytes_per_step"] / 1e6
     cols = [
-        "model",
-        "value",
-        "scaling",
-        "impl",
-        "status",
-        "best",
-        "step_ms_median",
-        "step_ms_min",
-        "step_ms_max",
-        "samples_per_s",
-        "comm_calls_per_step",
-        "comm_MB",
-        "overlap_pct",
-        "exposed_comm_ms",
-        "peak_mem_mb",
-        "efficiency_pct",
-    ]
+        "model", "value", "value2", "scaling", "impl", "status", "best", "typical_ms",
+        "typical_ms_low", "typical_ms_high", "rounds", "samples_per_s", "comm_calls_per_step",
+        "comm_MB", "overlap_pct", "exposed_comm_ms", "peak_mem_mb", "efficiency_pct",
+    ]  # fmt: skip
     df = df.dropna(axis=1, how="all")  # e.g. scaling columns outside world-size sweeps
-    return df[[c for c in cols if c in df]].to_string(index=False, float_format="{:.2f}".format)
+    table = df[[c for c in cols if c in df]].to_string(index=False, float_format="{:.2f}".format)
+    return (
+        f"{table}\n(* best per model and implementation, = tied with it at 95 %; typical_ms: "
+        f"geometric mean of the rounds' medians, with its 95 % interval)\n\n"
+        + headline_text(run, df, found)
+    )
 
 
 def lost_ranks(ctx, point: PointRecord, e: LostRanksError) -> None:
@@ -57,38 +59,104 @@ def lost_ranks(ctx, point: PointRecord, e: LostRanksError) -> None:
     os._exit(1)
 
 
+def round_orders(points: list[PointRecord], rounds: int, seed: int) -> list[list[PointRecord]]:
+    """The points of each round. One round keeps the declared order (implementations
+    interleaved value by value); with more, each round is a new seeded random order, so that
+    drift during a round falls on different points each time (pyperf's and torch.utils.
+    benchmark's practice of interleaving what is compared)."""
+    if rounds == 1:
+        return [list(points)]
+    rng = np.random.default_rng(seed)
+    return [[points[i] for i in rng.permutation(len(points))] for _ in range(rounds)]
+
+
+def visit_budget(args: argparse.Namespace, history: History, rounds_left: int) -> Budget:
+    """This visit's share of the point's budget: what is left, split over the rounds left,
+    and never less than ``--steps``."""
+    steps_left = args.max_steps - len(history.slowest)
+    seconds_left = args.max_point_s - sum(history.slowest) / 1e3
+    return Budget(
+        min_steps=args.steps,
+        max_steps=max(args.steps, steps_left // rounds_left),
+        max_s=max(0.0, seconds_left / rounds_left),
+        target_pct=args.target_ci_pct,
+    )
+
+
+def _visit(ctx, cfg: HarnessConfig, point: PointRecord, r: int, rounds: int, history: History,
+           label: str) -> None:  # fmt: skip
+    """One visit of ``point`` in round ``r``: run, merge with the point's earlier rounds, write
+    the row (its figures pooled over every round so far) and this visit's samples."""
+    args, env = ctx.args, ctx.env
+    visit = Visit(
+        budget=visit_budget(args, history, rounds - r + 1),
+        round=r,
+        prior_slowest=tuple(history.slowest),
+        prior_skew=tuple(history.skew),
+        prior_medians=tuple(history.medians),
+        profile=history.row is None,
+    )
+    t0 = time.perf_counter()
+    try:
+        row = run_point(
+            point,
+            env,
+            cfg,
+            ctx.run_dir / "traces" / point.id,
+            visit=visit,
+            progress=lambda msg: rank0_print(f"{label}: {msg}"),
+        )
+    except LostRanksError as e:
+        lost_ranks(ctx, point, e)
+    row["round"] = r
+    skew = row.pop("skew_ms", None)
+    if row["status"] == "ok":
+        history.add(row["samples_ms"], skew)
+        if history.row is not None:  # not profiled again: the first visit's trace figures
+            row = {**history.row, **row}
+        history.row = {k: v for k, v in row.items() if k != "samples_ms"}
+    ctx.write(row)
+    if row["status"] == "ok":
+        rank0_print(
+            f"{label}: ok, step {row['step_ms_median']:.1f} ms median "
+            f"[{row['step_ms_ci_low']:.1f}, {row['step_ms_ci_high']:.1f}] over "
+            f"{row['steps']} steps (stop: {row['stop']}), overlap {row['overlap_pct']:.0f} % "
+            f"({time.perf_counter() - t0:.1f} s)"
+        )
+    else:
+        rank0_print(f"{label}: error: {row['error']}")
+
+
 def run_sweep(args: argparse.Namespace, points: list[PointRecord], argv: list[str]) -> int:
     ctx = start_run(args, argv, columns.written(columns.TRAINING), points=points)
     env = ctx.env
     cfg = HarnessConfig(point_timeout_s=args.point_timeout, clip_grad_norm=args.clip_grad_norm)
+    orders = round_orders(points, args.rounds, args.seed)
+    if env.is_main:
+        ctx.meta["round_orders"] = [[p.id for p in order] for order in orders]
+        write_meta(ctx.run_dir / "meta.json", ctx.meta)
     rank0_print(
-        f"sweep {args.sweep}: {len(points)} points, world size {env.world_size}, "
-        f"{env.backend} on {env.device.type}, results in {ctx.run_dir}"
+        f"sweep {args.sweep}: {len(points)} points x {args.rounds} round(s), world size "
+        f"{env.world_size}, {env.backend} on {env.device.type}, results in {ctx.run_dir}"
     )
-    for i, point in enumerate(points, 1):
-        label = f"[{i}/{len(points)}] {point.id}"
-        if point.id in ctx.skip:
-            rank0_print(f"{label}: already done, skipped (--resume)")
-            continue
-        t0 = time.perf_counter()
-        try:
-            row = run_point(
-                point,
-                env,
-                cfg,
-                ctx.run_dir / "traces" / point.id,
-                progress=lambda msg, label=label: rank0_print(f"{label}: {msg}"),
-            )
-        except LostRanksError as e:
-            lost_ranks(ctx, point, e)
-        ctx.write(row)
-        if row["status"] == "ok":
-            rank0_print(
-                f"{label}: ok, step {row['step_ms_median']:.1f} ms median, overlap "
-                f"{row['overlap_pct']:.0f} % ({time.perf_counter() - t0:.1f} s)"
-            )
-        else:
-            rank0_print(f"{label}: error: {row['error']}")
-    return finish_run(
-        ctx, lambda df: _summary_table(df) + "\n(* fastest per model and implementation)"
-    )
+    floor = NoiseFloor(env)
+    gap = len(ctx.noise_rows)
+    for r, order in enumerate(orders, 1):
+        after = ""
+        for i, point in enumerate(order, 1):
+            label = f"[round {r}/{args.rounds} {i}/{len(order)}] {point.id}"
+            if (point.id, r) in ctx.skip:
+                rank0_print(f"{label}: already done, skipped (--resume)")
+                continue
+            gap += 1
+            try:
+                ctx.write_noise({"gap": gap, "round": r, "after": after, **floor.measure()})
+            except Exception as e:  # noqa: BLE001  (a peer gone between points: say so)
+                lost_ranks(ctx, point, LostRanksError(
+                    f"point {point.id}: lost contact with the other ranks before the point, "
+                    f"timing the noise floor ({type(e).__name__}: {str(e).splitlines()[0][:300]})"
+                ))  # fmt: skip
+            history = ctx.history.setdefault(point.id, History())
+            _visit(ctx, cfg, point, r, args.rounds, history, label)
+            after = point.id
+    return finish_run(ctx, _summary)

@@ -1,0 +1,133 @@
+"""The answers a training run gives, in words, each with its confidence (HTML fragments).
+
+The statistics are the analysis layer's (``bench.analysis.confidence``); this module only says
+them: per model and implementation, the best value and every value tied with it, the default's
+cost over the best as a ratio with its interval, and a warning where the machine's noise floor
+is larger than the differences the sweep tries to resolve.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+
+import pandas as pd
+
+from bench.analysis.confidence import noise_floor_pct, rounds_disagree
+from bench.report.figures import fmt_value
+
+
+def _values(vals: list) -> str:
+    return ", ".join(fmt_value(v) for v in vals)
+
+
+def _interval(r: pd.Series, prefix: str) -> str:
+    lo, hi = r[f"{prefix}_low"], r[f"{prefix}_high"]
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return "no interval (too few rounds or samples)"
+    return f"[{lo:.2f}, {hi:.2f}]"
+
+
+def verdict_line(v: pd.Series, knob: str, second: str | None, confidence: str) -> str:
+    """One group's answer (text; the caller escapes it)."""
+    where = f", {second}={fmt_value(v['value2'])}" if second else ""
+    head = f"{v['model']}, {v['impl']}{where}: "
+    tied = list(v["tied"])
+    if v["n_values"] == 1:
+        return head + f"one value, {knob}={fmt_value(v['best'])}, at {v['best_ms']:.1f} ms"
+    if len(tied) == v["n_values"]:
+        text = (
+            f"tie: no value of {knob} is separable from the fastest at {confidence} "
+            f"({_values(tied)}; the fastest, {knob}={fmt_value(v['best'])}, at "
+            f"{v['best_ms']:.1f} ms, the slowest {v['span_pct']:.1f} % behind)"
+        )
+    else:
+        text = f"best {knob}={fmt_value(v['best'])} at {v['best_ms']:.1f} ms"
+        others = [t for t in tied if t != v["best"]]
+        text += (
+            f", tied with {_values(others)} (not separable at {confidence})"
+            if others
+            else f", separable from every other value at {confidence}"
+        )
+    if v["default"] is None or (isinstance(v["default"], float) and math.isnan(v["default"])):
+        return head + text
+    d = fmt_value(v["default"])
+    if v["default_is_best"]:
+        text += f"; the default {d} is the fastest"
+    elif v["default_tied"]:
+        text += (
+            f"; the default {d} takes x{v['default_ratio']:.3f} {_interval(v, 'default')} "
+            "the time of the best: tied"
+        )
+    else:
+        text += (
+            f"; the default {d} takes x{v['default_ratio']:.3f} {_interval(v, 'default')} "
+            "the time of the best: slower"
+        )
+    return head + text
+
+
+def headline(verdicts: pd.DataFrame, knob: str, second: str | None, rounds: int) -> str:
+    """Every group's answer, and the noise warning where it applies (HTML)."""
+    if verdicts.empty:
+        return "no point finished"
+    confidence = "95 %" + (" with rounds' drift" if rounds > 1 else "")
+    lines = []
+    for _, v in verdicts.iterrows():
+        line = html.escape(verdict_line(v, knob, second, confidence))
+        if v["within_floor"]:
+            line += (
+                f" <span class='flag'>(every difference here, {v['span_pct']:.1f} % at most, is "
+                f"smaller than the machine's noise floor of {v['floor_pct']:.1f} %)</span>"
+            )
+        lines.append(line)
+    return "<br>".join(lines)
+
+
+def confidence_section(meta: dict, results: pd.DataFrame, samples: pd.DataFrame,
+                       noise: pd.DataFrame) -> list[str]:  # fmt: skip
+    """How sure the run is: rounds, stops, the noise floor, and rounds that disagree."""
+    cfg = meta.get("config", {})
+    rounds = int(results["rounds"].max()) if "rounds" in results and len(results) else 1
+    stops = results["stop"].value_counts().to_dict() if "stop" in results else {}
+    floor = noise_floor_pct(noise)
+    parts = [
+        "<h2>Confidence</h2>",
+        "<p>Each claim above is a 95 % interval. A point's typical step time is the geometric "
+        "mean of its rounds' medians; with several rounds its interval comes from how much "
+        "the rounds of the same model's points differ once whole rounds running slower are "
+        "set aside (a randomised block design), with one round from its steps' order "
+        "statistics plus the noise floor. Tied values cannot be separated from the best at "
+        "95 % over the group's comparisons together (Bonferroni).</p>",
+        f"<p>{rounds} round(s), each in a new random order; timing stopped at the target "
+        f"(+-{cfg.get('target_ci_pct', '?')} %) for {stops.get('target', 0)} point(s), at the "
+        f"budget for {sum(v for k, v in stops.items() if k != 'target')} "
+        f"(--max-steps {cfg.get('max_steps', '?')}, --max-point-s "
+        f"{cfg.get('max_point_s', '?')}).</p>",
+    ]
+    if math.isfinite(floor):
+        parts.append(
+            f"<p>Noise floor: a fixed reference workload timed between points ({len(noise)} "
+            f"times) varied by {floor:.1f} % (standard deviation of its median): the machine's "
+            "own wander, whatever the sweep changes.</p>"
+        )
+    dis = rounds_disagree(samples)
+    bad = dis[dis["disagree"]] if len(dis) else dis
+    if len(bad):
+        items = "".join(
+            f"<li><code>{html.escape(str(r.point))}</code>: rounds {r.round_spread_pct:.1f} % "
+            f"apart (F test against the other points' rounds, p = {r.p:.2g})</li>"
+            for r in bad.itertuples()
+        )
+        parts.append(
+            "<p class='flag'>Rounds that disagree: these points' rounds differ more than the "
+            "run's other points' rounds do (a visit disturbed by something else on the "
+            "machine, often); each keeps its own spread, so its interval is wider, and the "
+            f"others' is not widened by it.</p><ul>{items}</ul>"
+        )
+    elif len(dis):
+        parts.append(
+            f"<p>No point's rounds disagree (largest spread between rounds "
+            f"{dis['round_spread_pct'].max():.1f} %).</p>"
+        )
+    return parts

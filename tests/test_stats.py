@@ -1,0 +1,127 @@
+"""The statistics behind every claim, on synthetic samples with known answers: intervals cover
+what they say, ties and differences are declared as they are."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from bench.analysis.confidence import noise_floor_pct, rounds_disagree, verdicts
+from bench.stats.estimates import Estimate, estimates, paired_ratio, ratio
+from bench.stats.intervals import half_width_pct, median_interval
+from bench.stats.ties import adjusted, versus_best
+
+
+def run_samples(rng, true_ms: dict[str, float], rounds: int, *, steps: int = 20,
+                round_sd: float = 0.03, visit_sd: float = 0.04,
+                step_sd: float = 0.05) -> pd.DataFrame:  # fmt: skip
+    """A run as this machine makes it: whole rounds slower or faster, each visit of a point
+    off by its own drift, and skewed step-to-step noise on top."""
+    rows = []
+    for r in range(1, rounds + 1):
+        whole = rng.normal(0, round_sd)
+        for point, ms in true_ms.items():
+            visit = rng.normal(0, visit_sd)
+            steps_ms = ms * np.exp(whole + visit + rng.normal(0, step_sd, steps))
+            rows += [(point, r, i, t) for i, t in enumerate(steps_ms)]
+    return pd.DataFrame(rows, columns=["point", "round", "index", "ms"])
+
+
+def test_median_interval_covers_the_median_95_percent_of_the_time():
+    rng = np.random.default_rng(0)
+    draws, n, hits = 2000, 30, 0
+    for _ in range(draws):
+        x = rng.lognormal(mean=1.0, sigma=0.5, size=n)  # skewed; the true median is e
+        lo, hi = median_interval(x)
+        hits += lo <= math.e <= hi
+    # order statistics give at least 95 % (exactly 95.7 % at n = 30)
+    assert 0.94 <= hits / draws <= 0.98
+
+
+def test_too_few_samples_have_no_interval():
+    assert all(math.isnan(v) for v in median_interval([1, 2, 3, 4, 5]))
+    assert half_width_pct([1, 2, 3]) == math.inf
+    assert half_width_pct([10.0] * 8) == 0.0
+
+
+def test_the_interval_of_a_ratio_covers_the_true_ratio_with_rounds_drifting():
+    rng = np.random.default_rng(1)
+    truth = {"a": 100.0, "b": 110.0, "c": 125.0, "d": 100.0}
+    draws, hits = 400, 0
+    for _ in range(draws):
+        est = estimates(run_samples(rng, truth, rounds=3))
+        r = ratio(est["b"], est["a"])
+        hits += r.low <= 1.1 <= r.high
+    assert 0.92 <= hits / draws <= 0.98
+
+
+def test_step_intervals_alone_would_claim_too_much():
+    """Why rounds: the same configuration visited twice differs by its visits' drift, which
+    its steps' interval cannot see; one round with the noise floor, or rounds, say tied."""
+    rng = np.random.default_rng(2)
+    false_steps, false_rounds = 0, 0
+    for _ in range(100):
+        s = run_samples(rng, {"a": 100.0, "a_again": 100.0}, rounds=3, round_sd=0, step_sd=0.02)
+        first = s[s["round"] == 1]
+        bare = estimates(first)  # no floor: the steps' interval only
+        false_steps += ratio(bare["a_again"], bare["a"]).separable
+        false_rounds += ratio(*estimates(s).values()).separable
+    assert false_steps > 30 and false_rounds <= 10
+
+
+def test_a_and_a_are_tied_and_a_known_effect_is_separated():
+    rng = np.random.default_rng(3)
+    aa_ties, found = 0, 0
+    for _ in range(200):
+        truth = {"a": 100.0, "a_again": 100.0, "slower": 120.0}
+        v = versus_best(estimates(run_samples(rng, truth, rounds=5, visit_sd=0.02)))
+        aa_ties += {"a", "a_again"} <= set(v.tied)
+        found += "slower" not in v.tied
+    assert aa_ties >= 0.95 * 200 and found >= 0.95 * 200
+
+
+def test_versus_best_corrects_for_the_number_of_comparisons():
+    e = {k: Estimate(math.log(ms), 0.0004, 20.0, 3, "run")
+         for k, ms in {"a": 100.0, "b": 103.0, "c": 110.0, "d": 140.0}.items()}  # fmt: skip
+    v = versus_best(e)
+    assert v.best == "a" and v.confidence == pytest.approx(adjusted(0.95, 3))
+    assert v.tied == ["a", "b"] and v.ratios["d"].ratio == pytest.approx(1.4)
+    # the same pair alone, at 95 % without the correction
+    assert ratio(e["c"], e["a"]).separable and not ratio(e["b"], e["a"]).separable
+
+
+def test_paired_ratio_cancels_what_drifts_between_rounds():
+    drift = np.array([1.0, 1.3, 0.8, 1.1, 0.9])
+    r = paired_ratio(1.2 * drift * (1 + 0.01 * np.array([1, -1, 0, 1, -1])), drift)
+    assert r.low < 1.2 < r.high and r.low > 1.15 and r.separable
+    assert paired_ratio([1.0, 1.0], [1.0, 1.0]).ratio == 1.0
+
+
+def test_one_round_uses_the_noise_floor():
+    rng = np.random.default_rng(4)
+    s = run_samples(rng, {"a": 100.0, "b": 100.0}, rounds=1, steps=40)
+    floor = 2.0 * np.exp(rng.normal(0, 0.05, 30))
+    with_floor, without = estimates(s, floor), estimates(s)
+    assert with_floor["a"].var > without["a"].var + 0.002 and with_floor["a"].df == 29
+    noise = pd.DataFrame({"ms": floor})
+    assert noise_floor_pct(noise) == pytest.approx(100 * np.std(np.log(floor), ddof=1))
+
+
+def test_verdicts_name_the_ties_and_the_default_cost():
+    rng = np.random.default_rng(5)
+    truth = {"m-1": 100.0, "m-5": 101.0, "m-25": 130.0}
+    samples = run_samples(rng, truth, rounds=4, visit_sd=0.01, round_sd=0.02)
+    results = pd.DataFrame({"point": list(truth), "value": [1.0, 5.0, 25.0], "model": "m",
+                            "impl": "native", "status": "ok"})  # fmt: skip
+    v = verdicts(results, samples, None, {"value": 25.0}).iloc[0]
+    assert v["best"] in (1.0, 5.0) and sorted(v["tied"]) == [1.0, 5.0]
+    assert not v["default_tied"] and v["default_low"] > 1.1 and v["default_high"] < 1.5
+
+
+def test_a_point_whose_rounds_disagree_is_flagged():
+    rng = np.random.default_rng(6)
+    s = run_samples(rng, {f"p{i}": 100.0 for i in range(8)}, rounds=4, visit_sd=0.01)
+    s.loc[(s["point"] == "p3") & (s["round"] == 2), "ms"] *= 1.3  # one visit 30 % off
+    flagged = rounds_disagree(s).set_index("point")
+    assert flagged.loc["p3", "disagree"] and flagged["disagree"].sum() == 1
