@@ -125,3 +125,42 @@ def test_a_point_whose_rounds_disagree_is_flagged():
     s.loc[(s["point"] == "p3") & (s["round"] == 2), "ms"] *= 1.3  # one visit 30 % off
     flagged = rounds_disagree(s).set_index("point")
     assert flagged.loc["p3", "disagree"] and flagged["disagree"].sum() == 1
+
+
+def adaptive_cases() -> list[tuple[int, str]]:
+    """On each rank of the pool: the steps timed and why they stopped, for budgets whose
+    outcome is known (rank 1 takes longer: the slowest rank's times decide, on every rank)."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from bench.runner.timing import Budget, adaptive_steps
+
+    slow = dist.get_rank() == 1
+
+    def step() -> None:
+        time.sleep(0.002 if slow else 0.001)
+
+    cpu = torch.device("cpu")
+    cases = [
+        (Budget(min_steps=6, max_steps=50, max_s=60, target_pct=1000.0), []),  # target at once
+        (Budget(min_steps=6, max_steps=12, max_s=60, target_pct=1e-9), []),  # steps run out
+        (Budget(min_steps=6, max_steps=500, max_s=0.005, target_pct=1e-9), []),  # seconds do
+        (Budget(min_steps=2, max_steps=50, max_s=60, target_pct=5.0), [2.0] * 40),  # prior
+    ]
+    out = []
+    for budget, prior in cases:
+        s, f, stop = adaptive_steps(step, budget, prior=prior, device=cpu, group=None)
+        out.append((len(s), stop, bool((s >= f).all())))
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_adaptive_timing_stops_at_the_target_or_the_budget_on_every_rank_alike(pool):
+    per_rank = pool(2).run(adaptive_cases)
+    assert per_rank[0] == per_rank[1]  # the same decision, from the same all-reduced times
+    (n1, s1, ok1), (n2, s2, ok2), (n3, s3, ok3), (n4, s4, ok4) = per_rank[0]
+    assert (n1, s1) == (6, "target") and (n2, s2) == (12, "max_steps")
+    assert (n3, s3) == (6, "max_point_s") and (n4, s4) == (2, "target")
+    assert ok1 and ok2 and ok3 and ok4  # the slowest rank's time, never below the fastest's

@@ -90,7 +90,8 @@ def adaptive_steps(
         else:
             # Half again as many steps (so the checks cost little), within what is left.
             per_step = max(float(np.median(slow)) / 1e3, 1e-9)
-            left_s = math.ceil((budget.max_s - spent) / per_step)
+            left = (budget.max_s - spent) / per_step
+            left_s = math.ceil(left) if math.isfinite(left) else budget.max_steps
             n = max(1, min(max(5, len(slow) // 2), budget.max_steps - len(slow), left_s))
             continue
         return np.array(slow), np.array(fast), stop
