@@ -133,15 +133,19 @@ def _same(a, b) -> bool:
         return str(a) == str(b)
 
 
-def rounds_disagree(samples: pd.DataFrame) -> pd.DataFrame:
+def rounds_disagree(samples: pd.DataFrame, family: dict[str, str] | None = None) -> pd.DataFrame:
     """Per point with two rounds or more: the spread of its round medians (largest over
-    smallest, minus 1, in %), the p-value of its rounds against the other points' (F test,
-    ``bench.stats.estimates.outlying_rounds``) and whether they disagree (p < DISAGREE_P)."""
+    smallest, minus 1, in %), the p-value of its rounds against the other points' of its
+    ``family`` (F test, ``bench.stats.estimates.outlying_rounds``, as the estimates do) and
+    whether they disagree (p < DISAGREE_P)."""
     cols = ["point", "round_spread_pct", "p", "disagree"]
     if samples.empty:
         return pd.DataFrame(columns=cols)
     logs = round_medians(samples)
-    wild = outlying_rounds(logs, DISAGREE_P)
+    keys = logs["point"].map(lambda p: (family or {}).get(p, ""))
+    wild: dict[str, float] = {}
+    for _, part in logs.groupby(keys, sort=False):
+        wild.update(outlying_rounds(part, DISAGREE_P))
     rows = []
     for point, g in logs.groupby("point", sort=False):
         if len(g) < 2:

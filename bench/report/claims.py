@@ -13,7 +13,7 @@ import math
 
 import pandas as pd
 
-from bench.analysis.confidence import noise_floor_pct, rounds_disagree
+from bench.analysis.confidence import families, noise_floor_pct, rounds_disagree
 from bench.report.figures import fmt_value
 
 
@@ -111,17 +111,17 @@ def confidence_section(meta: dict, results: pd.DataFrame, samples: pd.DataFrame,
             f"times) varied by {floor:.1f} % (standard deviation of its median): the machine's "
             "own wander, whatever the sweep changes.</p>"
         )
-    dis = rounds_disagree(samples)
+    dis = rounds_disagree(samples, families(results))
     bad = dis[dis["disagree"]] if len(dis) else dis
     if len(bad):
         items = "".join(
             f"<li><code>{html.escape(str(r.point))}</code>: rounds {r.round_spread_pct:.1f} % "
-            f"apart (F test against the other points' rounds, p = {r.p:.2g})</li>"
+            f"apart (F test against the same model's other points, p = {r.p:.2g})</li>"
             for r in bad.itertuples()
         )
         parts.append(
-            "<p class='flag'>Rounds that disagree: these points' rounds differ more than the "
-            "run's other points' rounds do (a visit disturbed by something else on the "
+            "<p class='flag'>Rounds that disagree: these points' rounds differ more than the same "
+            "model's other points' rounds do (a visit disturbed by something else on the "
             "machine, often); each keeps its own spread, so its interval is wider, and the "
             f"others' is not widened by it.</p><ul>{items}</ul>"
         )
