@@ -49,7 +49,8 @@ TRAINING: tuple[Column, ...] = (
     _c("step_ms_median", "ms", TIMED, True, "median step time of the slowest rank"),
     _c("step_ms_min", "ms", TIMED, True, "fastest timed step (slowest rank)"),
     _c("step_ms_max", "ms", TIMED, True, "slowest timed step (slowest rank)"),
-    _c("samples_per_s", "1/s", DERIVED, True, "samples of all replicas per second", report=11),
+    _c("samples_per_s", "1/s", DERIVED, True, "samples of all replicas per second: every timed "
+       "step's samples over their total time", report=11),
     _c("compute_ms", "ms", MEAN, True, "computation per traced step", report=12),
     _c("comm_ms", "ms", MEAN, True, "communication (union of collectives) per step", report=13),
     _c("overlap_ms", "ms", MEAN, True, "communication hidden under computation per step"),

@@ -178,7 +178,8 @@ def _train_and_measure(
         loss=float(trainer.last_loss),
         batch_per_replica=point.batch_per_replica,
         grad_accum=trainer.accum,
-        samples_per_s=trainer.samples_per_step / (metrics["step_ms_median"] / 1e3),
+        # total samples over total timed time (a mean rate), not one over the median step
+        samples_per_s=trainer.samples_per_step * len(pooled_slow) / (pooled_slow.sum() / 1e3),
         steps=len(pooled_slow),
         stop=stop,
         round=visit.round,

