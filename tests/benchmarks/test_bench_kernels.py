@@ -1,6 +1,8 @@
 """Kernels: every collective (native, reference) at a small and a large size, and one training
 step of DDP, FSDP FULL_SHARD and TP degree 2, at world size 2 on gloo."""
 
+import math
+
 import pytest
 
 from parallel_kernels.collectives import COLLECTIVES
@@ -31,5 +33,7 @@ def test_collective(benchmark, ranks, name, size, impl):
 def test_training_step(benchmark, ranks, workload, impl):
     benchmark.group = f"train step {workload}"
     strategy, options, _, model = workloads.TRAINING[workload]
-    run_on_pool(benchmark, ranks, workloads.train_step, workload, impl, 5)
+    last = run_on_pool(benchmark, ranks, workloads.train_step, workload, impl, 5)
     benchmark.extra_info.update(strategy=strategy, impl=impl, model=model, **options)
+    # what was timed is training: after the rounds' steps the loss is below the first step's
+    assert math.isfinite(last["loss"]) and last["loss"] < last["first_loss"]

@@ -40,7 +40,13 @@ def test_analyse_trace_folder(benchmark, tmp_path):
     for name in ("sampled_rank-0.json.gz", "sampled_rank-1.json.gz"):
         shutil.copy(HTA / name, tmp_path / name)
     tables = benchmark(lambda: analyse(load_trace_dir(tmp_path)))
-    assert tables  # one table per analysis, for the two ranks
+    # every table, for both ranks: the two complete steps of each, a collective row per rank,
+    # a straggler row per step
+    assert set(tables) == {"ranks", "steps", "collectives", "stragglers"}
+    assert sorted(tables["ranks"]["rank"]) == [0, 1]
+    assert tables["steps"].groupby("rank").size().to_dict() == {0: 2, 1: 2}
+    assert (tables["steps"]["window_us"] > 0).all()
+    assert sorted(tables["collectives"]["rank"]) == [0, 1] and len(tables["stragglers"]) == 2
 
 
 def test_report_of_a_100_point_sweep(benchmark, tmp_path):

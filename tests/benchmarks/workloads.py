@@ -86,25 +86,34 @@ def _trainer(workload: str, impl: str, batch_size: int = 32):
         data = torch.utils.data.TensorDataset(x.contiguous(), y.contiguous())
     batches = Batches(data, batch_size=batch_size, rank=dp_rank, world_size=dp_size, device=CPU)
 
+    last = [torch.zeros(())]
+
     def step() -> None:
         x, y = next(batches)
         opt.zero_grad(set_to_none=True)
-        spec.loss(model(x), y).backward()
+        loss = spec.loss(model(x), y)
+        loss.backward()
         opt.step()
+        last[0] = loss.detach()  # read after timing, not here
 
-    for _ in range(3):
+    step()
+    first = float(last[0])
+    for _ in range(2):
         step()
-    return model, step
+    return model, step, first, last
 
 
 def train_step(workload: str, impl: str, iters: int, slow_s: float = 0.0) -> dict:
-    """Seconds per training step; the model is built on the first call and kept."""
+    """Seconds per training step, and the loss of the model's first and latest step; the model
+    is built on the first call and kept."""
     key = (workload, impl)
     if key not in _LIVE:
         _LIVE[key] = _trainer(workload, impl)
-    _, step = _LIVE[key]
+    _, step, first, last = _LIVE[key]
     slowest, _ = timed_steps(_slowed(step, impl, slow_s), iters, device=CPU, group=None)
-    return {"seconds": float(np.median(slowest)) / 1e3}
+    # the loss of the first step the model took, and of its latest: the steps timed train it
+    return {"seconds": float(np.median(slowest)) / 1e3, "first_loss": first,
+            "loss": float(last[0])}  # fmt: skip
 
 
 def release() -> None:
