@@ -107,6 +107,9 @@ def test_validate_predicts_every_ok_point(runs):
     assert (merged["measured_step_ms"] == merged["step_ms_median"]).all()
     err = (100 * (points["predicted_step_ms"] / points["measured_step_ms"] - 1)).abs()
     assert out["median_abs_error_pct"] == pytest.approx(err.median())
+    # bounded: measured 4 % over a 20-point make sweep here (the seed MLP's 5 ms steps miss by
+    # up to 23 %); a model that misses by half on the median point is broken, not noisy
+    assert out["median_abs_error_pct"] < 50
     assert {c["model"] for c in out["bucket_choice"]} == {"mlp"}
     assert {f["collective"] for f in out["fits"]} == {"all_reduce", "all_gather", "reduce_scatter"}
     text = model("validate", "--collectives", runs["coll"], runs["train"])
