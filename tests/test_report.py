@@ -88,12 +88,12 @@ def test_resume_reads_back_every_round(tmp_path):
     from bench.runner.context import _resumed
 
     run = make_training_run(tmp_path / "run", POINTS, rounds=3, steps=7)
-    skip, history, noise = _resumed(run)
+    skip, history, gaps = _resumed(run)
     assert skip == {(f"wide_mlp-bucket_cap_mb={v:g}-{i}", r) for v in (1.0, 25.0, 100.0)
                     for i in ("native", "reference") for r in (1, 2, 3)}  # fmt: skip
     h = history["wide_mlp-bucket_cap_mb=25-native"]
     assert len(h.slowest) == 21 and len(h.medians) == 3 and h.row["rounds"] == 3
-    assert h.row["compute_ms"] == pytest.approx(70.0) and len(noise) == 18
+    assert h.row["compute_ms"] == pytest.approx(70.0) and gaps == 18
 
 
 def test_report_command_rejects_a_folder_without_results(tmp_path):

@@ -36,20 +36,26 @@ DISAGREE_P = 0.01
 
 
 def run_estimates(
-    samples: pd.DataFrame, noise: pd.DataFrame | None, family: dict[str, str] | None = None
+    samples: pd.DataFrame,
+    noise: pd.DataFrame | None,
+    family: dict[str, str] | None = None,
+    *,
+    within_run: bool = True,
+    pool: str = "",
 ) -> dict[str, Estimate]:
     """Every point's estimate, its variance from the run's rounds (or, with one round, its
     steps and the noise floor). ``family``: point -> the points that share one variance (a
     model's: a 5 ms step and a 200 ms step do not wander alike on this machine, measured at
-    +-20 % and +-5 %); without it, the whole run."""
+    +-20 % and +-5 %); without it, the whole run. ``within_run``, ``pool``: as
+    ``bench.stats.estimates.estimates`` (False to compare with another run)."""
     ok = samples[np.isfinite(samples["ms"])] if len(samples) else samples
     floor = noise["ms"].to_numpy() if noise is not None and len(noise) else None
     if family is None or ok.empty:
-        return estimates(ok, floor)
+        return estimates(ok, floor, within_run=within_run, pool=pool)
     out: dict[str, Estimate] = {}
     keys = ok["point"].map(lambda p: family.get(p, ""))
     for key, part in ok.groupby(keys, sort=False):
-        out.update(estimates(part, floor, pool=str(key)))
+        out.update(estimates(part, floor, within_run=within_run, pool=f"{pool}{key}"))
     return out
 
 
@@ -60,14 +66,11 @@ def families(results: pd.DataFrame) -> dict[str, str] | None:
     return dict(zip(results["point"], results["model"].astype(str), strict=True))
 
 
-def point_intervals(
-    samples: pd.DataFrame, noise: pd.DataFrame | None = None, results: pd.DataFrame | None = None
-) -> pd.DataFrame:
-    """Every point's typical time and its 95 % interval (INTERVAL_COLUMNS); with ``results``,
-    the variance is each model's own."""
+def point_intervals(est: dict[str, Estimate]) -> pd.DataFrame:
+    """Every point's typical time and its 95 % interval (INTERVAL_COLUMNS), from its estimate
+    (``run_estimates``)."""
     rows = []
-    fam = families(results) if results is not None else None
-    for point, e in run_estimates(samples, noise, fam).items():
+    for point, e in est.items():
         lo, hi = e.interval(CONFIDENCE)
         rows.append([point, e.value, lo, hi, e.rounds])
     return pd.DataFrame(rows, columns=INTERVAL_COLUMNS)
@@ -87,13 +90,16 @@ def verdicts(
     samples: pd.DataFrame,
     noise: pd.DataFrame | None,
     defaults: dict[str, object],
+    est: dict[str, Estimate] | None = None,
 ) -> pd.DataFrame:
     """One row per group of ok points (VERDICT_COLUMNS). ``defaults``: {"value": the swept
-    axis's default} (from the points record), whose cost over the best is stated."""
+    axis's default} (from the points record), whose cost over the best is stated. ``est``:
+    the points' estimates when the caller has them (``run_estimates`` of the ok points)."""
     ok = results[results["status"] == "ok"] if len(results) else results
     if ok.empty:
         return pd.DataFrame(columns=VERDICT_COLUMNS)
-    est = run_estimates(samples[samples["point"].isin(ok["point"])], noise, families(ok))
+    if est is None:  # the ok points' own, each model with its variance
+        est = run_estimates(samples[samples["point"].isin(ok["point"])], noise, families(ok))
     floor = noise_floor_pct(noise)
     grid = "value2" in ok and ok["value2"].notna().any()
     keys = ["model", "impl", "value2"] if grid else ["model", "impl"]

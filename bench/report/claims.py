@@ -54,15 +54,10 @@ def verdict_line(v: pd.Series, knob: str, second: str | None, confidence: str) -
     d = fmt_value(v["default"])
     if v["default_is_best"]:
         text += f"; the default {d} is the fastest"
-    elif v["default_tied"]:
-        text += (
-            f"; the default {d} takes x{v['default_ratio']:.3f} {_interval(v, 'default')} "
-            "the time of the best: tied"
-        )
     else:
         text += (
             f"; the default {d} takes x{v['default_ratio']:.3f} {_interval(v, 'default')} "
-            "the time of the best: slower"
+            f"the time of the best: {'tied' if v['default_tied'] else 'slower'}"
         )
     return head + text
 

@@ -16,7 +16,8 @@ import math
 import numpy as np
 import pandas as pd
 
-from bench.stats.estimates import estimates, ratio
+from bench.analysis.confidence import run_estimates
+from bench.stats.estimates import ratio
 from bench.stats.intervals import CONFIDENCE
 from bench.stats.ties import adjusted
 
@@ -25,12 +26,6 @@ COMPARE_COLUMNS = [
     "regression", "rounds_new", "rounds_old",
 ]  # fmt: skip
 TIED = "tied"
-
-
-def _estimates(samples: pd.DataFrame, noise: pd.DataFrame | None, pool: str) -> dict:
-    floor = noise["ms"].to_numpy() if noise is not None and len(noise) else None
-    ok = samples[np.isfinite(samples["ms"])] if len(samples) else samples
-    return estimates(ok, floor, within_run=False, pool=pool)
 
 
 def compare(
@@ -48,8 +43,10 @@ def compare(
     ok_old = set(old.loc[old["status"] == "ok", "point"]) if len(old) else set()
     ok_new = new[new["status"] == "ok"] if len(new) else new
     both = [p for p in ok_new["point"] if p in ok_old] if len(ok_new) else []
-    a = _estimates(new_samples[new_samples["point"].isin(both)], new_noise, "new")
-    b = _estimates(old_samples[old_samples["point"].isin(both)], old_noise, "old")
+    a = run_estimates(new_samples[new_samples["point"].isin(both)], new_noise,
+                      within_run=False, pool="new")  # fmt: skip
+    b = run_estimates(old_samples[old_samples["point"].isin(both)], old_noise,
+                      within_run=False, pool="old")  # fmt: skip
     both = [p for p in both if p in a and p in b]
     each = adjusted(confidence, len(both))
     rows = []

@@ -72,12 +72,14 @@ def training_claims(run: Run) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(results with each point's typical time and interval, the verdict per group)."""
     df = run.results
     ok = df[df["status"] == "ok"] if len(df) else df
-    intervals = point_intervals(run.samples, run.noise, ok)
+    samples = run.samples[run.samples["point"].isin(ok["point"])] if len(ok) else run.samples
+    est = run_estimates(samples, run.noise, families(ok))  # once, for the table and the claims
+    intervals = point_intervals(est)
     if len(df) and len(intervals):
         df = df.merge(intervals.drop(columns="rounds"), on="point", how="left")
     defaults, _ = _axes(run.points)
     sweep = run.meta.get("sweep", "?").split(",")[0]
-    found = verdicts(df, run.samples, run.noise, {"value": defaults.get(sweep)})
+    found = verdicts(df, run.samples, run.noise, {"value": defaults.get(sweep)}, est)
     return df, found
 
 
@@ -182,7 +184,7 @@ def _training_sections(run: Run) -> list[str]:
             parts += ["<h2>Communication</h2>", figs.comm_figure(ok, sweep)]
         if "window_ms" in ok:
             parts += ["<h2>Rules of thumb</h2>", figs.health_figure(ok)]
-    best, tied = _best_and_tied(ok, found)
+    best, tied = best_and_tied(ok, found)
 
     def flag(row, col):
         if col == "compute_share_pct" and row.get(col, 100) < figs.COMPUTE_SHARE_TARGET:
@@ -209,7 +211,7 @@ def _training_sections(run: Run) -> list[str]:
     return parts
 
 
-def _best_and_tied(ok: pd.DataFrame, found: pd.DataFrame) -> tuple[set, set]:
+def best_and_tied(ok: pd.DataFrame, found: pd.DataFrame) -> tuple[set, set]:
     """Row labels of each group's best point, and of the points tied with it."""
     best, tied = set(), set()
     for v in found.itertuples():

@@ -27,7 +27,7 @@ from bench.runner.context import RunContext, finish_run, start_run
 from bench.runner.distenv import DistEnv, rank0_print, synchronize
 from bench.runner.harness import root_cause
 from bench.runner.timing import Budget, adaptive_steps, timed_steps
-from bench.stats.intervals import median_interval
+from bench.stats.intervals import median_interval, relative_half_width
 from parallel_kernels.collectives import COLLECTIVES, DTYPES, IMPLS, Collective, count_wrong
 
 
@@ -168,9 +168,10 @@ def _print_row(row: dict) -> None:
 
 
 def _half_width(row: dict) -> float:
-    """The median time's 95 % interval, as +- % of the median (the larger side)."""
-    t, lo, hi = row["time_us"], row["time_us_ci_low"], row["time_us_ci_high"]
-    return 100 * max(t - lo, hi - t) / t if t > 0 else float("nan")
+    """The median time's 95 % interval, as +- % of the median (the larger side); NaN, printed
+    as such, without one (fewer than 6 iterations)."""
+    width = relative_half_width(row["time_us"], row["time_us_ci_low"], row["time_us_ci_high"])
+    return width if math.isfinite(width) else float("nan")
 
 
 def _run_size(coll, impl, count, itemsize, plan, op, env, group, limits, sweep, point):

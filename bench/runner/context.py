@@ -65,7 +65,7 @@ class RunContext:
     noise: ResultsWriter | None = None  # rank 0 only
     meta: dict = field(default_factory=dict)
     history: dict[str, History] = field(default_factory=dict)  # point -> its earlier rounds
-    noise_rows: list = field(default_factory=list)  # gaps already timed (--resume)
+    gaps_done: int = 0  # noise-floor gaps already timed (--resume): numbering goes on from here
 
     def write(self, row: dict) -> None:
         """Append the row, and its timed samples (``samples_ms``) to samples.csv."""
@@ -209,16 +209,16 @@ def start_run(
         ctx.samples = SamplesWriter(run_dir / "samples.csv")
         ctx.noise = ResultsWriter(run_dir / "noise.csv", NOISE_COLUMNS)
         if args.resume:
-            ctx.skip, ctx.history, ctx.noise_rows = _resumed(run_dir)
-    shared = [(ctx.skip, ctx.history, ctx.noise_rows)]
+            ctx.skip, ctx.history, ctx.gaps_done = _resumed(run_dir)
+    shared = [(ctx.skip, ctx.history, ctx.gaps_done)]
     dist.broadcast_object_list(shared, group_src=0)
-    ctx.skip, ctx.history, ctx.noise_rows = shared[0]
+    ctx.skip, ctx.history, ctx.gaps_done = shared[0]
     return ctx
 
 
-def _resumed(run_dir: Path) -> tuple[set, dict[str, History], list]:
-    """What a resumed run has done: the visits to skip, each point's earlier rounds, the gaps
-    timed."""
+def _resumed(run_dir: Path) -> tuple[set, dict[str, History], int]:
+    """What a resumed run has done: the visits to skip, each point's earlier rounds, how many
+    gaps it timed."""
     run = read_run(run_dir)
     skip = done_visits(run.visits)
     history: dict[str, History] = {}
@@ -229,7 +229,7 @@ def _resumed(run_dir: Path) -> tuple[set, dict[str, History], list]:
         mine = samples[(samples["point"] == row["point"]) & (samples["round"] == row["round"])]
         h.add(mine["ms"].tolist(), None)  # the ranks' gaps are not on disk: skew restarts
         h.row = {k: v for k, v in row.items() if not (isinstance(v, float) and np.isnan(v))}
-    return skip, history, run.noise.to_dict("records")
+    return skip, history, len(run.noise)
 
 
 def finish_run(ctx: RunContext, summary: Callable[[Run], str]) -> int:

@@ -24,17 +24,12 @@ def _summary(run: Run) -> str:
     """The points (the best per model and implementation starred, values tied with it marked
     =), then each group's answer with its confidence."""
     # The reading side's claims, imported once the sweep is done (as the report is).
-    from bench.report.page import headline_text, training_claims
+    from bench.report.page import best_and_tied, headline_text, training_claims
 
     df, found = training_claims(run)
     df = scaling_efficiency(df)
-    df["best"] = ""
-    for v in found.itertuples():
-        sel = (df["model"] == v.model) & (df["impl"] == v.impl) & (df["status"] == "ok")
-        if v.value2 is not None and "value2" in df:
-            sel &= df["value2"] == v.value2
-        df.loc[sel & df["value"].isin(v.tied), "best"] = "="
-        df.loc[sel & (df["value"] == v.best), "best"] = "*"
+    best, tied = best_and_tied(df[df["status"] == "ok"], found)
+    df["best"] = ["*" if i in best else "=" if i in tied else "" for i in df.index]
     df["comm_MB"] = df["comm_bytes_per_step"] / 1e6
     cols = [
         "model", "value", "value2", "scaling", "impl", "status", "best", "typical_ms",
@@ -140,7 +135,7 @@ def run_sweep(args: argparse.Namespace, points: list[PointRecord], argv: list[st
         f"{env.world_size}, {env.backend} on {env.device.type}, results in {ctx.run_dir}"
     )
     floor = NoiseFloor(env)
-    gap = len(ctx.noise_rows)
+    gap = ctx.gaps_done
     for r, order in enumerate(orders, 1):
         after = ""
         for i, point in enumerate(order, 1):

@@ -26,7 +26,7 @@ import numpy as np
 
 from bench.analysis.confidence import run_estimates
 from bench.runfolder.folder import read_run
-from bench.stats.estimates import paired_ratio
+from bench.stats.estimates import paired_ratio, ratio
 from bench.stats.ties import versus_best
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,10 +52,8 @@ def judge(run_dir: Path, base: str, other: str) -> tuple[float, float, float, bo
     est = run_estimates(run.samples, run.noise)
     ids = {p.model: pid for pid, p in run.points.items()}
     a, b = est[ids[base]], est[ids[other]]
-    v = versus_best({"base": a, "other": b})
-    r = v.ratios["other"] if v.best == "base" else v.ratios["base"]
-    if v.best != "base":  # the ratio other / base, whichever was faster
-        r = type(r)(1 / r.ratio, 1 / r.high, 1 / r.low, r.p, r.confidence)
+    # the headline's comparison with the best, read as other / base whichever was faster
+    r = ratio(b, a, versus_best({"base": a, "other": b}).confidence)
     medians = run.samples.groupby(["point", "round"])["ms"].median().unstack("point")
     pairs = list(zip(medians[ids[other]], medians[ids[base]], strict=True))
     return r.ratio, r.low, r.high, r.separable, pairs

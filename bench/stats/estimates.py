@@ -83,18 +83,31 @@ def round_medians(samples: pd.DataFrame) -> pd.DataFrame:
     return out[["point", "round", "log"]]
 
 
-def block_variance(logs: pd.DataFrame) -> tuple[float, float]:
-    """(s², df): residual variance of point + round on the points measured in every round."""
-    wide = logs.pivot_table(index="point", columns="round", values="log").dropna()
-    p, r = wide.shape
+def _complete(logs: pd.DataFrame) -> pd.DataFrame:
+    """log medians as a point x round table, of the points measured in every round."""
+    return logs.pivot_table(index="point", columns="round", values="log").dropna()
+
+
+def _residuals(x: np.ndarray) -> np.ndarray:
+    """What is left of a point x round table once each point's and each round's effect are
+    taken out (the additive two-way fit)."""
+    return x - x.mean(axis=1, keepdims=True) - x.mean(axis=0, keepdims=True) + x.mean()
+
+
+def _table_variance(x: np.ndarray) -> tuple[float, float]:
+    """(s², df) of a point x round table: see ``block_variance``."""
+    p, r = x.shape
     if r < 2 or p < 1:
         return math.nan, 0.0
     if p == 1:  # one point: nothing to block against, the spread of its rounds
-        return float(np.var(wide.to_numpy(), ddof=1)), float(r - 1)
-    x = wide.to_numpy()
-    resid = x - x.mean(axis=1, keepdims=True) - x.mean(axis=0, keepdims=True) + x.mean()
+        return float(np.var(x, ddof=1)), float(r - 1)
     df = (p - 1) * (r - 1)
-    return float((resid**2).sum() / df), float(df)
+    return float((_residuals(x) ** 2).sum() / df), float(df)
+
+
+def block_variance(logs: pd.DataFrame) -> tuple[float, float]:
+    """(s², df): residual variance of point + round on the points measured in every round."""
+    return _table_variance(_complete(logs).to_numpy())
 
 
 def outlying_rounds(logs: pd.DataFrame, p_value: float = 0.01) -> dict[str, float]:
@@ -103,15 +116,15 @@ def outlying_rounds(logs: pd.DataFrame, p_value: float = 0.01) -> dict[str, floa
     ``p_value``. One wild visit (measured here: a round 40 % slower than the point's others,
     once in 30 visits) would otherwise widen every point's interval; such a point keeps its
     own spread instead (``estimates``)."""
-    wide = logs.pivot_table(index="point", columns="round", values="log").dropna()
+    wide = _complete(logs)
     p, r = wide.shape
     if p < 3 or r < 2:
         return {}
     x = wide.to_numpy()
-    resid = x - x.mean(axis=1, keepdims=True) - x.mean(axis=0, keepdims=True) + x.mean()
+    resid = _residuals(x)
     out = {}
     for i, point in enumerate(wide.index):
-        others, _ = block_variance(logs[logs["point"].isin(wide.index.drop(point))])
+        others, _ = _table_variance(np.delete(x, i, axis=0))
         if not others > 0:
             continue
         own = float((resid[i] ** 2).sum()) / (r - 1)
@@ -124,9 +137,9 @@ def outlying_rounds(logs: pd.DataFrame, p_value: float = 0.01) -> dict[str, floa
 def cross_run_variance(logs: pd.DataFrame) -> tuple[float, float]:
     """(s², df) of one visit for comparisons with another run: the residual variance plus the
     variance of the rounds' effects, which another run does not share."""
-    wide = logs.pivot_table(index="point", columns="round", values="log").dropna()
+    wide = _complete(logs)
     p, r = wide.shape
-    s2e, dfe = block_variance(logs)
+    s2e, dfe = _table_variance(wide.to_numpy())
     if p < 2 or r < 2 or dfe <= 0:
         return s2e, dfe
     effects = wide.to_numpy().mean(axis=0)

@@ -35,10 +35,15 @@ def half_width_pct(samples, confidence: float = CONFIDENCE) -> float:
     infinite while the sample is too small to have an interval."""
     x = np.asarray(samples, dtype=float)
     lo, hi = median_interval(x, confidence)
-    med = float(np.median(x)) if len(x) else math.nan
-    if not (math.isfinite(lo) and math.isfinite(hi)) or not med > 0:
+    return relative_half_width(float(np.median(x)) if len(x) else math.nan, lo, hi)
+
+
+def relative_half_width(median: float, low: float, high: float) -> float:
+    """The larger distance from ``median`` to an end of its interval, in % of it; infinite
+    without an interval."""
+    if not (math.isfinite(low) and math.isfinite(high)) or not median > 0:
         return math.inf
-    return 100.0 * max(med - lo, hi - med) / med
+    return 100.0 * max(median - low, high - median) / median
 
 
 def log_se(samples, confidence: float = CONFIDENCE) -> float:
