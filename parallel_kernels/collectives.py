@@ -13,7 +13,22 @@ bandwidth whatever n is.
 
 Inputs are small integers stored in floating point, chosen so that every sum, average and
 maximum is exact in float32, bfloat16 and float16: the expected output is known exactly, and
-``#wrong`` is an exact count of differing elements.
+``#wrong`` is an exact count of differing elements. Whatever a rank must write starts as
+``SENTINEL``, a value no collective produces here, so a missed element is counted.
+
+Out of place and in place (nccl-tests, src/common.cu ``startColl``): out of place, input and
+output are separate buffers; in place, they are views of one buffer, rank r's input at
+``r * in_offset`` and its output at ``r * out_offset`` elements (nccl-tests' sendInplaceOffset and
+recvInplaceOffset): all-reduce and broadcast (0, 0), the same buffer; all-gather (count/n, 0),
+the input is the rank's block of the output; reduce-scatter (0, count/n), the output is the
+rank's block of the input. nccl-tests has no in-place all-to-all (its alltoall.cu reports none),
+nor has this registry: see ``no_in_place``.
+
+torch.distributed's all_reduce and broadcast take one buffer, and so do our ring all-reduce and
+broadcast: run out of place, they copy the input into the output and run in place on it. That is
+how PyTorch's own out-of-place forms work (c10d's functional ``all_reduce`` and ``broadcast``,
+torch/csrc/distributed/c10d/Functional.cpp: the input cloned, then the in-place op), so the
+copy is part of what an out-of-place call costs there.
 """
 
 from __future__ import annotations
@@ -32,6 +47,7 @@ OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "max": dist.ReduceOp.
 _EXACT_LIMIT = {torch.float32: 1 << 24, torch.bfloat16: 256, torch.float16: 2048}
 
 Run = Callable[[torch.Tensor, torch.Tensor, str, "dist.ProcessGroup | None"], None]
+SENTINEL = -7.0  # what output elements hold before the collective: no pattern value is negative
 
 
 def _value_range(dtype: torch.dtype, n: int, op: str) -> int:
@@ -66,12 +82,16 @@ class Collective:
     busbw_factor: Callable[[int], float]
     in_count: Callable[[int, int], int]  # (count, n) -> elements of this rank's input
     out_count: Callable[[int, int], int]
-    in_place: bool  # output is the input buffer (all-reduce, broadcast)
+    in_place_only: bool  # the API takes one buffer (all-reduce, broadcast)
+    # (count, n) -> elements between consecutive ranks' input, and output, views in the one
+    # buffer of an in-place call (nccl-tests' sendInplaceOffset, recvInplaceOffset); None: none
+    in_place_offsets: Callable[[int, int], tuple[int, int]] | None
     native: Run
     reference: Run
     # (count, dtype, rank, n, op) -> (input as float64, expected output as float64)
     pattern: Callable[[int, torch.dtype, int, int, str], tuple[torch.Tensor, torch.Tensor]]
     needs_multiple_of_n: bool = False
+    no_in_place: str = ""  # why there is no in-place form (in_place_offsets is None)
 
     def align(self, count: int, n: int) -> int:
         return count - count % n if self.needs_multiple_of_n else count
@@ -80,16 +100,33 @@ class Collective:
         return count * torch.empty((), dtype=dtype).element_size()
 
     def buffers(
-        self, count: int, dtype: torch.dtype, rank: int, n: int, op: str, device: torch.device
+        self,
+        count: int,
+        dtype: torch.dtype,
+        rank: int,
+        n: int,
+        op: str,
+        device: torch.device,
+        in_place: bool | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(input, output, expected) on ``device``; output is input when in place."""
+        """(input, output, expected) on ``device``. ``in_place``: views of one buffer, laid out
+        as nccl-tests lays them (see the module docstring); False: two buffers; None: as the
+        API takes them (one buffer for all-reduce and broadcast, two for the others)."""
+        if in_place is None:
+            in_place = self.in_place_only
         inp64, expected64 = self.pattern(count, dtype, rank, n, op)
-        inp = inp64.to(dtype).to(device)
-        out = (
-            inp
-            if self.in_place
-            else torch.empty(self.out_count(count, n), dtype=dtype, device=device)
-        )
+        n_in, n_out = self.in_count(count, n), self.out_count(count, n)
+        if not in_place:
+            inp = inp64.to(dtype).to(device)
+            out = torch.full((n_out,), SENTINEL, dtype=dtype, device=device)
+        elif self.in_place_offsets is None:
+            raise ValueError(f"{self.name} has no in-place form: {self.no_in_place}")
+        else:
+            in_offset, out_offset = self.in_place_offsets(count, n)
+            buf = torch.full((max(n_in, n_out),), SENTINEL, dtype=dtype, device=device)
+            inp = buf[rank * in_offset : rank * in_offset + n_in]
+            out = buf[rank * out_offset : rank * out_offset + n_out]
+            inp.copy_(inp64.to(dtype))
         return inp, out, expected64.to(dtype).to(device)
 
     def impl(self, impl: str) -> Run:
@@ -150,13 +187,21 @@ def _all_to_all_pattern(count, dtype, rank, n, op):
     return inp, out
 
 
+def _into_output(inp: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """The buffer a one-buffer API runs on: ``out``, holding the input (copied there when the
+    call is out of place, as PyTorch's functional all_reduce and broadcast do)."""
+    if out.data_ptr() != inp.data_ptr():
+        out.copy_(inp)
+    return out
+
+
 # -- native: torch.distributed ---------------------------------------------------------------
 def _native_all_reduce(inp, out, op, group):
-    dist.all_reduce(inp, op=OPS[op], group=group)
+    dist.all_reduce(_into_output(inp, out), op=OPS[op], group=group)
 
 
 def _native_broadcast(inp, out, op, group):
-    dist.broadcast(inp, group_src=0, group=group)
+    dist.broadcast(_into_output(inp, out), group_src=0, group=group)
 
 
 def _native_all_gather(inp, out, op, group):
@@ -176,11 +221,11 @@ def _native_all_to_all(inp, out, op, group):
 
 # -- reference: parallel_kernels.algorithms --------------------------------------------------
 def _ref_all_reduce(inp, out, op, group):
-    alg.ring_all_reduce(inp, op, group)
+    alg.ring_all_reduce(_into_output(inp, out), op, group)
 
 
 def _ref_broadcast(inp, out, op, group):
-    alg.broadcast(inp, 0, group)
+    alg.broadcast(_into_output(inp, out), 0, group)
 
 
 def _ref_all_gather(inp, out, op, group):
@@ -204,7 +249,8 @@ COLLECTIVES: dict[str, Collective] = {
             busbw_factor=lambda n: 2 * (n - 1) / n,
             in_count=lambda c, n: c,
             out_count=lambda c, n: c,
-            in_place=True,
+            in_place_only=True,
+            in_place_offsets=lambda c, n: (0, 0),
             native=_native_all_reduce,
             reference=_ref_all_reduce,
             pattern=_all_reduce_pattern,
@@ -215,7 +261,8 @@ COLLECTIVES: dict[str, Collective] = {
             busbw_factor=lambda n: 1.0,
             in_count=lambda c, n: c,
             out_count=lambda c, n: c,
-            in_place=True,
+            in_place_only=True,
+            in_place_offsets=lambda c, n: (0, 0),
             native=_native_broadcast,
             reference=_ref_broadcast,
             pattern=_broadcast_pattern,
@@ -226,7 +273,8 @@ COLLECTIVES: dict[str, Collective] = {
             busbw_factor=lambda n: (n - 1) / n,
             in_count=lambda c, n: c // n,
             out_count=lambda c, n: c,
-            in_place=False,
+            in_place_only=False,
+            in_place_offsets=lambda c, n: (c // n, 0),
             native=_native_all_gather,
             reference=_ref_all_gather,
             pattern=_all_gather_pattern,
@@ -238,7 +286,8 @@ COLLECTIVES: dict[str, Collective] = {
             busbw_factor=lambda n: (n - 1) / n,
             in_count=lambda c, n: c,
             out_count=lambda c, n: c // n,
-            in_place=False,
+            in_place_only=False,
+            in_place_offsets=lambda c, n: (0, c // n),
             native=_native_reduce_scatter,
             reference=_ref_reduce_scatter,
             pattern=_reduce_scatter_pattern,
@@ -250,11 +299,17 @@ COLLECTIVES: dict[str, Collective] = {
             busbw_factor=lambda n: (n - 1) / n,
             in_count=lambda c, n: c,
             out_count=lambda c, n: c,
-            in_place=False,
+            in_place_only=False,
+            in_place_offsets=None,
             native=_native_all_to_all,
             reference=_ref_all_to_all,
             pattern=_all_to_all_pattern,
             needs_multiple_of_n=True,
+            # found by running it: gloo's all_to_all_single(x, x) returns without an error
+            # and with half of x wrong at 2 ranks; our pairwise exchange would overwrite blocks
+            # it has yet to send
+            no_in_place="no in-place all-to-all (nccl-tests checks none either): "
+            "torch.distributed's all_to_all_single and our pairwise exchange need two buffers",
         ),
     )
 }

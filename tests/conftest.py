@@ -7,6 +7,32 @@ from tests.rank_pool import RankPool
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "ci_needs(what): the test needs WHAT from the system, which `make test` installs where "
+        'it can; it may skip, saying so, except under CI="true", where that skip is a failure',
+    )
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under CI, a skip of a ``ci_needs`` test is a failure: CI installs what it needs (the
+    Makefile's `system` target, the test extra), so a skip there means something broke."""
+    report = yield
+    needs = item.get_closest_marker("ci_needs")
+    if (
+        needs is not None
+        and report.skipped
+        and not hasattr(report, "wasxfail")
+        and os.environ.get("CI") == "true"
+    ):
+        why = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = f"CI=true, so {needs.args[0]} must be here, but the test skipped: {why}"
+    return report
+
+
 @pytest.fixture(scope="session")
 def pool():
     """``pool(n)``: a live gloo process group of n ranks, shared by the whole session."""

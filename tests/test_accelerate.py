@@ -11,10 +11,17 @@ from parallel_kernels.models import MODELS
 from parallel_kernels.strategies import STRATEGIES
 from tests.test_fsdp import CPU, rank_batches, single_process, tiny
 from tests.test_harness import FAST, run_points
+from tests.test_precision import AUTOCAST_TOLERANCE
 
-pytest.importorskip(
-    "accelerate", reason="Accelerate is not installed (pip install -e '.[accelerate]')"
-)
+# The test extra installs Accelerate: under CI="true" its absence fails these tests.
+pytestmark = pytest.mark.ci_needs("Accelerate")
+
+
+@pytest.fixture(autouse=True)
+def _accelerate():
+    pytest.importorskip(
+        "accelerate", reason="Accelerate is not installed (pip install -e '.[accelerate]')"
+    )
 
 
 def _torchrun_env() -> None:
@@ -70,7 +77,8 @@ def test_accelerate_points_in_sweeps(pool, tmp_path):
     for impl in ("native", "accelerate"):
         fp32, bf16 = by[("precision", "fp32", impl)], by[("precision", "bf16", impl)]
         assert bf16["loss"] != fp32["loss"]  # autocast really ran
-        assert abs(bf16["loss"] - fp32["loss"]) <= 0.03 * fp32["loss"]
+        # measured: 0.045 %, as under DDP's autocast (test_precision.py)
+        assert abs(bf16["loss"] - fp32["loss"]) <= AUTOCAST_TOLERANCE * fp32["loss"], (impl, bf16)
     # the same autocast, the same numbers: Accelerate adds no arithmetic of its own
     assert by[("precision", "bf16", "accelerate")]["loss"] == pytest.approx(
         by[("precision", "bf16", "native")]["loss"], rel=1e-6

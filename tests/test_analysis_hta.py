@@ -11,6 +11,7 @@ import pytest
 
 from bench.analysis import breakdown as analysis
 from bench.analysis import folder as trace_folder
+from bench.analysis import intervals as iv
 from bench.analysis import reader as trace_reader
 
 DATA = Path(__file__).parent / "data" / "hta"
@@ -35,10 +36,9 @@ def folder_of(tmp_path: Path, files: list[str]) -> Path:
 @pytest.mark.parametrize("files", GROUPS, ids=["sampled_pair", "nccl_data"])
 def test_temporal_breakdown_and_overlap_agree_with_hta(tmp_path, files):
     ts = trace_folder.load_trace_dir(folder_of(tmp_path, files))
-    ranks = trace_folder.analyse(ts)["ranks"].set_index("file")
     for f in files:
         rank, idle, compute, non_compute, kernel_time, overlap = EXPECTED[f]
-        row = ranks.loc[f]
+        row = analysis.hta_summary(next(t for t in ts.traces if t.path.name == f))
         assert row["rank"] == rank
         assert row["kernel_time_us"] == pytest.approx(kernel_time, abs=1)
         assert row["idle_pct"] == pytest.approx(idle, abs=0.1)
@@ -70,8 +70,64 @@ def test_cross_rank_wait_split_on_the_sampled_pair(tmp_path):
     assert len(tables["stragglers"]) >= 1
 
 
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_step_totals_are_the_whole_span_figures(name):
+    """The steps' device windows follow each other without gap from the first step's start to
+    the last one's end, so the per-step table's totals are the whole span's figures, computed
+    here as HTA does (idle = span - |union of device events| ...): the device's idle time
+    between steps (before each step's first kernel) is in a step, not lost."""
+    trace = analysis.load_trace(DATA / name)
+    steps = analysis.breakdown(trace)
+    ev = analysis.prepared(trace)
+    dev = ev[ev["stream"] >= 0]
+    assert (dev["step"] >= 0).all()  # every device event was launched by a traced step
+    cpu_steps = ev[(ev["stream"] < 0) & ev["name"].astype(str).str.startswith("ProfilerStep#")]
+    lo = min(cpu_steps["ts"].min(), dev["ts"].min())
+    hi = max((cpu_steps["ts"] + cpu_steps["dur"]).max(), (dev["ts"] + dev["dur"]).max())
+
+    def union(mask):
+        return iv.union(iv.as_intervals(dev.loc[mask, "ts"], (dev["ts"] + dev["dur"])[mask]))
+
+    def length(mask) -> float:
+        return iv.length(iv.clip(union(mask), lo, hi))
+
+    compute, comm = dev["kind"] == "compute", dev["kind"] == "comm"
+    busy = length(dev["kind"].notna())
+    total = steps.sum(numeric_only=True)
+    assert len(steps) == cpu_steps["name"].nunique()
+    assert total["window_us"] == pytest.approx(hi - lo)
+    assert total["idle_us"] == pytest.approx(hi - lo - busy)
+    assert total["compute_us"] == pytest.approx(length(compute))
+    assert total["comm_us"] == pytest.approx(length(comm))
+    assert total["memory_us"] == pytest.approx(length(dev["kind"] == "memory"))
+    both = iv.intersect(union(compute), union(comm))
+    assert total["overlap_us"] == pytest.approx(iv.length(iv.clip(both, lo, hi)))
+    # the ranks row is the same totals, over the same (every) step, as on CPU traces
+    row = analysis.rank_summary(trace, steps)
+    assert row["steps"] == len(steps)
+    assert row["kernel_time_us"] == pytest.approx(hi - lo)
+    assert row["idle_pct"] == pytest.approx(100 * (hi - lo - busy) / (hi - lo))
+    assert row["gpu_util_pct"] == pytest.approx(100 * busy / (hi - lo))
+
+
+def test_the_ranks_row_keeps_every_step_on_cpu_and_gpu(tmp_path):
+    """One rule for the ranks table: every traced step, on GPU traces as on CPU traces (HTA's
+    filter, which leaves out the last step as if it were cut short, is only ``hta_summary``'s)."""
+    run = REPO / "tests" / "data" / "runs" / "bucket2" / "traces" / "mlp-bucket_cap_mb=25-native"
+    for folder in (folder_of(tmp_path, GROUPS[1]), run):
+        tables = trace_folder.analyse(trace_folder.load_trace_dir(folder))
+        steps = tables["steps"].groupby("rank")
+        for row in tables["ranks"].itertuples():
+            mine = steps.get_group(row.rank)
+            assert row.steps == len(mine) >= 2
+            assert row.kernel_time_us == pytest.approx(mine["window_us"].sum())
+            assert row.idle_pct == pytest.approx(100 * mine["idle_us"].sum() / row.kernel_time_us)
+
+
 def _summary(path):
-    return analysis.rank_summary(analysis.load_trace(path))
+    return analysis.rank_summary(analysis.load_trace(path)) | {
+        f"hta_{k}": v for k, v in analysis.hta_summary(analysis.load_trace(path)).items()
+    }
 
 
 @pytest.mark.parametrize("name", ["nccl_data.json.gz", "sampled_rank-0.json.gz"])
@@ -110,7 +166,10 @@ def test_command_line_json_has_the_promised_keys(tmp_path):
         "gpu_util_pct",
     ):
         assert key in rank
-    assert rank["idle_pct"] == pytest.approx(77.78, abs=0.1)
-    assert out["steps"] and "window_us" in out["steps"][0]
+    # the ranks row is the steps' totals
+    steps = out["steps"]
+    window = sum(s["window_us"] for s in steps)
+    assert rank["idle_pct"] == pytest.approx(100 * sum(s["idle_us"] for s in steps) / window)
+    assert rank["steps"] == len(steps) == 3
     assert "1 of 2 ranks have no trace here" in proc.stderr
     assert (tmp_path / "csv" / "ranks.csv").exists() and (tmp_path / "csv" / "steps.csv").exists()

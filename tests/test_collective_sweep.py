@@ -1,4 +1,5 @@
-"""The message_size sweep: error rows instead of crashes, and the whole command for real."""
+"""The message_size sweep: error rows instead of crashes, blocks of calls back to back, both
+placements checked, and the whole command for real."""
 
 import dataclasses
 import json
@@ -6,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -14,7 +16,8 @@ import torch
 import torch.distributed as dist
 
 from bench.runfolder import columns
-from bench.runner.collectives import CollectivePlan, _run_size
+from bench.runner import timing
+from bench.runner.collectives import UNSUPPORTED, CollectivePlan, _run_size
 from parallel_kernels.collectives import COLLECTIVES
 from tests.test_harness import pool_env
 
@@ -74,6 +77,126 @@ def test_an_unsupported_collective_is_an_error_row(pool):
     assert fine["status"] == "ok" and fine["wrong"] == 0 and fine["busbw_GBps"] > 0
 
 
+def test_blocks_follow_the_budget():
+    """Blocks of -n calls (nccl-tests' -n), fewer where the budget (--max-steps calls) would
+    then hold fewer than six blocks, too few for the median's interval."""
+    plan = dataclasses.replace(PLAN, iters=20, max_iters=60)  # the command line's defaults
+    assert plan.block_calls == 10
+    assert (plan.budget().min_steps, plan.budget().max_steps) == (2, 6)
+    plan = dataclasses.replace(PLAN, iters=20, max_iters=120)
+    assert plan.block_calls == 20 and (plan.budget().min_steps, plan.budget().max_steps) == (1, 6)
+    plan = dataclasses.replace(PLAN, iters=5, max_iters=0)  # no budget beyond -n
+    assert plan.block_calls == 1 and (plan.budget().min_steps, plan.budget().max_steps) == (5, 5)
+
+
+CALLS_PLAN = dataclasses.replace(PLAN, iters=4, warmup=2, max_iters=24)  # 6 blocks of 4 calls
+
+
+def calls_and_barriers() -> tuple[str, dict]:
+    """The order of collective calls (C) and the timing's barriers (B) while one size is
+    measured, and its row."""
+    env = pool_env()
+    log = []
+    ar = COLLECTIVES["all_reduce"]
+
+    def counted(inp, out, op, group):
+        log.append("C")
+        ar.native(inp, out, op, group)
+
+    barrier = timing.dist.barrier
+
+    def counted_barrier(*args, **kwargs):
+        log.append("B")
+        return barrier(*args, **kwargs)
+
+    group = dist.new_group()
+    timing.dist.barrier = counted_barrier
+    try:
+        row, _ = _run_size(dataclasses.replace(ar, native=counted), "native", 1024, 4,
+                           CALLS_PLAN, "sum", env, group, LIMITS, "message_size", "p")  # fmt: skip
+    finally:
+        timing.dist.barrier = barrier
+    dist.destroy_process_group(group)
+    return "".join(log), row
+
+
+@pytest.mark.timeout(120)
+def test_calls_are_timed_back_to_back_in_blocks(pool):
+    """nccl-tests' timed loop: warm-up, then per block one barrier and block_calls calls with
+    nothing between them, then one checked call; a sample per block."""
+    for log, row in pool(2).run(calls_and_barriers):
+        assert log == "CC" + "BCCCC" * 6 + "C"
+        assert row["block_calls"] == 4 and row["iters"] == 24 and len(row["samples_ms"]) == 6
+        assert row["status"] == "ok" and row["wrong"] == 0
+
+
+SLEEP_S = 0.02
+
+
+def _slow_all_reduce(inp, out, op, group):
+    COLLECTIVES["all_reduce"].native(inp, out, op, group)
+    time.sleep(SLEEP_S)
+
+
+def slowed_call() -> dict:
+    env = pool_env()
+    slow = dataclasses.replace(COLLECTIVES["all_reduce"], native=_slow_all_reduce)
+    plan = dataclasses.replace(PLAN, iters=5, warmup=1, max_iters=30)  # 6 blocks of 5 calls
+    group = dist.new_group()
+    row, _ = _run_size(slow, "native", 1024, 4, plan, "sum", env, group, LIMITS, "message_size",
+                       "p")  # fmt: skip
+    dist.destroy_process_group(group)
+    return row
+
+
+@pytest.mark.timeout(120)
+def test_the_time_is_per_call(pool):
+    """A collective slowed by a known sleep per call: each block's time over its calls is at
+    least the sleep, and not a block's worth of it (time_us, its extremes and its samples)."""
+    row = pool(2).run(slowed_call)[0]
+    assert row["block_calls"] == 5 and len(row["samples_ms"]) == 6
+    for t_us in (row["time_us"], row["time_us_min"], *(1e3 * ms for ms in row["samples_ms"])):
+        assert SLEEP_S * 1e6 <= t_us < 1.5 * SLEEP_S * 1e6, row
+
+
+def _writes_nothing(inp, out, op, group):
+    pass
+
+
+def both_placements() -> list[dict]:
+    """A row per collective, implementation and placement, and those of a collective that
+    writes nothing (the check must count it, in place too)."""
+    env = pool_env()
+    group = dist.new_group()
+    idle = dataclasses.replace(COLLECTIVES["all_gather"], name="idle", native=_writes_nothing)
+    rows = []
+    for coll in [*COLLECTIVES.values(), idle]:
+        op = PLAN.op if PLAN.op in coll.ops else "none"
+        count = coll.align(1000, env.world_size)
+        for impl in ("native", "reference") if coll is not idle else ("native",):
+            for in_place in (False, True):
+                row, _ = _run_size(coll, impl, count, 4, PLAN, op, env, group, LIMITS,
+                                   "message_size", "p", in_place=in_place)  # fmt: skip
+                rows.append(row)
+    dist.destroy_process_group(group)
+    return rows
+
+
+@pytest.mark.timeout(180)
+def test_in_place_and_out_of_place_are_both_checked(pool):
+    rows = pool(2).run(both_placements)[0]
+    got = {(r["collective"], r["impl"], r["inplace"]): r for r in rows}
+    assert len(got) == len(COLLECTIVES) * 2 * 2 + 2
+    for (name, _, in_place), r in got.items():
+        if name == "idle":  # summed over 2 ranks: the other rank's block, out of place its own
+            assert r["status"] == "ok" and r["wrong"] == (1000 if in_place else 2000), r
+        elif name == "all_to_all" and in_place:
+            assert r["status"] == UNSUPPORTED and "two buffers" in r["error"], r
+            assert "time_us" not in r and "wrong" not in r
+        else:
+            assert r["status"] == "ok" and r["wrong"] == 0 and r["time_us"] > 0, r
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_message_size_sweep_end_to_end(tmp_path):
@@ -115,7 +238,13 @@ def test_message_size_sweep_end_to_end(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     df = pd.read_csv(out / "results.csv")
     assert list(df.columns[: len(COLLECTIVE_COLUMNS)]) == COLLECTIVE_COLUMNS
-    assert len(df) == 5 * 3 * 2  # collectives x sizes x implementations
+    assert len(df) == 5 * 3 * 2 * 2  # collectives x sizes x implementations x placements
+    assert df["inplace"].dtype == bool and df["inplace"].sum() == len(df) / 2
+    missing = df["status"] == UNSUPPORTED  # in-place all-to-all: none
+    assert (df.loc[missing, "collective"] == "all_to_all").all()
+    assert df.loc[missing, "inplace"].all()
+    assert missing.sum() == 3 * 2 and df.loc[missing, "time_us"].isna().all()
+    df = df[~missing]
     assert set(df["status"]) == {"ok"} and df["wrong"].sum() == 0
     assert (df["dtype"] == "bfloat16").all()
     ar = df[df["collective"] == "all_reduce"]
@@ -126,10 +255,12 @@ def test_message_size_sweep_end_to_end(tmp_path):
         rtol=1e-4,
         atol=0,
     )
-    # adaptive: at least -n, then more until +-2 % or --max-steps; every iteration kept
+    # blocks of min(-n, --max-steps / 6) = 2 calls: at least -n calls, then more blocks until
+    # +-2 % or --max-steps; every block kept, its time per call
+    assert (df["block_calls"] == 2).all()
     samples = pd.read_csv(out / "samples.csv")
     assert samples.groupby("point").size().to_dict() == dict(
-        zip(df["point"], df["iters"], strict=True)
+        zip(df["point"], df["iters"] // 2, strict=True)
     )
     assert df["iters"].between(6, 12).all()
     assert (df.loc[df["iters"] < 12, "stop"] == "target").all()
@@ -138,6 +269,7 @@ def test_message_size_sweep_end_to_end(tmp_path):
     assert (df["busbw_GBps_ci_low"] <= df["busbw_GBps"]).all()
     assert (df["busbw_GBps"] <= df["busbw_GBps_ci_high"]).all()
     assert "+-%" in proc.stdout  # the console's table carries the interval
+    assert "blocks of 2 calls back to back" in proc.stdout and "in-place" in proc.stdout
     page = next(reports.glob("*.html")).read_text()
     assert re.search(r"best busbw \w+ [\d.]+ GB/s \[[\d.]+, [\d.]+\]", page)
     meta = json.loads((out / "meta.json").read_text())
@@ -145,4 +277,5 @@ def test_message_size_sweep_end_to_end(tmp_path):
     assert "# Avg bus bandwidth" in proc.stdout
     assert "reference / native busbw per size" in proc.stdout
     html = (reports / "coll.html").read_text()
+    assert "blocks of 2 calls issued back to back" in html and "nccl-tests' method" in html
     assert "Bus bandwidth" in html and "data:image/png;base64," in html

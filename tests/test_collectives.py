@@ -1,13 +1,18 @@
-"""Reference collectives against native ones and the exact expected result, at n = 2, 3, 4."""
+"""Reference collectives against native ones and the exact expected result, at n = 2, 3, 4,
+out of place and in place."""
 
 import pytest
 import torch
 import torch.distributed as dist
 
 from parallel_kernels import algorithms as alg
-from parallel_kernels.collectives import COLLECTIVES, DTYPES, count_wrong
+from parallel_kernels.collectives import COLLECTIVES, DTYPES, SENTINEL, count_wrong
 
 CPU = torch.device("cpu")
+PLACEMENTS = (False, True)  # out of place, in place
+# The (collective, dtype, op, count, impl, in place) combinations gloo refuses, found by running
+# every one below at n = 2, 3 and 4 (torch 2.13): none. Every other one must run and be exact.
+GLOO_REFUSES: frozenset[tuple] = frozenset()
 
 
 def sizes(coll, n):
@@ -16,42 +21,98 @@ def sizes(coll, n):
     return sorted({0, unit, unit * 333, coll.align(3 * 2**20 // 2 + 7, n)})
 
 
-def collectives_worker() -> list[tuple]:
+def collectives_worker() -> tuple[list[tuple], set[tuple]]:
+    """(every combination run, the native ones that raised): each result checked against the
+    exact one and reference against native, out of place and in place."""
     n, rank = dist.get_world_size(), dist.get_rank()
-    seen = []
+    seen, refused = [], set()
     for coll in COLLECTIVES.values():
+        placements = PLACEMENTS if coll.in_place_offsets is not None else (False,)
         for dtype_name, dtype in DTYPES.items():
             for op in coll.ops:
                 for count in sizes(coll, n):
-                    outs = {}
-                    for impl in ("reference", "native"):
-                        inp, out, expected = coll.buffers(count, dtype, rank, n, op, CPU)
-                        try:
-                            coll.run(impl, inp, out, op)
-                        except (RuntimeError, ValueError) as e:
-                            seen.append((coll.name, dtype_name, op, count, impl, f"error: {e}"))
-                            continue
-                        wrong = count_wrong(out, expected)
-                        seen.append((coll.name, dtype_name, op, count, impl, wrong))
-                        torch.testing.assert_close(out, expected, rtol=0, atol=0)
-                        outs[impl] = out
-                    if len(outs) == 2:
-                        torch.testing.assert_close(
-                            outs["reference"], outs["native"], rtol=0, atol=0
-                        )
-    return seen
+                    for in_place in placements:
+                        outs = {}
+                        for impl in ("reference", "native"):
+                            inp, out, expected = coll.buffers(
+                                count, dtype, rank, n, op, CPU, in_place
+                            )
+                            combination = (coll.name, dtype_name, op, count, impl, in_place)
+                            try:
+                                coll.run(impl, inp, out, op)
+                            except (RuntimeError, ValueError):
+                                if impl == "reference":
+                                    raise
+                                refused.add(combination)
+                                continue
+                            seen.append(combination)
+                            torch.testing.assert_close(out, expected, rtol=0, atol=0)
+                            outs[impl] = out
+                        if len(outs) == 2:
+                            torch.testing.assert_close(
+                                outs["reference"], outs["native"], rtol=0, atol=0
+                            )
+    return seen, refused
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(400)
 @pytest.mark.parametrize("world", [2, 3, 4])
-def test_reference_collectives_are_exact(pool, world):
-    per_rank = pool(world).run(collectives_worker)
-    for seen in per_rank:
-        reference = [s for s in seen if s[4] == "reference"]
-        assert reference and all(s[5] == 0 for s in reference), [s for s in reference if s[5]]
-        native_errors = [s for s in seen if s[4] == "native" and s[5] != 0]
-        # gloo runs every native collective here except where it says it cannot
-        assert all(str(s[5]).startswith("error:") for s in native_errors), native_errors
+def test_reference_and_native_collectives_are_exact(pool, world):
+    per_rank = pool(world).run(collectives_worker, timeout=380)
+    for seen, refused in per_rank:
+        # exactly the combinations gloo refuses raise; every other one ran and was compared
+        assert refused == GLOO_REFUSES, sorted(refused)
+        expected = sum(
+            len(DTYPES) * len(c.ops) * len(sizes(c, world)) * 2 * (2 if c.in_place_offsets else 1)
+            for c in COLLECTIVES.values()
+        )
+        assert len(seen) + len(refused) == expected
+
+
+def in_place_all_to_all_worker() -> int:
+    """What gloo does with all_to_all_single on one buffer: elements wrong, all ranks."""
+    n, rank = dist.get_world_size(), dist.get_rank()
+    coll = COLLECTIVES["all_to_all"]
+    inp, _, expected = coll.buffers(n * 1000, torch.float32, rank, n, "sum", CPU, False)
+    dist.all_to_all_single(inp, inp)
+    return count_wrong(inp, expected)
+
+
+@pytest.mark.timeout(120)
+def test_gloo_all_to_all_on_one_buffer_is_wrong_so_the_registry_has_none(pool):
+    """Why in-place all-to-all is n/a rather than timed: gloo accepts it and returns wrong
+    data (if a torch release fixes this, the registry can gain the in-place form)."""
+    assert sum(pool(2).run(in_place_all_to_all_worker)) > 0
+    coll = COLLECTIVES["all_to_all"]
+    assert coll.in_place_offsets is None and "two buffers" in coll.no_in_place
+    with pytest.raises(ValueError, match="no in-place form"):
+        coll.buffers(8, torch.float32, 0, 2, "none", CPU, True)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("rank", [0, 1])
+def test_in_place_buffers_are_laid_out_as_nccl_tests_does(n, rank):
+    """One buffer, rank r's input at r * sendInplaceOffset and output at r * recvInplaceOffset
+    (nccl-tests): all-gather's input is the rank's block of its output, reduce-scatter's output
+    the rank's block of its input; all-reduce and broadcast use the buffer as both."""
+    count, dtype = 12 * n, torch.float32
+    block = count // n * dtype.itemsize
+    for name in ("all_reduce", "broadcast", "all_gather", "reduce_scatter"):
+        coll = COLLECTIVES[name]
+        op = coll.ops[0]
+        inp, out, _ = coll.buffers(count, dtype, rank, n, op, CPU, True)
+        assert inp.untyped_storage().data_ptr() == out.untyped_storage().data_ptr(), name
+        shift = {"all_gather": rank * block, "reduce_scatter": -rank * block}.get(name, 0)
+        assert inp.data_ptr() - out.data_ptr() == shift, name
+        pattern, _ = coll.pattern(count, dtype, rank, n, op)
+        torch.testing.assert_close(inp, pattern.to(dtype), rtol=0, atol=0)
+        # out of place: two buffers, and what the rank must write starts as the sentinel
+        inp, out, _ = coll.buffers(count, dtype, rank, n, op, CPU, False)
+        assert inp.untyped_storage().data_ptr() != out.untyped_storage().data_ptr(), name
+        assert (out == SENTINEL).all(), name
+        # the API's own form: all-reduce and broadcast take one buffer
+        inp, out, _ = coll.buffers(count, dtype, rank, n, op, CPU)
+        assert (inp.data_ptr() == out.data_ptr()) == coll.in_place_only, name
 
 
 def small_segments_worker() -> None:

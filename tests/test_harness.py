@@ -4,6 +4,7 @@ import dataclasses
 import socket
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -68,7 +69,13 @@ def test_rows_traces_and_overlap(pool, tmp_path):
         assert r["comm_bytes_per_step"] == expected_bytes, impl
         assert r["step_ms_min"] <= r["step_ms_median"] <= r["step_ms_max"]
         assert r["compute_ms"] > 0 and r["comm_ms"] > 0
-        assert r["peak_mem_mb"] > expected_bytes / 2**20  # at least the gradients
+        # parameters, gradients and optimiser state are all live after the optimiser step
+        assert r["peak_mem_mb"] >= 0.95 * r["state_mb"], (r["peak_mem_mb"], r["state_mb"])
+        assert np.isnan(r["peak_reserved_mb"])  # a CUDA figure
+        assert r["data_ms"] > 0 and np.isfinite(r["trace_overhead_pct"])
+        print(impl, {k: round(r[k], 2) for k in ("peak_mem_mb", "state_mb", "data_ms",
+                                                   "trace_overhead_pct", "step_ms_median",
+                                                   "rank_skew_ms")})  # fmt: skip
         written = (tmp_path / r["point"]).glob("*.pt.trace.json")
         traces = sorted(p.name.split(".")[0] for p in written)
         assert traces == ["rank0", "rank1"]
@@ -121,6 +128,7 @@ def test_failed_and_diverged_points_are_errors_and_the_sweep_goes_on(pool, tmp_p
     assert "rank 1: RuntimeError: injected failure on rank 1" in raised["error"]
     assert diverged["status"] == "error" and "diverged" in diverged["error"]
     assert fine["status"] == "ok" and fine["error"] == ""
-    for row in per_rank[1]:  # every rank agrees on the outcome
-        assert row["status"] in ("ok", "error")
-    assert [r["status"] for r in per_rank[1]] == ["error", "error", "ok"]
+    # every rank agrees on the outcome and its reason
+    assert [(r["status"], r["error"]) for r in per_rank[1]] == [
+        (r["status"], r["error"]) for r in per_rank[0]
+    ]

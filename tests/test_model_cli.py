@@ -112,6 +112,10 @@ def test_validate_predicts_every_ok_point(runs):
     assert out["median_abs_error_pct"] < 50
     assert {c["model"] for c in out["bucket_choice"]} == {"mlp"}
     assert {f["collective"] for f in out["fits"]} == {"all_reduce", "all_gather", "reduce_scatter"}
+    for f in out["fits"]:  # a real run's samples.csv gives every fit its intervals
+        assert f["alpha_us_low"] <= f["alpha_us"] <= f["alpha_us_high"], f
+        assert f["beta_ns_per_B_low"] <= f["beta_ns_per_B"] <= f["beta_ns_per_B_high"], f
+        assert f["r2_log"] <= 1 and f["outliers"] == (f["outlier_residuals"].count("%"))
     text = model("validate", "--collectives", runs["coll"], runs["train"])
     assert (
         text.returncode == 0 and "median absolute step-time error" in text.stdout.splitlines()[-1]
@@ -146,10 +150,16 @@ def test_whatif_recommends_with_its_assumptions(runs):
         (64, "ddp"),
         (64, "fsdp"),
     ]
+    assert all(r["step_ms_low"] is None for r in out["predictions"])  # a link: no range
     fitted = model(
         "whatif", "--collectives", runs["coll"], "--compute", runs["train"], "--world-size", "4"
     )
     assert fitted.returncode == 0 and "# link: fitted gloo collectives" in fitted.stdout
+    ranged = model("whatif", "--collectives", runs["coll"], "--compute", runs["train"],
+                   "--world-size", "4,16", "--json")  # fmt: skip
+    assert ranged.returncode == 0, ranged.stderr
+    for r in json.loads(ranged.stdout)["predictions"]:
+        assert r["step_ms_low"] - 1e-9 <= r["step_ms"] <= r["step_ms_high"] + 1e-9, r
 
 
 def test_the_report_has_the_model_section(runs):
@@ -157,6 +167,8 @@ def test_the_report_has_the_model_section(runs):
     assert "Cost model: predicted before measured" in html
     assert "Measured vs predicted, per point" in html and "What if" in html
     assert "Median absolute step-time error" in html
+    assert "R<sup>2</sup> of log time" in html and "outlier_residuals" in html
+    assert "alpha_us_low" in html and "step_ms_high" in html and "best_at_both_ends" in html
 
 
 @pytest.mark.timeout(300)

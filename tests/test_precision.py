@@ -5,9 +5,15 @@ import pytest
 from bench.runner.points import build_points
 from tests.test_harness import FAST, run_points
 
-# After FAST's 2 warm-up, 4 timed and 2 traced steps from the same start and data, the bf16
-# loss stays within this fraction of the fp32 loss (measured: 0.05 % on the seed MLP).
-LOSS_TOLERANCE = 0.03
+# After FAST's 10 AdamW steps (2 warm-up, 4 timed, 4 under the profiler) from the same start
+# and data, the bf16 loss stays within these fractions of the fp32 loss. Measured on the seed
+# MLP (torch 2.13 CPU): under autocast (DDP, Accelerate) 0.045 % (2.07675 against 2.07581; the
+# loss itself is computed in fp32); under FSDP's bf16 policy 0.64 % (2.0625: the loss is a bf16
+# number, whose neighbours near 2 are 0.78 % apart). The same point untrained (lr 0) is 11 %
+# away (2.3091), and one trained with a 10 % smaller learning rate about 1 %.
+AUTOCAST_TOLERANCE = 0.002
+BF16_POLICY_TOLERANCE = 0.02
+LOSS_TOLERANCE = {"ddp": AUTOCAST_TOLERANCE, "fsdp": BF16_POLICY_TOLERANCE}
 
 
 @pytest.mark.timeout(300)
@@ -22,7 +28,8 @@ def test_bf16_trains_like_fp32_and_fsdp_halves_its_bytes(pool, tmp_path):
         fp32 = by[(strategy, "fp32", impl)]
         print(f"{strategy} {impl} {value}: loss {r['loss']:.4f} (fp32 {fp32['loss']:.4f}), "
               f"{r['comm_bytes_per_step']:.0f} B, {r['step_ms_median']:.1f} ms")  # fmt: skip
-        assert abs(r["loss"] - fp32["loss"]) <= LOSS_TOLERANCE * fp32["loss"]
+        assert abs(r["loss"] - fp32["loss"]) <= LOSS_TOLERANCE[strategy] * fp32["loss"], (
+            strategy, value, impl, r["loss"], fp32["loss"])  # fmt: skip
         if (strategy, impl) == ("fsdp", "reference"):  # it skips the first layer's re-gather
             assert r["comm_bytes_per_step"] < r["comm_bytes_expected"]
         else:

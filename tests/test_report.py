@@ -92,7 +92,7 @@ def test_resume_reads_back_every_round(tmp_path):
     assert skip == {(f"wide_mlp-bucket_cap_mb={v:g}-{i}", r) for v in (1.0, 25.0, 100.0)
                     for i in ("native", "reference") for r in (1, 2, 3)}  # fmt: skip
     h = history["wide_mlp-bucket_cap_mb=25-native"]
-    assert len(h.slowest) == 21 and len(h.medians) == 3 and h.row["rounds"] == 3
+    assert len(h.times) == 21 and len(h.medians) == 3 and h.row["rounds"] == 3
     assert h.row["compute_ms"] == pytest.approx(70.0) and gaps == 18
 
 

@@ -18,6 +18,7 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-ne
 SHOTS = Path(__file__).resolve().parents[1] / "reports"
 
 
+@pytest.mark.ci_needs("headless Chromium")
 @pytest.mark.skipif(
     CHROMIUM is None,
     reason="Chromium is not installed and `make setup` could "

@@ -151,8 +151,8 @@ def adaptive_cases() -> list[tuple[int, str]]:
     ]
     out = []
     for budget, prior in cases:
-        s, f, stop = adaptive_steps(step, budget, prior=prior, device=cpu, group=None)
-        out.append((len(s), stop, bool((s >= f).all())))
+        s, skew, stop = adaptive_steps(step, budget, prior=prior, device=cpu, group=None)
+        out.append((len(s), stop, bool((s >= 2.0).all() and (skew >= 0).all())))
     return out
 
 
@@ -163,4 +163,4 @@ def test_adaptive_timing_stops_at_the_target_or_the_budget_on_every_rank_alike(p
     (n1, s1, ok1), (n2, s2, ok2), (n3, s3, ok3), (n4, s4, ok4) = per_rank[0]
     assert (n1, s1) == (6, "target") and (n2, s2) == (12, "max_steps")
     assert (n3, s3) == (6, "max_point_s") and (n4, s4) == (2, "target")
-    assert ok1 and ok2 and ok3 and ok4  # the slowest rank's time, never below the fastest's
+    assert ok1 and ok2 and ok3 and ok4  # every step lasts until the slow rank's end

@@ -1,25 +1,39 @@
 """Kineto traces -> DataFrames: where the time of a training step went.
 
-Definitions follow ``DESIGN.md`` section 4 and HolisticTraceAnalysis (traceinsight 0.6.1), so
-that the GPU figures can be checked against it:
+The definitions are those of docs/analysis.md and docs/outputs.md ("How the columns are
+measured"); on GPU traces they are HolisticTraceAnalysis's (traceinsight 0.6.1,
+``hta/analyzers/breakdown_analysis.py``: ``get_temporal_breakdown`` and
+``_get_idle_time_for_kernels``; ``get_comm_comp_overlap``), so that the figures can be checked
+against it (``hta_summary``, tests/test_analysis_hta.py):
 
 GPU traces
     Device events are the events with a stream (kernels, memcpy, memset). They are
     communication (``^nccl``, ``^hccl``, ``^hip``, ``ncclKernel``), memory (``Memcpy``,
     ``Memset``, ``dma``) or computation (the rest, except synchronisation and launch
-    records, which are "other"). A kernel belongs to the ``ProfilerStep#N`` whose CPU side
-    launched it (same ``correlation`` id), however late it ran.
+    records, which are "other"), with HTA's patterns. HTA measures a rank over one window,
+    from its first kernel's start to its last kernel's end: idle = window - |union of all
+    device events|, compute = |union of compute kernels|, non-compute = window - compute -
+    idle. HTA has no per-step windows; ours cut the device's time line into consecutive
+    windows, one per ``ProfilerStep#N`` (``trace.device_windows``): step N's begins where its
+    device work can begin (the host has begun the step and the device has finished what was
+    launched before it) and ends where step N+1's begins. The device's idle time between
+    steps (waiting for data, a host sync, the optimiser's launches) so falls in a step, and
+    the steps' totals equal HTA's figures over the same span. A collective call and its bytes
+    belong to the step that launched it (same ``correlation`` id).
 CPU traces (gloo)
     gloo runs each collective on a worker thread (``gloo:all_reduce`` ...); communication is the
     union of those spans. The main thread (the one carrying ``ProfilerStep#N``) computes;
-    computation is the union of its ops minus the time it spends issuing or waiting for
-    collectives (``c10d::*``, ``record_param_comms``, anything named ``*wait*``).
+    computation is the union of its ops less its calls into the collective library
+    (``c10d``'s ops) and less the time it is blocked on a collective (``blocking_waits``),
+    which is read from what the threads do, not from names. The step windows are the
+    ``ProfilerStep#N`` spans.
 
 Per rank and step window: compute = |C|, comm = |M|, overlap = |C & M|, exposed communication =
 |M - C|, idle = window - |all device work| (CPU: |C | M|), non-compute = window - compute - idle,
 overlap % = overlap / comm, utilisation = |all work| / window. On GPU traces this is the GPU
 utilisation; on CPU traces the same ratio is reported as ``cpu_busy_pct`` (main thread computing
-or a collective in flight), never as GPU utilisation.
+or a collective in flight), never as GPU utilisation. A rank's row (``rank_summary``) is the
+same figures totalled over every traced step, on CPU and GPU alike.
 
 Every analysis is a function from DataFrames to DataFrames with stable columns; the command line
 (``python -m bench.analysis TRACE_DIR``) and the reports are separate layers.
@@ -32,15 +46,14 @@ import pandas as pd
 
 from bench.analysis import intervals as iv
 from bench.analysis.trace import (
-    BLOCKING_SPAN,
     STEP,
-    WORK_OP,
     Trace,
     TraceError,
     classify,
+    device_windows,
+    host_steps,
     intervals_of,
     load_trace,
-    name_matches,
     prepared,
     step_windows,
 )
@@ -58,50 +71,59 @@ RANK_COLUMNS = [
 ]  # fmt: skip
 
 
-
-def _per_group_length(starts, ends, groups, n_groups: int, span: float) -> np.ndarray:
-    """|union| of the intervals of each group, for all groups at once: each group is moved to
-    its own stretch of a virtual time line (group g starts at g * span), so one union over
-    everything never merges intervals of different groups."""
-    if len(starts) == 0:
-        return np.zeros(n_groups)
-    offset = groups * span
-    u = iv.union(np.column_stack([starts + offset, ends + offset]))
-    return np.bincount(
-        (u[:, 0] // span).astype(int), weights=u[:, 1] - u[:, 0], minlength=n_groups
-    )[:n_groups]
+def _length_before(u: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """|u & (-inf, t)| for each t, for a canonical union ``u`` (sorted, disjoint)."""
+    if len(u) == 0:
+        return np.zeros(len(t))
+    lengths = u[:, 1] - u[:, 0]
+    done = np.concatenate([[0.0], np.cumsum(lengths)])  # done[k]: the first k intervals
+    k = np.searchsorted(u[:, 0], t, side="right") - 1  # the last interval starting by t
+    kk = np.clip(k, 0, None)
+    part = np.clip(t - u[kk, 0], 0, lengths[kk])
+    return np.where(k >= 0, done[kk] + part, 0.0)
 
 
-def _per_group_overlap(a, b, n_groups: int, span: float) -> np.ndarray:
-    """|union(a) & union(b)| per group; a and b are (starts, ends, groups)."""
-    if len(a[0]) == 0 or len(b[0]) == 0:
-        return np.zeros(n_groups)
-    ua = np.column_stack([a[0] + a[2] * span, a[1] + a[2] * span])
-    ub = np.column_stack([b[0] + b[2] * span, b[1] + b[2] * span])
-    x = iv.intersect(ua, ub)
-    if len(x) == 0:
-        return np.zeros(n_groups)
-    return np.bincount(
-        (x[:, 0] // span).astype(int), weights=x[:, 1] - x[:, 0], minlength=n_groups
-    )[:n_groups]
+def _length_in(u: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """|u & [lo, hi)| for every window at once, by binary search: the cost of many steps is
+    that of one pass over the trace."""
+    return _length_before(u, hi) - _length_before(u, lo)
+
+
+def _step_table(windows: pd.DataFrame, parts: dict[str, np.ndarray]) -> pd.DataFrame:
+    """Per window: its length and the length of each union of ``parts`` within it."""
+    lo, hi = windows["start"].to_numpy(dtype=float), windows["end"].to_numpy(dtype=float)
+    out = {"step": windows["step"].to_numpy(), "window_us": hi - lo}
+    return pd.DataFrame(out | {f"{k}_us": _length_in(u, lo, hi) for k, u in parts.items()})
 
 
 def breakdown(trace: Trace) -> pd.DataFrame:
     """Per-step temporal breakdown and overlap of one rank's trace (BREAKDOWN_COLUMNS).
 
-    Linear in the trace, whatever the number of steps: on CPU traces the unions of each kind are
-    built once and cut into step windows by binary search; on GPU traces every step's device
-    events are measured at once on a virtual time line that keeps steps apart.
+    The unions of each kind are built once for the whole trace and measured in every step
+    window at once by binary search.
     """
     gpu = trace.is_gpu
     ev = prepared(trace)
     windows = step_windows(ev)
+    if windows.empty:
+        return pd.DataFrame(columns=BREAKDOWN_COLUMNS)
+    if gpu:
+        windows = device_windows(ev, windows)
+        dev = (ev["stream"] >= 0).to_numpy()
+        kind = ev["kind"].to_numpy()
+        compute, comm, memory = (iv.union(intervals_of(ev, dev & (kind == k)))
+                                 for k in ("compute", "comm", "memory"))  # fmt: skip
+        busy = iv.union(intervals_of(ev, dev))
+    else:
+        compute, comm = cpu_compute(ev), iv.union(intervals_of(ev, ev["kind"] == "comm"))
+        memory, busy = iv.EMPTY, iv.union(np.vstack([compute, comm]))
+    table = _step_table(windows, {
+        "busy": busy, "compute": compute, "comm": comm, "memory": memory,
+        "overlap": iv.intersect(compute, comm),
+    })  # fmt: skip
     comm_ev = ev[ev["kind"] == "comm"]
     calls = comm_ev.groupby("step").size()
     payload = comm_ev.groupby("step")["nbytes"].sum(min_count=1)
-    table = _gpu_step_table(ev, windows) if gpu else _cpu_step_table(ev, windows)
-    if table.empty:
-        return pd.DataFrame(columns=BREAKDOWN_COLUMNS)
     window, busy = table["window_us"], table["busy_us"]
     compute, comm, overlap = table["compute_us"], table["comm_us"], table["overlap_us"]
     util = (100.0 * busy / window).where(window > 0)
@@ -120,85 +142,114 @@ def breakdown(trace: Trace) -> pd.DataFrame:
     return out[BREAKDOWN_COLUMNS].reset_index(drop=True)
 
 
-def _gpu_step_table(ev: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
-    """Per step: the device's own window (first to last event the step launched) and the
-    union lengths of each kind within it."""
-    dev = ev[(ev["stream"] >= 0) & ev["step"].isin(windows["step"])]
-    if dev.empty:
-        return pd.DataFrame()
-    steps = np.sort(dev["step"].unique())
-    group = np.searchsorted(steps, dev["step"].to_numpy())
-    start = dev["ts"].to_numpy(dtype=float)
-    end = start + dev["dur"].to_numpy(dtype=float)
-    base = start.min()
-    start, end = start - base, end - base
-    span = float(end.max()) + 1.0
-    n = len(steps)
-    kind = dev["kind"].to_numpy()
-    sel = {k: kind == k for k in ("compute", "comm", "memory", "other")}
-    parts = {k: (start[m], end[m], group[m]) for k, m in sel.items()}
-    lo = np.full(n, np.inf)
-    hi = np.full(n, -np.inf)
-    np.minimum.at(lo, group, start)
-    np.maximum.at(hi, group, end)
-    return pd.DataFrame({
-        "step": steps,
-        "window_us": hi - lo,
-        "busy_us": _per_group_length(start, end, group, n, span),
-        "compute_us": _per_group_length(*parts["compute"], n, span),
-        "comm_us": _per_group_length(*parts["comm"], n, span),
-        "memory_us": _per_group_length(*parts["memory"], n, span),
-        "overlap_us": _per_group_overlap(parts["compute"], parts["comm"], n, span),
-    })  # fmt: skip
+def _innermost(start: np.ndarray, end: np.ndarray, points: np.ndarray) -> np.ndarray:
+    """Index of the innermost of the nested spans [start, end) open at each point (-1 where
+    none is), for all points at once: the open spans at a point form a chain, and the
+    innermost is the last span to start at that point's depth (a later start at the same
+    depth would have to close the innermost first)."""
+    out = np.full(len(points), -1)
+    spans = np.flatnonzero(end > start)
+    if len(spans) == 0 or len(points) == 0:
+        return out
+    s, e = start[spans], end[spans]
+    times = np.concatenate([s, e])
+    delta = np.concatenate([np.ones(len(s)), -np.ones(len(e))])
+    # at equal times ends first, then the longer of two spans starting together (the outer)
+    order = np.lexsort((-np.concatenate([e, e]), delta, times))
+    depth_after = np.empty(len(times))
+    depth_after[order] = np.cumsum(delta[order])
+    level = depth_after[: len(s)].astype(int)  # each span's depth once it has started
+    opened, closed = (np.searchsorted(np.sort(t), points, "right") for t in (s, e))
+    depth = opened - closed
+    for d in np.unique(depth[depth > 0]):
+        at = spans[level == d][np.argsort(s[level == d], kind="stable")]
+        q = depth == d
+        pos = np.searchsorted(start[at], points[q], side="right") - 1
+        out[q] = np.where(pos >= 0, at[np.clip(pos, 0, None)], -1)
+    found = out >= 0
+    found[found] = (start[out[found]] <= points[found]) & (end[out[found]] > points[found])
+    return np.where(found, out, -1)  # spans that do not nest (clock jitter) find none
 
 
 def blocking_waits(ev: pd.DataFrame) -> np.ndarray:
-    """CPU traces: the main thread's time inside ``BLOCKING_SPAN`` spans not covered by the
-    ops they contain (``aten::``, ``fsdp::``): waiting for a collective."""
-    main = (ev["kind"] == "compute").to_numpy()
-    spans = main & name_matches(ev["name"], BLOCKING_SPAN)
-    if not spans.any():
+    """CPU traces: the main thread's time blocked on a collective, read from what the threads
+    do, whatever the spans are called.
+
+    A thread blocked in ``work.wait()`` records nothing until gloo's worker thread completes
+    the collective, then resumes. So a stretch of the main thread in which none of its events
+    begins or ends, and during which a collective completes, is a wait when the span the
+    thread is in runs no kernel of its own: an annotation (a ``record_function`` region's own
+    time is Python; its work is in the ops it contains), or an op that has called into the
+    collective library earlier (``dist.all_reduce`` inside an autograd Function or a custom
+    op blocks in that op's own time). Any other op's own time is its kernel (``aten::mul``
+    between its sub-ops): a collective that completes then was overlapped, not waited for.
+    """
+    kind = ev["kind"].to_numpy()
+    main = ev[(kind == "compute") | (kind == "comm_cpu")]
+    comm = ev[kind == "comm"]
+    if main.empty or comm.empty:
         return iv.EMPTY.copy()
-    work = main & (ev["cat"] == "cpu_op").to_numpy() & name_matches(ev["name"], WORK_OP)
-    return iv.subtract(iv.union(intervals_of(ev, spans)), iv.union(intervals_of(ev, work)))
+    start = main["ts"].to_numpy(dtype=float)
+    end = start + main["dur"].to_numpy(dtype=float)
+    bounds = np.unique(np.concatenate([start, end]))
+    done = (comm["ts"] + comm["dur"]).to_numpy(dtype=float)
+    j = np.searchsorted(bounds, done, side="left")  # bounds[j - 1] < done <= bounds[j]
+    j = np.unique(j[(j > 0) & (j < len(bounds))])
+    lo, hi = bounds[j - 1], bounds[j]
+    k = _innermost(start, end, (lo + hi) / 2)
+    inside = k >= 0
+    kk = np.clip(k, 0, None)
+    annotation = (main["cat"] == "user_annotation").to_numpy()[kk]
+    # called: the last call into the collective library that ended by the stretch's start lies
+    # inside the span (a call does not straddle the span it is in)
+    calls = np.sort(end[(main["kind"] == "comm_cpu").to_numpy()])
+    last = np.searchsorted(calls, lo, side="right") - 1
+    called = (last >= 0) & (calls[np.clip(last, 0, None)] > start[kk]) if len(calls) else False
+    wait = inside & (annotation | called)
+    return iv.union(np.column_stack([lo[wait], hi[wait]]))
 
 
 def cpu_compute(ev: pd.DataFrame) -> np.ndarray:
-    """CPU traces: the main thread's computation, the union of its ops less the time it spends
-    issuing or waiting for collectives (named ``c10d::``, ``*wait*`` ..., or inside FSDP's
-    blocking spans)."""
+    """CPU traces: the main thread's computation, the union of its ops less its calls into the
+    collective library and less the time it is blocked on a collective (``blocking_waits``)."""
     busy = iv.union(intervals_of(ev, ev["kind"] == "compute"))
     waiting = np.vstack([iv.union(intervals_of(ev, ev["kind"] == "comm_cpu")), blocking_waits(ev)])
     return iv.subtract(busy, waiting)
 
 
-def _cpu_step_table(ev: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
-    comm_all = iv.union(intervals_of(ev, ev["kind"] == "comm"))
-    compute_all = cpu_compute(ev)
-    rows = []
-    for w in windows.itertuples():
-        c = iv.window(compute_all, w.start, w.end)
-        m = iv.window(comm_all, w.start, w.end)
-        rows.append({
-            "step": w.step, "window_us": w.end - w.start,
-            "busy_us": iv.length(np.vstack([c, m])), "compute_us": iv.length(c),
-            "comm_us": iv.length(m), "memory_us": 0.0,
-            "overlap_us": iv.length(iv.intersect(c, m)),
-        })  # fmt: skip
-    return pd.DataFrame(rows)
+# -- a rank's row, and HolisticTraceAnalysis's own figures -----------------------------------
+def rank_summary(trace: Trace, steps: pd.DataFrame | None = None) -> dict:
+    """One rank's row of the ranks table (RANK_COLUMNS): the per-step table's figures totalled
+    over every traced step (``steps``, the trace's ``breakdown``, when the caller has it
+    already), one rule for CPU and GPU traces. ``kernel_time_us`` is the steps' total window."""
+    gpu = trace.is_gpu
+    base = {"rank": trace.rank, "device": "gpu" if gpu else "cpu", "file": trace.path.name}
+    steps = breakdown(trace) if steps is None else steps
+    window = steps["window_us"].sum()
+    if steps.empty or window <= 0:
+        return {**base, "steps": 0}
+    s = steps.sum(numeric_only=True)
+    util = 100 * (window - s["idle_us"]) / window
+    return {
+        **base, "kernel_time_us": window, "steps": len(steps),
+        "idle_pct": 100 * s["idle_us"] / window, "compute_pct": 100 * s["compute_us"] / window,
+        "non_compute_pct": 100 * s["non_compute_us"] / window,
+        "comm_comp_overlap_pct": 100 * s["overlap_us"] / s["comm_us"] if s["comm_us"] > 0
+        else np.nan,
+        "gpu_util_pct": util if gpu else np.nan, "cpu_busy_pct": np.nan if gpu else util,
+    }  # fmt: skip
 
 
-# -- whole-trace figures, as HolisticTraceAnalysis computes them -----------------------------
 def hta_filter(events: pd.DataFrame) -> pd.DataFrame:
-    """HTA's default trace filter: drop what the last (incomplete) ProfilerStep and anything
-    after it launched. CPU events are kept when they start before the last ProfilerStep;
-    device events when their launch (same correlation id) is kept. Applied only when the trace
-    holds two or more distinct steps."""
-    is_step = pd.Series(name_matches(events["name"], STEP), index=events.index)
+    """HTA's default trace filter: drop what the last ProfilerStep and anything after it
+    launched (HTA takes the last step to be cut short). CPU events are kept when they start
+    before the last ProfilerStep; device events when their launch (same correlation id) is
+    kept. Applied only when the trace holds two or more distinct steps."""
+    is_step = pd.Series(host_steps(events), index=events.index)
     if events.loc[is_step, "name"].nunique() < 2:
         return events
     cpu = events["stream"] < 0
-    cutoff = events.loc[is_step & cpu, "ts"].max()
+    cutoff = events.loc[is_step, "ts"].max()
     keep_cpu = cpu & (events["ts"] < cutoff)
     kept_corr = set(events.loc[keep_cpu & (events["correlation"] >= 0), "correlation"])
     keep_dev = ~cpu & events["correlation"].isin(kept_corr)
@@ -215,28 +266,16 @@ def _hta_round(events: pd.DataFrame) -> pd.DataFrame:
     return ev
 
 
-def rank_summary(trace: Trace, steps: pd.DataFrame | None = None) -> dict:
-    """Whole-trace temporal breakdown and overlap of one rank (RANK_COLUMNS), computed as
-    HolisticTraceAnalysis's ``get_temporal_breakdown`` and ``get_comm_comp_overlap`` do on GPU
-    traces; on CPU traces the same definitions summed over the traced steps (``steps``, the
-    trace's ``breakdown``, when the caller has it already)."""
-    gpu = trace.is_gpu
-    base = {"rank": trace.rank, "device": "gpu" if gpu else "cpu", "file": trace.path.name}
-    if not gpu:
-        steps = breakdown(trace) if steps is None else steps
-        window = steps["window_us"].sum()
-        if steps.empty or window <= 0:
-            return {**base, "steps": 0}
-        s = steps.sum(numeric_only=True)
-        return {
-            **base, "kernel_time_us": window, "steps": len(steps),
-            "idle_pct": 100 * s["idle_us"] / window, "compute_pct": 100 * s["compute_us"] / window,
-            "non_compute_pct": 100 * s["non_compute_us"] / window,
-            "comm_comp_overlap_pct": 100 * s["overlap_us"] / s["comm_us"] if s["comm_us"] > 0
-            else np.nan,
-            "gpu_util_pct": np.nan, "cpu_busy_pct": 100 * (window - s["idle_us"]) / window,
-        }  # fmt: skip
-    ev = classify(_hta_round(hta_filter(trace.events)), gpu=True)
+def hta_summary(trace: Trace) -> dict:
+    """A GPU trace's whole-trace figures (RANK_COLUMNS) exactly as HolisticTraceAnalysis's
+    ``get_temporal_breakdown`` and ``get_comm_comp_overlap`` compute them: its filter (the
+    last step left out), its rounding, one window from the first kernel to the last. The
+    check that our definitions are HTA's; the ranks table is ``rank_summary``. A CPU trace
+    has none of these figures (``steps`` 0)."""
+    base = {"rank": trace.rank, "device": "gpu" if trace.is_gpu else "cpu",
+            "file": trace.path.name}  # fmt: skip
+    kept = hta_filter(trace.events)
+    ev = classify(_hta_round(kept), gpu=True)
     dev = ev[ev["stream"] >= 0]
     if dev.empty:
         return {**base, "steps": 0}
@@ -248,7 +287,7 @@ def rank_summary(trace: Trace, steps: pd.DataFrame | None = None) -> dict:
     comm_len = iv.length(comm)
     idle = window - busy
     return {
-        **base, "kernel_time_us": window, "steps": len(step_windows(trace.events)),
+        **base, "kernel_time_us": window, "steps": len(step_windows(kept)),
         "idle_pct": 100 * idle / window, "compute_pct": 100 * iv.length(compute) / window,
         "non_compute_pct": 100 * (window - iv.length(compute) - idle) / window,
         "comm_comp_overlap_pct": 100 * iv.length(iv.intersect(comm, compute)) / comm_len

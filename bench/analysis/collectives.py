@@ -20,8 +20,8 @@ from bench.analysis.trace import STEP, Trace, prepared
 
 CALL_COLUMNS = ["rank", "step", "collective", "name", "ts", "dur", "nbytes", "seq"]
 SUMMARY_COLUMNS = [
-    "rank", "collective", "calls", "bytes", "total_us", "median_us", "algbw_GBps", "busbw_GBps",
-    "wait_us", "transfer_us", "wait_pct",
+    "rank", "collective", "calls", "bytes", "total_us", "median_us", "algbw_GBps",
+    "busbw_factor", "busbw_GBps", "wait_us", "transfer_us", "wait_pct",
 ]  # fmt: skip
 STRAGGLER_COLUMNS = [
     "step", "slowest_rank", "compute_skew_us", "window_skew_us", "others_wait_us",
@@ -30,13 +30,20 @@ STRAGGLER_COLUMNS = [
 
 _NCCL_KERNEL = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+)")
 _CAMEL = re.compile(r"(?<!^)(?=[A-Z])")
-# Bus bandwidth factor per collective (nccl-tests doc/PERFORMANCE.md).
+# Bus bandwidth factor per collective, as nccl-tests defines it (doc/PERFORMANCE.md; the
+# alltoall and sendrecv tests' own factors for those two). A collective missing here has no
+# busbw (NaN, its name in the row), never a guessed factor: NCCL runs all-to-all, gather,
+# scatter and point-to-point alike as SendRecv kernels, whose name does not say which.
 BUSBW_FACTOR = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
     "all_gather": lambda n: (n - 1) / n,
     "reduce_scatter": lambda n: (n - 1) / n,
     "all_to_all": lambda n: (n - 1) / n,
     "alltoall": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+    "reduce": lambda n: 1.0,
+    "send": lambda n: 1.0,  # gloo's point-to-point spans: one tensor, one way
+    "recv": lambda n: 1.0,
 }
 
 
@@ -84,7 +91,9 @@ def wait_split(calls: pd.DataFrame) -> pd.DataFrame:
 
 def collective_summary(calls: pd.DataFrame, world_size: int) -> pd.DataFrame:
     """Per rank and collective: calls, bytes, total and median time, algbw and busbw (GB/s, over
-    the summed time), and the wait/transfer split."""
+    the summed time) with the factor between them, and the wait/transfer split. A collective
+    whose factor ``BUSBW_FACTOR`` does not know (``send_recv``, ``gather`` ...) has NaN for
+    both."""
     if calls.empty:
         return pd.DataFrame(columns=SUMMARY_COLUMNS)
     rows = []
@@ -93,12 +102,12 @@ def collective_summary(calls: pd.DataFrame, world_size: int) -> pd.DataFrame:
         # algbw over S as nccl-tests sizes it: all-gather's S is the output, n x the input.
         size = nbytes * (world_size if coll == "all_gather" else 1)
         algbw = size / (total * 1e-6) / 1e9 if total > 0 else np.nan
-        factor = BUSBW_FACTOR.get(coll, lambda n: 1.0)(world_size)
+        factor = BUSBW_FACTOR[coll](world_size) if coll in BUSBW_FACTOR else np.nan
         wait = g["wait_us"].sum(min_count=1)
         rows.append({
             "rank": rank, "collective": coll, "calls": len(g), "bytes": nbytes,
             "total_us": total, "median_us": g["dur"].median(), "algbw_GBps": algbw,
-            "busbw_GBps": algbw * factor, "wait_us": wait,
+            "busbw_factor": factor, "busbw_GBps": algbw * factor, "wait_us": wait,
             "transfer_us": g["transfer_us"].sum(min_count=1),
             "wait_pct": 100 * wait / total if total > 0 else np.nan,
         })  # fmt: skip

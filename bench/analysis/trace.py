@@ -1,7 +1,7 @@
 """A Kineto trace loaded and classified: the events of each rank, which kind each is
-(computation, communication, memory), and which profiler step it belongs to.
+(computation, communication, memory), which profiler step launched it, and each step's window.
 
-The definitions are those of ``breakdown.py``'s docstring (DESIGN.md section 4).
+The definitions are those of ``breakdown.py``'s docstring (and docs/analysis.md).
 """
 
 from __future__ import annotations
@@ -26,18 +26,12 @@ NOT_COMPUTE_KERNEL = re.compile(
     r"|(^runFunction)|(^hip)|(^job_exe)|(^packet)|(^pe_exe)|(^cpum_exe_subgraph)|(^hccl)"
     r"|(^collective_subgraph_execution)"
 )
-# Main-thread CPU ops that issue or wait for communication rather than compute.
-COMM_CPU_OP = re.compile(r"^(?:c10d::|record_param_comms|nccl:|gloo:)|wait", re.IGNORECASE)
+# The collective library's own ops on the main thread (c10d's dispatcher namespaces, functional
+# collectives included, and the comms record): calls into communication, never computation.
+# Time the thread spends blocked elsewhere is found from what the threads do
+# (``breakdown.blocking_waits``), not from names.
+COMM_CPU_OP = re.compile(r"^(?:_?c10d\w*::|record_param_comms$|nccl:|gloo:)")
 GLOO_SPAN = re.compile(r"^gloo:")
-# FSDP's spans that block on a collective on CPU (FSDP2's all-gather and reduce, FSDP1's
-# pre-forward, pre-backward and post-backward hooks: with gloo they return when the collective
-# is done, and no op inside says "wait"): their time outside the ops they contain is waiting.
-BLOCKING_SPAN = re.compile(
-    r"^FSDP::(?:all_gather|post_backward_reduce) "
-    r"|^FullyShardedDataParallel\._(?:pre_forward|pre_backward_hook|pre_backward_prefetch"
-    r"|post_backward_hook)$"
-)
-WORK_OP = re.compile(r"^(?:aten|fsdp)::")
 STEP = re.compile(r"^ProfilerStep#(\d+)$")
 
 
@@ -88,9 +82,17 @@ def name_matches(names: pd.Series, pattern: re.Pattern, *, search: bool = False)
     return fn(pattern).to_numpy()
 
 
+def host_steps(events: pd.DataFrame) -> np.ndarray:
+    """Which events are the host's ``ProfilerStep#N`` spans: not the device-side copies that
+    recent Kineto writes (``gpu_user_annotation``, first to last kernel of the step, no
+    stream)."""
+    host = ((events["stream"] < 0) & (events["cat"] != "gpu_user_annotation")).to_numpy()
+    return name_matches(events["name"], STEP) & host
+
+
 def step_windows(events: pd.DataFrame) -> pd.DataFrame:
     """One row per CPU-side ``ProfilerStep#N``: step, start, end (microseconds)."""
-    steps = events[name_matches(events["name"], STEP) & (events["stream"] < 0).to_numpy()]
+    steps = events[host_steps(events)]
     out = pd.DataFrame({
         "step": steps["name"].astype(str).str.extract(STEP, expand=False).astype(int),
         "start": steps["ts"],
@@ -110,8 +112,8 @@ def _kernel_kind(name: str) -> str:
 
 
 def classify(events: pd.DataFrame, *, gpu: bool) -> pd.DataFrame:
-    """Add ``kind``: compute, comm, memory, other (device events), comm_cpu (CPU issuing or
-    waiting) or none (not counted)."""
+    """Add ``kind``: compute, comm, memory, other (device events), comm_cpu (a call into the
+    collective library on the main thread) or none (not counted)."""
     ev = events.copy()
     kind = np.full(len(ev), "none", dtype=object)
     if gpu:
@@ -124,7 +126,7 @@ def classify(events: pd.DataFrame, *, gpu: bool) -> pd.DataFrame:
         on_main = (ev["tid"] == _main_thread(ev)).to_numpy()
         ops = ev["cat"].isin(["cpu_op", "user_annotation"]).to_numpy()
         step = name_matches(ev["name"], STEP)
-        comm_cpu = name_matches(ev["name"], COMM_CPU_OP, search=True)
+        comm_cpu = name_matches(ev["name"], COMM_CPU_OP)
         kind[on_main & ops & ~step] = "compute"
         kind[on_main & ops & comm_cpu] = "comm_cpu"
         kind[name_matches(ev["name"], GLOO_SPAN)] = "comm"
@@ -146,16 +148,22 @@ def intervals_of(ev: pd.DataFrame, mask) -> np.ndarray:
     return iv.as_intervals(sub["ts"], sub["ts"] + sub["dur"])
 
 
-def launch_step(ev: pd.DataFrame, windows: pd.DataFrame) -> pd.Series:
-    """Step of each event: CPU events by their start, device events by their launch (the CPU
-    event with the same correlation id); -1 outside every step."""
-    launch_ts = ev["ts"].copy()
+def launch_times(ev: pd.DataFrame) -> pd.Series:
+    """When each event was launched: CPU events at their start, device events at the start of
+    the CPU event with the same correlation id (NaN where there is none)."""
+    launch_ts = ev["ts"].astype(float)
     device = ev["stream"] >= 0
     if device.any():
         cpu = ev[~device & (ev["correlation"] >= 0)].drop_duplicates("correlation")
         by_corr = cpu.set_index("correlation")["ts"]
         launch_ts[device] = ev.loc[device, "correlation"].map(by_corr).to_numpy()
-    ts = launch_ts.to_numpy(dtype=float)
+    return launch_ts
+
+
+def launch_step(ev: pd.DataFrame, windows: pd.DataFrame) -> pd.Series:
+    """Step of each event: CPU events by their start, device events by their launch (the CPU
+    event with the same correlation id); -1 outside every step."""
+    ts = launch_times(ev).to_numpy(dtype=float)
     starts, ends = windows["start"].to_numpy(), windows["end"].to_numpy()
     idx = np.searchsorted(starts, ts, side="right") - 1  # the last window starting at or before
     inside = (idx >= 0) & (ts < ends[np.clip(idx, 0, None)]) if len(starts) else idx >= 0
@@ -163,6 +171,41 @@ def launch_step(ev: pd.DataFrame, windows: pd.DataFrame) -> pd.Series:
         inside, windows["step"].to_numpy()[np.clip(idx, 0, None)] if len(starts) else -1, -1
     )
     return pd.Series(step, index=ev.index)
+
+
+def device_windows(ev: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
+    """GPU traces: each step's window on the device's time line (step, start, end), the
+    windows following each other without gap or overlap.
+
+    Step N's device window begins where its device work can begin: once the host has begun
+    ``ProfilerStep#N`` and the device has finished the work launched before it, or at N's
+    first device event if that runs earlier (another stream); it ends where step N+1's
+    begins, the last one at the later of its ``ProfilerStep``'s end and its last device
+    event. Every moment between the first step's start and the last step's end so belongs to
+    exactly one step, the device's idle time between steps included (waiting for data, for a
+    host-side sync, for the optimiser's launches), and the steps' figures add up to the
+    figures of the whole span."""
+    ev = ev if "step" in ev else ev.assign(step=launch_step(ev, windows))
+    dev = ev[ev["stream"] >= 0]
+    steps = windows["step"].to_numpy()
+    cpu_start = windows["start"].to_numpy(dtype=float)
+    cpu_end = windows["end"].to_numpy(dtype=float)
+    begin = dev["ts"].to_numpy(dtype=float)
+    finish = begin + dev["dur"].to_numpy(dtype=float)
+    first = dev.groupby("step")["ts"].min().reindex(steps).to_numpy(dtype=float)
+    last = pd.Series(finish, index=dev.index).groupby(dev["step"]).max()
+    last = last.reindex(steps).to_numpy(dtype=float)
+    first, last = np.nan_to_num(first, nan=np.inf), np.nan_to_num(last, nan=-np.inf)
+    launched = launch_times(ev)[dev.index].to_numpy(dtype=float)
+    known = ~np.isnan(launched)
+    order = np.argsort(launched[known], kind="stable")
+    by_launch, ends = launched[known][order], finish[known][order]
+    # the latest end of the device work launched before each step began (-inf: none was)
+    ends_before = np.maximum.accumulate(np.concatenate([[-np.inf], ends]))
+    before = ends_before[np.searchsorted(by_launch, cpu_start, side="left")]
+    start = np.maximum.accumulate(np.minimum(first, np.maximum(cpu_start, before)))
+    end = np.append(start[1:], max(cpu_end[-1], last[-1], start[-1])) if len(start) else start
+    return pd.DataFrame({"step": steps, "start": start, "end": end})
 
 
 def comm_bytes_from_launch(ev: pd.DataFrame) -> pd.Series:
@@ -199,5 +242,3 @@ def prepared(trace: Trace) -> pd.DataFrame:
             ev["nbytes"] = comm_bytes_from_launch(ev)
         trace._prepared = ev
     return trace._prepared
-
-

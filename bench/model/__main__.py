@@ -20,7 +20,8 @@ from pathlib import Path
 import pandas as pd
 
 from bench.console import fail, records
-from bench.model.comm import FitError, load_runs
+from bench.model.comm import FitError, load_runs, size_text
+from bench.model.fitting import CONFIDENCE, RESAMPLES, SEED
 from bench.model.links import PRESETS, parse_link
 from bench.model.validate import POINT_COLUMNS, bucket_choices, median_abs_error, validate
 from bench.model.whatif import link_costs, load_compute, predict_scales, recommend
@@ -99,6 +100,18 @@ def _print_table(df: pd.DataFrame) -> None:
         print(df.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
 
 
+# What the fit table's columns measure, printed with it (docs/model.md says the same).
+FIT_NOTES = {
+    "r2_log": "R^2 of log time, the scale the fit minimises (relative residuals); every size, "
+    "outliers included",
+    "intervals": f"*_low, *_high: {CONFIDENCE:.0%} percentile bootstrap over each size's timed "
+    f"iterations (samples.csv), {RESAMPLES} resamples, seed {SEED}; NaN (JSON: null) without "
+    "samples",
+    "max_abs_residual_pct": "over the sizes fitted; the sizes set aside as outliers and their "
+    "residuals are in outlier_residuals",
+}
+
+
 def cmd_fit(args) -> int:
     comm = load_runs(_dirs(args.collectives))
     table = comm.table()
@@ -109,6 +122,7 @@ def cmd_fit(args) -> int:
                     "backend": comm.backend,
                     "world_sizes": comm.world_sizes,
                     "gamma_ns_per_B": None if comm.gamma is None else comm.gamma * 1e9,
+                    "notes": FIT_NOTES,
                     "fits": records(table),
                     "residuals": [
                         {
@@ -123,10 +137,12 @@ def cmd_fit(args) -> int:
             )
         )
         return 0
+    for k, v in FIT_NOTES.items():
+        print(f"# {k}: {v}")
     _print_table(table)
     for ranks, f in comm.all_fits():
         res = ", ".join(
-            f"{int(r.size_bytes) >> 10} KiB {r.residual_pct:+.0f}%{' (outlier)' * r.outlier}"
+            f"{size_text(int(r.size_bytes))} {r.residual_pct:+.0f}%{' (outlier)' * r.outlier}"
             for r in f.residuals.itertuples()
             if str(r.world_size) in ranks.split(",")
         )
@@ -189,6 +205,8 @@ def cmd_whatif(args) -> int:
         "speedup": args.speedup,
         "overlap_share": share,
         "scaling": "weak (every rank keeps its batch)",
+        "ranges": "*_low, *_high: every collective at the low or high end of its "
+        f"{CONFIDENCE:.0%} interval; NaN (JSON: null) for a link, whose figures are given",
     }
     if args.json:
         print(

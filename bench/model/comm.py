@@ -19,9 +19,7 @@ beta_eff = beta + gamma g(n)/b(n) extrapolates over n exactly as the three-term 
 collective's fit therefore has alpha and beta_eff; gamma, the reduction's own cost per byte, is
 derived across collectives (all-reduce's beta_eff less all-gather's, times 2) and reported.
 
-The fit minimises relative residuals (sizes span four orders of magnitude; plain least squares
-would ignore every small message) with alpha, beta >= 0, and reports R^2 and the residual of
-every size.
+The fit itself, its intervals and its quality: ``fitting.py``.
 """
 
 from __future__ import annotations
@@ -35,7 +33,14 @@ import numpy as np
 import pandas as pd
 
 from bench.model.errors import FitError
+from bench.model.fitting import (
+    fit_relative,
+    interval,
+    r2_log,
+    refit_intervals,
+)
 from bench.model.runs import read_collectives_runs
+from bench.runfolder.placement import cost_rows
 
 __all__ = ["FitError"]
 
@@ -98,25 +103,11 @@ def algorithm(backend: str, collective: str) -> Algorithm:
     return ALGORITHMS.get(backend, ALGORITHMS["nccl"])[collective]
 
 
-OUTLIER_FACTOR = 4.0  # a size this many times further off than the median one is set aside
-
-
-def nonneg_lstsq(X: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """min |X c - y| with c >= 0, exactly, by trying every set of free coefficients (two or
-    three columns: at most eight small solves)."""
-    k = X.shape[1]
-    best, best_err = np.zeros(k), float(np.sum(y**2))
-    for mask in range(1, 1 << k):
-        cols = [j for j in range(k) if mask >> j & 1]
-        c_sub, *_ = np.linalg.lstsq(X[:, cols], y, rcond=None)
-        if np.any(c_sub < 0):
-            continue
-        c = np.zeros(k)
-        c[cols] = c_sub
-        err = float(np.sum((X @ c - y) ** 2))
-        if err < best_err - 1e-18 * max(best_err, 1.0):
-            best, best_err = c, err
-    return best
+def size_text(nbytes: int) -> str:
+    for unit, shift in (("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << shift:
+            return f"{nbytes / (1 << shift):g} {unit}"
+    return f"{nbytes} B"
 
 
 @dataclass(frozen=True)
@@ -129,11 +120,28 @@ class Fit:
     algorithm: Algorithm
     alpha: float  # s
     beta: float  # s/byte (beta_eff: includes the reduction, see the module docstring)
-    r2: float
+    r2_log: float  # R^2 of log time, every size (outliers too)
     residuals: pd.DataFrame = field(repr=False)  # world_size, size_bytes, measured/predicted
+    # (RESAMPLES, 2): alpha, beta refitted to each bootstrap resample; None without samples
+    replicates: np.ndarray | None = field(default=None, repr=False)
 
     def time(self, nbytes: float, n: int) -> float:
         return self.algorithm.time(nbytes, n, self.alpha, self.beta)
+
+    def time_interval(self, nbytes: float, n: int) -> tuple[float, float]:
+        """The time's 95 % interval over the bootstrap's (alpha, beta) pairs; NaN without."""
+        if self.replicates is None:
+            return math.nan, math.nan
+        alpha, beta = self.replicates.T
+        return interval(np.broadcast_to(self.algorithm.time(nbytes, n, alpha, beta), alpha.shape))
+
+    @property
+    def alpha_interval(self) -> tuple[float, float]:
+        return interval(None if self.replicates is None else self.replicates[:, 0])
+
+    @property
+    def beta_interval(self) -> tuple[float, float]:
+        return interval(None if self.replicates is None else self.replicates[:, 1])
 
     @property
     def bandwidth_GBps(self) -> float:
@@ -141,7 +149,7 @@ class Fit:
 
     @property
     def max_abs_residual_pct(self) -> float:
-        """Over the sizes fitted (outliers set aside are reported in ``residuals``)."""
+        """Over the sizes fitted; those set aside are in ``outlier_residuals``."""
         kept = self.residuals[~self.residuals["outlier"]]
         return float(kept["residual_pct"].abs().max())
 
@@ -149,14 +157,26 @@ class Fit:
     def outliers(self) -> int:
         return int(self.residuals["outlier"].sum())
 
+    @property
+    def outlier_residuals(self) -> str:
+        """The sizes set aside and the fit's residual at each ("64 KiB -88 %"; with the world
+        size when the fit is over several)."""
+        out = self.residuals[self.residuals["outlier"]]
+        several = self.residuals["world_size"].nunique() > 1
+        return ", ".join(
+            f"{size_text(int(r.size_bytes))}{f' at {r.world_size} ranks' * several} "
+            f"{r.residual_pct:+.0f} %"
+            for r in out.itertuples()
+        )
+
 
 def fit_collective(rows: pd.DataFrame, *, backend: str, impl: str, collective: str) -> Fit:
     """Least-squares alpha, beta from rows with ``world_size``, ``size_bytes`` and ``time_us``
-    (one collective, one implementation), relative residuals weighted equally.
+    (one collective, one implementation), relative residuals weighted equally, and their
+    bootstrap from ``samples_ms`` (each row's timed iterations, where the rows have them).
 
-    Robust to a scheduling hiccup: after a first fit, sizes whose relative residual exceeds
-    ``OUTLIER_FACTOR`` times the median one (at most a quarter of them) are set aside and the
-    fit is made again; they stay in the residual table, marked ``outlier``, and in R^2."""
+    Robust to a scheduling hiccup: sizes far off the first fit are set aside and the fit is
+    made again (``_fit``); they stay in the residual table, marked ``outlier``, and in R^2."""
     algo = algorithm(backend, collective)
     n = rows["world_size"].to_numpy(int)
     s = rows["size_bytes"].to_numpy(float)
@@ -164,18 +184,10 @@ def fit_collective(rows: pd.DataFrame, *, backend: str, impl: str, collective: s
     if len(rows) < 2 or len(np.unique(s)) < 2:
         raise FitError(f"{collective} ({impl}): need two sizes or more to fit, have {len(rows)}")
     X = np.column_stack([[algo.a(k) for k in n], [algo.b(k) for k in n] * s])
-    keep = np.ones(len(t), dtype=bool)
-    coef = nonneg_lstsq(X / t[:, None], np.ones_like(t))
-    rel = np.abs(X @ coef / t - 1.0)
-    limit = OUTLIER_FACTOR * max(float(np.median(rel)), 0.01)
-    worst = np.argsort(-rel)[: len(t) // 4]
-    keep[worst[rel[worst] > limit]] = False
-    if not keep.all() and len(np.unique(s[keep])) >= 2:
-        coef = nonneg_lstsq(X[keep] / t[keep, None], np.ones(int(keep.sum())))
+    coef, keep = fit_relative(X, t, s)
+    samples = list(rows["samples_ms"]) if "samples_ms" in rows else [None] * len(rows)
     alpha, beta = coef
     pred = X @ coef
-    ss_tot = float(np.sum((t - t.mean()) ** 2))
-    r2 = 1.0 - float(np.sum((t - pred) ** 2)) / ss_tot if ss_tot > 0 else float("nan")
     residuals = pd.DataFrame(
         {
             "world_size": n,
@@ -186,7 +198,8 @@ def fit_collective(rows: pd.DataFrame, *, backend: str, impl: str, collective: s
             "outlier": ~keep,
         }
     )
-    return Fit(backend, impl, collective, algo, float(alpha), float(beta), r2, residuals)
+    return Fit(backend, impl, collective, algo, float(alpha), float(beta), r2_log(t, pred),
+               residuals, refit_intervals(X, t, s, samples))  # fmt: skip
 
 
 @dataclass
@@ -219,6 +232,13 @@ class CommModel:
         """Seconds for ``collective`` of ``nbytes`` (nccl-tests' S) on ``n`` ranks."""
         return self.fit(collective, impl, n).time(nbytes, n)
 
+    def interval_ends(self) -> tuple[CostsAtEnd, CostsAtEnd] | None:
+        """The costs with every collective at the low, and at the high, end of its 95 %
+        interval; None unless every fit has one (a run without samples.csv)."""
+        if any(f.replicates is None for _, f in self.all_fits()):
+            return None
+        return CostsAtEnd(self, 0), CostsAtEnd(self, 1)
+
     @property
     def gamma(self) -> float | None:
         """The reduction's cost per byte, s/byte: 2 (beta_eff(all-reduce) - beta(all-gather)),
@@ -236,31 +256,54 @@ class CommModel:
         ]
 
     def table(self) -> pd.DataFrame:
-        """One row per fit: alpha (us), beta (ns/B), bandwidth, R^2, worst residual; ``ranks``
-        says which world sizes the fit is over."""
-        return pd.DataFrame(
-            [
+        """One row per fit: alpha (us) and beta (ns/B) with their 95 % intervals, bandwidth,
+        R^2 of log time, the worst residual of the sizes fitted and the sizes set aside with
+        theirs; ``ranks`` says which world sizes the fit is over."""
+        rows = []
+        for ranks, f in self.all_fits():
+            (a_lo, a_hi), (b_lo, b_hi) = f.alpha_interval, f.beta_interval
+            rows.append(
                 {
                     "ranks": ranks,
                     "impl": f.impl,
                     "collective": f.collective,
                     "algorithm": f.algorithm.name,
                     "alpha_us": f.alpha * 1e6,
+                    "alpha_us_low": a_lo * 1e6,
+                    "alpha_us_high": a_hi * 1e6,
                     "beta_ns_per_B": f.beta * 1e9,
+                    "beta_ns_per_B_low": b_lo * 1e9,
+                    "beta_ns_per_B_high": b_hi * 1e9,
                     "bandwidth_GBps": f.bandwidth_GBps,
-                    "r2": f.r2,
+                    "r2_log": f.r2_log,
                     "sizes": len(f.residuals),
                     "max_abs_residual_pct": f.max_abs_residual_pct,
                     "outliers": f.outliers,
+                    "outlier_residuals": f.outlier_residuals,
                 }
-                for ranks, f in self.all_fits()
-            ]
-        )
+            )
+        return pd.DataFrame(rows)
+
+
+@dataclass(frozen=True)
+class CostsAtEnd:
+    """A ``CommModel``'s costs with every collective at one end of its 95 % interval (0: low,
+    1: high): what a what-if's range is simulated with."""
+
+    model: CommModel
+    end: int
+
+    def time(self, collective: str, nbytes: float, n: int, impl: str = "native") -> float:
+        return self.model.fit(collective, impl, n).time_interval(nbytes, n)[self.end]
+
+    def interval_ends(self) -> None:
+        return None
 
 
 def fit_rows(df: pd.DataFrame, *, backend: str, host: str = "", source: str = "") -> CommModel:
-    """Fit every (implementation, collective) in a message_size results table."""
-    ok = df[(df["status"] == "ok") & df["time_us"].notna()]
+    """Fit every (implementation, collective) in a message_size results table, on the ok rows
+    that stand for its cost (in place where it has that form: ``runfolder.placement``)."""
+    ok = df[(df["status"] == "ok") & df["time_us"].notna() & cost_rows(df)]
     if ok.empty:
         raise FitError(f"the collectives run {source} has no ok rows to fit")
     fits, per_size = {}, {}

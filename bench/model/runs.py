@@ -56,8 +56,22 @@ def same_machine(metas: list[tuple[Path, dict]]) -> None:
                 )
 
 
+def with_samples(results: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:
+    """``results`` with ``samples_ms``: each row's timed iterations in ms (samples.csv's of the
+    same point and round), None where it has none."""
+    if "point" not in results or samples.empty:
+        return results.assign(samples_ms=None)
+    by_visit = {
+        (str(point), int(round_)): group.to_numpy(float)
+        for (point, round_), group in samples.groupby(["point", "round"])["ms"]
+    }
+    rounds = results["round"].fillna(1) if "round" in results else [1] * len(results)
+    keys = zip(results["point"].astype(str), rounds, strict=True)
+    return results.assign(samples_ms=[by_visit.get((p, int(r))) for p, r in keys])
+
+
 def read_collectives_runs(run_dirs: list[Path]) -> tuple[dict, pd.DataFrame]:
-    """(meta of the first, all rows) of one or more message_size runs."""
+    """(meta of the first, all rows with their samples) of one or more message_size runs."""
     metas, frames = [], []
     for d in run_dirs:
         run = _read(d)
@@ -70,7 +84,7 @@ def read_collectives_runs(run_dirs: list[Path]) -> tuple[dict, pd.DataFrame]:
         if plan.get("op", "sum") not in ("sum", "avg"):
             raise RunError(f"{d} timed op {plan['op']}, training reduces with sum")
         metas.append((Path(d), meta))
-        frames.append(df)
+        frames.append(with_samples(df, run.samples))
     same_machine(metas)
     return metas[0][1], pd.concat(frames, ignore_index=True)
 

@@ -11,10 +11,17 @@ sharded, so what follows backward is scaled by the share of optimiser state a ra
 recommendation is the fastest of each, with its predicted margin over PyTorch's defaults (DDP's
 25 MB buckets after a first bucket of 1 MiB, FSDP's FULL_SHARD), and the memory each choice
 holds per rank.
+
+With fitted collectives every prediction is also a range: the step simulated again with every
+collective at the low, then at the high, end of its 95 % interval (``comm.py``'s bootstrap;
+each call's interval from the same refitted alpha-beta pairs). The step cannot shorten when a
+collective lengthens, so the two ends bracket it. A link's figures are given, not measured: no
+range (NaN).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -63,7 +70,17 @@ def predict_scales(
     speedup: float = 1.0,
     buckets_mb: tuple[float, ...] = BUCKETS_MB,
 ) -> pd.DataFrame:
-    """One row per (world size, choice): DDP at each bucket size, FSDP per sharding."""
+    """One row per (world size, choice): DDP at each bucket size, FSDP per sharding, with
+    ``step_ms_low``/``step_ms_high``, the step at either end of the collectives' intervals."""
+    args = (prof, point, world_sizes, share, speedup, buckets_mb)
+    table = _predict(comm, *args)
+    ends = comm.interval_ends()  # None: the costs have no interval
+    table["step_ms_low"] = _predict(ends[0], *args)["step_ms"] if ends else math.nan
+    table["step_ms_high"] = _predict(ends[1], *args)["step_ms"] if ends else math.nan
+    return table
+
+
+def _predict(comm, prof, point, world_sizes, share, speedup, buckets_mb) -> pd.DataFrame:
     prof = prof.scaled(speedup)
     psi = sum(prof.grad_bytes) // 4
     rows = []
@@ -92,23 +109,37 @@ def predict_scales(
 
 def recommend(table: pd.DataFrame) -> pd.DataFrame:
     """Per world size: the fastest bucket size and sharding, and their margin over the
-    defaults (positive: faster than the default by that many ms)."""
+    defaults (positive: faster than the default by that many ms). With ranges: each one's
+    step at the intervals' ends, the margin's least and greatest over the central costs and
+    both ends, and whether the recommendation is still the fastest at both ends."""
     out = []
+    ends = ("step_ms_low", "step_ms_high")
     for n, g in table.groupby("world_size"):
         for family, default in (("ddp", DEFAULT_DDP), ("fsdp", f"fsdp {DEFAULT_SHARDING}")):
             fam = g[g["choice"].str.startswith(family + " ")]
             best = fam.loc[fam["step_ms"].idxmin()]
             ref = fam[fam["choice"] == default].iloc[0]
+            margins = [ref[c] - best[c] for c in ("step_ms", *ends)]
+            ranged = not any(math.isnan(m) for m in margins)
             out.append(
                 {
                     "world_size": n,
                     "family": family,
                     "recommended": best["choice"],
                     "step_ms": best["step_ms"],
+                    "step_ms_low": best["step_ms_low"],
+                    "step_ms_high": best["step_ms_high"],
                     "default": default,
                     "default_step_ms": ref["step_ms"],
-                    "margin_ms": ref["step_ms"] - best["step_ms"],
-                    "margin_pct": 100.0 * (ref["step_ms"] - best["step_ms"]) / ref["step_ms"],
+                    "default_step_ms_low": ref["step_ms_low"],
+                    "default_step_ms_high": ref["step_ms_high"],
+                    "margin_ms": margins[0],
+                    "margin_ms_low": min(margins) if ranged else math.nan,
+                    "margin_ms_high": max(margins) if ranged else math.nan,
+                    "margin_pct": 100.0 * margins[0] / ref["step_ms"],
+                    "best_at_both_ends": all(best[c] == fam[c].min() for c in ends)
+                    if ranged
+                    else math.nan,
                     "state_mb_per_rank": best["state_mb_per_rank"],
                 }
             )
@@ -147,4 +178,6 @@ def link_costs(link: str | None, collectives: list[Path], run_meta: dict):
         return costs, costs.link.describe() + "; NCCL algorithms", 1.0
     costs = load_runs(collectives)
     about = f"fitted {costs.backend} collectives of {', '.join(map(str, collectives))}"
+    if costs.interval_ends() is None:
+        about += " (no samples.csv: no range)"
     return costs, about, overlap_share(run_meta)

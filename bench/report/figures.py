@@ -105,13 +105,30 @@ def _with_interval(g: pd.DataFrame) -> tuple[pd.Series, list[pd.Series]]:
     return y, [(y - lo).fillna(0).clip(lower=0), (hi - y).fillna(0).clip(lower=0)]
 
 
+def breakdown_parts(g: pd.DataFrame) -> list[tuple[str, pd.Series, str]]:
+    """The stacked bar's parts (name, ms, colour), which add up to the traced step window:
+    window = compute + exposed communication + idle + the device work that is neither
+    (memcpy/memset and other device events outside computation and communication, HTA's
+    "non-compute" beyond communication), the last being what the window leaves over; zero on
+    CPU traces, absent from runs without ``window_ms``."""
+    if "window_ms" in g:
+        other = g["window_ms"] - g["compute_ms"] - g["exposed_comm_ms"] - g["idle_ms"]
+    else:
+        other = pd.Series(np.nan, index=g.index)
+    return [
+        ("compute (not overlapped)", g["compute_ms"] - g["overlap_ms"], "#4a7fb5"),
+        ("communication overlapped with compute", g["overlap_ms"], "#8cc084"),
+        ("exposed communication", g["exposed_comm_ms"], "#e07b53"),
+        ("memcpy/memset, other device work", other, "#9d7cc1"),
+        ("idle", g["idle_ms"], "#c8c8c8"),
+    ]
+
+
 def breakdown_figure(ok: pd.DataFrame) -> str:
     """Stacked horizontal bar per point: compute alone, overlapped communication, exposed
-    communication, idle (their sum is the traced step); one panel per model, each on its own
-    scale, so a small model's bars are not flattened by a large one's."""
-    names = ["compute (not overlapped)", "communication overlapped with compute",
-             "exposed communication", "idle"]  # fmt: skip
-    colors = ["#4a7fb5", "#8cc084", "#e07b53", "#c8c8c8"]
+    communication, memory copies and other device work, idle (their sum is the traced step,
+    ``breakdown_parts``); one panel per model, each on its own scale, so a small model's bars
+    are not flattened by a large one's."""
     models = list(dict.fromkeys(ok["model"]))
     heights = [max(1.2, 0.3 * (ok["model"] == m).sum() + 0.6) for m in models]
     fig, axes = plt.subplots(
@@ -123,10 +140,8 @@ def breakdown_figure(ok: pd.DataFrame) -> str:
     )
     for ax, model in zip(axes[:, 0], models, strict=True):
         g = ok[ok["model"] == model]
-        parts = [g["compute_ms"] - g["overlap_ms"], g["overlap_ms"], g["exposed_comm_ms"],
-                 g["idle_ms"]]  # fmt: skip
         left = np.zeros(len(g))
-        for name, vals, color in zip(names, parts, colors, strict=True):
+        for name, vals, color in breakdown_parts(g):
             vals = vals.fillna(0).clip(lower=0).to_numpy()
             ax.barh(range(len(g)), vals, left=left, label=name, color=color)
             left += vals
@@ -139,7 +154,8 @@ def breakdown_figure(ok: pd.DataFrame) -> str:
     return _png(
         fig,
         "Where each point's step goes: computation alone, communication overlapped "
-        "with computation, exposed communication and idle time, stacked.",
+        "with computation, exposed communication, memory copies and other device work, and "
+        "idle time, stacked.",
     )
 
 

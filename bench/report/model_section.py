@@ -27,9 +27,14 @@ WHATIF_COLUMNS = [
     "family",
     "recommended",
     "step_ms",
+    "step_ms_low",
+    "step_ms_high",
     "default",
     "default_step_ms",
     "margin_ms",
+    "margin_ms_low",
+    "margin_ms_high",
+    "best_at_both_ends",
     "margin_pct",
     "state_mb_per_rank",
 ]
@@ -45,8 +50,9 @@ def model_sections(run_dir: Path, collectives: list[Path]) -> list[str]:
     mae = median_abs_error(points)
     src = ", ".join(html.escape(str(c)) for c in collectives)
     parts.append(
-        f"<p>Collectives fitted from {src} (alpha-beta per collective; R<sup>2</sup> "
-        f"{fits['r2'].min():.3f} to {fits['r2'].max():.3f}); each point's computation read from "
+        f"<p>Collectives fitted from {src} (alpha-beta per collective, on relative residuals; "
+        f"R<sup>2</sup> of log time {fits['r2_log'].min():.3f} to {fits['r2_log'].max():.3f}); "
+        f"{_outliers(fits)}each point's computation read from "
         f"its traces (pooled over a bucket sweep's points). Median absolute step-time error "
         f"<strong>{mae:.1f} %</strong> (goal {MISS_PCT:g} %) against the timed steps, "
         f"{median_abs_error(points, 'window_error_pct'):.1f} % against the profiled ones "
@@ -61,10 +67,28 @@ def model_sections(run_dir: Path, collectives: list[Path]) -> list[str]:
             html_table(choices, list(choices.columns), "Best bucket size: measured vs predicted")
         )
     parts.append(
-        html_table(fits, list(fits.columns), "Collective fits (alpha in us, beta in ns per byte)")
+        html_table(
+            fits,
+            list(fits.columns),
+            "Collective fits (alpha in us, beta in ns per byte, each with its 95 % bootstrap "
+            "interval; the worst residual of the sizes fitted, and the sizes set aside)",
+        )
     )
     parts += _whatif(run_dir, collectives, html_table)
     return parts
+
+
+def _outliers(fits) -> str:
+    """The sizes set aside from the fits and the residuals there, in the text: left out of
+    max_abs_residual_pct, a misfit of the model at some sizes would pass for a hiccup."""
+    out = fits[fits["outliers"] > 0]
+    if out.empty:
+        return "no size set aside as an outlier; "
+    named = "; ".join(
+        f"{r.impl} {r.collective} ({r.ranks} ranks): {r.outlier_residuals}"
+        for r in out.itertuples()
+    )
+    return f"sizes set aside as outliers, with the fit's residual there: {html.escape(named)}; "
 
 
 def _whatif(run_dir: Path, collectives: list[Path], html_table) -> list[str]:
@@ -88,7 +112,7 @@ def _whatif(run_dir: Path, collectives: list[Path], html_table) -> list[str]:
             f"{point.batch_per_replica} samples "
             f"per rank, {prof.total_ms:.1f} ms per step ({html.escape(prof.source)}), as measured "
             f"here; weak scaling; computation and communication each at speed {share:g} while "
-            f"both run. Best scaling efficiency: "
+            f"both run. {_ranges(costs)} Best scaling efficiency: "
             + ", ".join(f"{n} ranks {e:.0f} %" for n, e in eff.items() if np.isfinite(e))
             + ".</p>",
             html_table(
@@ -103,3 +127,12 @@ def _whatif(run_dir: Path, collectives: list[Path], html_table) -> list[str]:
         "--link nvlink4|ib_hdr|... --speedup X</code>.</p>"
     )
     return parts
+
+
+def _ranges(costs) -> str:
+    if costs.interval_ends() is None:
+        return "No range: these costs have no measured interval."
+    return (
+        "The _low and _high columns: every collective at the low or high end of its 95 % "
+        "interval; best_at_both_ends: the recommendation is the fastest at either end too."
+    )

@@ -22,6 +22,7 @@ from bench.report.model_section import model_sections
 from bench.report.tables import html_table
 from bench.runfolder import columns
 from bench.runfolder.folder import Run, RunFolderError, ours_and_native, read_run
+from bench.runfolder.placement import cost_rows
 from bench.runfolder.points import PointRecord
 from bench.stats.estimates import ratio
 
@@ -226,27 +227,46 @@ def best_and_tied(ok: pd.DataFrame, found: pd.DataFrame) -> tuple[set, set]:
     return best, tied
 
 
+def _collective_time(ok: pd.DataFrame) -> str:
+    """How the run timed a call, from its rows."""
+    if "block_calls" not in ok or ok["block_calls"].isna().all():  # runs before blocks
+        return "the slowest rank's median time, each call timed alone"
+    calls = ", ".join(str(int(c)) for c in sorted(ok["block_calls"].dropna().unique()))
+    return (
+        f"the time per call: blocks of {calls} calls issued back to back with one "
+        "synchronisation, each block's time (first rank's start to last rank's end) over its "
+        "calls, the median over blocks (nccl-tests' method)"
+    )
+
+
 def _collective_sections(meta: dict, df: pd.DataFrame) -> list[str]:
     ok = df[df["status"] == "ok"]
+    # The headline and the figure: each collective's cost rows (in place where it has that
+    # form: runfolder.placement); the table has both placements.
+    first = ok[cost_rows(ok)]
     limits = meta.get("limits", {})
-    head = _collective_headline(ok, limits, meta.get("impl_native", {}))
+    head = _collective_headline(first, limits, meta.get("impl_native", {}))
     parts = [f"<p class='headline'>{head}</p>"]
-    if len(ok):
+    if len(first):
         parts += [
             "<h2>Bus bandwidth</h2>",
-            figs.busbw_figure(ok, limits),
-            "<p>algbw = S / t with S the whole buffer in bytes and t the slowest rank's "
-            "median time; busbw = algbw x 2(n-1)/n for all-reduce, x (n-1)/n for "
-            "all-gather, reduce-scatter and all-to-all, x 1 for broadcast (nccl-tests, "
-            "doc/PERFORMANCE.md); GB = 1e9 bytes. #wrong counts elements that differ "
-            "from the exact expected result, summed over ranks.</p>",
+            figs.busbw_figure(first, limits),
+            f"<p>In place where the collective has that form (all-to-all: out of place; "
+            f"torch's out-of-place all-reduce and broadcast add a copy of the input, which "
+            f"the table shows). algbw = S / t with S "
+            f"the whole buffer in bytes and t {_collective_time(first)}; busbw = algbw x "
+            "2(n-1)/n for all-reduce, x (n-1)/n for all-gather, reduce-scatter and "
+            "all-to-all, x 1 for broadcast (nccl-tests, doc/PERFORMANCE.md); GB = 1e9 bytes. "
+            "#wrong counts elements that differ from the exact expected result, summed over "
+            "ranks.</p>",
         ]
     parts += [
         "<h2>All sizes</h2>",
         html_table(
             df,
             COLLECTIVE_TABLE,
-            "Every collective, size and implementation (nccl-tests' table)",
+            "Every collective, size, implementation, out of place and in place (nccl-tests' "
+            "table; unsupported: the collective has no such form, the error column says why)",
             cell_class=lambda r, c: "flag" if c == "wrong" and r.get(c, 0) else "",
         ),
     ]

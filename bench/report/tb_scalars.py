@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from bench.runfolder.placement import cost_rows
+
 TRAINING_METRICS = ["step_ms_median", "samples_per_s", "compute_comm_ratio", "overlap_pct",
                     "exposed_comm_ms", "peak_mem_mb", "comm_bytes_per_step"]  # fmt: skip
 COLLECTIVE_METRICS = ["busbw_GBps", "algbw_GBps", "time_us"]
@@ -26,7 +28,8 @@ def write_sweep_scalars(run_dir: Path, sweep: str, df: pd.DataFrame) -> Path:
     out = Path(run_dir) / "traces" / "sweep_scalars"
     ok = df[df["status"] == "ok"]
     collective = "collective" in df.columns
-    if collective:
+    if collective:  # one placement per size: each collective's cost rows
+        ok = ok[cost_rows(ok)]
         label, to_x, metrics, series = "message size, bytes", int, COLLECTIVE_METRICS, "collective"
         x_col = "size_bytes"
     else:

@@ -46,9 +46,10 @@ TRAINING: tuple[Column, ...] = (
     _c("world_size", "ranks", POINT, True, "ranks the point ran on"),
     _c("status", "", POINT, True, "ok, or error (the row keeps its error text)", report=6),
     _c("error", "", POINT, True, "why the point failed: the first rank's own error"),
-    _c("step_ms_median", "ms", TIMED, True, "median step time of the slowest rank"),
-    _c("step_ms_min", "ms", TIMED, True, "fastest timed step (slowest rank)"),
-    _c("step_ms_max", "ms", TIMED, True, "slowest timed step (slowest rank)"),
+    _c("step_ms_median", "ms", TIMED, True, "median step time: first rank's start to last "
+       "rank's end, on a common clock"),
+    _c("step_ms_min", "ms", TIMED, True, "fastest timed step"),
+    _c("step_ms_max", "ms", TIMED, True, "slowest timed step"),
     _c("samples_per_s", "1/s", DERIVED, True, "samples of all replicas per second: every timed "
        "step's samples over their total time", report=11),
     _c("compute_ms", "ms", MEAN, True, "computation per traced step", report=12),
@@ -59,7 +60,8 @@ TRAINING: tuple[Column, ...] = (
     _c("compute_comm_ratio", "", DERIVED, True, "compute_ms / comm_ms", report=17),
     _c("overlap_pct", "%", DERIVED, True, "overlap_ms / comm_ms", report=14),
     _c("gpu_util_pct", "%", MEAN, True, "GPU busy share of the step (empty on CPU)", report=19),
-    _c("peak_mem_mb", "MiB", MAX, True, "peak memory of a step (device, or host heap)", report=23),
+    _c("peak_mem_mb", "MiB", MAX, True, "most memory live at once in a measured step, above "
+       "what the process held before the point (CUDA allocator, or CPU heap)", report=23),
     _c("comm_bytes_per_step", "B", MEAN, True, "collective payload per step (traces)", report=21),
     _c("model", "", POINT, False, "the model trained", report=1),
     _c("point", "", POINT, False, "the point's id: its traces are in traces/<point>/"),
@@ -75,7 +77,13 @@ TRAINING: tuple[Column, ...] = (
     _c("peak_rss_mb", "MiB", MAX, False, "peak resident memory of a rank's process"),
     _c("cpu_busy_pct", "%", MEAN, False, "CPU traces: main thread computing or a collective "
        "in flight, share of the step"),
-    _c("nvml_util_pct", "%", MEAN, False, "NVML's GPU utilisation while timing"),
+    _c("nvml_util_pct", "%", MEAN, False, "NVML's GPU utilisation, read between timed steps"),
+    _c("peak_reserved_mb", "MiB", MAX, False, "CUDA: most memory the caching allocator held "
+       "in the measured step, above the point's start (fragmentation included; NaN on CPU)"),
+    _c("data_ms", "ms", MAX, False, "loading a step's batches onto the device, median, timed "
+       "apart (not in step_ms)"),
+    _c("trace_overhead_pct", "%", MEAN, False, "a traced step's time over an untraced one's, "
+       "minus 1: what tracing adds to the breakdown's steps"),
     _c("params", "", POINT, False, "parameters of the plain model"),
     _c("grad_bytes", "B", POINT, False, "gradient bytes of the plain model"),
     _c("comm_calls_per_step", "", MEAN, False, "collective calls per step", report=20),
@@ -93,7 +101,8 @@ TRAINING: tuple[Column, ...] = (
     _c("loss", "", POINT, False, "loss of the last step", report=24),
     _c("step_ms_p10", "ms", TIMED, False, "10th percentile step time"),
     _c("step_ms_p90", "ms", TIMED, False, "90th percentile step time"),
-    _c("rank_skew_ms", "ms", TIMED, False, "median gap between the slowest and fastest rank"),
+    _c("rank_skew_ms", "ms", TIMED, False, "median over steps of the last rank's end minus the "
+       "first rank's end (common clock)"),
     _c("scaling", "", POINT, False, "world-size sweeps: weak or strong", report=4),
     _c("global_batch", "", POINT, False, "strong scaling: the global batch"),
     _c("batch_per_replica", "", POINT, False, "samples per replica and micro-batch"),
@@ -117,24 +126,29 @@ COLLECTIVE: tuple[Column, ...] = (
     _c("dtype", "", POINT, True, "element type", report=3),
     _c("size_bytes", "B", POINT, True, "S, the whole buffer (nccl-tests' size)", report=4),
     _c("count", "", POINT, True, "elements", report=5),
-    _c("time_us", "us", TIMED, True, "median time of the slowest rank", report=7),
+    _c("time_us", "us", TIMED, True, "time per call: a block's time over its block_calls calls "
+       "back to back (nccl-tests' method), median over blocks", report=7),
     _c("algbw_GBps", "GB/s", DERIVED, True, "S / time", report=8),
     _c("busbw_GBps", "GB/s", DERIVED, True, "algbw x the collective's bus factor", report=9),
     _c("wrong", "", POINT, True, "elements differing from the exact result, all ranks", report=12),
-    _c("status", "", POINT, True, "ok or error", report=13),
-    _c("error", "", POINT, True, "why the size failed"),
+    _c("status", "", POINT, True, "ok, error, or unsupported (the collective has no such "
+       "form)", report=13),
+    _c("error", "", POINT, True, "why the size failed, or why it is unsupported"),
     _c("op", "", POINT, False, "reduction: sum, avg or max", report=2),
-    _c("time_us_min", "us", TIMED, False, "fastest iteration"),
-    _c("time_us_max", "us", TIMED, False, "slowest iteration"),
+    _c("inplace", "", POINT, False, "False: out of place (two buffers; nccl-tests' first "
+       "figure); True: in place (one buffer, laid out as nccl-tests does)", report=6),
+    _c("time_us_min", "us", TIMED, False, "fastest block, per call"),
+    _c("time_us_max", "us", TIMED, False, "slowest block, per call"),
     _c("busbw_frac_p2p", "", DERIVED, False, "busbw / the measured point-to-point bandwidth"),
     _c("time_us_ci_low", "us", TIMED, False, "95 % interval of time_us, low end (order "
        "statistics)"),
     _c("time_us_ci_high", "us", TIMED, False, "95 % interval of time_us, high end"),
     _c("busbw_GBps_ci_low", "GB/s", DERIVED, False, "busbw at time_us_ci_high", report=10),
     _c("busbw_GBps_ci_high", "GB/s", DERIVED, False, "busbw at time_us_ci_low", report=11),
-    _c("iters", "", POINT, False, "timed iterations (adaptive: at least -n)"),
+    _c("iters", "", POINT, False, "timed calls, all blocks (adaptive: at least -n)"),
+    _c("block_calls", "", POINT, False, "calls per block: -n, or --max-steps / 6 if fewer"),
     _c("stop", "", POINT, False, "what ended the timing: target, max_steps or max_point_s"),
-    _c("point", "", POINT, False, "the size's id"),
+    _c("point", "", POINT, False, "the row's id (in-place rows end in -inplace)"),
     _c("backend", "", POINT, False, "gloo or nccl"),
     _c("device", "", POINT, False, "cpu or cuda"),
 )  # fmt: skip

@@ -1,11 +1,19 @@
 """The ``message_size`` sweep: every collective, native and reference, over message sizes.
 
-After nccl-tests: per size, warm-up iterations, then timed iterations (the slowest rank's time
-per iteration, median over iterations), algbw = S / t and busbw = algbw x factor(n) in GB/s
-(1e9 bytes), and ``#wrong``: elements that differ from the exact expected result, summed over
-ranks, from one more run on fresh inputs. The transport's own limits are measured in the same
-run (point-to-point exchange between ranks 0 and 1, memory copy on rank 0) so that busbw can be
-read against them.
+After nccl-tests (src/common.cu, ``BenchTime``): per size, out of place then in place (two rows,
+``inplace`` False and True), warm-up calls, then blocks of calls issued back to back: a barrier,
+the clock started, ``block_calls`` calls, the device synchronised once, the clock stopped, and
+the block's time divided by its calls. A per-call synchronisation would add the host's round
+trip to every call, which inflates small messages (and the cost model's alpha). One block is
+nccl-tests' whole measurement; here each block's time per call is one sample, and blocks go on
+until the median's interval is as tight as asked or the budget is spent, as for training steps
+(``timing.adaptive_steps``). A block lasts from the first rank's start to the last rank's end
+on a common clock; nccl-tests averages the ranks' own times (its ``-a 1``), which is shorter by
+at most the ranks' start skew over ``block_calls``. algbw = S / t and busbw = algbw x factor(n)
+in GB/s (1e9 bytes), and ``#wrong``: elements that differ from the exact expected result, summed
+over ranks, from one more call on fresh inputs after the timed blocks. The transport's own
+limits are measured in the same run (point-to-point exchange between ranks 0 and 1, memory copy
+on rank 0) so that busbw can be read against them.
 """
 
 from __future__ import annotations
@@ -17,18 +25,22 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 import torch
 import torch.distributed as dist
 
 from bench.runfolder import columns
-from bench.runfolder.folder import ours_and_native, write_meta
-from bench.runner.context import RunContext, finish_run, start_run
+from bench.runfolder.folder import write_meta
+from bench.runner.collective_table import UNSUPPORTED, footer, header, human_bytes, print_line
+from bench.runner.context import finish_run, start_run
 from bench.runner.distenv import DistEnv, rank0_print, synchronize
 from bench.runner.harness import root_cause
-from bench.runner.timing import Budget, adaptive_steps, timed_steps
-from bench.stats.intervals import median_interval, relative_half_width
+from bench.runner.timing import Budget, adaptive_steps, common_clock, timed_steps
+from bench.stats.intervals import median_interval
 from parallel_kernels.collectives import COLLECTIVES, DTYPES, IMPLS, Collective, count_wrong
+
+# The fewest samples whose median has a 95 % interval (order statistics: the extremes of six
+# cover it with probability 1 - 2 / 2**6 = 0.97; ``bench.stats.intervals``).
+MIN_BLOCKS = 6
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,28 +50,36 @@ class CollectivePlan:
     impls: list[str]
     dtype: str
     op: str
-    iters: int  # at least this many timed iterations per size
+    iters: int  # at least this many timed calls per size and placement
     warmup: int
     check: bool
-    # then more until the median's interval is within +-target_pct %, up to max_iters and max_s
-    # seconds (the defaults: exactly ``iters``)
+    # then more blocks until the median's interval is within +-target_pct %, up to max_iters
+    # calls and max_s seconds (the defaults: exactly ``iters``)
     max_iters: int = 0
     max_s: float = math.inf
     target_pct: float = 0.0
 
+    @property
+    def block_calls(self) -> int:
+        """Calls timed back to back as one sample: ``iters`` (nccl-tests' -n), or fewer where
+        the budget would then hold fewer than MIN_BLOCKS blocks, too few for an interval."""
+        return max(1, min(self.iters, max(self.iters, self.max_iters) // MIN_BLOCKS))
 
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.4g} {unit}"
-        n /= 1024
-    return str(n)
+    def budget(self) -> Budget:
+        """The timing budget in blocks: ``iters`` calls at least, ``max_iters`` at most."""
+        calls = self.block_calls
+        return Budget(
+            min_steps=-(-self.iters // calls),
+            max_steps=max(self.iters, self.max_iters) // calls,
+            max_s=self.max_s,
+            target_pct=self.target_pct,
+        )
 
 
 def _median_time(fn, iters: int, device: torch.device) -> float:
-    """Seconds per call of ``fn``, timed as the collectives are (``timed_steps``: warmed up,
-    back to back, the slowest rank per call, the median over calls), so the limits and the
-    collectives are read on the same scale."""
+    """Seconds per call of ``fn`` (``timed_steps``: warmed up, each call timed alone, the median
+    over calls). Unlike the collectives, each call is synchronised: the limits are measured at
+    the run's largest message, up to 64 MiB, where a synchronisation is negligible."""
     fn()
     slowest, _ = timed_steps(fn, iters, device=device, group=None)
     return float(np.median(slowest)) / 1e3
@@ -104,36 +124,48 @@ def measure_limits(env: DistEnv, nbytes: int, iters: int = 10) -> dict:
 
 
 def _measure(
-    coll: Collective, impl: str, count: int, plan: CollectivePlan, op: str, env: DistEnv, group
+    coll: Collective,
+    impl: str,
+    count: int,
+    plan: CollectivePlan,
+    op: str,
+    env: DistEnv,
+    group,
+    in_place: bool = False,
 ) -> dict:
     n, rank = dist.get_world_size(group), dist.get_rank(group)
     dtype = DTYPES[plan.dtype]
-    inp, out, _ = coll.buffers(count, dtype, rank, n, op, env.device)
+    inp, out, _ = coll.buffers(count, dtype, rank, n, op, env.device, in_place)
     run = coll.impl(impl)  # looked up once, not in the timed loop
     for _ in range(plan.warmup):
         run(inp, out, op, group)
-    budget = Budget(
-        min_steps=plan.iters, max_steps=max(plan.iters, plan.max_iters), max_s=plan.max_s,
-        target_pct=plan.target_pct,
-    )  # fmt: skip
-    slowest, _, stop = adaptive_steps(
-        lambda: run(inp, out, op, group), budget, prior=[], device=env.device, group=group
+    calls = plan.block_calls
+
+    def block() -> None:  # nccl-tests' timed loop: no synchronisation between calls
+        for _ in range(calls):
+            run(inp, out, op, group)
+
+    clock = common_clock(group, env.device)
+    blocks_ms, _, stop = adaptive_steps(
+        block, plan.budget(), prior=[], device=env.device, group=group, clock=clock
     )
-    lo, hi = median_interval(slowest)
+    per_call = blocks_ms / calls  # ms per call, one sample per block
+    lo, hi = median_interval(per_call)
     wrong = 0
     if plan.check:
-        inp, out, expected = coll.buffers(count, dtype, rank, n, op, env.device)
+        inp, out, expected = coll.buffers(count, dtype, rank, n, op, env.device, in_place)
         run(inp, out, op, group)
         synchronize(env.device)
         wrong = count_wrong(out, expected)
     return {
-        "samples_ms": [float(t) for t in slowest],
-        "time_us": float(np.median(slowest)) * 1e3,
-        "time_us_min": float(slowest.min()) * 1e3,
-        "time_us_max": float(slowest.max()) * 1e3,
+        "samples_ms": [float(t) for t in per_call],
+        "time_us": float(np.median(per_call)) * 1e3,
+        "time_us_min": float(per_call.min()) * 1e3,
+        "time_us_max": float(per_call.max()) * 1e3,
         "time_us_ci_low": lo * 1e3,
         "time_us_ci_high": hi * 1e3,
-        "iters": len(slowest),
+        "iters": len(per_call) * calls,
+        "block_calls": calls,
         "stop": stop,
         "wrong": wrong,
     }
@@ -143,52 +175,23 @@ def _new_group(args) -> dist.ProcessGroup:
     return dist.new_group(timeout=datetime.timedelta(seconds=args.point_timeout))
 
 
-def _header(ctx: RunContext, coll: Collective, op: str, plan: CollectivePlan) -> None:
-    rank0_print(
-        f"\n# {coll.name}  op {op}  dtype {plan.dtype}  world size {ctx.env.world_size}"
-        f"  {ctx.env.backend} on {ctx.env.device.type}"
-    )
-    rank0_print(
-        f"# {'size':>12} {'count':>11} {'impl':>10} {'time(us)':>11} "
-        f"{'algbw(GB/s)':>12} {'busbw(GB/s)':>12} {'+-%':>6} {'iters':>6} {'#wrong':>7}"
-    )
+# Out of place, then in place, as nccl-tests times them; a placement the collective has no
+# form for is a row of status UNSUPPORTED, its reason in ``error`` and no figures (not
+# "n/a": pandas reads that as a missing value).
+PLACEMENTS = (False, True)
 
 
-def _print_row(row: dict) -> None:
-    if row["status"] != "ok":
-        rank0_print(
-            f"  {row['size_bytes']:>12} {row['count']:>11} {row['impl']:>10}  error: {row['error']}"
-        )
-        return
-    rank0_print(
-        f"  {row['size_bytes']:>12} {row['count']:>11} {row['impl']:>10} "
-        f"{row['time_us']:>11.1f} {row['algbw_GBps']:>12.3f} {row['busbw_GBps']:>12.3f} "
-        f"{_half_width(row):>6.1f} {row['iters']:>6} {row['wrong']:>7}"
-    )
-
-
-def _half_width(row: dict) -> float:
-    """The median time's 95 % interval, as +- % of the median (the larger side); NaN, printed
-    as such, without one (fewer than 6 iterations)."""
-    width = relative_half_width(row["time_us"], row["time_us_ci_low"], row["time_us_ci_high"])
-    return width if math.isfinite(width) else float("nan")
-
-
-def _run_size(coll, impl, count, itemsize, plan, op, env, group, limits, sweep, point):
-    """Measure one size on every rank and agree on the outcome: (row, failed)."""
+def _run_size(
+    coll, impl, count, itemsize, plan, op, env, group, limits, sweep, point, in_place=False
+):
+    """Measure one size and placement on every rank and agree on the outcome: (row, failed)."""
     n = env.world_size
-    result, error = None, None
-    try:
-        result = _measure(coll, impl, count, plan, op, env, group)
-    except Exception as e:  # noqa: BLE001  (an unsupported op is an error row)
-        error = f"{type(e).__name__}: {e}".replace("\n", " ")[:300]
-    outcomes: list = [None] * n
-    dist.all_gather_object(outcomes, (result, error))
     s_bytes = count * itemsize
     row = {
         "sweep": sweep,
         "collective": coll.name,
         "impl": impl,
+        "inplace": in_place,
         "world_size": n,
         "dtype": plan.dtype,
         "op": op,
@@ -198,6 +201,16 @@ def _run_size(coll, impl, count, itemsize, plan, op, env, group, limits, sweep, 
         "backend": env.backend,
         "device": env.device.type,
     }
+    if in_place and coll.in_place_offsets is None:  # a fact of the registry: every rank agrees
+        row.update(status=UNSUPPORTED, error=coll.no_in_place)
+        return row, False
+    result, error = None, None
+    try:
+        result = _measure(coll, impl, count, plan, op, env, group, in_place)
+    except Exception as e:  # noqa: BLE001  (an unsupported op is an error row)
+        error = f"{type(e).__name__}: {e}".replace("\n", " ")[:300]
+    outcomes: list = [None] * n
+    dist.all_gather_object(outcomes, (result, error))
     errors = [e for _, e in outcomes]
     if any(errors):
         row.update(status="error", error=root_cause(errors))
@@ -248,69 +261,38 @@ def run_collective_sweep(args: argparse.Namespace, plan: CollectivePlan, argv: l
     for name in plan.collectives:
         coll = COLLECTIVES[name]
         op = plan.op if plan.op in coll.ops else "none"
-        _header(ctx, coll, op, plan)
+        header(ctx, coll, op, plan)
         # Implementations alternate size by size, so machine drift hits them alike.
         groups = {impl: _new_group(args) for impl in plan.impls}
         for size in plan.sizes:
             count = coll.align(size // itemsize, n)
             for impl in plan.impls:
-                point = f"{name}-{size}-{impl}"
-                if (point, 1) in ctx.skip:
-                    rank0_print(f"  {size:>12} {count:>11} {impl:>10}  already done (--resume)")
-                    continue
-                row, failed = _run_size(
-                    coll,
-                    impl,
-                    count,
-                    itemsize,
-                    plan,
-                    op,
-                    env,
-                    groups[impl],
-                    limits,
-                    args.sweep,
-                    point,
-                )
-                if failed:  # the group may hold a half-done collective: start a fresh one
-                    dist.destroy_process_group(groups[impl])
-                    groups[impl] = _new_group(args)
-                ctx.write(row)
-                _print_row(row)
+                rows: list[dict | None] = []
+                for in_place in PLACEMENTS:
+                    point = f"{name}-{size}-{impl}" + ("-inplace" if in_place else "")
+                    if (point, 1) in ctx.skip:
+                        rows.append(None)
+                        continue
+                    row, failed = _run_size(
+                        coll,
+                        impl,
+                        count,
+                        itemsize,
+                        plan,
+                        op,
+                        env,
+                        groups[impl],
+                        limits,
+                        args.sweep,
+                        point,
+                        in_place=in_place,
+                    )
+                    if failed:  # the group may hold a half-done collective: start a fresh one
+                        dist.destroy_process_group(groups[impl])
+                        groups[impl] = _new_group(args)
+                    ctx.write(row)
+                    rows.append(row)
+                print_line(size, count, impl, rows)
         for group in groups.values():
             dist.destroy_process_group(group)
     return finish_run(ctx, lambda run: footer(run.results, limits))
-
-
-def footer(df: pd.DataFrame, limits: dict) -> str:
-    """nccl-tests' closing line per collective and implementation (average busbw), the best
-    busbw against the measured point-to-point bandwidth, and reference/native busbw per size."""
-    ok = df[df["status"] == "ok"]
-    if ok.empty:
-        return "# no collective finished"
-    lo, hi = human_bytes(ok["size_bytes"].min()), human_bytes(ok["size_bytes"].max())
-    lines = [
-        f"# Avg bus bandwidth over all sizes of the run ({lo} .. {hi}); best busbw as a "
-        f"multiple of one-way point-to-point ({limits['p2p_GBps']:.3f} GB/s):"
-    ]
-    for (coll, impl), g in ok.groupby(["collective", "impl"], sort=False):
-        best = g["busbw_GBps"].max()
-        lines.append(
-            f"#   {coll:<15} {impl:<10} avg busbw {g['busbw_GBps'].mean():8.3f} GB/s   best "
-            f"{best:8.3f} GB/s = {best / limits['p2p_GBps']:.2f} x p2p   "
-            f"#wrong {int(g['wrong'].sum())}"
-        )
-    wide = ok.pivot_table(
-        index=["collective", "size_bytes"], columns="impl", values="busbw_GBps", sort=False
-    )
-    ours, theirs = ours_and_native(list(wide.columns), IMPLS)
-    if ours and theirs:
-        lines.append(f"# {ours} / {theirs} busbw per size (> 1: ours is faster):")
-        for coll, g in wide.groupby(level=0, sort=False):
-            ratios = "  ".join(
-                f"{human_bytes(size)}: {r[ours] / r[theirs]:.2f}" for (_, size), r in g.iterrows()
-            )
-            lines.append(f"#   {coll:<15} {ratios}")
-    failed = df[df["status"] != "ok"]
-    if len(failed):
-        lines.append(f"# {len(failed)} size(s) failed; see the error column")
-    return "\n".join(lines)

@@ -39,19 +39,19 @@ REPO = Path(__file__).resolve().parents[2]
 
 @dataclass
 class History:
-    """What a point's earlier rounds measured (every member rank holds the same): the slowest
-    rank's step times, the gap between slowest and fastest rank per step, each round's median,
-    and the last row (its trace figures are carried to rounds that do not profile again)."""
+    """What a point's earlier rounds measured (every member rank holds the same): the step
+    times, the skew of each step (last end - first end), each round's median, and the last
+    row (its trace figures are carried to rounds that do not profile again)."""
 
-    slowest: list[float] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
     skew: list[float] = field(default_factory=list)
     medians: list[float] = field(default_factory=list)
     row: dict | None = None
 
-    def add(self, slowest: list[float], skew: list[float] | None) -> None:
-        self.slowest += slowest
+    def add(self, times: list[float], skew: list[float] | None) -> None:
+        self.times += times
         self.skew += skew or []
-        self.medians.append(float(np.median(slowest)))
+        self.medians.append(float(np.median(times)))
 
 
 @dataclass

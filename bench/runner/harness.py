@@ -22,11 +22,17 @@ import torch.distributed as dist
 from bench.analysis import breakdown as analysis
 from bench.runfolder import columns
 from bench.runfolder.points import PointRecord
-from bench.runner.distenv import DistEnv
+from bench.runner.distenv import DistEnv, synchronize
 from bench.runner.nvml import NvmlSampler
-from bench.runner.profiling import host_bytes_in_use, peak_rss_bytes, profile_steps, reset_peak_rss
+from bench.runner.profiling import (
+    MemoryBaseline,
+    peak_rss_bytes,
+    profile_steps,
+    reset_peak_rss,
+    step_memory,
+)
 from bench.runner.step import build_trainer
-from bench.runner.timing import Budget, adaptive_steps, summarize_times
+from bench.runner.timing import Budget, adaptive_steps, common_clock, summarize_times
 from parallel_kernels.groups import mesh_lines, prepare
 from parallel_kernels.strategies import STRATEGIES
 
@@ -52,8 +58,8 @@ class Visit:
 
     budget: Budget
     round: int = 1
-    prior_slowest: tuple[float, ...] = ()
-    prior_skew: tuple[float, ...] = ()  # slowest - fastest rank per step
+    prior_times: tuple[float, ...] = ()  # step times (first start to last end)
+    prior_skew: tuple[float, ...] = ()  # last end - first end per step
     prior_medians: tuple[float, ...] = ()  # each earlier round's median
     profile: bool = True
 
@@ -112,33 +118,43 @@ def _train_and_measure(
 ) -> dict:
     strategy = STRATEGIES[point.strategy]
     gc.collect()  # earlier points' modules hold reference cycles (hooks): free them first
-    heap_before = host_bytes_in_use()
+    baseline = MemoryBaseline.now(env.device)
     reset_peak_rss()
-    if env.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(env.device)
     trainer = build_trainer(point, env, group, seed=cfg.seed, lr=cfg.lr, clip=cfg.clip_grad_norm)
 
     if visit.profile:  # a point's first visit; later ones only say when they finish
         progress("warm-up")
     for _ in range(point.warmup_steps):
         trainer.step()
-    with NvmlSampler(env.device) as nvml:
-        slowest, fastest, stop = adaptive_steps(
-            trainer.step,
-            visit.budget,
-            prior=list(visit.prior_slowest),
-            device=env.device,
-            group=group,
-            on_chunk=_every(
-                PROGRESS_S, lambda n, w: progress(f"{n} timed steps, median +-{w:.1f} %")
-            ),
-        )
+    clock = common_clock(group, env.device)  # once per point: every visit builds its own group
+    nvml = NvmlSampler(env.device)
+    data_ms: list[float] = []
+
+    def between() -> None:
+        """Untimed, before each step's barrier: its data onto the device, and NVML's reading."""
+        t0 = time.perf_counter()
+        trainer.fetch()
+        synchronize(env.device)
+        data_ms.append((time.perf_counter() - t0) * 1e3)
+        nvml.sample()
+
+    times, skew, stop = adaptive_steps(
+        trainer.step,
+        visit.budget,
+        prior=list(visit.prior_times),
+        device=env.device,
+        group=group,
+        clock=clock,
+        between=between,
+        on_chunk=_every(PROGRESS_S, lambda n, w: progress(f"{n} timed steps, median +-{w:.1f} %")),
+    )
     metrics: dict = {}
-    peak = np.nan
     if visit.profile:
         progress("profiling")
-        trace_path, heap_at_active = profile_steps(
-            trainer.step,
+        n_traced = cfg.profile_wait + cfg.profile_warmup + point.profile_steps
+        inputs = [trainer.next_inputs() for _ in range(n_traced)]  # no data loading traced
+        trace_path, traced_ms = profile_steps(
+            lambda: trainer.step(inputs.pop(0)),
             trace_dir=trace_dir,
             worker_name=f"rank{env.rank}",
             device=env.device,
@@ -146,22 +162,25 @@ def _train_and_measure(
             warmup=cfg.profile_warmup,
             active=point.profile_steps,
         )
-        trace = analysis.load_trace(trace_path)
-        metrics = analysis.summarize(analysis.breakdown(trace))
-        if heap_before is not None and heap_at_active is not None:
-            peak = heap_at_active - heap_before + analysis.memory_peak_delta(trace)
+        metrics = analysis.summarize(analysis.breakdown(analysis.load_trace(trace_path)))
         metrics.update(
-            comm_bytes_per_sample=metrics["comm_bytes_per_step"] / trainer.samples_per_step
+            comm_bytes_per_sample=metrics["comm_bytes_per_step"] / trainer.samples_per_step,
+            # what tracing adds to a step, against this visit's untraced steps on this rank
+            trace_overhead_pct=100 * (float(np.median(traced_ms)) / float(np.median(times)) - 1),
         )
+        memory = step_memory(
+            trainer.step,
+            baseline=baseline,
+            release=lambda: trainer.opt.zero_grad(set_to_none=True),
+            scratch_dir=trace_dir / f".memory-rank{env.rank}",
+        )
+        metrics.update(peak_mem_mb=memory.peak_bytes / 2**20,
+                       peak_reserved_mb=memory.reserved_bytes / 2**20)  # fmt: skip
     check_replicas_agree(strategy.replicated(trainer.wrapped), group)
-    if env.device.type == "cuda":
-        peak = torch.cuda.max_memory_allocated(env.device)
-    if visit.profile or env.device.type == "cuda":  # on the CPU the peak comes from the trace
-        metrics.update(peak_mem_mb=peak / 2**20)
-    pooled_slow = np.concatenate([visit.prior_slowest, slowest])
-    skew = np.concatenate([visit.prior_skew, slowest - fastest])
-    medians = [*visit.prior_medians, float(np.median(slowest))]
-    metrics.update(summarize_times(pooled_slow, skew))
+    pooled = np.concatenate([visit.prior_times, times])
+    skews = np.concatenate([visit.prior_skew, skew])
+    medians = [*visit.prior_medians, float(np.median(times))]
+    metrics.update(summarize_times(pooled, skews))
     held = state_bytes(trainer.opt)
     expected_state = point.figures.get("state_bytes_expected")
     metrics.update(
@@ -170,8 +189,9 @@ def _train_and_measure(
         state_mb=sum(held) / 2**20,
         state_mb_expected=np.nan if expected_state is None else expected_state / 2**20,
         peak_rss_mb=(peak_rss_bytes() or np.nan) / 2**20,
-        samples_ms=[float(t) for t in slowest],  # this visit's, for samples.csv
-        skew_ms=[float(t) for t in slowest - fastest],  # kept by the runner for next rounds
+        samples_ms=[float(t) for t in times],  # this visit's, for samples.csv
+        skew_ms=[float(t) for t in skew],  # kept by the runner for next rounds
+        data_ms=float(np.median(data_ms)),
         nvml_util_pct=nvml.mean_pct,
         params=point.figures["params"],
         grad_bytes=point.figures["grad_bytes"],
@@ -179,8 +199,8 @@ def _train_and_measure(
         batch_per_replica=point.batch_per_replica,
         grad_accum=trainer.accum,
         # total samples over total timed time (a mean rate), not one over the median step
-        samples_per_s=trainer.samples_per_step * len(pooled_slow) / (pooled_slow.sum() / 1e3),
-        steps=len(pooled_slow),
+        samples_per_s=trainer.samples_per_step * len(pooled) / (pooled.sum() / 1e3),
+        steps=len(pooled),
         stop=stop,
         round=visit.round,
         rounds=len(medians),
@@ -225,7 +245,8 @@ def _aggregate(per_rank: list[dict]) -> dict:
     for key in columns.by_ranks(columns.TRAINING, columns.MAX):
         if key not in out:
             continue
-        out[key] = float(np.nanmax([r.get(key, np.nan) for r in ranks]))
+        vals = [r.get(key, np.nan) for r in ranks]
+        out[key] = float(np.nanmax(vals)) if not np.all(np.isnan(vals)) else np.nan
     if "comm_ms" not in out:
         return out
     comm = out["comm_ms"]

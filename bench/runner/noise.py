@@ -5,7 +5,8 @@ next is the machine's own wander (other tenants, clocks, the scheduler): an effe
 it cannot be told from noise by a single visit per point. The run records each gap's median in
 noise.csv; the reading side turns them into the floor and warns when the sweep's effects are
 smaller (``bench.stats.estimates.floor_variance``). Every rank runs it at once, as a point's
-ranks do, and the slowest rank's time counts, as for steps.
+ranks do, and a repetition lasts from the first rank's start to the last rank's end, as a
+step does.
 """
 
 from __future__ import annotations
@@ -45,10 +46,10 @@ class NoiseFloor:
         self.work()  # first call: allocation and kernel selection, not the machine
 
     def measure(self) -> dict:
-        slowest, _ = timed_steps(self.work, REPS, device=self.env.device, group=None)
+        times, _ = timed_steps(self.work, REPS, device=self.env.device, group=None)
         return {
-            "ms": float(np.median(slowest)),
-            "ms_min": float(slowest.min()),
-            "ms_max": float(slowest.max()),
+            "ms": float(np.median(times)),
+            "ms_min": float(times.min()),
+            "ms_max": float(times.max()),
             "n": REPS,
         }

@@ -1,15 +1,22 @@
-"""A few steps under torch.profiler, written where TensorBoard's profiler plugin looks."""
+"""A few steps under torch.profiler, written where TensorBoard's profiler plugin looks, and
+the memory of one step."""
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
+import math
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
+from bench.analysis.breakdown import load_trace, memory_peak_delta
+from bench.runner.distenv import synchronize
 from bench.runner.quiet import without_lines
 
 
@@ -89,16 +96,21 @@ def profile_steps(
     wait: int = 1,
     warmup: int = 1,
     active: int = 3,
-) -> tuple[Path, int | None]:
-    """Profile ``active`` steps after ``wait + warmup``; return the trace and the host heap in
-    use when the first active step began (the baseline for the CPU memory peak)."""
+) -> tuple[Path, list[float]]:
+    """Profile ``active`` steps after ``wait + warmup``; return the trace and each active
+    step's wall time in ms (device synchronised), to weigh the tracing's overhead.
+
+    The settings are the lightest the breakdown allows: shapes on (gloo's collectives carry
+    their sizes only in the ops' input shapes), memory profiling off (it allocates per tensor
+    and would slow every op: ``step_memory`` measures memory in a step of its own), no stacks.
+    """
     activities = [ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
     trace_dir.mkdir(parents=True, exist_ok=True)
     for stale in trace_dir.glob(f"{worker_name}.*.pt.trace.json"):  # an earlier, failed attempt
         stale.unlink()
-    heap_at_active = None
+    active_ms: list[float] = []
     with (
         without_lines(),
         profile(
@@ -106,17 +118,88 @@ def profile_steps(
             schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
             on_trace_ready=tensorboard_trace_handler(str(trace_dir), worker_name=worker_name),
             record_shapes=True,
-            profile_memory=True,
+            profile_memory=False,
         ) as prof,
     ):
         for i in range(wait + warmup + active):
-            if i == wait + warmup:
-                heap_at_active = host_bytes_in_use()
+            synchronize(device)
+            t0 = time.perf_counter()
             step()
+            synchronize(device)
+            if i >= wait + warmup:
+                active_ms.append((time.perf_counter() - t0) * 1e3)
             prof.step()
     traces = sorted(
         trace_dir.glob(f"{worker_name}.*.pt.trace.json"), key=lambda p: p.stat().st_mtime
     )
     if not traces:
         raise RuntimeError(f"profiler wrote no trace for {worker_name} in {trace_dir}")
-    return traces[-1], heap_at_active
+    return traces[-1], active_ms
+
+
+@dataclass(frozen=True)
+class MemoryBaseline:
+    """What the process held before a point was built: its memory figures are above this."""
+
+    device: torch.device
+    allocated: float  # CUDA: the caching allocator's live bytes; CPU: the C heap's
+    reserved: float  # CUDA: bytes the caching allocator holds from the driver; CPU: NaN
+
+    @classmethod
+    def now(cls, device: torch.device) -> MemoryBaseline:
+        gc.collect()
+        if device.type == "cuda":
+            synchronize(device)
+            # Blocks earlier points left cached would hide this point's own reservations.
+            torch.cuda.empty_cache()
+            return cls(device, torch.cuda.memory_allocated(device),
+                       torch.cuda.memory_reserved(device))  # fmt: skip
+        heap = host_bytes_in_use()
+        return cls(device, math.nan if heap is None else heap, math.nan)
+
+
+@dataclass(frozen=True)
+class StepMemory:
+    peak_bytes: float  # most bytes live at once during the step, above the baseline
+    reserved_bytes: float  # CUDA: most bytes the allocator held, above the baseline; CPU: NaN
+
+
+def step_memory(
+    step: Callable[[], object],
+    *,
+    baseline: MemoryBaseline,
+    release: Callable[[], object],
+    scratch_dir: Path,
+) -> StepMemory:
+    """The peak memory of one step, one definition on both devices: the most bytes live at
+    once during the step, above what the process held before the point was built.
+
+    ``release`` frees what the step would free first (``zero_grad``) before measuring, so that
+    the step starts from its own low point. That matters on the CPU: the peak there is the C
+    heap in use at the step's start plus the rise of the profiler's allocation counter during
+    the step, and the counter cannot subtract a free of memory allocated before profiling began
+    (the previous step's gradients would count twice). On CUDA the caching allocator's own peak
+    counter is reset at the step's start. Not counted: memory outside the allocator (NCCL's
+    buffers, the CUDA context) and, in ``peak_bytes``, fragmentation (``reserved_bytes`` holds
+    it on CUDA).
+    """
+    device = baseline.device
+    release()
+    synchronize(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        step()
+        synchronize(device)
+        return StepMemory(torch.cuda.max_memory_allocated(device) - baseline.allocated,
+                          torch.cuda.max_memory_reserved(device) - baseline.reserved)  # fmt: skip
+    at_start = host_bytes_in_use()
+    scratch_dir.mkdir(parents=True, exist_ok=True)
+    path = scratch_dir / "memory.pt.trace.json"
+    with without_lines(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    prof.export_chrome_trace(str(path))
+    rise = memory_peak_delta(load_trace(path))
+    path.unlink()
+    if at_start is None or math.isnan(baseline.allocated):
+        return StepMemory(math.nan, math.nan)
+    return StepMemory(at_start - baseline.allocated + max(rise, 0.0), math.nan)

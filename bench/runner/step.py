@@ -47,6 +47,7 @@ class Trainer:
     accum: int
     clip: float | None = None
     last_loss: torch.Tensor = field(default_factory=lambda: torch.zeros(()))
+    _fetched: list = field(default_factory=list)
 
     def __post_init__(self) -> None:
         spec = MODELS[self.point.model]
@@ -61,11 +62,22 @@ class Trainer:
     def samples_per_step(self) -> int:
         return self.point.batch_per_replica * self.accum * self.dp_size
 
-    def step(self) -> None:
+    def next_inputs(self) -> list[tuple[torch.Tensor, ...]]:
+        """The next step's micro-batches, on the device."""
+        return [next(self.batches) for _ in range(self.accum)]
+
+    def fetch(self) -> None:
+        """Load the next step's micro-batches now, so that ``step()`` spends no time loading
+        data (the harness fetches between timed steps and times that apart, ``data_ms``)."""
+        self._fetched = self.next_inputs()
+
+    def step(self, inputs: list[tuple[torch.Tensor, ...]] | None = None) -> None:
+        """One optimiser step over ``inputs`` (or what ``fetch`` loaded, or the next ones)."""
+        micro_batches = inputs or self._fetched or self.next_inputs()
+        self._fetched = []
         self.opt.zero_grad(set_to_none=True)
         total = None
-        for micro in range(self.accum):
-            x, y = next(self.batches)
+        for micro, (x, y) in enumerate(micro_batches):
             last = micro == self.accum - 1
             with contextlib.nullcontext() if last else self._skip_sync():
                 with self._autocast():

@@ -68,8 +68,8 @@ def round_orders(points: list[PointRecord], rounds: int, seed: int) -> list[list
 def visit_budget(args: argparse.Namespace, history: History, rounds_left: int) -> Budget:
     """This visit's share of the point's budget: what is left, split over the rounds left,
     and never less than ``--steps``."""
-    steps_left = args.max_steps - len(history.slowest)
-    seconds_left = args.max_point_s - sum(history.slowest) / 1e3
+    steps_left = args.max_steps - len(history.times)
+    seconds_left = args.max_point_s - sum(history.times) / 1e3
     return Budget(
         min_steps=args.steps,
         max_steps=max(args.steps, steps_left // rounds_left),
@@ -86,7 +86,7 @@ def _visit(ctx, cfg: HarnessConfig, point: PointRecord, r: int, rounds: int, his
     visit = Visit(
         budget=visit_budget(args, history, rounds - r + 1),
         round=r,
-        prior_slowest=tuple(history.slowest),
+        prior_times=tuple(history.times),
         prior_skew=tuple(history.skew),
         prior_medians=tuple(history.medians),
         profile=history.row is None,

@@ -4,7 +4,7 @@
 
 For each folder of ``tests/data/hta`` (the sampled pair together, nccl_data alone, as HTA's
 reference figures were made) it times, in this process, load + temporal breakdown +
-communication-computation overlap: ours (``load_trace_dir`` and ``rank_summary``) and, when
+communication-computation overlap: ours (``load_trace_dir`` and ``hta_summary``) and, when
 traceinsight is installed (``pip install -e '.[hta]'``), HTA's ``TraceAnalysis`` with
 ``get_temporal_breakdown`` and ``get_comm_comp_overlap``; it prints the median of each, their
 ratio, and whether the figures agree. ``--big-gb`` also writes a folder of synthetic
@@ -40,7 +40,7 @@ def ours(folder: Path) -> dict[int, tuple[float, float, float, float]]:
     ts = trace_folder.load_trace_dir(folder)
     out = {}
     for t in ts.traces:
-        s = analysis.rank_summary(t)
+        s = analysis.hta_summary(t)
         out[t.rank] = (s["idle_pct"], s["compute_pct"], s["non_compute_pct"],
                        s["comm_comp_overlap_pct"])  # fmt: skip
     return out

@@ -16,7 +16,6 @@ from a profiled run of each implementation (the bytes the traces record), and co
 from __future__ import annotations
 
 import argparse
-import gc
 import sys
 import tempfile
 from pathlib import Path
@@ -28,11 +27,11 @@ import torch
 import torch.distributed as dist
 
 from bench.analysis import breakdown as analysis
-from bench.analysis.breakdown import load_trace, memory_peak_delta
+from bench.analysis.breakdown import load_trace
 from bench.runfolder.points import PointRecord
 from bench.runner.distenv import init_distributed, rank0_print
 from bench.runner.points import resolve_point
-from bench.runner.profiling import profile_steps
+from bench.runner.profiling import MemoryBaseline, profile_steps, step_memory
 from bench.runner.step import build_trainer
 from bench.runner.timing import timed_steps
 from parallel_kernels.knobs import KNOBS
@@ -51,31 +50,27 @@ def point(impl: str, args, env) -> PointRecord:
 
 
 def peak_memory(impl: str, args, env) -> float:
-    from torch.profiler import ProfilerActivity, profile
-
-    gc.collect()  # garbage freed inside the window would not be counted as freed
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        trainer = build_trainer(point(impl, args, env), env, None)
-        for _ in range(2):
-            trainer.step()
+    """The harness's peak_mem_mb for the implementation, in bytes (largest rank): the most
+    bytes live at once in a step, above what the process held before the model was built."""
+    baseline = MemoryBaseline.now(env.device)
+    trainer = build_trainer(point(impl, args, env), env, None)
+    trainer.step()  # the first step makes the gradients and the optimiser's state
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "memory.json"
-        prof.export_chrome_trace(str(path))
-        # the rise of the allocator's running total over its value when profiling began (the
-        # total is kept per process: earlier measurements would otherwise count here too)
-        peak = memory_peak_delta(load_trace(path))
-    t = torch.tensor([peak], dtype=torch.float64)
+        got = step_memory(trainer.step, baseline=baseline, scratch_dir=Path(tmp),
+                          release=lambda: trainer.opt.zero_grad(set_to_none=True))  # fmt: skip
+    t = torch.tensor([got.peak_bytes], dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.item()
 
 
 def measure(impl: str, args, env) -> float:
-    """Median step time (slowest rank) of a freshly built model: the harness's own step."""
+    """Median step time (first start to last end over the ranks) of a freshly built model:
+    the harness's own step."""
     step = build_trainer(point(impl, args, env), env, None).step
     for _ in range(args.warmup):
         step()
-    slowest, _ = timed_steps(step, args.steps, device=env.device, group=None)
-    return float(np.median(slowest))
+    times, _ = timed_steps(step, args.steps, device=env.device, group=None)
+    return float(np.median(times))
 
 
 def comm_bytes(impl: str, args, env) -> float:

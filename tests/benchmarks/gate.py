@@ -30,20 +30,23 @@ class Gate:
     iters: int  # iterations per round
 
 
-# Measured here (2 ranks, gloo, 2 cores; three runs of this gate alone, one inside the whole
-# test suite) as reference/native: busbw all-reduce 16 MiB 1.10-1.29, 4 MiB 0.78-1.24,
-# broadcast 0.89-1.38, all-gather 1.12-2.06, reduce-scatter 1.63-2.24, all-to-all 0.71-1.03;
-# step time DDP 0.80-1.12, FSDP 0.64-0.71, TP 0.76-0.94.
+# Measured here (2 ranks, gloo, 2 cores) as reference/native, point ratios over five runs of
+# this gate (three before steps were timed from a common clock, two after): busbw all-reduce
+# 16 MiB 1.05-1.29, 4 MiB 0.74-1.24, broadcast 0.89-1.38, all-gather 1.12-2.06, reduce-scatter
+# 1.63-2.26, all-to-all 0.71-1.03; step time DDP 0.80-1.12, FSDP 0.57-0.71, TP 0.59-0.94. A
+# ratio drifts by up to ~20 % between runs, so each limit sits 20 % past the worst ratio
+# measured (x 0.8 for busbw, x 1.2 for step time, rounded): a kernel that got a fifth slower
+# than its worst run fails, one within the machine's drift does not.
 GATES = [
-    Gate("all_reduce 16MiB", "collective", ("all_reduce", 16 << 20), 0.8, 5),
+    Gate("all_reduce 16MiB", "collective", ("all_reduce", 16 << 20), 0.85, 5),
     Gate("all_reduce 4MiB", "collective", ("all_reduce", 4 << 20), 0.6, 10),
-    Gate("broadcast 16MiB", "collective", ("broadcast", 16 << 20), 0.75, 5),
-    Gate("all_gather 16MiB", "collective", ("all_gather", 16 << 20), 0.8, 5),
-    Gate("reduce_scatter 16MiB", "collective", ("reduce_scatter", 16 << 20), 1.1, 5),
-    Gate("all_to_all 16MiB", "collective", ("all_to_all", 16 << 20), 0.55, 5),
-    Gate("train step ddp", "train", ("ddp",), 1.5, 20),
-    Gate("train step fsdp", "train", ("fsdp",), 1.0, 10),
-    Gate("train step tp", "train", ("tp",), 1.25, 20),
+    Gate("broadcast 16MiB", "collective", ("broadcast", 16 << 20), 0.72, 5),
+    Gate("all_gather 16MiB", "collective", ("all_gather", 16 << 20), 0.9, 5),
+    Gate("reduce_scatter 16MiB", "collective", ("reduce_scatter", 16 << 20), 1.3, 5),
+    Gate("all_to_all 16MiB", "collective", ("all_to_all", 16 << 20), 0.57, 5),
+    Gate("train step ddp", "train", ("ddp",), 1.35, 20),
+    Gate("train step fsdp", "train", ("fsdp",), 0.85, 10),
+    Gate("train step tp", "train", ("tp",), 1.13, 20),
 ]
 
 
