@@ -1,10 +1,11 @@
 """One table of columns: what each column of results.csv is, and how ranks make it.
 
 Each column is a row: its name, unit, how the per-rank figures become the point's figure
-(``ranks``), whether it belongs to the data contract (DESIGN.md section 3) or is an extra, and
-one line of meaning. The harness aggregates by it, the writer refuses any key it does not list,
-the report picks its table's columns from it, and docs/outputs.md's column list is made from
-it (a test keeps the two equal). A new metric is one new row here.
+(``ranks``), whether it belongs to the data contract (the design notes' columns, listed first in
+docs/outputs.md) or is an extra, and one line of meaning. The harness aggregates by it, the
+writer refuses any key it does not list, the report picks its table's columns from it, and
+docs/outputs.md's column list is made from it (a test keeps the two equal). A new metric is
+one new row here.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 
 # How the ranks' figures become a point's figure:
 POINT = "point"  # the same on every rank: a fact of the point or of its outcome
-TIMED = "timed"  # already cross-rank: the timing takes the slowest rank per step
+TIMED = "timed"  # already cross-rank: the timing all-reduces each step's first start and last end
 MEAN = "mean"  # mean over ranks (NaN where a rank has none)
 MAX = "max"  # largest over ranks (memory: the rank that needs most)
 DERIVED = "derived"  # computed from other aggregated columns
@@ -25,7 +26,7 @@ class Column:
     name: str
     unit: str
     ranks: str
-    contract: bool  # part of DESIGN.md's data contract (in its order) or an extra
+    contract: bool  # part of the data contract (in its order) or an extra
     meaning: str
     report: int = 0  # position in the report's table of every point (0: not shown)
 
@@ -83,7 +84,7 @@ TRAINING: tuple[Column, ...] = (
     _c("data_ms", "ms", MAX, False, "loading a step's batches onto the device, median, timed "
        "apart (not in step_ms)"),
     _c("trace_overhead_pct", "%", MEAN, False, "a traced step's time over an untraced one's, "
-       "minus 1: what tracing adds to the breakdown's steps"),
+       "minus 1: what tracing adds to the breakdown's steps", report=26),
     _c("params", "", POINT, False, "parameters of the plain model"),
     _c("grad_bytes", "B", POINT, False, "gradient bytes of the plain model"),
     _c("comm_calls_per_step", "", MEAN, False, "collective calls per step", report=20),

@@ -1,4 +1,4 @@
-"""The run folder of the data contract (DESIGN.md section 3): meta.json (with the folder's
+"""The run folder of the data contract (docs/outputs.md): meta.json (with the folder's
 ``schema_version``), points.jsonl (``points.py``), results.csv, samples.csv, noise.csv, traces/.
 
 Rows are appended and flushed to disk as each point finishes, so an interrupted run keeps every
