@@ -2,6 +2,7 @@
 # make bench    the pytest-benchmark set with statistics, saved under .benchmarks/
 # make sweep    set up .venv, time this machine's collectives, then run the DDP bucket sweep on
 #               2 ranks; its report holds the cost model's predictions next to the measurements
+# make gpu-check  the GPU path on a CUDA machine, a few minutes (says so and exits 0 without)
 # GPU machines: install your own CUDA torch into .venv first and pass TORCH= (see README).
 PY ?= python3
 VENV ?= .venv
@@ -19,7 +20,7 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install -q $(TORCH) -e '.[test]'
 	touch $@
 
-.PHONY: setup system test bench sweep tensorboard
+.PHONY: setup system test bench sweep tensorboard gpu-check
 setup: $(BIN)/.installed system
 
 # What tests need from the system, Debian's packages installed only where missing (apt-get, as
@@ -58,3 +59,8 @@ sweep: $(BIN)/.installed
 tensorboard: $(BIN)/.installed
 	$(BIN)/pip install -q -e '.[tensorboard]'
 	$(BIN)/tensorboard --logdir $(RUN)/traces --host 127.0.0.1
+
+# The GPU path checked by hand on a CUDA machine (scripts/gpu_check.sh; CI has no GPU): on a GPU
+# machine install your CUDA torch first and run `make gpu-check TORCH=`.
+gpu-check: $(BIN)/.installed
+	PY=$(BIN)/python bash scripts/gpu_check.sh

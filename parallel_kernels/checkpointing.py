@@ -15,12 +15,22 @@ import functools
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from parallel_kernels.workload import modules_of_types, workload_of
+
 
 def checkpoint_blocks(model: nn.Module) -> nn.Module:
-    blocks = getattr(model, "blocks", None)
-    if blocks is None:
+    """Recompute each block of the workload's ``checkpoint_units`` (default: its FSDP units)
+    in backward; a model with neither is refused, naming the missing fact."""
+    wl = workload_of(model)
+    if wl is not None and wl.block_types:
+        blocks = modules_of_types(model, wl.block_types)
+    else:
+        blocks = getattr(model, "blocks", None)
+    if not blocks:
+        name = wl.name if wl is not None else type(model).__name__
         raise ValueError(
-            f"activation checkpointing works per transformer block; {type(model).__name__} has none"
+            f"activation checkpointing works per block; {name} has none (a workload names its "
+            f"blocks in checkpoint_units or fsdp_units)"
         )
     for block in blocks:
         block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from torch import nn
 
+from parallel_kernels.workload import modules_of_types, workload_of
+
 STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD")
 
 
@@ -58,10 +60,19 @@ def fsdp_comm_bytes(
 
 
 def fsdp_units(model: nn.Module) -> list[nn.Module]:
-    """The submodules that get a flat parameter each: transformer blocks, or the linear layers
-    of an MLP; the root takes the rest (embeddings, final norm, head)."""
+    """The submodules that get a flat parameter each: the workload's unit classes (a
+    transformer's blocks, a ResNet's bottlenecks), else each linear layer (an MLP); the root
+    takes the rest (embeddings, final norm, head)."""
+    wl = workload_of(model)
+    if wl is not None and wl.fsdp_units:
+        units = modules_of_types(model, wl.fsdp_units)
+        if not units:
+            names = ", ".join(t.__name__ for t in wl.fsdp_units)
+            raise ValueError(f"workload {wl.name}: its model has no module of its fsdp_units "
+                             f"({names})")  # fmt: skip
+        return units
     blocks = getattr(model, "blocks", None)
-    if blocks is not None:
+    if blocks is not None:  # the built-in Transformer built outside the registry
         return list(blocks)
     return [m for m in model.modules() if isinstance(m, nn.Linear)]
 

@@ -78,10 +78,16 @@ class _Unit:
         self.module, self.groups, self.strategy, self.stats = module, groups, strategy, stats
         self.compute_dtype = compute_dtype  # mixed precision: gather and compute in this dtype
         self.slots = []  # (owner module, attribute, offset, shape)
+        # A parameter shared by two modules (a language model's head tied to its embedding) is
+        # stored once: its second name is a view of the same slice, and backward adds the
+        # gradients of both uses into that slice.
+        first: dict[int, int] = {}
         offset = 0
         for owner, name, p in params:
-            self.slots.append((owner, name, offset, p.shape))
-            offset += p.numel()
+            if id(p) not in first:
+                first[id(p)] = offset
+                offset += p.numel()
+            self.slots.append((owner, name, first[id(p)], p.shape))
         self.numel = offset
         s = groups.shard_size
         self.padded = -(-offset // s) * s
@@ -201,14 +207,12 @@ class _Gather(torch.autograd.Function):
         unit.backward_full = unit.full = None
         unit.clear_views()
         like = next(g for g in grads if g is not None)
-        grad_full = torch.empty(unit.padded, dtype=like.dtype, device=like.device)
-        grad_full[unit.numel :].zero_()  # padding
+        # zeros: the padding, a parameter this step did not use; added: a tied parameter's
+        # slots share one slice, which takes the sum of its uses' gradients
+        grad_full = torch.zeros(unit.padded, dtype=like.dtype, device=like.device)
         for (_, _, off, shape), g in zip(unit.slots, grads, strict=True):
-            part = grad_full[off : off + shape.numel()]
-            if g is None:  # a parameter this step did not use
-                part.zero_()
-            else:
-                part.copy_(g.reshape(-1))
+            if g is not None:
+                grad_full[off : off + shape.numel()].add_(g.reshape(-1))
         return unit.reduce_grad(grad_full), None
 
 

@@ -1,20 +1,21 @@
-"""Plain models and their synthetic data.
+"""Plain models and their synthetic data: the built-in workloads, and the one lookup for every
+``--model`` name (``workload``).
 
 Models carry no parallel code: strategies (``strategies.py``) wrap or rewrite them. Each entry of
-``MODELS`` says how to build the model, how to make a deterministic synthetic dataset for it and
-which loss it trains with, so the harness and the tests treat every model alike.
+``MODELS`` is a ``Workload`` (``workload.py``): how to build the model, how to make a deterministic
+synthetic batch for it, which loss it trains with and the facts parallelism needs, so the harness
+and the tests treat every model alike, the user's own and the zoo's too.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import TensorDataset
+
+from parallel_kernels.workload import Workload, stamp
 
 
 class MLP(nn.Module):
@@ -100,18 +101,26 @@ class Transformer(nn.Module):
 
 def _classification_data(
     n: int, seed: int, features: int = 784, classes: int = 10
-) -> TensorDataset:
+) -> tuple[torch.Tensor, torch.Tensor]:
     # Labels come from a fixed random linear teacher so that the loss can actually fall.
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, features, generator=g)
     teacher = torch.randn(features, classes, generator=g)
-    return TensorDataset(x, (x @ teacher).argmax(dim=1))
+    return x, (x @ teacher).argmax(dim=1)
 
 
-def _token_data(n: int, seed: int, vocab: int = 512, seq: int = 64) -> TensorDataset:
+def _token_data(n: int, seed: int, vocab: int = 512, seq: int = 64) -> tuple[torch.Tensor, ...]:
     g = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, vocab, (n, seq + 1), generator=g)
-    return TensorDataset(tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())
+    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+
+def tp_plan_of(model: nn.Module) -> dict:
+    """The built-in models' Megatron plans (``tensor_parallel.builtin_plan``), imported late:
+    the TP module imports this one's classes."""
+    from parallel_kernels.tensor_parallel import builtin_plan
+
+    return builtin_plan(model)
 
 
 def _classification_loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -122,51 +131,61 @@ def _lm_loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(out.reshape(-1, out.shape[-1]), target.reshape(-1))
 
 
-@dataclass(frozen=True, kw_only=True)
-class ModelSpec:
-    name: str
-    description: str
-    build: Callable[[], nn.Module]
-    dataset: Callable[[int, int], TensorDataset]  # (samples, seed) -> dataset
-    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-    # Activation rows per sample (the sequence length of a language model, else 1): tensor
-    # parallelism moves batch x tokens_per_sample x hidden elements per collective.
-    tokens_per_sample: int = 1
+ModelSpec = Workload  # the name these entries had before workloads were public
 
 
-MODELS: dict[str, ModelSpec] = {
+MODELS: dict[str, Workload] = {
     spec.name: spec
     for spec in (
         ModelSpec(
             name="mlp",
             description="seed MLP 784-256-128-10 (235,146 params)",
             build=MLP,
-            dataset=_classification_data,
+            batch=_classification_data,
             loss=_classification_loss,
+            tp_plan=tp_plan_of,
         ),
         ModelSpec(
             name="wide_mlp",
             description="MLP 784-2048x3-10 (10.0 M params, 40 MB of fp32 gradients)",
             build=wide_mlp,
-            dataset=_classification_data,
+            batch=_classification_data,
             loss=_classification_loss,
+            tp_plan=tp_plan_of,
         ),
         ModelSpec(
             name="transformer",
             description="4-block decoder, dim 256, seq 64, vocab 512 (3.4 M params)",
             build=Transformer,
-            dataset=_token_data,
+            batch=_token_data,
             loss=_lm_loss,
             tokens_per_sample=64,
+            fsdp_units=(Block,),
+            tp_plan=tp_plan_of,
         ),
     )
 }
 
 
+def workload(name: str) -> Workload:
+    """The workload a ``--model`` name stands for: a built-in model (``mlp``), a zoo model at a
+    size (``llama:tiny``), or your own (``path/to/file.py:factory``, ``package.module:factory``).
+    A name that resolves to none raises ValueError with one line saying why."""
+    if name in MODELS:
+        return MODELS[name]
+    from parallel_kernels.user_model import resolve  # zoo and user factories, loaded on demand
+
+    return resolve(name, known=tuple(MODELS))
+
+
 def build_model(name: str, seed: int = 0) -> nn.Module:
-    """Build a model with deterministic initial weights (the same on every rank)."""
+    """Build a model with deterministic initial weights (the same on every rank), carrying its
+    workload (``model.bench_workload``) for the strategies that need its facts."""
+    wl = workload(name)
     torch.manual_seed(seed)
-    return MODELS[name].build()
+    model = wl.build()
+    stamp(model, wl)
+    return model
 
 
 def param_count(model: nn.Module) -> int:

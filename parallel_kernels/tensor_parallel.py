@@ -31,10 +31,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.profiler import record_function
 
+from parallel_kernels.workload import COLWISE, ROWWISE, expand_plan, workload_of
+
 # The current name of all_gather_into_tensor (torch >= 2.12).
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
-COLWISE, ROWWISE, COPY, NAIVE = "colwise", "rowwise", "copy", "naive"
+COPY, NAIVE = "copy", "naive"  # beside the workload's COLWISE and ROWWISE
 
 
 def _all_reduce(t: torch.Tensor, group) -> None:
@@ -163,7 +165,30 @@ class Placement:
 
 
 def tp_plan(model: nn.Module) -> dict[str, Placement]:
-    """The Megatron plan for a plain model: per transformer block, q, k, v column-parallel
+    """The model's tensor-parallel plan: its workload's (``Workload.tp_plan``: module-name
+    patterns to ``colwise``/``rowwise``, or a function of the model), expanded over the
+    model's module names; a workload without one is refused, naming the missing fact. A
+    built-in model built outside the registry (tests) gets ``builtin_plan``."""
+    wl = workload_of(model)
+    if wl is None:
+        return builtin_plan(model)
+    if wl.tp_plan is None:
+        raise ValueError(f"tensor parallelism needs a tp_plan, which workload {wl.name} does "
+                         f"not give")  # fmt: skip
+    plan = wl.tp_plan(model) if callable(wl.tp_plan) else wl.tp_plan
+    return {name: _placement(name, p) for name, p in expand_plan(model, plan).items()}
+
+
+def _placement(name: str, p) -> Placement:
+    if isinstance(p, Placement):
+        return p
+    if p in (COLWISE, ROWWISE):
+        return Placement(p)
+    raise ValueError(f"the tensor-parallel plan places {name} {p!r}: not colwise or rowwise")
+
+
+def builtin_plan(model: nn.Module) -> dict[str, Placement]:
+    """The Megatron plan for a built-in model: per transformer block, q, k, v column-parallel
     behind one shared ``f`` on ``ln1`` (heads split across ranks), the output projection
     row-parallel, and fc1/fc2 as a column/row pair; embeddings, norms and the head stay
     replicated. For an MLP, consecutive linear layers pair up column/row; an odd last layer
@@ -236,6 +261,17 @@ def check_degree(model: nn.Module, plan: dict[str, Placement], n: int) -> None:
         heads = getattr(m, "heads", None)
         if heads is not None and heads % n:
             raise ValueError(f"TP degree {n} does not divide the {heads} heads of {name}")
+    # An attention module that names its head size (Hugging Face's): every column-parallel
+    # projection in it must split into whole heads per rank (grouped-query keys and values too).
+    for name, place in plan.items():
+        parent = modules.get(name.rpartition(".")[0])
+        # (Hugging Face names it head_dim in Llama's attention, attention_head_size in BERT's)
+        head_dim = getattr(parent, "head_dim", None) or getattr(parent, "attention_head_size", None)
+        out = getattr(modules[name], "out_features", None)
+        if place.style == COLWISE and isinstance(head_dim, int) and out and (out // head_dim) % n:
+            raise ValueError(
+                f"TP degree {n} does not divide the {out // head_dim} heads of {name}"
+            )
 
 
 def _set_module(model: nn.Module, name: str, new: nn.Module) -> None:

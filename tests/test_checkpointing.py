@@ -24,7 +24,7 @@ def test_checkpointed_blocks_give_identical_gradients():
         grads.append({k: p.grad for k, p in model.named_parameters()})
     for k, g in grads[0].items():
         torch.testing.assert_close(grads[1][k], g, rtol=0, atol=0, msg=k)
-    with pytest.raises(ValueError, match="per transformer block; MLP has none"):
+    with pytest.raises(ValueError, match="works per block; MLP has none"):
         checkpoint_blocks(MLP())
 
 

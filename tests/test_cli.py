@@ -34,7 +34,7 @@ def run_main(args, capsys) -> tuple[int, str]:
         (["--sweep", "bucket_cap_mb", "--values", "1,abc"], "'abc' is not a number"),
         (["--sweep", "bucket_cap_mb", "--values", "nan"], "must be a positive number"),
         (["--sweep", "bucket_cap_mb", "--values", ","], "empty value list"),
-        (["--sweep", "bucket_cap_mb", "--model", "resnet"], "unknown model resnet"),
+        (["--sweep", "bucket_cap_mb", "--model", "resnet"], "unknown model 'resnet'"),
         (["--sweep", "bucket_cap_mb", "--impl", "native,fast"], "unknown implementation fast"),
         (["--sweep", "bucket_cap_mb", "--steps", "0"], "must be at least 1"),
         (["--sweep", "bucket_cap_mb", "--nproc-per-node", "x"], "is not an integer"),

@@ -200,9 +200,9 @@ def _training_sections(run: Run) -> list[str]:
             df,
             TRAINING_TABLE,
             "Every point (the best per model and implementation shaded, values tied with it "
-            "lighter; typical_ms: geometric mean of the rounds' medians, with its 95 % interval; "
-            f"computation under {figs.COMPUTE_SHARE_TARGET:.0f} % of the step or GPU utilisation "
-            f"under {figs.GPU_UTIL_TARGET:.0f} % in red)",
+            "lighter; typical_ms: geometric mean of the rounds' medians, with its 95 % interval"
+            f"{mfu_note(ok)}; computation under {figs.COMPUTE_SHARE_TARGET:.0f} % of the step "
+            f"or GPU utilisation under {figs.GPU_UTIL_TARGET:.0f} % in red)",
             row_class=lambda i, r: "best" if i in best else "tied" if i in tied else "",
             cell_class=flag,
         ),
@@ -210,6 +210,17 @@ def _training_sections(run: Run) -> list[str]:
     if len(ok) and not scaling:
         parts += claims.confidence_section(meta, ok, run.samples, run.noise)
     return parts
+
+
+def mfu_note(df: pd.DataFrame) -> str:
+    """What the rows' ``mfu_pct`` is against: each peak the run used and its figure (the
+    median over the rows using it); empty for a run folder without these columns."""
+    if "peak_source" not in df or df["peak_source"].isna().all():
+        return ""
+    used = df.dropna(subset=["peak_source"]).groupby("peak_source", sort=False)["peak_tflops"]
+    return "; mfu_pct: model FLOPs utilisation against " + ", ".join(
+        f"{source} = {tflops:.3g} TFLOP/s" for source, tflops in used.median().items()
+    )
 
 
 def best_and_tied(ok: pd.DataFrame, found: pd.DataFrame) -> tuple[set, set]:

@@ -53,23 +53,23 @@ TRAINING: tuple[Column, ...] = (
     _c("step_ms_max", "ms", TIMED, True, "slowest timed step"),
     _c("samples_per_s", "1/s", DERIVED, True, "samples of all replicas per second: every timed "
        "step's samples over their total time", report=11),
-    _c("compute_ms", "ms", MEAN, True, "computation per traced step", report=12),
-    _c("comm_ms", "ms", MEAN, True, "communication (union of collectives) per step", report=13),
+    _c("compute_ms", "ms", MEAN, True, "computation per traced step", report=13),
+    _c("comm_ms", "ms", MEAN, True, "communication (union of collectives) per step", report=14),
     _c("overlap_ms", "ms", MEAN, True, "communication hidden under computation per step"),
-    _c("exposed_comm_ms", "ms", MEAN, True, "communication not hidden per step", report=15),
-    _c("idle_ms", "ms", MEAN, True, "neither computing nor communicating per step", report=16),
-    _c("compute_comm_ratio", "", DERIVED, True, "compute_ms / comm_ms", report=17),
-    _c("overlap_pct", "%", DERIVED, True, "overlap_ms / comm_ms", report=14),
-    _c("gpu_util_pct", "%", MEAN, True, "GPU busy share of the step (empty on CPU)", report=19),
+    _c("exposed_comm_ms", "ms", MEAN, True, "communication not hidden per step", report=16),
+    _c("idle_ms", "ms", MEAN, True, "neither computing nor communicating per step", report=17),
+    _c("compute_comm_ratio", "", DERIVED, True, "compute_ms / comm_ms", report=18),
+    _c("overlap_pct", "%", DERIVED, True, "overlap_ms / comm_ms", report=15),
+    _c("gpu_util_pct", "%", MEAN, True, "GPU busy share of the step (empty on CPU)", report=20),
     _c("peak_mem_mb", "MiB", MAX, True, "most memory live at once in a measured step, above "
-       "what the process held before the point (CUDA allocator, or CPU heap)", report=23),
-    _c("comm_bytes_per_step", "B", MEAN, True, "collective payload per step (traces)", report=21),
+       "what the process held before the point (CUDA allocator, or CPU heap)", report=24),
+    _c("comm_bytes_per_step", "B", MEAN, True, "collective payload per step (traces)", report=22),
     _c("model", "", POINT, False, "the model trained", report=1),
     _c("point", "", POINT, False, "the point's id: its traces are in traces/<point>/"),
     _c("backend", "", POINT, False, "gloo or nccl"),
     _c("device", "", POINT, False, "cpu or cuda"),
     _c("window_ms", "ms", MEAN, False, "traced step window (the breakdown's whole)"),
-    _c("comm_bytes_expected", "B", POINT, False, "analytical payload per step", report=22),
+    _c("comm_bytes_expected", "B", POINT, False, "analytical payload per step", report=23),
     _c("state_mb", "MiB", MAX, False, "parameters, gradients and optimiser state held"),
     _c("state_mb_expected", "MiB", POINT, False, "the ZeRO accounting of state_mb"),
     _c("param_mb", "MiB", MAX, False, "parameter bytes held by a rank"),
@@ -84,10 +84,10 @@ TRAINING: tuple[Column, ...] = (
     _c("data_ms", "ms", MAX, False, "loading a step's batches onto the device, median, timed "
        "apart (not in step_ms)"),
     _c("trace_overhead_pct", "%", MEAN, False, "a traced step's time over an untraced one's, "
-       "minus 1: what tracing adds to the breakdown's steps", report=26),
+       "minus 1: what tracing adds to the breakdown's steps", report=27),
     _c("params", "", POINT, False, "parameters of the plain model"),
     _c("grad_bytes", "B", POINT, False, "gradient bytes of the plain model"),
-    _c("comm_calls_per_step", "", MEAN, False, "collective calls per step", report=20),
+    _c("comm_calls_per_step", "", MEAN, False, "collective calls per step", report=21),
     _c("step_ms_ci_low", "ms", TIMED, False, "95 % interval of step_ms_median, low end "
        "(order statistics: distribution-free)"),
     _c("step_ms_ci_high", "ms", TIMED, False, "95 % interval of step_ms_median, high end"),
@@ -96,10 +96,10 @@ TRAINING: tuple[Column, ...] = (
        "tight enough), max_steps or max_point_s (the budget)"),
     _c("round", "", POINT, False, "the round of this visit: a point has a row per round, the "
        "last ok one is its answer"),
-    _c("rounds", "", POINT, False, "rounds pooled in this row's figures", report=25),
+    _c("rounds", "", POINT, False, "rounds pooled in this row's figures", report=26),
     _c("round_spread_pct", "%", TIMED, False, "largest over smallest round median, minus 1: "
        "drift between rounds"),
-    _c("loss", "", POINT, False, "loss of the last step", report=24),
+    _c("loss", "", POINT, False, "loss of the last step", report=25),
     _c("step_ms_p10", "ms", TIMED, False, "10th percentile step time"),
     _c("step_ms_p90", "ms", TIMED, False, "90th percentile step time"),
     _c("rank_skew_ms", "ms", TIMED, False, "median over steps of the last rank's end minus the "
@@ -111,8 +111,23 @@ TRAINING: tuple[Column, ...] = (
     _c("comm_bytes_per_sample", "B", DERIVED, False, "comm_bytes_per_step per sample"),
     _c("trace_dir", "", POINT, False, "where the point's traces were written"),
     _c("value2", "", POINT, False, "a grid's second value (empty outside grids)", report=3),
+    _c("flops_per_step", "FLOP", POINT, False, "model FLOPs of one optimiser step per rank: "
+       "forward and backward of every replica's micro-batches over the step's ranks (no "
+       "recomputation, no optimiser)"),
+    _c("flops_source", "", POINT, False, "counted (FlopCounterMode on the plain model), "
+       "workload (its flops_per_sample), or uncounted: why"),
+    _c("tflops_per_s", "TFLOP/s", DERIVED, False, "flops_per_step over the timed steps' mean "
+       "time"),
+    _c("peak_tflops", "TFLOP/s", MEAN, False, "the peak mfu_pct is against: the GPU's "
+       "datasheet dense peak at the point's precision where known, else peak_tflops_measured"),
+    _c("peak_source", "", POINT, False, "which peak: datasheet (GPU, precision, datasheet) or "
+       "measured"),
+    _c("peak_tflops_measured", "TFLOP/s", MEAN, False, "this machine's best rate on a large "
+       "square matmul in the point's precision, timed by every rank at once"),
+    _c("mfu_pct", "%", DERIVED, False, "model FLOPs utilisation: tflops_per_s / peak_tflops "
+       "(PaLM, appendix B)", report=12),
     _c("efficiency_pct", "%", READER, False, "world-size sweeps: speedup / ideal", report=7),
-    _c("compute_share_pct", "%", READER, False, "compute_ms / window_ms", report=18),
+    _c("compute_share_pct", "%", READER, False, "compute_ms / window_ms", report=19),
     _c("typical_ms", "ms", READER, False, "geometric mean of the rounds' medians", report=8),
     _c("typical_ms_low", "ms", READER, False, "its 95 % interval, low end: the rounds' drift "
        "included (or, in one round, the noise floor)", report=9),

@@ -162,9 +162,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--backend",
-        choices=["auto", "gloo", "nccl"],
+        choices=["auto", "gloo", "nccl", "gloo-cuda"],
         default="auto",
-        help="auto: nccl with GPUs, else gloo",
+        help="auto: nccl with GPUs, else gloo; gloo-cuda: gloo on CUDA tensors (ranks may "
+        "share a GPU; DDP only)",
     )
     p.add_argument(
         "--nproc-per-node",

@@ -7,6 +7,8 @@ from collections.abc import Iterator
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from parallel_kernels.workload import to_device
+
 
 class Batches:
     """An endless stream of this rank's batches, advancing the sampler's epoch as it wraps.
@@ -47,7 +49,7 @@ class Batches:
     def __iter__(self) -> Batches:
         return self
 
-    def __next__(self) -> tuple[torch.Tensor, ...]:
+    def __next__(self) -> list:  # [inputs, targets], each a tensor, tuple or dict
         try:
             batch = next(self._it)
         except StopIteration:
@@ -55,4 +57,4 @@ class Batches:
             self.sampler.set_epoch(self.epoch)
             self._it = iter(self.loader)
             batch = next(self._it)
-        return tuple(t.to(self.device, non_blocking=True) for t in batch)
+        return to_device(batch, self.device)

@@ -41,11 +41,16 @@ def launched_by_torchrun() -> bool:
 
 
 def pick_backend(requested: str = "auto") -> tuple[str, str]:
-    """(backend, device type): NCCL on CUDA when GPUs are present, else gloo on CPU."""
+    """(backend, device type): NCCL on CUDA when GPUs are present, else gloo on CPU;
+    ``gloo-cuda``: gloo with CUDA tensors, so that several ranks can share one GPU (NCCL
+    refuses two ranks on one device; gloo runs all-reduce and broadcast on CUDA tensors, so
+    DDP works, not FSDP's reduce-scatter)."""
     if requested == "auto":
         return ("nccl", "cuda") if torch.cuda.is_available() else ("gloo", "cpu")
-    if requested == "nccl" and not torch.cuda.is_available():
-        raise ValueError("backend nccl needs CUDA, and torch sees no GPU here")
+    if requested in ("nccl", "gloo-cuda") and not torch.cuda.is_available():
+        raise ValueError(f"backend {requested} needs CUDA, and torch sees no GPU here")
+    if requested == "gloo-cuda":
+        return "gloo", "cuda"
     return (requested, "cuda" if requested == "nccl" else "cpu")
 
 
@@ -64,7 +69,7 @@ def init_distributed(*, backend: str = "auto", timeout_s: float = 300.0) -> Dist
         dist.init_process_group(
             backend,
             timeout=datetime.timedelta(seconds=timeout_s),
-            device_id=device if device_type == "cuda" else None,
+            device_id=device if backend == "nccl" else None,
         )
     # Nodes are told apart by torchrun's node rank (GROUP_RANK), not by host name: two nodes
     # may share a name (containers, network namespaces on one machine).

@@ -22,6 +22,7 @@ import torch.distributed as dist
 from bench.analysis import breakdown as analysis
 from bench.runfolder import columns
 from bench.runfolder.points import PointRecord
+from bench.runner import flops
 from bench.runner.distenv import DistEnv, synchronize
 from bench.runner.nvml import NvmlSampler
 from bench.runner.profiling import (
@@ -118,6 +119,7 @@ def _train_and_measure(
 ) -> dict:
     strategy = STRATEGIES[point.strategy]
     gc.collect()  # earlier points' modules hold reference cycles (hooks): free them first
+    peak = flops.point_peaks(point, env.device)  # MFU's peak: timed before the model holds memory
     baseline = MemoryBaseline.now(env.device)
     reset_peak_rss()
     trainer = build_trainer(point, env, group, seed=cfg.seed, lr=cfg.lr, clip=cfg.clip_grad_norm)
@@ -207,6 +209,7 @@ def _train_and_measure(
         # how far apart the rounds' medians are: drift between rounds, when it is large
         round_spread_pct=100 * (max(medians) / min(medians) - 1) if len(medians) > 1 else np.nan,
     )
+    metrics.update(flops.figures(point, env.device, float(pooled.mean()) / 1e3, peak))  # FLOPs
     return metrics
 
 
@@ -247,6 +250,7 @@ def _aggregate(per_rank: list[dict]) -> dict:
             continue
         vals = [r.get(key, np.nan) for r in ranks]
         out[key] = float(np.nanmax(vals)) if not np.all(np.isnan(vals)) else np.nan
+    out.update(flops.utilisation(out))  # mfu_pct from the ranks' aggregated figures
     if "comm_ms" not in out:
         return out
     comm = out["comm_ms"]

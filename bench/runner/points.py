@@ -21,10 +21,11 @@ from bench.runner.sweeps import SWEEPS, Sweep, parse_list, sweep_names
 from parallel_kernels.fsdp_layout import fsdp_units, unit_params
 from parallel_kernels.knobs import KNOBS, by_param, positive_int, step_knobs
 from parallel_kernels.mesh import local_layout
-from parallel_kernels.models import MODELS, grad_bytes, param_count
+from parallel_kernels.models import grad_bytes, param_count, workload
 from parallel_kernels.strategies import Strategy
 from parallel_kernels.strategies import strategy as strategy_row
-from parallel_kernels.tensor_parallel import comm_calls
+from parallel_kernels.tensor_parallel import comm_calls, tp_plan
+from parallel_kernels.workload import stamp
 
 SCALINGS = ("weak", "strong")
 
@@ -44,14 +45,32 @@ def point_id(model: str, values: dict[str, Any], impl: str, suffix: str = "") ->
 def _twin(model: str) -> torch.nn.Module:
     """The plain model on the meta device: its shapes, without memory. Built once per model
     and only read (the figures never change it), whatever the number of points."""
+    wl = workload(model)
     with torch.device("meta"):
-        return MODELS[model].build()
+        return stamp(wl.build(), wl)
+
+
+def _unique_numel(params: list) -> int:
+    """Elements of a unit's parameters, a tied one (a head sharing its embedding's weight)
+    counted once: it is one tensor, stored and moved once."""
+    return sum({id(p): p.numel() for _, _, p in params}.values())
+
+
+def check_workload(name: str) -> None:
+    """Refuse, in one line and before any rank trains, a model that does not resolve or whose
+    facts name what its model lacks (a TP plan's module, FSDP's unit classes). A fact it does
+    not give at all is no error here: the points that need it are error rows naming it."""
+    wl, twin = workload(name), _twin(name)
+    if wl.fsdp_units:
+        fsdp_units(twin)
+    if wl.tp_plan is not None:
+        tp_plan(twin)
 
 
 def _figures(strategy: Strategy, impl, model: str, world: int, batch: int | None,
              knobs: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
     """The analytical figures' inputs and values, from the plain model's shapes."""
-    spec, twin = MODELS[model], _twin(model)
+    spec, twin = workload(model), _twin(model)
     psi = param_count(twin)
     tokens = (batch or 0) * spec.tokens_per_sample
     units = unit_params(twin, fsdp_units(twin))
@@ -61,7 +80,7 @@ def _figures(strategy: Strategy, impl, model: str, world: int, batch: int | None
         "params": psi,
         "grad_bytes": grad_bytes(twin),
         "tokens_per_sample": spec.tokens_per_sample,
-        "fsdp_unit_bytes": [4 * sum(p.numel() for _, _, p in params) for _, params in units],
+        "fsdp_unit_bytes": [4 * _unique_numel(params) for _, params in units],
         # The data-parallel gradients of a TP point are bucketed as DDP does by default.
         "dp_bucket_cap_mb": by_param("bucket_cap_mb").default,
     }
@@ -106,8 +125,7 @@ def resolve_point(
     knobs set (by the sweep and ``--option``), by the keyword the code takes each by; every
     other knob takes its default."""
     row = strategy_row(strategy)
-    if model not in MODELS:
-        raise ValueError(f"unknown model {model!r} (known: {', '.join(MODELS)})")
+    workload(model)  # an unknown model, or a factory that fails: one line, before any rank trains
     facts = row.impl(impl)
     own = [*row.knobs, *step_knobs()]
     defaults = {k.param: k.default for k in own}
@@ -179,7 +197,9 @@ def parse_options(items: list[str], known: dict[str, Any], swept: tuple[str, ...
 
 def _models_and_impls(sweep: Sweep, strategy: Strategy, models: str | None, impls: str | None):
     """The models and implementations asked for, or the sweep's and the strategy's defaults."""
-    model_names = parse_list(models, "model", MODELS) if models else list(sweep.default_models)
+    model_names = parse_list(models, "model") if models else list(sweep.default_models)
+    for name in model_names:
+        check_workload(name)  # resolved (and refused) here, on every rank alike
     impl_names = (
         parse_list(impls, "implementation", strategy.impls)
         if impls

@@ -15,7 +15,7 @@ from bench.runner.data import Batches
 from bench.runner.distenv import DistEnv
 from parallel_kernels.checkpointing import checkpoint_blocks
 from parallel_kernels.mesh import data_parallel_coords
-from parallel_kernels.models import MODELS, build_model
+from parallel_kernels.models import build_model, workload
 from parallel_kernels.step import clip_grad_norm, unsynced
 from parallel_kernels.strategies import STRATEGIES
 
@@ -50,8 +50,7 @@ class Trainer:
     _fetched: list = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        spec = MODELS[self.point.model]
-        self._loss = spec.loss
+        self._workload = workload(self.point.model)
         self._autocast = autocast_for(self.point, self.device)
         facts = self.point.impl_facts
         self._skip_sync = unsynced(self.wrapped, facts["skip_sync"]) if self.accum > 1 else None
@@ -81,7 +80,8 @@ class Trainer:
             last = micro == self.accum - 1
             with contextlib.nullcontext() if last else self._skip_sync():
                 with self._autocast():
-                    loss = self._loss(self.wrapped(x), y) / self.accum
+                    out = self._workload.forward(self.wrapped, x)
+                    loss = self._workload.compute_loss(out, y) / self.accum
                 self._backward(loss)
             # kept on the device: reading it (.cpu(), float) would synchronise mid-step; the
             # harness reads the last step's loss once, after timing
@@ -106,7 +106,7 @@ def build_trainer(
         raise ValueError(
             f"global batch {point.global_batch} does not split over {point.dp_size} replicas"
         )
-    spec = MODELS[point.model]
+    spec = workload(point.model)
     strategy = STRATEGIES[point.strategy]
     knobs = point.knobs
     model = build_model(point.model, seed=seed).to(env.device)

@@ -24,7 +24,7 @@ def _summary(run: Run) -> str:
     """The points (the best per model and implementation starred, values tied with it marked
     =), then each group's answer with its confidence."""
     # The reading side's claims, imported once the sweep is done (as the report is).
-    from bench.report.page import best_and_tied, headline_text, training_claims
+    from bench.report.page import best_and_tied, headline_text, mfu_note, training_claims
 
     df, found = training_claims(run)
     df = scaling_efficiency(df)
@@ -33,14 +33,15 @@ def _summary(run: Run) -> str:
     df["comm_MB"] = df["comm_bytes_per_step"] / 1e6
     cols = [
         "model", "value", "value2", "scaling", "impl", "status", "best", "typical_ms",
-        "typical_ms_low", "typical_ms_high", "rounds", "samples_per_s", "comm_calls_per_step",
-        "comm_MB", "overlap_pct", "exposed_comm_ms", "peak_mem_mb", "efficiency_pct",
+        "typical_ms_low", "typical_ms_high", "rounds", "samples_per_s", "mfu_pct",
+        "comm_calls_per_step", "comm_MB", "overlap_pct", "exposed_comm_ms", "peak_mem_mb",
+        "efficiency_pct",
     ]  # fmt: skip
     df = df.dropna(axis=1, how="all")  # e.g. scaling columns outside world-size sweeps
     table = df[[c for c in cols if c in df]].to_string(index=False, float_format="{:.2f}".format)
     return (
         f"{table}\n(* best per model and implementation, = tied with it at 95 %; typical_ms: "
-        f"geometric mean of the rounds' medians, with its 95 % interval)\n\n"
+        f"geometric mean of the rounds' medians, with its 95 % interval{mfu_note(df)})\n\n"
         + headline_text(run, df, found)
     )
 

@@ -1,0 +1,176 @@
+"""``Workload``: everything the suite needs to benchmark a model, yours included.
+
+A workload says how to build the plain module (called after ``torch.manual_seed``, so every
+rank builds the same weights), how to make a deterministic synthetic batch of any size, and the
+loss; optionally the facts parallelism needs, which the suite cannot guess for a model it has
+never seen: which module classes are the units FSDP wraps (and activation checkpointing
+recomputes), a tensor-parallel plan, and the FLOPs of one sample when you know them better than
+the counter. Where a strategy needs a fact the workload does not give, the point is an error row
+that names it. Pass one to any sweep with ``--model path/to/file.py:factory`` or
+``--model package.module:factory``, ``factory()`` returning a ``Workload``
+(``examples/custom_model.py``).
+
+Inputs and targets may be a tensor, a tuple of tensors or a dict of them (a dict is passed as
+keyword arguments: ``model(**inputs)``), each with the batch as its first dimension. A model
+that returns its own loss (a dict with ``"loss"``, a Hugging Face ``ModelOutput``) needs no
+``loss``: leave it None, and the targets may be None too.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset, TensorDataset
+
+COLWISE, ROWWISE = "colwise", "rowwise"  # the placements a tp_plan names
+
+
+@dataclass(frozen=True, kw_only=True)
+class Workload:
+    name: str
+    build: Callable[[], nn.Module]
+    # (batch size, seed) -> (inputs, targets): deterministic for a seed
+    batch: Callable[[int, int], tuple[Any, Any]]
+    # (model output, targets) -> scalar loss; None: the output carries its own loss
+    loss: Callable[[Any, Any], torch.Tensor] | None = None
+    description: str = ""
+    # Activation rows per sample (a language model's sequence length, else 1): tensor
+    # parallelism moves batch x tokens_per_sample x hidden elements per collective.
+    tokens_per_sample: int = 1
+    # The module classes FSDP makes its units (each one flat parameter / one fully_shard call;
+    # a transformer's blocks, a ResNet's bottlenecks); empty: each Linear layer.
+    fsdp_units: tuple[type[nn.Module], ...] = ()
+    # The module classes activation checkpointing recomputes; None: the FSDP units.
+    checkpoint_units: tuple[type[nn.Module], ...] | None = None
+    # Tensor parallelism: module name (fnmatch pattern, e.g. "model.layers.*.mlp.up_proj") ->
+    # "colwise" or "rowwise" (Megatron's pairs: a colwise layer's output feeds a rowwise one),
+    # or a function of the plain model giving the plan; None: no tensor parallelism.
+    tp_plan: Mapping[str, Any] | Callable[[nn.Module], Mapping[str, Any]] | None = None
+    flops_per_sample: float | None = None  # forward + backward; None: counted
+
+    def dataset(self, n: int, seed: int) -> Dataset:
+        """``n`` samples made by ``batch(n, seed)``, indexed one at a time (for a sampler): a
+        ``TensorDataset`` when inputs and targets are tensors."""
+        inputs, targets = self.batch(n, seed)
+        if torch.is_tensor(inputs) and torch.is_tensor(targets):
+            return TensorDataset(inputs, targets)
+        return SampleDataset(inputs, targets)
+
+    def forward(self, model: nn.Module, inputs: Any) -> Any:
+        if isinstance(inputs, Mapping):
+            return model(**inputs)
+        if isinstance(inputs, tuple | list):
+            return model(*inputs)
+        return model(inputs)
+
+    def compute_loss(self, output: Any, targets: Any) -> torch.Tensor:
+        if self.loss is not None:
+            return self.loss(output, targets)
+        own = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
+        if own is None:
+            raise ValueError(
+                f"workload {self.name} gives no loss and its model's output carries none "
+                f"(a dict with 'loss', or an object with .loss)"
+            )
+        return own
+
+    @property
+    def block_types(self) -> tuple[type[nn.Module], ...]:
+        """The classes activation checkpointing recomputes."""
+        return self.fsdp_units if self.checkpoint_units is None else self.checkpoint_units
+
+
+def stamp(model: nn.Module, wl: Workload) -> nn.Module:
+    """Attach the workload to its built module: FSDP's units, activation checkpointing and the
+    TP plan read their facts from it (``workload_of``), whichever wrapper applies them."""
+    object.__setattr__(model, "bench_workload", wl)
+    return model
+
+
+def workload_of(model: nn.Module) -> Workload | None:
+    """The workload a module was built from (None: built outside the registry, as some tests
+    build the built-in classes directly)."""
+    return getattr(model, "bench_workload", None)
+
+
+def modules_of_types(model: nn.Module, types: tuple[type[nn.Module], ...]) -> list[nn.Module]:
+    """The submodules of these classes, outermost only (a unit inside a unit is the outer one's),
+    in module order."""
+    found: list[nn.Module] = []
+    inside: set[int] = set()
+    for m in model.modules():
+        if id(m) in inside:
+            continue
+        if m is not model and isinstance(m, types):
+            found.append(m)
+            inside.update(id(x) for x in m.modules())
+    return found
+
+
+def _index(data: Any, i: int) -> Any:
+    if data is None:
+        return None
+    if isinstance(data, Mapping):
+        return {k: _index(v, i) for k, v in data.items()}
+    if isinstance(data, tuple | list):
+        return type(data)(_index(v, i) for v in data)
+    return data[i]
+
+
+def _length(data: Any) -> int | None:
+    if data is None:
+        return None
+    if isinstance(data, Mapping):
+        data = next(iter(data.values()))
+    elif isinstance(data, tuple | list):
+        data = data[0]
+    return len(data)
+
+
+class SampleDataset(Dataset):
+    """A batch of inputs and targets (tensors, tuples or dicts of them) seen one sample at a
+    time; PyTorch's default collate puts batches back into the same structure."""
+
+    def __init__(self, inputs: Any, targets: Any) -> None:
+        self.inputs, self.targets = inputs, targets
+        self.n = _length(inputs)
+        if self.n is None or _length(targets) not in (None, self.n):
+            raise ValueError("a workload's batch must hold inputs and targets of one length")
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[Any, Any]:
+        # None is no sample for a DataLoader: a missing target stands in as an empty tensor
+        target = _index(self.targets, i)
+        return _index(self.inputs, i), torch.empty(0) if target is None else target
+
+
+def to_device(data: Any, device: torch.device) -> Any:
+    """Tensors, or tuples and dicts of them, moved to ``device`` (a pinned batch without
+    waiting)."""
+    if isinstance(data, Mapping):
+        return {k: to_device(v, device) for k, v in data.items()}
+    if isinstance(data, tuple | list):
+        return type(data)(to_device(v, device) for v in data)
+    return data.to(device, non_blocking=True) if torch.is_tensor(data) else data
+
+
+def expand_plan(model: nn.Module, plan: Mapping[str, Any]) -> dict[str, Any]:
+    """A plan's patterns matched against the model's module names, in module order; a pattern
+    that matches no module is refused by name (a typo would otherwise train unsharded)."""
+    names = [n for n, _ in model.named_modules() if n]
+    out: dict[str, Any] = {}
+    for pattern, placement in plan.items():
+        hits = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
+        if not hits:
+            raise ValueError(f"the tensor-parallel plan names {pattern!r}, a module the model "
+                             f"does not have")  # fmt: skip
+        for n in hits:
+            out[n] = placement
+    return {n: out[n] for n in names if n in out}

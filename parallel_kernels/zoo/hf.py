@@ -1,0 +1,82 @@
+"""What the Hugging Face models of the zoo share: ``transformers``, imported only when a zoo
+model is built (it is an optional extra: ``pip install '.[models]'``), and their synthetic
+batches of token ids."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from types import ModuleType
+
+import torch
+
+
+def transformers() -> ModuleType:
+    """The ``transformers`` package, or one line saying how to install it."""
+    try:
+        return importlib.import_module("transformers")
+    except ImportError as e:
+        raise ValueError(
+            f"the zoo's language models need transformers>=5 ({e}): pip install '.[models]'"
+        ) from None
+
+
+def config(name: str, **fields) -> object:
+    """The config class ``name`` with ``fields``, without the key/value cache (it serves
+    generation only) and with PyTorch's fused attention (``sdpa``, on CPUs and GPUs alike).
+
+    The zoo's configs also set every dropout to 0: each strategy must train exactly as one
+    process does, and dropout would draw different masks on different ranks."""
+    return getattr(transformers(), name)(use_cache=False, attn_implementation="sdpa", **fields)
+
+
+def model_of(name: str, cfg: object, loss_type: str | None = None) -> torch.nn.Module:
+    """The model class ``name`` built from ``cfg`` with fresh random weights (after the caller's
+    ``torch.manual_seed``: the same on every rank). Hugging Face picks a model's loss by its
+    class name; one whose name gives none (``GPT2LMHeadModel``) takes ``loss_type``, else it
+    falls back to the same default loss with a warning on every rank."""
+    model = getattr(transformers(), name)(cfg)
+    if loss_type is not None:
+        model.loss_type = loss_type
+    return model
+
+
+def builder(name: str, cfg: object, loss_type: str | None = None):
+    """``Workload.build`` for the model class ``name`` (a partial: workloads stay picklable)."""
+    return functools.partial(model_of, name, cfg, loss_type)
+
+
+def layer_class(model: str, name: str) -> type[torch.nn.Module]:
+    """A block class of a model family (``layer_class("llama", "LlamaDecoderLayer")``): the
+    unit that FSDP shards and activation checkpointing recomputes."""
+    transformers()
+    return getattr(importlib.import_module(f"transformers.models.{model}.modeling_{model}"), name)
+
+
+def _tokens(n: int, seed: int, vocab: int, seq: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (n, seq), generator=g)
+
+
+def _causal_lm_batch(n: int, seed: int, *, vocab: int, seq: int) -> tuple[dict, None]:
+    # Hugging Face causal LMs shift the labels themselves (token t predicts token t + 1), and
+    # every sample counts seq - 1 tokens, so the mean loss over ranks is the whole batch's.
+    ids = _tokens(n, seed, vocab, seq)
+    return {"input_ids": ids, "labels": ids}, None
+
+
+def causal_lm_batch(vocab: int, seq: int):
+    """(batch size, seed) -> ({"input_ids", "labels"}, None): the model returns its own loss."""
+    return functools.partial(_causal_lm_batch, vocab=vocab, seq=seq)
+
+
+def _classification_batch(n: int, seed: int, *, vocab: int, seq: int) -> tuple[dict, None]:
+    # The label is a fact of the sequence (is its first token after [CLS] in the upper half of
+    # the vocabulary?), so the loss can fall by learning, not only by memorising the batch.
+    ids = _tokens(n, seed, vocab, seq)
+    return {"input_ids": ids, "labels": (ids[:, 1] >= vocab // 2).long()}, None
+
+
+def classification_batch(vocab: int, seq: int):
+    """(batch size, seed) -> ({"input_ids", "labels"}, None), two classes, one label a sample."""
+    return functools.partial(_classification_batch, vocab=vocab, seq=seq)
