@@ -32,3 +32,12 @@ def _plain(v):
     if isinstance(v, float) and math.isnan(v):
         return None
     return v.item() if isinstance(v, np.generic) else v
+
+
+def human_bytes(n: float) -> str:
+    """A size in binary units, as nccl-tests and the tables print it ("64 KiB", "1.5 MiB")."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.4g} {unit}"
+        n /= 1024
+    return str(n)

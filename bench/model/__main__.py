@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.console import fail, records
-from bench.model.comm import FitError, load_runs, size_text
+from bench.console import fail, human_bytes, records
+from bench.model.comm import FitError, load_runs
 from bench.model.fitting import CONFIDENCE, RESAMPLES, SEED
 from bench.model.links import PRESETS, parse_link
 from bench.model.validate import POINT_COLUMNS, bucket_choices, median_abs_error, validate
@@ -142,7 +142,7 @@ def cmd_fit(args) -> int:
     _print_table(table)
     for ranks, f in comm.all_fits():
         res = ", ".join(
-            f"{size_text(int(r.size_bytes))} {r.residual_pct:+.0f}%{' (outlier)' * r.outlier}"
+            f"{human_bytes(int(r.size_bytes))} {r.residual_pct:+.0f}%{' (outlier)' * r.outlier}"
             for r in f.residuals.itertuples()
             if str(r.world_size) in ranks.split(",")
         )

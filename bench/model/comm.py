@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from bench.console import human_bytes
 from bench.model.errors import FitError
 from bench.model.fitting import (
     fit_relative,
@@ -103,13 +104,6 @@ def algorithm(backend: str, collective: str) -> Algorithm:
     return ALGORITHMS.get(backend, ALGORITHMS["nccl"])[collective]
 
 
-def size_text(nbytes: int) -> str:
-    for unit, shift in (("MiB", 20), ("KiB", 10)):
-        if nbytes >= 1 << shift:
-            return f"{nbytes / (1 << shift):g} {unit}"
-    return f"{nbytes} B"
-
-
 @dataclass(frozen=True)
 class Fit:
     """t(S, n) = a(n) alpha + b(n) S beta for one collective (times in seconds)."""
@@ -164,7 +158,7 @@ class Fit:
         out = self.residuals[self.residuals["outlier"]]
         several = self.residuals["world_size"].nunique() > 1
         return ", ".join(
-            f"{size_text(int(r.size_bytes))}{f' at {r.world_size} ranks' * several} "
+            f"{human_bytes(int(r.size_bytes))}{f' at {r.world_size} ranks' * several} "
             f"{r.residual_pct:+.0f} %"
             for r in out.itertuples()
         )

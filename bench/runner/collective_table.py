@@ -9,6 +9,7 @@ import math
 
 import pandas as pd
 
+from bench.console import human_bytes
 from bench.runfolder import placement
 from bench.runfolder.folder import ours_and_native
 from bench.runner.distenv import rank0_print
@@ -16,14 +17,6 @@ from bench.stats.intervals import relative_half_width
 from parallel_kernels.collectives import IMPLS
 
 UNSUPPORTED = "unsupported"  # the status of a placement the collective has no form for
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.4g} {unit}"
-        n /= 1024
-    return str(n)
 
 
 _HALF = 43  # characters of one placement's columns in the console table

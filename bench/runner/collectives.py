@@ -28,9 +28,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from bench.console import human_bytes
 from bench.runfolder import columns
 from bench.runfolder.folder import write_meta
-from bench.runner.collective_table import UNSUPPORTED, footer, header, human_bytes, print_line
+from bench.runner.collective_table import UNSUPPORTED, footer, header, print_line
 from bench.runner.context import finish_run, start_run
 from bench.runner.distenv import DistEnv, rank0_print, synchronize
 from bench.runner.harness import root_cause

@@ -239,17 +239,12 @@ def _aggregate(per_rank: list[dict]) -> dict:
     ratios are made again from the averages."""
     ranks = [r for r in per_rank if r]
     out = dict(ranks[0])
-    for key in columns.by_ranks(columns.TRAINING, columns.MEAN):
-        if key not in out:  # a visit that was not profiled: the runner carries them over
-            continue
-        vals = [r.get(key, np.nan) for r in ranks]
-        vals = [np.nan if v is None else v for v in vals]
-        out[key] = float(np.nanmean(vals)) if not np.all(np.isnan(vals)) else np.nan
-    for key in columns.by_ranks(columns.TRAINING, columns.MAX):
-        if key not in out:
-            continue
-        vals = [r.get(key, np.nan) for r in ranks]
-        out[key] = float(np.nanmax(vals)) if not np.all(np.isnan(vals)) else np.nan
+    for how, reduce in ((columns.MEAN, np.nanmean), (columns.MAX, np.nanmax)):
+        for key in columns.by_ranks(columns.TRAINING, how):
+            if key not in out:  # a visit that was not profiled: the runner carries them over
+                continue
+            vals = [np.nan if r.get(key) is None else r[key] for r in ranks]
+            out[key] = float(reduce(vals)) if not np.all(np.isnan(vals)) else np.nan
     out.update(flops.utilisation(out))  # mfu_pct from the ranks' aggregated figures
     if "comm_ms" not in out:
         return out

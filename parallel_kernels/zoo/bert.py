@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from parallel_kernels.workload import COLWISE, ROWWISE, Workload
 from parallel_kernels.zoo import ZOO, sized
-from parallel_kernels.zoo.hf import builder, classification_batch, config, layer_class
+from parallel_kernels.zoo.hf import classification_batch, config, hf_workload
 
 _LAYER = "bert.encoder.layer.*."
 TP_PLAN = {
@@ -31,15 +31,9 @@ def _bert(size: str, description: str, seq: int, **fields) -> Workload:
     # the problem type named, or the model would set it in the config at its first forward
     cfg = config("BertConfig", num_labels=2, problem_type="single_label_classification",
                  **NO_DROPOUT, **fields)  # fmt: skip
-    return Workload(
-        name=f"bert:{size}",
-        description=description,
-        build=builder("BertForSequenceClassification", cfg),
-        batch=classification_batch(cfg.vocab_size, seq),
-        tokens_per_sample=seq,
-        fsdp_units=(layer_class("bert", "BertLayer"),),
-        tp_plan=TP_PLAN,
-    )
+    return hf_workload(f"bert:{size}", description, model="BertForSequenceClassification",
+                       cfg=cfg, batch=classification_batch, seq=seq, family="bert",
+                       layer="BertLayer", tp_plan=TP_PLAN)  # fmt: skip
 
 
 def tiny() -> Workload:

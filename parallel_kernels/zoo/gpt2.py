@@ -8,21 +8,16 @@ from __future__ import annotations
 
 from parallel_kernels.workload import Workload
 from parallel_kernels.zoo import ZOO, sized
-from parallel_kernels.zoo.hf import builder, causal_lm_batch, config, layer_class
+from parallel_kernels.zoo.hf import causal_lm_batch, config, hf_workload
 
 NO_DROPOUT = {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
 
 
 def _gpt2(size: str, description: str, seq: int, **fields) -> Workload:
     cfg = config("GPT2Config", n_positions=seq, **NO_DROPOUT, **fields)
-    return Workload(
-        name=f"gpt2:{size}",
-        description=description,
-        build=builder("GPT2LMHeadModel", cfg, loss_type="ForCausalLM"),
-        batch=causal_lm_batch(cfg.vocab_size, seq),
-        tokens_per_sample=seq,
-        fsdp_units=(layer_class("gpt2", "GPT2Block"),),
-    )
+    return hf_workload(f"gpt2:{size}", description, model="GPT2LMHeadModel", cfg=cfg,
+                       batch=causal_lm_batch, seq=seq, family="gpt2", layer="GPT2Block",
+                       loss_type="ForCausalLM")  # fmt: skip
 
 
 def tiny() -> Workload:

@@ -10,6 +10,8 @@ from types import ModuleType
 
 import torch
 
+from parallel_kernels.workload import Workload
+
 
 def transformers() -> ModuleType:
     """The ``transformers`` package, or one line saying how to install it."""
@@ -80,3 +82,19 @@ def _classification_batch(n: int, seed: int, *, vocab: int, seq: int) -> tuple[d
 def classification_batch(vocab: int, seq: int):
     """(batch size, seed) -> ({"input_ids", "labels"}, None), two classes, one label a sample."""
     return functools.partial(_classification_batch, vocab=vocab, seq=seq)
+
+
+def hf_workload(name: str, description: str, *, model: str, cfg: object, batch, seq: int,
+                family: str, layer: str, tp_plan=None, loss_type: str | None = None) -> Workload:
+    """A zoo workload of the Hugging Face model class ``model`` built from ``cfg``: ``batch``
+    (``causal_lm_batch`` or ``classification_batch``) at ``seq`` tokens, the ``layer`` class of
+    ``family`` as its FSDP and checkpointing unit."""
+    return Workload(
+        name=name,
+        description=description,
+        build=builder(model, cfg, loss_type),
+        batch=batch(cfg.vocab_size, seq),
+        tokens_per_sample=seq,
+        fsdp_units=(layer_class(family, layer),),
+        tp_plan=tp_plan,
+    )

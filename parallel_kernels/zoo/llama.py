@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from parallel_kernels.workload import COLWISE, ROWWISE, Workload
 from parallel_kernels.zoo import ZOO, sized
-from parallel_kernels.zoo.hf import builder, causal_lm_batch, config, layer_class
+from parallel_kernels.zoo.hf import causal_lm_batch, config, hf_workload
 
 _LAYER = "model.layers.*."
 TP_PLAN = {
@@ -27,15 +27,9 @@ TP_PLAN = {
 
 def _llama(size: str, description: str, seq: int, **fields) -> Workload:
     cfg = config("LlamaConfig", max_position_embeddings=seq, attention_dropout=0.0, **fields)
-    return Workload(
-        name=f"llama:{size}",
-        description=description,
-        build=builder("LlamaForCausalLM", cfg),
-        batch=causal_lm_batch(cfg.vocab_size, seq),
-        tokens_per_sample=seq,
-        fsdp_units=(layer_class("llama", "LlamaDecoderLayer"),),
-        tp_plan=TP_PLAN,
-    )
+    return hf_workload(f"llama:{size}", description, model="LlamaForCausalLM", cfg=cfg,
+                       batch=causal_lm_batch, seq=seq, family="llama",
+                       layer="LlamaDecoderLayer", tp_plan=TP_PLAN)  # fmt: skip
 
 
 def tiny() -> Workload:
