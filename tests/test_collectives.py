@@ -69,20 +69,12 @@ def test_reference_and_native_collectives_are_exact(pool, world):
         assert len(seen) + len(refused) == expected
 
 
-def in_place_all_to_all_worker() -> int:
-    """What gloo does with all_to_all_single on one buffer: elements wrong, all ranks."""
-    n, rank = dist.get_world_size(), dist.get_rank()
-    coll = COLLECTIVES["all_to_all"]
-    inp, _, expected = coll.buffers(n * 1000, torch.float32, rank, n, "sum", CPU, False)
-    dist.all_to_all_single(inp, inp)
-    return count_wrong(inp, expected)
-
-
 @pytest.mark.timeout(120)
-def test_gloo_all_to_all_on_one_buffer_is_wrong_so_the_registry_has_none(pool):
-    """Why in-place all-to-all is n/a rather than timed: gloo accepts it and returns wrong
-    data (if a torch release fixes this, the registry can gain the in-place form)."""
-    assert sum(pool(2).run(in_place_all_to_all_worker)) > 0
+def test_all_to_all_has_no_in_place_form():
+    """Why in-place all-to-all is unsupported rather than timed: gloo accepts
+    ``all_to_all_single(x, x)`` and races its sends against its receives on the one buffer, so
+    the result is wrong in most runs and right in some (seen both ways on this machine); a test
+    of that race cannot be made to fail reliably, so the registry's refusal is what is tested."""
     coll = COLLECTIVES["all_to_all"]
     assert coll.in_place_offsets is None and "two buffers" in coll.no_in_place
     with pytest.raises(ValueError, match="no in-place form"):
