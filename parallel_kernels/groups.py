@@ -108,3 +108,19 @@ def device_mesh(
         return DeviceMesh.from_group(dim_groups[0], device.type, mesh_dim_names=names)
     global_grid = torch.tensor(ranks_of(group)).reshape(shape)
     return DeviceMesh.from_group(dim_groups, device.type, mesh=global_grid, mesh_dim_names=names)
+
+
+_POINT: list[dist.ProcessGroup | None] = [None]
+
+
+def point_group() -> dist.ProcessGroup | None:
+    """The process group of the point this rank is running (None outside one: the default
+    group). A model that issues collectives of its own (an MoE's all-to-all, a statistic
+    averaged over ranks) passes it as ``group=``: the point runs in a group of its own, with its
+    own timeout, and the job's default group is the suite's."""
+    return _POINT[0]
+
+
+def set_point_group(group: dist.ProcessGroup | None) -> None:
+    """The harness names the point's group while the point runs (None after it)."""
+    _POINT[0] = group

@@ -338,8 +338,7 @@ def render(run: Run, comparison=None, collectives=None) -> str:
         parts += model_sections(run_dir, list(collectives))
     if len(failed):
         parts.append("<h2 class='err'>Failed points</h2><ul>" + "".join(
-            f"<li><code>{html.escape(str(r.point))}</code>: {html.escape(str(r.error))}</li>"
-            for r in failed.itertuples()) + "</ul>")  # fmt: skip
+            _failed_item(r) for r in failed.to_dict("records")) + "</ul>")  # fmt: skip
     argv = " ".join(meta.get("argv", []))
     parts += [
         "<h2>Dig further</h2>",
@@ -353,6 +352,17 @@ def render(run: Run, comparison=None, collectives=None) -> str:
         f"</main>{LOAD_CHECK}</body></html>",
     ]
     return "\n".join(parts)
+
+
+def _failed_item(r: dict) -> str:
+    """A failed point: its error, and the whole of its hang diagnosis with the folder of dumps
+    that ``python -m bench.hang`` reads again."""
+    item = f"<li><code>{html.escape(str(r['point']))}</code>: {html.escape(str(r['error']))}"
+    diagnosis = r.get("diagnosis")
+    if isinstance(diagnosis, str) and diagnosis:
+        item += (f"<br><b>diagnosis</b>: {html.escape(diagnosis)} (<code>python -m bench.hang "
+                 f"{html.escape(str(r.get('hang_dir', '')))}</code>)")  # fmt: skip
+    return item + "</li>"
 
 
 def write_report(

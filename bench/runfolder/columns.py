@@ -47,6 +47,10 @@ TRAINING: tuple[Column, ...] = (
     _c("world_size", "ranks", POINT, True, "ranks the point ran on"),
     _c("status", "", POINT, True, "ok, or error (the row keeps its error text)", report=6),
     _c("error", "", POINT, True, "why the point failed: the first rank's own error"),
+    _c("diagnosis", "", POINT, False, "a failed point's one-line diagnosis from its ranks' "
+       "flight records and stacks (python -m bench.hang)"),
+    _c("hang_dir", "", POINT, False, "where the failed point's ranks left their flight records "
+       "and stacks"),
     _c("step_ms_median", "ms", TIMED, True, "median step time: first rank's start to last "
        "rank's end, on a common clock"),
     _c("step_ms_min", "ms", TIMED, True, "fastest timed step"),

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from bench.console import fail
+from bench.runner import flight
 
 __all__ = ["fail"]
 
@@ -66,6 +67,7 @@ def init_distributed(*, backend: str = "auto", timeout_s: float = 300.0) -> Dist
     if os.environ.get("TORCH_DISTRIBUTED_DEBUG"):
         dist.set_debug_level_from_env()  # --debug: collective mismatches raise
     if not dist.is_initialized():
+        flight.enable()  # every point's collectives recorded, for bench.hang
         dist.init_process_group(
             backend,
             timeout=datetime.timedelta(seconds=timeout_s),

@@ -20,10 +20,12 @@ import torch
 import torch.distributed as dist
 
 from bench.analysis import breakdown as analysis
+from bench.hang.calls import comm_failure
 from bench.runfolder import columns
 from bench.runfolder.points import PointRecord
 from bench.runner import flops
 from bench.runner.distenv import DistEnv, synchronize
+from bench.runner.hangs import diagnosis, hang_dir, run_watched
 from bench.runner.nvml import NvmlSampler
 from bench.runner.profiling import (
     MemoryBaseline,
@@ -87,6 +89,10 @@ class DivergedError(RuntimeError):
 
 class LostRanksError(RuntimeError):
     """The ranks could not agree on a point's outcome: a rank or a node is gone."""
+
+    def __init__(self, message: str, hangs: Path | None = None):
+        super().__init__(message)
+        self.hangs = hangs  # where the ranks that could still act left their dumps
 
 
 def param_digest(tensors: list[torch.Tensor]) -> str:
@@ -272,9 +278,10 @@ def point_columns(point: PointRecord) -> dict:
 
 
 def root_cause(errors: list[str | None]) -> str:
-    """The first rank's own error beats the timeouts it caused on the other ranks."""
+    """The first rank's own error beats the timeouts and closed connections it caused on the
+    other ranks."""
     found = [(r, e) for r, e in enumerate(errors) if e]
-    primary = [(r, e) for r, e in found if "Timed out" not in e and "timed out" not in e]
+    primary = [(r, e) for r, e in found if not comm_failure(e)]
     rank, err = (primary or found)[0]
     return f"rank {rank}: {err}".replace("\n", " ")[:500]
 
@@ -303,7 +310,7 @@ def run_point(
     # job, every rank also creates the subgroups the strategy will ask for (groups.py).
     timeout = datetime.timedelta(seconds=cfg.point_timeout_s)
     try:
-        group = dist.new_group(members, timeout=timeout)
+        group = dist.new_group(members, timeout=timeout, group_desc="point")
         if k < env.world_size:
             try:
                 shape = STRATEGIES[point.strategy].mesh_shape(k, **point.knobs)
@@ -316,11 +323,18 @@ def run_point(
             f"point {point.id}: lost contact with the other ranks while forming the point's "
             f"group ({type(e).__name__}: {str(e).splitlines()[0][:300]})"
         ) from None
+    hangs = hang_dir(trace_dir)
     if env.rank in members:
-        try:
-            metrics = _train_and_measure(point, env, cfg, visit, group, trace_dir, progress)
-        except Exception as e:  # noqa: BLE001  (any failure becomes the point's error row)
-            error = f"{type(e).__name__}: {e}"
+        metrics, error = run_watched(
+            lambda: _train_and_measure(point, env, cfg, visit, group, trace_dir, progress),
+            group=group, rank=env.rank, folder=hangs, key=f"bench.hang/{hangs}/{visit.round}")
+        if error is not None:
+            # This rank's end of the point's group goes now, not after the others answer: its
+            # connections close, so members still waiting in one of its collectives fail at
+            # once instead of at the timeout (gloo has no other way to wake them).
+            dist.destroy_process_group(group)
+            group = None
+            gc.collect()
     gathered: list = [None] * env.world_size
     try:
         dist.all_gather_object(gathered, (metrics, error))  # the others wait here: a barrier
@@ -328,9 +342,10 @@ def run_point(
         own = error or "finished on this rank"
         raise LostRanksError(
             f"point {point.id}: lost contact with the other ranks "
-            f"({type(e).__name__}: {str(e).splitlines()[0][:300]}); rank {env.rank}: {own}"
+            f"({type(e).__name__}: {str(e).splitlines()[0][:300]}); rank {env.rank}: {own}",
+            hangs=hangs,
         ) from None
-    if env.rank in members:
+    if env.rank in members and group is not None:
         dist.destroy_process_group(group)
     gc.collect()
     gathered = gathered[:k]
@@ -344,6 +359,8 @@ def run_point(
     errors = [e for _, e in gathered]
     if any(errors):
         row.update(status="error", error=root_cause(errors))
+        if env.is_main:
+            row.update(diagnosis(hangs))
     else:
         row.update(status="ok", error="")
         row.update(_aggregate([m for m, _ in gathered]))

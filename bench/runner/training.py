@@ -13,8 +13,10 @@ from bench.analysis.scaling import scaling_efficiency
 from bench.runfolder import columns
 from bench.runfolder.folder import Run, write_meta
 from bench.runfolder.points import PointRecord
+from bench.runner import watchdog
 from bench.runner.context import History, finish_run, start_run
 from bench.runner.distenv import rank0_print
+from bench.runner.hangs import diagnosis
 from bench.runner.harness import HarnessConfig, LostRanksError, Visit, point_columns, run_point
 from bench.runner.noise import NoiseFloor
 from bench.runner.timing import Budget
@@ -49,9 +51,13 @@ def _summary(run: Run) -> str:
 def lost_ranks(ctx, point: PointRecord, e: LostRanksError) -> None:
     """A rank or node is gone: record the point as failed, say so, and end this rank now
     (its process group cannot be torn down cleanly without the lost peers)."""
+    row = {**point_columns(point), "status": "error", "error": str(e), **diagnosis(e.hangs)}
     if ctx.env.is_main:
-        ctx.write({**point_columns(point), "status": "error", "error": str(e)})
+        ctx.write(row)
+    watchdog.IN_POINT.clear()
     print(f"error: {e}", file=sys.stderr, flush=True)
+    if row.get("diagnosis"):
+        print(f"diagnosis: {row['diagnosis']}", file=sys.stderr, flush=True)
     os._exit(1)
 
 
@@ -112,6 +118,7 @@ def _visit(ctx, cfg: HarnessConfig, point: PointRecord, r: int, rounds: int, his
             row = {**history.row, **row}
         history.row = {k: v for k, v in row.items() if k != "samples_ms"}
     ctx.write(row)
+    watchdog.point_done()
     if row["status"] == "ok":
         rank0_print(
             f"{label}: ok, step {row['step_ms_median']:.1f} ms median "
@@ -121,11 +128,14 @@ def _visit(ctx, cfg: HarnessConfig, point: PointRecord, r: int, rounds: int, his
         )
     else:
         rank0_print(f"{label}: error: {row['error']}")
+        if row.get("diagnosis"):
+            rank0_print(f"{label}: diagnosis: {row['diagnosis']}")
 
 
 def run_sweep(args: argparse.Namespace, points: list[PointRecord], argv: list[str]) -> int:
     ctx = start_run(args, argv, columns.written(columns.TRAINING), points=points)
     env = ctx.env
+    watchdog.install()  # a rank stuck in its own code is interrupted when its point failed
     cfg = HarnessConfig(point_timeout_s=args.point_timeout, clip_grad_norm=args.clip_grad_norm)
     orders = round_orders(points, args.rounds, args.seed)
     if env.is_main:

@@ -1,0 +1,103 @@
+"""The dumps as one table: a row per collective each rank issued, with the source line that
+issued it; and how a rank's stacks say where it is."""
+
+from __future__ import annotations
+
+import linecache
+import os
+import re
+
+import pandas as pd
+
+from bench.hang.dumps import Dumps
+
+# A frame of torch itself (its distributed package, autograd, nn): the line that matters is
+# the first one outside it, the user's or the suite's.
+_TORCH_FRAME = re.compile(
+    r"[/\\](?:site|dist)-packages[/\\]torch[/\\]|[/\\]torch[/\\](?:distributed|nn|autograd|_tensor)"
+)
+_TORCH_DIST_FRAME = re.compile(r"[/\\]torch[/\\]distributed[/\\]")
+
+DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16",
+          "Long": "int64", "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8",
+          "Bool": "bool"}  # fmt: skip
+
+# Errors that only say a peer stopped answering: the cause is elsewhere.
+_COMM_FAILURES = ("timed out", "connection closed", "connection reset", "read error",
+                  "broken pipe", "interrupted by the watchdog", "dumped by the watchdog",
+                  "communicator was aborted")  # fmt: skip
+
+
+def comm_failure(message: str | None) -> bool:
+    """Whether an error only says that a peer stopped answering (a timeout, a closed
+    connection, the watchdog): the rank that failed first, or never arrived, is the cause."""
+    low = (message or "").lower()
+    return any(s in low for s in _COMM_FAILURES)
+
+
+def frame(f: dict) -> dict:
+    """A frame as the suite's stacks give it (torch's dumps say ``filename``)."""
+    return {"file": str(f.get("file", f.get("filename", "?"))), "line": int(f.get("line", 0)),
+            "name": str(f.get("name", "?"))}  # fmt: skip
+
+
+def own_frame(frames: list[dict]) -> dict | None:
+    """The innermost frame outside torch (frames are innermost first)."""
+    for f in map(frame, frames or []):
+        if not _TORCH_FRAME.search(f["file"]) and not f["file"].startswith("<"):
+            return f
+    return None
+
+
+def site(frame: dict | None) -> str:
+    """``file.py:42``, the way a user finds the line."""
+    if not frame:
+        return "?"
+    return f"{os.path.basename(str(frame['file']))}:{frame['line']}"
+
+
+def code(frame: dict | None) -> str:
+    """The source text of the frame's line, where this machine has the file."""
+    if not frame:
+        return ""
+    text = linecache.getline(str(frame["file"]), int(frame["line"])).strip()
+    return text.split("  # ")[0]  # the code, not its comment
+
+
+def calls(d: Dumps) -> pd.DataFrame:
+    """One row per collective a rank issued (point-to-point calls are left out: they are
+    numbered apart and matched by peer, not by group)."""
+    rows = []
+    for rank, dump in d.ranks.items():
+        for e in dump.record["entries"]:
+            if e.get("is_p2p"):
+                continue
+            frame = own_frame(e.get("frames", []))
+            shapes = tuple(tuple(s) for s in e.get("input_sizes", []))
+            dtypes = tuple(DTYPES.get(t, t) for t in e.get("input_dtypes", []))
+            numel = sum(int(pd.Series(s).prod()) if s else 1 for s in shapes)
+            rows.append({
+                "rank": rank, "record": int(e.get("record_id", 0)),
+                "group": e["process_group"][0], "seq": int(e["collective_seq_id"]),
+                "op": str(e.get("profiling_name", "?")).split(":")[-1].split(" ")[0],
+                "shapes": shapes, "dtypes": dtypes, "numel": numel,
+                "done": bool(e.get("retired", False)), "time_ns": e.get("time_created_ns") or 0,
+                "site": site(frame), "frame": frame,
+            })  # fmt: skip
+    cols = ["rank", "record", "group", "seq", "op", "shapes", "dtypes", "numel", "done",
+            "time_ns", "site", "frame"]  # fmt: skip
+    df = pd.DataFrame(rows, columns=cols)
+    return df.sort_values(["group", "rank", "seq"]).reset_index(drop=True)
+
+
+def main_thread_frames(stacks: dict | None) -> list[dict]:
+    if not stacks:
+        return []
+    main = [t for t in stacks.get("threads", []) if t.get("main")]
+    return main[0]["frames"] if main else []
+
+
+def in_collective(stacks: dict | None) -> bool:
+    """Whether the rank's main thread stood in ``torch.distributed`` when it dumped."""
+    frames = main_thread_frames(stacks)
+    return bool(frames) and any(_TORCH_DIST_FRAME.search(frame(f)["file"]) for f in frames[:3])

@@ -1,0 +1,294 @@
+"""From the ranks' calls and stacks, the one line that says why the job hung.
+
+The method (torch's analyser matches calls group by group; this adds the rank that never
+arrived, where it is instead, and one readable line):
+
+1. Per process group, the ranks' calls are compared sequence number by sequence number (the
+   number the recorder gives each collective in its group). The first number where they differ
+   in op, shapes or dtypes is a disagreement. Where the ops agree but the source lines differ,
+   and one rank's calls from there on are the others' shifted by one, that rank skipped a call
+   (or issued an extra one): a collective behind ``if rank == 0`` looks like this when the
+   sizes happen to agree.
+2. Where the calls agree, the ranks whose last call in a group is the highest wait in it; the
+   members behind never issued it. What those are doing instead comes from their stacks and
+   their calls in other groups: raised an error, in their own code, waiting in another group
+   (two ranks waiting on each other across two groups is a deadlock of issue order), gone.
+3. The earliest of these (by the time each call was issued) is the cause; later ones follow from
+   it. A rank that issues, at the point of the hang, the first call of another step while the
+   others have left their loop ran more steps than they did: uneven data.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from bench.hang import calls as c
+from bench.hang.dumps import Dumps, load
+
+SIG = ["op", "shapes", "dtypes"]
+SIG_SITE = [*SIG, "site"]
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    kind: str  # disagree, skipped, extra, uneven, raised, own_code, waits, cycle, gone, none
+    line: str
+    ranks: tuple[int, ...] = ()  # the ranks it blames
+    group: str | None = None
+    seq: int | None = None
+    op: str | None = None
+    where: str | None = None  # the source line it names (file:line)
+
+
+def _ranks(rs) -> str:
+    rs = sorted(rs)
+    return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(str(r) for r in rs)
+
+
+def _group(d: Dumps, name: str) -> str:
+    desc = d.groups.get(name, ("undefined", []))[0]
+    label = "default" if desc == "default_pg" else desc if desc not in ("", "undefined") else name
+    return f"group {label}"
+
+
+def _call(d: Dumps, row) -> str:
+    dtype = ",".join(sorted(set(row.dtypes))) or "?"
+    return f"{row.op} #{row.seq} ({_group(d, row.group)}, {row.numel:,} {dtype})"
+
+
+def _shapes(row) -> str:
+    return " ".join(str(list(s)) for s in row.shapes) or "[]"
+
+
+def _sig(row, cols) -> tuple:
+    return tuple(getattr(row, k) for k in cols)
+
+
+def _from(t: pd.DataFrame, s: int, cols) -> list[tuple]:
+    return [_sig(r, cols) for r in t[t.seq >= s].itertuples()]
+
+
+def _shifted(behind: pd.DataFrame, ahead: pd.DataFrame, s: int, cols) -> bool:
+    """``behind``'s calls from #s on are ``ahead``'s from #s+1 on (at least one compared)."""
+    a, b = _from(behind, s, cols), _from(ahead, s + 1, cols)
+    k = min(len(a), len(b))
+    return k >= 1 and a[:k] == b[:k]
+
+
+def _first_difference(per_rank: dict[int, pd.DataFrame], cols) -> int | None:
+    lo = max(int(t.seq.min()) for t in per_rank.values())
+    hi = min(int(t.seq.max()) for t in per_rank.values())
+    rows = {r: t.set_index("seq") for r, t in per_rank.items()}
+    for s in range(lo, hi + 1):
+        sigs = {tuple(t.loc[s, k] for k in cols) for t in rows.values() if s in t.index}
+        if len(sigs) > 1:
+            return s
+    return None
+
+
+def _at(t: pd.DataFrame, s: int):
+    hit = t[t.seq == s]
+    return next(hit.itertuples()) if len(hit) else None
+
+
+def _repeats(t: pd.DataFrame, s: int) -> bool:
+    """The call #s repeats an earlier call of this rank (same op, shapes, line): a new step."""
+    row = _at(t, s)
+    return row is not None and any(_sig(r, SIG_SITE) == _sig(row, SIG_SITE)
+                                   for r in t[t.seq < s].itertuples())  # fmt: skip
+
+
+def _disagreement(d: Dumps, name: str, per_rank: dict[int, pd.DataFrame]) -> tuple | None:
+    """(0, time, Diagnosis) of the group's first disagreement, or None."""
+    s_sig = _first_difference(per_rank, SIG)
+    s_site = _first_difference(per_rank, SIG_SITE)
+    for s, cols in ((s_site, SIG_SITE), (s_sig, SIG)):
+        if s is None:
+            continue
+        at = {r: _at(t, s) for r, t in per_rank.items() if _at(t, s) is not None}
+        counts = pd.Series([_sig(v, cols) for v in at.values()]).value_counts(sort=False)
+        major = counts.idxmax()  # ties: the lowest rank's call
+        dev = [r for r, v in at.items() if _sig(v, cols) != major]
+        ref = next(r for r, v in at.items() if _sig(v, cols) == major)
+        when = min(v.time_ns for v in at.values())
+        first = at[ref]
+        if all(_shifted(per_rank[r], per_rank[ref], s, cols) for r in dev):
+            return 0, when, Diagnosis(
+                "skipped",
+                f"{_ranks(dev)} never issued {_call(d, first)} that {_ranks(set(at) - set(dev))} "
+                f"issued at {first.site}: {_ranks(dev)}'s calls from #{s} on are the others' "
+                f"from #{s + 1} on",
+                tuple(dev), name, s, first.op, first.site)  # fmt: skip
+        if all(_shifted(per_rank[ref], per_rank[r], s, cols) for r in dev):
+            extra = at[dev[0]]
+            return 0, when, Diagnosis(
+                "extra",
+                f"{_ranks(dev)} issued {_call(d, extra)} at {extra.site} that the others never "
+                f"did: their calls from #{s} on are {_ranks(dev)}'s from #{s + 1} on",
+                tuple(dev), name, s, extra.op, extra.site)  # fmt: skip
+        if cols is SIG_SITE:
+            continue  # lines differ, calls agree, no shift: ranks may call from other lines
+        longer = [r for r in at if r not in dev and _repeats(per_rank[r], s)]
+        history = {_sig(x, SIG) for r in longer
+                   for x in per_rank[r][per_rank[r].seq < s].itertuples()}  # fmt: skip
+        if longer and all(_sig(at[r], SIG) not in history for r in dev):
+            return 0, when, _uneven(d, longer, dev, first, [at[r] for r in dev])
+        parts = [f"{_ranks([r for r, v in at.items() if _sig(v, SIG) == sig])} {v.op} "
+                 f"{_shapes(v)} {','.join(v.dtypes)} at {v.site}"
+                 for sig, v in {_sig(v, SIG): v for v in at.values()}.items()]  # fmt: skip
+        return 0, when, Diagnosis(
+            "disagree",
+            f"ranks disagree at collective #{s} ({_group(d, name)}): " + "; ".join(parts),
+            tuple(dev), name, s, first.op, first.site)  # fmt: skip
+    return None
+
+
+def _uneven(d: Dumps, longer, shorter, call, elsewhere) -> Diagnosis:
+    where = "; ".join(f"{_ranks([e.rank])} is at {e.op} #{e.seq} at {e.site}" for e in elsewhere)
+    gone = [r for r in shorter if r not in {e.rank for e in elsewhere}]
+    if gone:
+        where = "; ".join(filter(None, [where, f"{_ranks(gone)} left no further call"]))
+    return Diagnosis(
+        "uneven",
+        f"{_ranks(longer)} began another step ({_call(d, call)} at {call.site}, as in the step "
+        f"before) that {_ranks(shorter)} never began ({where}): the ranks ran different numbers "
+        f"of steps; uneven data? (DistributedSampler(drop_last=True), or DDP's Join context)",
+        tuple(shorter), call.group, call.seq, call.op, call.site)  # fmt: skip
+
+
+def _whereabouts(d: Dumps, df: pd.DataFrame, rank: int, waits: dict[int, object]) -> tuple:
+    """(kind, text) of what ``rank`` does instead of the call the others wait in."""
+    dump = d.ranks.get(rank)
+    if dump is None:
+        return "gone", f"{_ranks([rank])} left no dump"
+    stacks = dump.stacks
+    if stacks and stacks.get("error") and not c.comm_failure(stacks["error"]):
+        frame = c.own_frame(stacks.get("raised_at", [])) or c.own_frame(
+            c.main_thread_frames(stacks)
+        )
+        text = c.code(frame)
+        return "raised", (f"{_ranks([rank])} raised {stacks['error'].splitlines()[0][:200]} at "
+                          f"{c.site(frame)}" + (f" ({text})" if text else ""))  # fmt: skip
+    if rank in waits:
+        w = waits[rank]
+        return "elsewhere", f"{_ranks([rank])} waits in {_call(d, w)} at {w.site}"
+    if stacks and not c.in_collective(stacks):
+        frame = c.own_frame(c.main_thread_frames(stacks))
+        text = c.code(frame)
+        return "own_code", (f"{_ranks([rank])} is in its own code at {c.site(frame)}"
+                            + (f" ({text})" if text else ""))  # fmt: skip
+    mine = df[df["rank"] == rank]
+    if len(mine):
+        last = mine.sort_values("time_ns").iloc[-1]
+        return "elsewhere", f"{_ranks([rank])}'s last call was {_call(d, last)} at {last.site}"
+    return "elsewhere", f"{_ranks([rank])} issued no collective"
+
+
+def diagnose(d: Dumps) -> Diagnosis:
+    """The cause of the hang the dumps show, in one line (kind "none" when nothing is wrong)."""
+    df = c.calls(d)
+    found: list[tuple] = []
+    heads: dict[str, tuple] = {}  # group -> (its last call, the ranks waiting, the ranks behind)
+    for name, sub in df.groupby("group", sort=False):
+        per_rank = {int(r): t for r, t in sub.groupby("rank")}
+        got = _disagreement(d, name, per_rank)
+        if got:
+            found.append(got)
+            continue
+        top = int(sub.seq.max())
+        members = d.groups.get(name, ("", sorted(per_rank)))[1] or sorted(per_rank)
+        waiting = [r for r, t in per_rank.items() if int(t.seq.max()) == top]
+        behind = [r for r in members if r not in waiting]
+        if behind:
+            heads[name] = (_at(per_rank[waiting[0]], top), waiting, behind)
+    # a rank's wait: its newest call that others have not joined
+    waits: dict[int, object] = {}
+    for name, (row, waiting, _) in heads.items():
+        for r in waiting:
+            if r not in waits or row.record > waits[r].record:
+                waits[r] = _at(df[(df.group == name) & (df["rank"] == r)], row.seq)
+    went_on = {r for r, w in waits.items() if _follows_history(df, r, w) is False}
+    for name, (row, waiting, behind) in heads.items():
+        # The wait that is the cause: the ranks behind it went on to a call that, in every
+        # earlier step, came only after this one (they skipped it), while the waiting ranks
+        # did what they always do. Otherwise the first wait in time.
+        skipped = bool(set(behind) & set(waits)) and set(behind) & set(waits) <= went_on
+        first = 0 if skipped and not set(waiting) & went_on else 1
+        found.append((first, row.time_ns, _wait(d, df, name, row, waiting, behind, waits,
+                                                skipped)))  # fmt: skip
+    if not found:
+        missing = f" (no dump from {_ranks(d.missing)})" if d.missing else ""
+        return Diagnosis("none", f"no hang in the dumps: every group's calls agree and no rank "
+                                 f"waits for another{missing}")  # fmt: skip
+    *_, diag = min(found, key=lambda f: (*f[:-1], f[-1].kind != "disagree"))
+    if d.missing and diag.kind != "gone":
+        diag = Diagnosis(diag.kind, f"{diag.line} (no dump from {_ranks(d.missing)})",
+                         diag.ranks, diag.group, diag.seq, diag.op, diag.where)  # fmt: skip
+    return diag
+
+
+def _follows_history(df: pd.DataFrame, rank: int, row) -> bool | None:
+    """Whether ``rank``'s call ``row`` came after the same call (by line) as it did in an
+    earlier step; None where the line has no earlier call to go by."""
+    mine = df[df["rank"] == rank].sort_values("record")
+    before = mine[mine.record < row.record]
+    if before.empty or row.site not in set(before.site):
+        return None
+    sites = before.site.tolist()
+    return (sites[-1], row.site) in set(itertools.pairwise(sites))
+
+
+def _wait(d: Dumps, df, name, row, waiting, behind, waits, skipped: bool) -> Diagnosis:
+    where = f"{_ranks(waiting)} wait{'s' if len(waiting) == 1 else ''} in it at {row.site}"
+    about = {r: _whereabouts(d, df, r, waits) for r in behind}
+    kinds = {k for k, _ in about.values()}
+    texts = "; ".join(t for _, t in about.values())
+    args = (tuple(behind), name, row.seq, row.op, row.site)
+    if kinds == {"raised"}:
+        return Diagnosis("raised", f"{texts}, while {_ranks(waiting)} waited in {_call(d, row)} "
+                                   f"at {row.site}", *args)  # fmt: skip
+    if kinds == {"own_code"}:
+        return Diagnosis("own_code", f"{texts}, while {_ranks(waiting)} wait"
+                         f"{'s' if len(waiting) == 1 else ''} in {_call(d, row)} at {row.site}",
+                         *args)  # fmt: skip
+    if kinds == {"gone"}:
+        own = df[(df.group == name) & df["rank"].isin(waiting)]
+        again = all(_repeats(own[own["rank"] == r], row.seq) for r in waiting)
+        why = ("it finished its loop early (uneven data? DistributedSampler(drop_last=True), or "
+               "DDP's Join context), or crashed" if again else
+               "in that call or before it (a rank that crashes inside a collective leaves no "
+               "dump; gloo aborts one that receives more than its tensor holds: sizes that "
+               "differ)")  # fmt: skip
+        return Diagnosis("gone", (
+            f"{_ranks(behind)} left no dump, while {_ranks(waiting)} wait"
+            f"{'s' if len(waiting) == 1 else ''} in {_call(d, row)} at {row.site}"
+            f"{', as in the step before' if again else ''}: its process ended, {why}"),
+            *args)  # fmt: skip
+    line = f"{_ranks(behind)} never issued {_call(d, row)}; {where}; {texts}"
+    if skipped:
+        return Diagnosis("skipped", f"{_ranks(behind)} skipped {_call(d, row)}; {where}; "
+                         f"{texts.replace(' waits in ', ' went on to ')}, a call that never "
+                         f"followed its previous one directly in earlier steps", *args)  # fmt: skip
+    cycle = [r for r in behind if r in waits and set(waiting) & set(heads_behind(df, waits[r]))]
+    if cycle:
+        groups = " and ".join(sorted({_group(d, name), _group(d, waits[cycle[0]].group)}))
+        line += (f", which {_ranks(waiting)} never issued: a deadlock across {groups} (their "
+                 f"collectives issued in a different order, or one skipped)")  # fmt: skip
+        return Diagnosis("cycle", line, *args)
+    return Diagnosis("waits", line, *args)
+
+
+def heads_behind(df: pd.DataFrame, row) -> list[int]:
+    """The ranks of ``row``'s group that have not issued ``row``'s call."""
+    sub = df[df.group == row.group]
+    last = sub.groupby("rank").seq.max()
+    return [int(r) for r, s in last.items() if s < row.seq]
+
+
+def diagnose_folder(folder: Path) -> Diagnosis:
+    """``diagnose(load(folder))``: raises ``DumpError`` on a folder it cannot read."""
+    return diagnose(load(folder))

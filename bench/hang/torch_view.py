@@ -1,0 +1,64 @@
+"""What torch's own flight-recorder analyser (``torch.distributed.flight_recorder``) finds in
+the same dumps: its first collective that fails its checks. ``bench.hang`` shows it next to its
+own line (``--torch``) and the tests check that the two name the same call."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import io
+import logging
+from dataclasses import dataclass
+
+from bench.hang.dumps import Dumps
+
+
+@dataclass(frozen=True)
+class TorchFinding:
+    group: str  # the group's name, as the dumps give it
+    seq: int
+    name: str
+    missing_ranks: tuple[int, ...]
+    mismatch: str  # torch's MatchState, or ""
+
+    def __str__(self) -> str:
+        missing = f", missing ranks {list(self.missing_ranks)}" if self.missing_ranks else ""
+        kind = f", {self.mismatch}" if self.mismatch else ""
+        return f"{self.name} #{self.seq} of group {self.group} fails its checks{kind}{missing}"
+
+
+def first_problem(d: Dumps) -> TorchFinding | None:
+    """torch's first collective with ``pass_check`` false, or None (all matched)."""
+    details = {
+        dump.path.name: {
+            "host_name": f"host_rank{rank}",
+            "rank": rank,
+            "entries": copy.deepcopy(dump.record["entries"]),
+            "version": dump.record.get("version", "2.0"),
+            "pg_config": dump.record.get("pg_config", {}),
+        }
+        for rank, dump in d.ranks.items()
+    }
+    version = str(next(iter(details.values()))["version"])
+    args = argparse.Namespace(verbose=False, just_print_entries=False, allow_incomplete_ranks=True,
+                              mismatch_cap=10, selected_ranks=None, pg_filters=None,
+                              print_stack_trace=False)  # fmt: skip
+    log = logging.getLogger("Flight Recorder")
+    level, log.level = log.level, logging.CRITICAL  # its own report goes to the console
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            from torch.distributed.flight_recorder.components.builder import build_db
+
+            db = build_db(details, args, version)
+    finally:
+        log.level = level
+    for coll in db.collectives:
+        if not coll.pass_check:
+            state = coll.type_of_mismatch
+            return TorchFinding(
+                group=str(coll.group_id), seq=int(coll.collective_seq_id),
+                name=str(coll.collective_name).split(":")[-1],
+                missing_ranks=tuple(sorted(coll.missing_ranks or ())),
+                mismatch=state._state.name if state is not None else "")  # fmt: skip
+    return None

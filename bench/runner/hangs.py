@@ -1,0 +1,50 @@
+"""A point that fails leaves its ranks' flight records and stacks in ``hangs/<point>/``, and
+its row the one-line diagnosis ``bench.hang`` reads from them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch.distributed as dist
+
+from bench.hang import diagnose_folder
+from bench.hang.dumps import DumpError
+from bench.runner.watchdog import PointWatch
+from parallel_kernels.groups import set_point_group
+
+
+def hang_dir(trace_dir: Path) -> Path:
+    """``hangs/<point>/`` of the run folder (``trace_dir`` is its ``traces/<point>/``)."""
+    return trace_dir.parent.parent / "hangs" / trace_dir.name
+
+
+def run_watched(fn: Callable[[], dict], *, group: dist.ProcessGroup, rank: int, folder: Path,
+                key: str) -> tuple[dict | None, str | None]:  # fmt: skip
+    """``fn()`` (the point on this rank) under its watchdog, with ``group`` named as the point's
+    (``parallel_kernels.groups.point_group``); the flight recorder dumped if it raises:
+    (result, None) or (None, error)."""
+    watch = PointWatch(key=key, rank=rank, folder=folder)
+    set_point_group(group)
+    try:
+        with watch:
+            return fn(), None
+    except Exception as e:  # noqa: BLE001  (any failure becomes the point's error row)
+        watch.failed(e)
+        return None, f"{type(e).__name__}: {e}"
+    finally:
+        set_point_group(None)
+
+
+def diagnosis(hangs: Path | None) -> dict:
+    """The ``diagnosis`` and ``hang_dir`` columns of a failed point: the one line
+    ``bench.hang`` reads from the ranks' dumps, where they left any."""
+    if hangs is None or not hangs.is_dir():
+        return {}
+    try:
+        line = diagnose_folder(hangs).line
+    except DumpError as e:
+        line = f"no diagnosis: {e}"
+    except Exception as e:  # noqa: BLE001  (the row is written whatever the analysis does)
+        line = f"no diagnosis: {type(e).__name__}: {e}"
+    return {"diagnosis": line, "hang_dir": str(hangs)}

@@ -1,0 +1,184 @@
+"""``bench.hang`` on dumps with known answers, written here in torch's dump format: each
+diagnosis names the rank, the call, its sequence number and the line; torch's analyser names the
+same call where it finds one; bad folders get one line and exit 2."""
+
+import json
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.hang import diagnose, load
+from bench.hang.dumps import DumpError
+from bench.hang.torch_view import first_problem
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def call(seq: int, op: str = "all_reduce", shape=(1000,), line: int = 10, group: str = "0",
+         t: int | None = None, done: bool = True) -> dict:  # fmt: skip
+    desc = "default_pg" if group == "0" else "undefined"
+    return {
+        "record_id": seq, "pg_id": int(group), "process_group": (group, desc),
+        "collective_seq_id": seq, "p2p_seq_id": 0, "op_id": seq,
+        "profiling_name": f"gloo:{op}", "time_created_ns": t if t is not None else seq * 1000,
+        "input_sizes": [list(shape)], "input_dtypes": ["Float"], "output_sizes": [list(shape)],
+        "output_dtypes": ["Float"], "state": "scheduled", "retired": done, "is_p2p": False,
+        "timeout_ms": 5000, "time_discovered_started_ns": None,
+        "time_discovered_completed_ns": None,
+        "frames": [{"name": "all_reduce", "filename": "/x/site-packages/torch/distributed/c.py",
+                    "line": 1}, {"name": "step", "filename": "/job/train.py", "line": line}],
+    }  # fmt: skip
+
+
+def write(folder: Path, rank: int, entries: list[dict], world: int = 2, job: str = "job-1",
+          stacks: dict | None = None) -> None:  # fmt: skip
+    groups = {"0": {"name": "0", "desc": "default_pg", "ranks": str(list(range(world)))}}
+    for e in entries:
+        name = e["process_group"][0]
+        groups.setdefault(name, {"name": name, "desc": "undefined",
+                                 "ranks": str(list(range(world)))})  # fmt: skip
+    rec = {"version": "2.10", "pg_config": groups, "pg_status": {}, "entries": entries,
+           "job": job}  # fmt: skip
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"fr_rank{rank}").write_bytes(pickle.dumps(rec))
+    if stacks is not None:
+        (folder / f"stacks_rank{rank}.json").write_text(json.dumps({"rank": rank, **stacks}))
+
+
+def steps(n: int, **kw) -> list[dict]:
+    return [call(s, **kw) for s in range(1, n + 1)]
+
+
+def hang(argv) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "bench.hang", *map(str, argv)],
+                          capture_output=True, text=True, timeout=60, cwd=REPO)  # fmt: skip
+
+
+def test_sizes_that_differ_are_a_disagreement_torch_finds_too(tmp_path):
+    write(tmp_path, 0, [*steps(2), call(3, line=42)])
+    write(tmp_path, 1, [*steps(2), call(3, shape=(999,), line=42)])
+    d = load(tmp_path)
+    diag = diagnose(d)
+    assert diag.kind == "disagree"
+    assert diag.line == ("ranks disagree at collective #3 (group default): rank 0 all_reduce "
+                         "[1000] float32 at train.py:42; rank 1 all_reduce [999] float32 at "
+                         "train.py:42")  # fmt: skip
+    torch_says = first_problem(d)
+    assert (torch_says.group, torch_says.seq) == ("0", diag.seq)
+
+
+def test_a_skipped_call_of_equal_size_is_seen_by_its_line(tmp_path):
+    """``if rank == 0: all_reduce(x)`` where x has the gradients' size: the ops agree call by
+    call, shifted by one; only the lines tell."""
+    write(tmp_path, 0, [call(1), call(2, line=42), call(3), call(4, done=False)])
+    write(tmp_path, 1, [call(1), call(2), call(3)])
+    diag = diagnose(load(tmp_path))
+    assert diag.kind == "skipped"
+    assert diag.line.startswith("rank 1 never issued all_reduce #2 (group default, 1,000 "
+                                "float32) that rank 0 issued at train.py:42")  # fmt: skip
+    assert (diag.ranks, diag.seq, diag.where) == ((1,), 2, "train.py:42")
+
+
+def test_the_rank_that_never_arrived_is_named_with_its_own_code(tmp_path):
+    sleeping = {"reason": "watchdog", "error": "dumped by the watchdog: rank 0 failed",
+                "threads": [{"thread": "MainThread", "main": True, "frames": [
+                    {"file": "/job/model.py", "line": 88, "name": "forward"},
+                    {"file": "/job/train.py", "line": 30, "name": "main"}]}]}  # fmt: skip
+    write(tmp_path, 0, steps(5, line=42))
+    write(tmp_path, 1, steps(4, line=42), stacks=sleeping)
+    diag = diagnose(load(tmp_path))
+    assert diag.kind == "own_code"
+    assert diag.line.startswith(
+        "rank 1 is in its own code at model.py:88, while rank 0 waits "
+        "in all_reduce #5 (group default, 1,000 float32) at train.py:42"
+    )
+
+
+def test_a_partial_set_of_ranks_is_analysed_and_the_missing_named(tmp_path):
+    for r in (0, 1, 3):
+        write(tmp_path, r, steps(7), world=4)
+    d = load(tmp_path)
+    assert d.missing == [2]
+    diag = diagnose(d)
+    assert diag.kind == "gone"
+    assert diag.line.startswith("rank 2 left no dump, while ranks 0, 1, 3 wait in all_reduce #7")
+    assert "dumps of 3 of 4 ranks" in hang([tmp_path]).stdout
+
+
+def test_ranks_that_agree_and_wait_for_nobody_are_no_hang(tmp_path):
+    write(tmp_path, 0, steps(3))
+    write(tmp_path, 1, steps(3))
+    assert diagnose(load(tmp_path)).kind == "none"
+
+
+def test_the_command_prints_the_diagnosis_and_each_rank(tmp_path):
+    write(tmp_path, 0, [*steps(2), call(3, op="broadcast", line=50)])
+    write(tmp_path, 1, [*steps(2), call(3, line=51)])
+    proc = hang([tmp_path, "--torch"])
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("ranks disagree at collective #3 (group default): rank 0 broadcast")
+    assert "rank 1: last calls all_reduce #3 (group 0) at train.py:51" in proc.stdout
+    assert "torch's analyser: broadcast #3 of group 0 fails its checks" in proc.stdout
+
+
+@pytest.mark.parametrize("case", ["empty", "truncated", "mixed", "two_of_a_rank", "missing"])
+def test_bad_folders_get_one_line_naming_the_file(tmp_path, case):
+    folder = tmp_path / "dumps"
+    folder.mkdir()
+    if case == "truncated":
+        write(folder, 0, steps(2))
+        write(folder, 1, steps(2))
+        data = (folder / "fr_rank1").read_bytes()
+        (folder / "fr_rank1").write_bytes(data[: len(data) // 2])
+        named = "fr_rank1: truncated or not a flight-recorder dump"
+    elif case == "mixed":
+        write(folder, 0, steps(2), job="job-1")
+        write(folder, 1, steps(2), job="job-2")
+        named = "dumps of different jobs mixed: fr_rank0 (job job-1) and fr_rank1 (job job-2)"
+    elif case == "two_of_a_rank":
+        write(folder, 0, steps(2))
+        (folder / "other_0").write_bytes((folder / "fr_rank0").read_bytes())
+        named = "two dumps of rank 0 (fr_rank0, other_0)"
+    elif case == "missing":
+        folder = tmp_path / "nowhere"
+        named = "nowhere: no such folder"
+    else:
+        (folder / "notes.txt").write_text("no dumps here")
+        named = "dumps: no flight-recorder dumps"
+    proc = hang([folder])
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert named in proc.stderr
+    with pytest.raises(DumpError):
+        load(folder)
+
+
+def test_a_call_skipped_across_groups_is_named_by_the_steps_before_not_by_time(tmp_path):
+    """Each step: an aux-group all-reduce in forward (line 51), then the gradients' in backward
+    (line 85). Rank 1 skips the aux one in step 3 and waits in the gradients' all-reduce, which
+    it issued before rank 0 reached the aux one (ranks drift): the history, not the clock,
+    says who skipped."""
+
+    def step(k: int, aux: bool = True, t0: int = 0) -> list[dict]:
+        out = [call(k, group="1", line=51, t=t0 + 10)] if aux else []
+        return [*out, call(k, shape=(289,), line=85, t=t0 + 20)]
+
+    history = [e for k in (1, 2) for e in step(k, t0=100 * k)]
+    write(tmp_path, 0, [*history, call(3, group="1", line=51, t=390, done=False)])
+    write(tmp_path, 1, [*history, call(3, shape=(289,), line=85, t=310, done=False)])
+    for rank in (0, 1):  # record order, as the recorder numbers each process's calls
+        path = tmp_path / f"fr_rank{rank}"
+        rec = pickle.loads(path.read_bytes())
+        for i, e in enumerate(rec["entries"]):
+            e["record_id"] = i
+        path.write_bytes(pickle.dumps(rec))
+    diag = diagnose(load(tmp_path))
+    assert diag.kind == "skipped", diag.line
+    assert diag.line.startswith("rank 1 skipped all_reduce #3 (group 1, 1,000 float32); rank 0 "
+                                "waits in it at train.py:51; rank 1 went on to all_reduce #3 "
+                                "(group default, 289 float32) at train.py:85")  # fmt: skip
