@@ -211,13 +211,13 @@ def diagnose(d: Dumps) -> Diagnosis:
         for r in waiting:
             if r not in waits or row.record > waits[r].record:
                 waits[r] = _at(df[(df.group == name) & (df["rank"] == r)], row.seq)
-    went_on = {r for r, w in waits.items() if _follows_history(df, r, w) is False}
     for name, (row, waiting, behind) in heads.items():
         # The wait that is the cause: the ranks behind it went on to a call that, in every
-        # earlier step, came only after this one (they skipped it), while the waiting ranks
-        # did what they always do. Otherwise the first wait in time.
-        skipped = bool(set(behind) & set(waits)) and set(behind) & set(waits) <= went_on
-        first = 0 if skipped and not set(waiting) & went_on else 1
+        # earlier step, came right after a call at this one's line (they skipped it).
+        # Otherwise the first wait in time (ranks drift: a weak guide).
+        skipped = bool(behind) and all(r in waits and _skipped(df, r, waits[r], row.site)
+                                       for r in behind)  # fmt: skip
+        first = 0 if skipped else 1
         found.append((first, row.time_ns, _wait(d, df, name, row, waiting, behind, waits,
                                                 skipped)))  # fmt: skip
     if not found:
@@ -231,15 +231,13 @@ def diagnose(d: Dumps) -> Diagnosis:
     return diag
 
 
-def _follows_history(df: pd.DataFrame, rank: int, row) -> bool | None:
-    """Whether ``rank``'s call ``row`` came after the same call (by line) as it did in an
-    earlier step; None where the line has no earlier call to go by."""
-    mine = df[df["rank"] == rank].sort_values("record")
-    before = mine[mine.record < row.record]
-    if before.empty or row.site not in set(before.site):
-        return None
-    sites = before.site.tolist()
-    return (sites[-1], row.site) in set(itertools.pairwise(sites))
+def _skipped(df: pd.DataFrame, rank: int, row, site: str) -> bool:
+    """Whether ``rank`` skipped a call at ``site`` before its call ``row``: every earlier call
+    it made at ``row``'s line came right after one at ``site``, and this one did not."""
+    sites = df[df["rank"] == rank].sort_values("record")
+    sites = sites[sites.record <= row.record].site.tolist()
+    before = [a for a, b in itertools.pairwise(sites[:-1]) if b == row.site]
+    return bool(before) and all(a == site for a in before) and sites[-2:-1] != [site]
 
 
 def _wait(d: Dumps, df, name, row, waiting, behind, waits, skipped: bool) -> Diagnosis:
@@ -271,8 +269,8 @@ def _wait(d: Dumps, df, name, row, waiting, behind, waits, skipped: bool) -> Dia
     line = f"{_ranks(behind)} never issued {_call(d, row)}; {where}; {texts}"
     if skipped:
         return Diagnosis("skipped", f"{_ranks(behind)} skipped {_call(d, row)}; {where}; "
-                         f"{texts.replace(' waits in ', ' went on to ')}, a call that never "
-                         f"followed its previous one directly in earlier steps", *args)  # fmt: skip
+                         f"{texts.replace(' waits in ', ' went on to ')}, which in every earlier "
+                         f"step came right after the call at {row.site}", *args)  # fmt: skip
     cycle = [r for r in behind if r in waits and set(waiting) & set(heads_behind(df, waits[r]))]
     if cycle:
         groups = " and ".join(sorted({_group(d, name), _group(d, waits[cycle[0]].group)}))
