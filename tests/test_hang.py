@@ -182,3 +182,14 @@ def test_a_call_skipped_across_groups_is_named_by_the_steps_before_not_by_time(t
     assert diag.line.startswith("rank 1 skipped all_reduce #3 (group 1, 1,000 float32); rank 0 "
                                 "waits in it at train.py:51; rank 1 went on to all_reduce #3 "
                                 "(group default, 289 float32) at train.py:85")  # fmt: skip
+
+
+def test_two_groups_issued_in_a_different_order_are_a_cycle(tmp_path):
+    """Rank 0: the default group's all-reduce, then group 1's; rank 1 the reverse. Group 1 had
+    no call before: rank 0 has none in it at all, and is still behind in it."""
+    write(tmp_path, 0, [*steps(2), call(3, line=70, t=400)])
+    write(tmp_path, 1, [*steps(2), call(1, group="1", line=73, t=410)])
+    diag = diagnose(load(tmp_path))
+    assert diag.kind == "cycle", diag.line
+    assert "a deadlock across group 1 and group default" in diag.line
+    assert "train.py:70" in diag.line and "train.py:73" in diag.line

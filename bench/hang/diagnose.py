@@ -271,7 +271,8 @@ def _wait(d: Dumps, df, name, row, waiting, behind, waits, skipped: bool) -> Dia
         return Diagnosis("skipped", f"{_ranks(behind)} skipped {_call(d, row)}; {where}; "
                          f"{texts.replace(' waits in ', ' went on to ')}, which in every earlier "
                          f"step came right after the call at {row.site}", *args)  # fmt: skip
-    cycle = [r for r in behind if r in waits and set(waiting) & set(heads_behind(df, waits[r]))]
+    cycle = [r for r in behind
+             if r in waits and set(waiting) & set(heads_behind(d, df, waits[r]))]  # fmt: skip
     if cycle:
         groups = " and ".join(sorted({_group(d, name), _group(d, waits[cycle[0]].group)}))
         line += (f", which {_ranks(waiting)} never issued: a deadlock across {groups} (their "
@@ -280,11 +281,13 @@ def _wait(d: Dumps, df, name, row, waiting, behind, waits, skipped: bool) -> Dia
     return Diagnosis("waits", line, *args)
 
 
-def heads_behind(df: pd.DataFrame, row) -> list[int]:
-    """The ranks of ``row``'s group that have not issued ``row``'s call."""
+def heads_behind(d: Dumps, df: pd.DataFrame, row) -> list[int]:
+    """The members of ``row``'s group that have not issued ``row``'s call (a member with no
+    call in the group at all among them)."""
     sub = df[df.group == row.group]
     last = sub.groupby("rank").seq.max()
-    return [int(r) for r, s in last.items() if s < row.seq]
+    members = d.groups.get(row.group, ("", list(last.index)))[1] or list(last.index)
+    return [int(r) for r in members if r in d.ranks and last.get(r, 0) < row.seq]
 
 
 def diagnose_folder(folder: Path) -> Diagnosis:
