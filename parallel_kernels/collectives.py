@@ -43,8 +43,12 @@ from parallel_kernels import algorithms as alg
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "max": dist.ReduceOp.MAX}
-# Largest integer below which every integer is exact, per dtype.
-_EXACT_LIMIT = {torch.float32: 1 << 24, torch.bfloat16: 256, torch.float16: 2048}
+# Largest integer below which every integer is exact, per dtype (the sweep's dtypes, and the
+# others a replayed trace may carry: bench/replay).
+_EXACT_LIMIT = {torch.float32: 1 << 24, torch.bfloat16: 256, torch.float16: 2048,
+                torch.float64: 1 << 53, torch.int64: 1 << 62, torch.int32: 1 << 31,
+                torch.int16: 1 << 15, torch.int8: 1 << 7, torch.uint8: 1 << 8,
+                torch.float8_e4m3fn: 16, torch.float8_e5m2: 8}  # fmt: skip
 
 Run = Callable[[torch.Tensor, torch.Tensor, str, "dist.ProcessGroup | None"], None]
 SENTINEL = -7.0  # what output elements hold before the collective: no pattern value is negative
@@ -116,14 +120,16 @@ class Collective:
             in_place = self.in_place_only
         inp64, expected64 = self.pattern(count, dtype, rank, n, op)
         n_in, n_out = self.in_count(count, n), self.out_count(count, n)
+        # no pattern value is 0 either: unsigned types hold that instead
+        sentinel = SENTINEL if dtype.is_signed or dtype.is_floating_point else 0
         if not in_place:
             inp = inp64.to(dtype).to(device)
-            out = torch.full((n_out,), SENTINEL, dtype=dtype, device=device)
+            out = torch.full((n_out,), sentinel, dtype=dtype, device=device)
         elif self.in_place_offsets is None:
             raise ValueError(f"{self.name} has no in-place form: {self.no_in_place}")
         else:
             in_offset, out_offset = self.in_place_offsets(count, n)
-            buf = torch.full((max(n_in, n_out),), SENTINEL, dtype=dtype, device=device)
+            buf = torch.full((max(n_in, n_out),), sentinel, dtype=dtype, device=device)
             inp = buf[rank * in_offset : rank * in_offset + n_in]
             out = buf[rank * out_offset : rank * out_offset + n_out]
             inp.copy_(inp64.to(dtype))

@@ -12,6 +12,9 @@ dropped, so memory stays at about 60 bytes per kept event plus one chunk. Kineto
 event of ``traceEvents`` at an indentation of two spaces, so ``"\\n  },"`` ends an event (a
 newline cannot occur inside a JSON string). Text laid out otherwise is decoded whole up to
 ``WHOLE_LIMIT`` characters, and beyond that event by event.
+
+Collective calls' host events also keep what the call was (the ``comm_*`` columns, for
+sequence.py): gathered sparsely, a few per thousand events, spread into columns at the end.
 """
 
 from __future__ import annotations
@@ -45,13 +48,16 @@ COMM_NAME = re.compile(r"^(?:nccl|gloo:|hccl)|ncclKernel|ncclDevKernel|^record_p
 # Events whose input sizes are kept in ``nbytes``: collectives, and gradient accumulation (the
 # bytes of each gradient as backward produces it, which the cost model buckets).
 SIZED_NAME = re.compile(COMM_NAME.pattern + r"|^torch::autograd::AccumulateGrad$")
+# A collective call's host events, whose arguments say what it was (its kernels say nothing).
+COMM_CALL_NAME = re.compile(r"^(?:nccl:|gloo:)|^record_param_comms$")
 
 
 class TraceError(ValueError):
     """A trace that cannot be read; the message names the file."""
 
 
-class Args(msgspec.Struct):
+# gc=False: decoded JSON holds no cycles (msgspec docs: Structs, Disabling Garbage Collection)
+class Args(msgspec.Struct, gc=False):
     """The event arguments the analysis reads; every other key is skipped while decoding."""
 
     correlation: int | str | None = -1
@@ -62,9 +68,17 @@ class Args(msgspec.Struct):
     input_type: list | None = msgspec.field(default=None, name="Input type")
     total_allocated: float | None = msgspec.field(default=None, name="Total Allocated")
     nbytes: float | None = msgspec.field(default=None, name="Bytes")
+    # record_param_comms' metadata (torch/csrc/profiler/util.cpp, saveNcclMeta)
+    out_nelems: int | float | None = msgspec.field(default=None, name="Out msg nelems")
+    coll_name: str | None = msgspec.field(default=None, name="Collective name")
+    pg_name: str | int | None = msgspec.field(default=None, name="Process Group Name")
+    pg_ranks: str | list | None = msgspec.field(default=None, name="Process Group Ranks")
+    group_size: int | None = msgspec.field(default=None, name="Group size")
+    rank_start: int | None = msgspec.field(default=None, name="Global rank start")
+    rank_stride: int | None = msgspec.field(default=None, name="Global rank stride")
 
 
-class Event(msgspec.Struct):
+class Event(msgspec.Struct, gc=False):
     ph: str | None = None
     name: str | int | None = ""
     cat: str | None = ""
@@ -94,6 +108,22 @@ def payload_bytes(a: Args) -> float:
     return total
 
 
+def call_facts(a: Args) -> tuple:
+    """(input elements, output elements, collective name, dtype as spelled, process group as
+    JSON) of a call: record_param_comms' metadata, else its input shapes summed as
+    ``payload_bytes`` sums them, the first one's type the dtype."""
+    dims_types = zip(a.input_dims or (), a.input_type or (), strict=False)
+    shaped = [(float(np.prod(d)), t) for d, t in dims_types
+              if isinstance(d, list) and d and all(isinstance(x, int) for x in d)]  # fmt: skip
+    count = sum(n for n, _ in shaped) if shaped else np.nan
+    dtype = shaped[0][1] if shaped and a.dtype is None else a.dtype
+    group = {"name": a.pg_name, "ranks": a.pg_ranks, "size": a.group_size,
+             "start": a.rank_start, "stride": a.rank_stride}  # fmt: skip
+    label = json.dumps({k: v for k, v in group.items() if v is not None})
+    return (float(a.in_nelems) if a.in_nelems is not None else count, _num(a.out_nelems),
+            a.coll_name, dtype, None if label == "{}" else label)  # fmt: skip
+
+
 def _int_or(v, missing: int = -1) -> int:
     return v if isinstance(v, int) and not isinstance(v, bool) else missing
 
@@ -115,7 +145,10 @@ class _Columns:
     mem_ts: array = field(default_factory=lambda: array("d"))
     mem_total: array = field(default_factory=lambda: array("d"))
     mem_bytes: array = field(default_factory=lambda: array("d"))
-    sized_names: dict = field(default_factory=dict)  # name -> keep its bytes?
+    # collective calls (COMM_CALL_NAME, a few per thousand events): (row, count, out count,
+    # codes of name, dtype, group), spread into columns by frames()
+    comm: list = field(default_factory=list)
+    sized_names: dict = field(default_factory=dict)  # name -> 0, 1 (keep its bytes), 2 (comm)
     count: int = 0
 
     def codes(self, values: list) -> list[int]:
@@ -145,26 +178,45 @@ class _Columns:
         self.dur.extend([e.dur or 0.0 for e in xs])
         args = [e.args or _NO_ARGS for e in xs]
         sized = self.sized_names
-        for n in set(names) - sized.keys():
-            sized[n] = bool(SIZED_NAME.search(n))
+        distinct = set(names)
+        for n in distinct - sized.keys():
+            sized[n] = 2 if COMM_CALL_NAME.search(n) else int(bool(SIZED_NAME.search(n)))
         self.nbytes.extend(
             [payload_bytes(a) if sized[n] else np.nan for n, a in zip(names, args, strict=True)]
         )
+        if any(sized[n] == 2 for n in distinct):  # most batches hold no collective call
+            hits = [i for i, n in enumerate(names) if sized[n] == 2]
+            self._add_comm([args[i] for i in hits], len(self.name) - len(xs), hits)
         self.correlation.extend([_int_or(a.correlation) for a in args])
         self.stream.extend([_int_or(a.stream) for a in args])
+
+    def _add_comm(self, args: list[Args], first_row: int, hits: list[int]) -> None:
+        count, out, *texts = zip(*[call_facts(a) for a in args], strict=True)
+        codes = [[-1 if v is None else c for v, c in zip(vs, self.codes(list(vs)), strict=True)]
+                 for vs in texts]  # fmt: skip
+        self.comm.extend(zip([first_row + i for i in hits], count, out, *codes, strict=True))
 
     def frames(self) -> tuple[pd.DataFrame, pd.DataFrame]:
         labels = np.array([str(v) for v in self.strings], dtype=object)
 
-        def cat_col(codes: array) -> pd.Categorical:
-            codes_np = np.frombuffer(codes, dtype=np.int32) if len(codes) else np.zeros(0, int)
-            used = np.unique(codes_np)
-            remap = np.full(len(labels), -1, dtype=np.int32)
-            remap[used] = np.arange(len(used), dtype=np.int32)
-            return pd.Categorical.from_codes(remap[codes_np], categories=labels[used])
-
         def num(a: array, dtype) -> np.ndarray:
             return np.frombuffer(a, dtype=dtype) if len(a) else np.zeros(0, dtype)
+
+        comm = list(zip(*self.comm, strict=True)) or [()] * 6
+        rows = np.array(comm[0], dtype=np.int64)
+
+        def spread(values, missing, dtype) -> np.ndarray:
+            out = np.full(len(self.name), missing, dtype=dtype)
+            out[rows] = values
+            return out
+
+        def cat_col(codes, sparse: bool = False) -> pd.Categorical:  # sparse: codes of rows only
+            codes_np = np.array(codes, dtype=np.int32) if sparse else num(codes, np.int32)
+            used = np.unique(codes_np[codes_np >= 0] if sparse else codes_np)
+            remap = np.full(len(labels) + 1, -1, dtype=np.int32)  # the last: -1 stays missing
+            remap[used] = np.arange(len(used), dtype=np.int32)
+            codes_np = spread(remap[codes_np], -1, np.int32) if sparse else remap[codes_np]
+            return pd.Categorical.from_codes(codes_np, categories=labels[used])
 
         events = pd.DataFrame({
             "name": cat_col(self.name), "cat": cat_col(self.cat),
@@ -173,6 +225,11 @@ class _Columns:
             "nbytes": num(self.nbytes, np.float64),
             "correlation": num(self.correlation, np.int64),
             "stream": num(self.stream, np.int64),
+            "comm_count": spread(comm[1], np.nan, np.float64),
+            "comm_out_count": spread(comm[2], np.nan, np.float64),
+            "comm_name": cat_col(comm[3], sparse=True),
+            "comm_dtype": cat_col(comm[4], sparse=True),
+            "comm_group": cat_col(comm[5], sparse=True),
         })  # fmt: skip
         memory = pd.DataFrame({
             "ts": num(self.mem_ts, np.float64),

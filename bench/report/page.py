@@ -19,6 +19,7 @@ from bench.report import claims
 from bench.report import figures as figs
 from bench.report.compare import TIED, compare
 from bench.report.model_section import model_sections
+from bench.report.replay_section import replay_sections
 from bench.report.tables import html_table
 from bench.runfolder import columns
 from bench.runfolder.folder import Run, RunFolderError, ours_and_native, read_run
@@ -327,11 +328,12 @@ def render(run: Run, comparison=None, collectives=None) -> str:
         f"<p>{html.escape(env)}. Started {meta.get('start_time')}, ended "
         f"{meta.get('end_time')}.</p>",
     ]
-    parts += (
-        _collective_sections(meta, df)
-        if meta.get("kind") == "collective"
-        else _training_sections(run)
-    )
+    if meta.get("kind") == "replay":
+        parts += replay_sections(run)
+    elif meta.get("kind") == "collective":
+        parts += _collective_sections(meta, df)
+    else:
+        parts += _training_sections(run)
     if comparison is not None:
         parts += _comparison_sections(*comparison)
     if collectives and meta.get("kind") != "collective":

@@ -173,6 +173,50 @@ COLLECTIVE: tuple[Column, ...] = (
     _c("device", "", POINT, False, "cpu or cuda"),
 )  # fmt: skip
 
+# A replay (python -m bench.replay): a row per collective of a traced step, per way of costing
+# it (replayed with an implementation, or priced on a link), and a row per step with the totals.
+REPLAY: tuple[Column, ...] = (
+    _c("sweep", "", POINT, True, "replay"),
+    _c("source", "", POINT, True, "replayed (run here) or priced (a link's alpha-beta costs, or "
+       "this machine's fitted ones; not run)"),
+    _c("impl", "", POINT, True, "replayed: native or reference; priced: empty", report=3),
+    _c("link", "", POINT, True, "priced: the link preset, alpha=..,beta=.., or fitted:<run>",
+       report=4),
+    _c("kind", "", POINT, True, "call (one collective) or step (the step's totals)"),
+    _c("step", "", POINT, True, "the traced profiler step", report=1),
+    _c("index", "", POINT, True, "the call's place in its step (calls in issue order)",
+       report=2),
+    _c("op", "", POINT, True, "all_reduce, broadcast, all_gather, reduce_scatter, all_to_all",
+       report=5),
+    _c("dtype", "", POINT, True, "element type", report=6),
+    _c("count", "", POINT, True, "elements of a rank's input"),
+    _c("size_bytes", "B", POINT, True, "S, nccl-tests' size of the call (all-gather: its "
+       "output)", report=7),
+    _c("group_size", "ranks", POINT, True, "ranks of the call's process group", report=8),
+    _c("traced_us", "us", TIMED, True, "the call's traced time: its shortest duration across the "
+       "ranks traced (the transfer, without waiting for a late rank); a step: the sum", report=9),
+    _c("time_us", "us", TIMED, True, "replayed: median over repetitions of the shortest "
+       "duration across ranks (as traced_us); priced: the model's time; a step: the sum",
+       report=10),
+    _c("busbw_GBps", "GB/s", DERIVED, True, "S / time_us x the collective's bus factor",
+       report=11),
+    _c("wrong", "", POINT, True, "replayed: elements differing from the exact result, all "
+       "ranks", report=12),
+    _c("status", "", POINT, True, "ok, error (the backend's message in error), or unsupported",
+       report=13),
+    _c("error", "", POINT, True, "why the call was not replayed"),
+    _c("group", "", POINT, False, "the process group's name in the trace"),
+    _c("group_ranks", "", POINT, False, "its ranks"),
+    _c("traced_us_max", "us", TIMED, False, "the call's longest traced duration across ranks"),
+    _c("time_us_max", "us", TIMED, False, "replayed: median over repetitions of the longest "
+       "duration across ranks"),
+    _c("traced_busbw_GBps", "GB/s", DERIVED, False, "busbw of traced_us"),
+    _c("reps", "", POINT, False, "replayed: timed repetitions of the step"),
+    _c("point", "", POINT, False, "the row's id"),
+    _c("backend", "", POINT, False, "gloo or nccl"),
+    _c("device", "", POINT, False, "cpu or cuda"),
+)  # fmt: skip
+
 # Every timed sample of every point (samples.csv): the slowest rank's time of each timed step
 # or iteration, so that runs can be compared on samples rather than on medians.
 SAMPLE_COLUMNS = ["point", "round", "index", "ms"]
@@ -218,4 +262,6 @@ def docs_block() -> str:
         + markdown(TRAINING)
         + "\n\nThe collective sweep (`--sweep message_size`):\n\n"
         + markdown(COLLECTIVE)
+        + "\n\nA replay of a traced job's communication (`python -m bench.replay`):\n\n"
+        + markdown(REPLAY)
     )

@@ -194,7 +194,7 @@ def read_run(run_dir: Path) -> Run:
     if len(visits) and "round" not in visits:
         visits["round"] = 1
     noise = _csv(run_dir / "noise.csv", NOISE_COLUMNS)
-    points = {} if meta.get("kind") == "collective" else read_points(run_dir)
+    points = {} if meta.get("kind") in ("collective", "replay") else read_points(run_dir)
     return Run(path=run_dir, meta=meta, results=answers(visits, list(points)), samples=samples,
                points=points, visits=visits, noise=noise)  # fmt: skip
 

@@ -236,15 +236,16 @@ def collective_plan(args: argparse.Namespace):
     )
 
 
-def _self_launch(nproc: int, argv: list[str]) -> int:
-    """Start the ranks through torchrun's own launcher (what ``torchrun --standalone`` does)."""
+def self_launch(nproc: int, argv: list[str], entry: list[str] | None = None) -> int:
+    """Start the ranks through torchrun's own launcher (what ``torchrun --standalone`` does),
+    each running ``entry`` (default: bench/run.py; ``["-m", "bench.replay"]``: a module)."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    script = str(REPO / "bench" / "run.py")
+    entry = entry or [str(REPO / "bench" / "run.py")]
     launcher_args = get_args_parser().parse_args(
-        ["--standalone", f"--nproc-per-node={nproc}", script, *argv]
+        ["--standalone", f"--nproc-per-node={nproc}", *entry, *argv]
     )
     try:
         run(launcher_args)
@@ -269,7 +270,7 @@ def describe_failures(failures: dict) -> str:
     return "; ".join(parts) + " (results.csv keeps every point finished before)"
 
 
-def _strip_nproc(argv: list[str]) -> list[str]:
+def strip_nproc(argv: list[str]) -> list[str]:
     out, skip = [], False
     for a in argv:
         if skip:
@@ -351,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     if not launched_by_torchrun():
         if args.nproc_per_node is None:
             fail(_launch_hint(argv))
-        return _self_launch(args.nproc_per_node, _strip_nproc(argv))
+        return self_launch(args.nproc_per_node, strip_nproc(argv))
 
     if plan is not None:
         return run_collective_sweep(args, plan, argv)

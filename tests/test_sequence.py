@@ -1,0 +1,227 @@
+"""The communication sequence (bench/analysis/sequence.py): each rank's collective calls in
+issue order, on HolisticTraceAnalysis's NCCL traces and on gloo traces of a real DDP sweep."""
+
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch.distributed as dist
+
+from bench.analysis.collectives import collective_calls, collective_summary, wait_split
+from bench.analysis.sequence import (
+    SEQUENCE_COLUMNS,
+    SequenceError,
+    first_disagreement,
+    job_sequence,
+    trace_sequence,
+)
+from bench.analysis.trace import load_trace
+from parallel_kernels.models import wide_mlp
+from tests.kineto_writer import gpu_step_events, write_trace
+
+REPO = Path(__file__).resolve().parents[1]
+HTA = REPO / "tests" / "data" / "hta"
+BUCKETS_MB = (1, 25, 100)  # wide_mlp has 40 MB of gradients: 3, 2 and 1 DDP buckets
+
+
+def test_nccl_calls_match_the_collectives_table_and_the_trace():
+    trace = load_trace(HTA / "nccl_data.json.gz")
+    seq = trace_sequence(trace)
+    assert list(seq.columns) == SEQUENCE_COLUMNS
+    # per op, calls and bytes as the analyser's collectives table counts them (from kernels)
+    table = collective_summary(wait_split(collective_calls(trace)), trace.world_size)
+    mine = seq.groupby("op").agg(calls=("op", "size"), bytes=("nbytes", "sum"))
+    theirs = table.set_index("collective")[["calls", "bytes"]]
+    assert mine.sort_index().to_dict() == theirs.sort_index().to_dict()
+    assert mine["calls"].to_dict() == {"all_reduce": 15, "broadcast": 6}
+    # the calls are the record_param_comms ops that launched a kernel, in order: the raw JSON's
+    # sizes (its "wait" ops launch none)
+    with gzip.open(HTA / "nccl_data.json.gz") as f:
+        raw = json.load(f)["traceEvents"]
+    rpc = sorted(
+        (e for e in raw if e.get("name") == "record_param_comms"
+         and e["args"]["Collective name"] != "wait"),
+        key=lambda e: e["ts"],
+    )  # fmt: skip
+    assert seq["count"].tolist() == [e["args"]["In msg nelems"] for e in rpc]
+    assert seq["out_count"].tolist() == [e["args"]["Out msg nelems"] for e in rpc]
+    assert (seq["group"] == "0").all() and seq["group_known"].all()
+    assert set(seq["group_ranks"]) == {(0, 1)} and (seq["group_size"] == 2).all()
+    assert set(seq.loc[seq["op"] == "all_reduce", "dtype"]) == {"float32"}
+    assert seq.groupby("step")["index"].apply(list).to_dict() == {
+        s: list(range(7)) for s in (4, 5, 6)
+    }
+    assert (seq["traced_us"] > 0).all() and seq["ts"].is_monotonic_increasing
+
+
+# What the two sampled_rank traces hold, per step, read off their JSON: (op, count, dtype).
+SAMPLED = {
+    0: {
+        551: [("all_to_all", 384, "int64"), ("all_to_all", 419430400, "uint8"),
+              ("all_reduce", 19618307, "float32"), ("all_reduce", 26955536, "float32"),
+              ("all_gather", 16777216, "int8")],
+        552: [("all_to_all", 419430400, "uint8"), ("all_to_all", 2846720, "int32"),
+              ("all_reduce", 26258430, "float32"), ("all_reduce", 5716654, "float32"),
+              ("all_gather", 16777216, "int8")],
+    },
+    1: {
+        551: [("all_to_all", 339738624, "uint8"), ("all_to_all", 2846720, "int32"),
+              ("all_reduce", 19618307, "float32"), ("all_reduce", 26258430, "float32"),
+              ("all_gather", 16777216, "int8")],
+        552: [("all_to_all", 384, "int64"), ("all_reduce", 19618307, "float32"),
+              ("all_to_all", 394073856, "uint8"), ("all_reduce", 5716654, "float32"),
+              ("all_gather", 16777216, "int8")],
+    },
+}  # fmt: skip
+
+
+def test_sampled_ranks_sequences_and_where_they_first_differ(tmp_path):
+    """Old PyTorch: record_param_comms says nothing, the nccl:<op> annotation does; the
+    _allgather_base calls have no record_param_comms at all and are kept. The two ranks of the
+    128-rank job issue different sequences from the first call of the first step."""
+    calls = pd.concat(
+        [trace_sequence(load_trace(HTA / f"sampled_rank-{r}.json.gz")) for r in (0, 1)],
+        ignore_index=True,
+    )
+    got = {
+        r: {s: list(zip(g["op"], g["count"], g["dtype"], strict=True))
+            for s, g in sub.groupby("step")}
+        for r, sub in calls.groupby("rank")
+    }  # fmt: skip
+    assert got == SAMPLED
+    assert not calls["group_known"].any() and (calls["group_size"] == 128).all()
+    assert set(calls["group_ranks"]) == {tuple(range(128))}
+    expected = "step 551, group 0, call #0: rank 0 all_to_all 384 int64, rank 1 all_to_all "
+    expected += "339738624 uint8"
+    assert first_disagreement(calls) == expected
+    for r in (0, 1):
+        shutil.copy(HTA / f"sampled_rank-{r}.json.gz", tmp_path)
+    with pytest.raises(SequenceError) as e:
+        job_sequence(tmp_path)
+    assert str(e.value) == f"{tmp_path}: the ranks' calls disagree at {expected}"
+
+
+@pytest.fixture(scope="session")
+def ddp_sweep(tmp_path_factory):
+    """One CPU/gloo DDP sweep of wide_mlp over bucket sizes, two ranks, two traced steps."""
+    out = tmp_path_factory.mktemp("seq") / "run"
+    cmd = [
+        sys.executable, "bench/run.py", "--sweep", "bucket_cap_mb",
+        "--values", ",".join(map(str, BUCKETS_MB)), "--model", "wide_mlp", "--impl", "native",
+        "--steps", "3", "--max-steps", "3", "--rounds", "1", "--warmup-steps", "1",
+        "--profile-steps", "2", "--nproc-per-node", "2", "--out", str(out), "--no-report",
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def ddp_buckets(cap_mb: float) -> list[int]:
+    """Elements per DDP bucket of wide_mlp, by torch's own assignment: parameters in reverse
+    order, as DDP rebuilds its buckets after the first step in the order gradients came."""
+    params = list(wide_mlp().parameters())[::-1]
+    groups, _ = dist._compute_bucket_assignment_by_size(params, [int(cap_mb * 1024 * 1024)])
+    return [sum(params[i].numel() for i in g) for g in groups]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_gloo_ddp_issues_one_all_reduce_per_bucket(ddp_sweep):
+    points = [json.loads(line) for line in (ddp_sweep / "points.jsonl").read_text().splitlines()]
+    assert len(points) == len(BUCKETS_MB)
+    for point in points:
+        seq = job_sequence(ddp_sweep / "traces" / point["id"])
+        params = point["figures"]["params"]
+        calls = seq.calls
+        assert seq.ranks == [0, 1] and not seq.assumed_spmd and len(seq.steps) == 2
+        assert set(calls["op"]) == {"all_reduce"} and set(calls["dtype"]) == {"float32"}
+        assert not calls["group_known"].any() and set(calls["group_ranks"]) == {(0, 1)}
+        assert "gloo traces do not name the group: each call replayed on all 2 ranks" in seq.notes
+        assert first_disagreement(calls) is None  # the two ranks agree
+        buckets = ddp_buckets(point["knobs"]["bucket_cap_mb"])
+        for (_, _), g in calls.groupby(["rank", "step"]):
+            assert g["count"].tolist() == buckets
+            assert g["count"].sum() == params
+            assert (g["nbytes"] == 4 * g["count"]).all()
+        per_step = len(buckets)
+        assert per_step == {1: 3, 25: 2, 100: 1}[point["knobs"]["bucket_cap_mb"]]
+        if per_step == 1:
+            assert calls["count"].tolist() == [params] * 4
+
+
+def test_first_disagreement_names_the_first_difference():
+    def call(rank, index, op, count, dtype="float32", step=3, group="0"):
+        return {
+            "rank": rank, "step": step, "index": index, "op": op, "dtype": dtype,
+            "count": count, "group": group, "group_ranks": (0, 1), "ts": float(index),
+        }  # fmt: skip
+
+    def first(calls):
+        return first_disagreement(pd.DataFrame(calls))
+
+    same = [call(r, i, "all_reduce", 1000) for r in (0, 1) for i in range(6)]
+    assert first(same) is None
+    head = "step 3, group 0, call #5: rank 0 all_reduce 1000 float32, "
+    assert (
+        first([*same[:-1], call(1, 5, "all_reduce", 999)]) == head + "rank 1 all_reduce 999 float32"
+    )
+    assert first(same[:-1]) == head + "rank 1 issued no call #5"
+    # another group and step: compared apart; a send/recv pair is not a disagreement
+    other = [
+        *same,
+        call(0, 6, "broadcast", 8, "int64", group="1"),
+        call(1, 6, "broadcast", 8, "int32", group="1"),
+        call(0, 0, "send", 4, step=4),
+        call(1, 0, "recv", 4, step=4),
+    ]
+    assert (
+        first(other)
+        == "step 3, group 1, call #0: rank 0 broadcast 8 int64, rank 1 broadcast 8 int32"
+    )
+
+
+def test_folder_errors_and_a_missing_rank(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(SequenceError, match=f"^{empty}: no trace files"):
+        job_sequence(empty)
+    quiet = tmp_path / "quiet"
+    quiet.mkdir()
+    events = [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1,
+         "ts": 0.0, "dur": 100.0},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 1.0,
+         "dur": 50.0},
+    ]  # fmt: skip
+    meta = {"distributedInfo": {"rank": 0, "world_size": 1, "backend": "gloo"}}
+    path = write_trace(quiet / "rank0.1.pt.trace.json", events, meta)
+    with pytest.raises(SequenceError) as e:
+        job_sequence(quiet)
+    assert str(e.value) == f"{path}: no collective call in the trace"
+    # rank 0 of 2 alone: rank 1 assumed to issue the same calls; steps=2 keeps the first two
+    half = tmp_path / "half"
+    half.mkdir()
+    shutil.copy(HTA / "nccl_data.json.gz", half)
+    seq = job_sequence(half, steps=2)
+    assert seq.world_size == 2 and seq.ranks == [0] and seq.assumed_spmd
+    assert seq.steps == [4, 5] and set(seq.calls["step"]) == {4, 5} and len(seq.calls) == 14
+    assert "traces of ranks 0 of 2: ranks 1 assumed to issue the same calls (SPMD)" in seq.notes
+    assert job_sequence(half, steps=5).steps == [4, 5, 6]
+
+
+def test_nccl_kernels_without_a_record_are_calls_of_unknown_size(tmp_path):
+    """A kernel whose launch is in no record_param_comms nor nccl:<op> stands for itself: the
+    replay must not skip it, though the trace says neither its size nor its group."""
+    meta = {"distributedInfo": {"rank": 0, "world_size": 4, "backend": "nccl"}}
+    trace = load_trace(write_trace(tmp_path / "t.pt.trace.json", gpu_step_events(2, 8), meta))
+    seq = trace_sequence(trace)
+    assert seq["op"].tolist() == ["all_reduce"] * 4 and seq["step"].tolist() == [0, 0, 1, 1]
+    assert seq["count"].isna().all() and not seq["group_known"].any()
+    assert (seq["traced_us"] == 3.0).all()
