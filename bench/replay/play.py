@@ -63,8 +63,8 @@ class Groups:
 
     def renew(self) -> None:
         """Fresh groups (after a call failed: its group may be broken)."""
-        for g in self.groups.values():
-            if g is not None:
+        for ranks, g in self.groups.items():
+            if dist.get_rank() in ranks:  # a rank outside a group holds no group to destroy
                 dist.destroy_process_group(g)
         self.groups = {
             ranks: dist.new_group(list(ranks), timeout=self.timeout, group_desc="replay")
