@@ -49,6 +49,8 @@ _EXACT_LIMIT = {torch.float32: 1 << 24, torch.bfloat16: 256, torch.float16: 2048
                 torch.float64: 1 << 53, torch.int64: 1 << 62, torch.int32: 1 << 31,
                 torch.int16: 1 << 15, torch.int8: 1 << 7, torch.uint8: 1 << 8,
                 torch.float8_e4m3fn: 16, torch.float8_e5m2: 8}  # fmt: skip
+# The dtypes whose results the registry can check exactly, by torch's names ("float32").
+CHECKED_DTYPES = {str(d).removeprefix("torch."): d for d in _EXACT_LIMIT}
 
 Run = Callable[[torch.Tensor, torch.Tensor, str, "dist.ProcessGroup | None"], None]
 SENTINEL = -7.0  # what output elements hold before the collective: no pattern value is negative

@@ -21,17 +21,12 @@ import torch
 import torch.distributed as dist
 
 from bench.runner.distenv import DistEnv, synchronize
-from parallel_kernels.collectives import COLLECTIVES, count_wrong
-
-DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
-          "bfloat16": torch.bfloat16, "int64": torch.int64, "int32": torch.int32,
-          "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8,
-          "float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2}  # fmt: skip
+from parallel_kernels.collectives import CHECKED_DTYPES, COLLECTIVES, count_wrong
 
 
 def registry_count(op: str, count: int, group_size: int) -> int:
     """The registry sizes a collective by nccl-tests' count (all-gather: its output); a trace
-    gives each rank's input."""
+    gives each rank's input (elements, or bytes for nccl-tests' S)."""
     return count * group_size if op == "all_gather" else count
 
 
@@ -41,7 +36,7 @@ def why_not(row: dict) -> str:
         return f"not replayed: {row['op']} is not one of the registry's collectives"
     if pd.isna(row["count"]) or not row["dtype"]:
         return "not replayed: the trace gives no size or dtype for this call"
-    if row["dtype"] not in DTYPES:
+    if row["dtype"] not in CHECKED_DTYPES:
         return f"not replayed: dtype {row['dtype']} unknown"
     coll = COLLECTIVES[row["op"]]
     n = int(row["group_size"])
@@ -81,8 +76,8 @@ def _buffers(row: dict, group, device: torch.device):
     n = int(row["group_size"])
     count = registry_count(row["op"], int(row["count"]), n)
     op = "sum" if "sum" in coll.ops else "none"
-    inp, out, expected = coll.buffers(count, DTYPES[row["dtype"]], dist.get_rank(group), n, op,
-                                      device, in_place=None)  # fmt: skip
+    dtype = CHECKED_DTYPES[row["dtype"]]
+    inp, out, expected = coll.buffers(count, dtype, dist.get_rank(group), n, op, device)
     return coll.impl, inp, out, expected, op
 
 

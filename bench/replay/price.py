@@ -31,11 +31,6 @@ def fitted(run: Path) -> tuple[str, object]:
     return f"fitted:{run}", load_runs([run])
 
 
-def nccl_tests_size(op: str, count: int, itemsize: int, n: int) -> int:
-    """S as nccl-tests sizes a call: all-gather's is its output, n x a rank's input."""
-    return count * itemsize * (n if op == "all_gather" else 1)
-
-
 def priced_us(costs, op: str, size_bytes: float, n: int) -> tuple[float, str]:
     """(microseconds, why not) of one call."""
     if op not in MODELLED:

@@ -53,9 +53,8 @@ def _busbw(op: str, size_bytes: float, n: int, us: float) -> float:
 
 def base_row(c: dict, step: int, env_backend: str, device: str) -> dict:
     n = int(c["group_size"])
-    itemsize = torch.empty((), dtype=play.DTYPES.get(c["dtype"], torch.uint8)).element_size()
     known = not pd.isna(c["count"])
-    size = price.nccl_tests_size(c["op"], int(c["count"]), itemsize, n) if known else np.nan
+    size = play.registry_count(c["op"], c["nbytes"], n)  # S: the trace's bytes, all-gather's x n
     return {
         "sweep": "replay", "kind": "call", "step": step, "index": int(c["index"]),
         "op": c["op"], "dtype": c["dtype"], "count": int(c["count"]) if known else np.nan,
