@@ -24,14 +24,19 @@ $(BIN)/.installed: pyproject.toml
 setup: $(BIN)/.installed system
 
 # What tests need from the system, Debian's packages installed only where missing (apt-get, as
-# root): headless Chromium for the report's browser test, iproute2 (`ip netns`) for the
-# two-node test. Where they cannot be installed those tests skip, saying so; under CI=true
-# (.ci/run) that skip is a failure (tests/conftest.py). Accelerate comes with the test extra.
+# root): headless Chromium for the report's and TensorBoard's browser tests, iproute2 (`ip
+# netns`) for the two-node test, munge and SLURM's daemons and client for the test under a real
+# SLURM. Where they cannot be installed those tests skip, saying so; under CI=true (.ci/run)
+# that skip is a failure (tests/conftest.py). Accelerate comes with the test extra.
 system:
 	@missing=; \
 	command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \
 	  missing="$$missing chromium"; \
 	command -v ip >/dev/null || missing="$$missing iproute2"; \
+	command -v munged >/dev/null || [ -x /usr/sbin/munged ] || missing="$$missing munge"; \
+	[ -x /usr/sbin/slurmctld ] || missing="$$missing slurmctld"; \
+	[ -x /usr/sbin/slurmd ] || missing="$$missing slurmd"; \
+	command -v sbatch >/dev/null || missing="$$missing slurm-client"; \
 	[ -z "$$missing" ] || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 	  --no-install-recommends $$missing >/dev/null; } || \
@@ -55,9 +60,15 @@ sweep: $(BIN)/.installed
 	OMP_NUM_THREADS=1 $(BIN)/torchrun --standalone --nproc_per_node=$(NPROC) bench/run.py \
 	  --sweep $(SWEEP) --predict-with $(COLLECTIVES_RUN) $(ARGS)
 
-# make tensorboard RUN=results/<run>
+# make tensorboard RUN=results/<run>. Offline, the scalars dashboard (run sweep_scalars) and the
+# profiler plugin's run, view and worker lists work; the plugin's views load Google Charts from
+# www.gstatic.com and spin without internet (docs/tensorboard.md).
 tensorboard: $(BIN)/.installed
 	$(BIN)/pip install -q -e '.[tensorboard]'
+	@echo "Without internet: the scalars dashboard (run sweep_scalars) works, and so do the"
+	@echo "PyTorch Profiler tab's run, view and worker lists. Its views (Overview, Operator, Trace,"
+	@echo "Distributed, Memory) load Google Charts from www.gstatic.com and spin forever."
+	@echo "To see a trace offline: docs/tensorboard.md."
 	$(BIN)/tensorboard --logdir $(RUN)/traces --host 127.0.0.1
 
 # The GPU path checked by hand on a CUDA machine (scripts/gpu_check.sh; CI has no GPU): on a GPU

@@ -1,5 +1,6 @@
-"""``python -m bench.report RUN_DIR [--baseline OLD] [--collectives COLL_RUN]``: the HTML
-report of a run folder, and its comparison with an earlier run."""
+"""``python -m bench.report RUN_DIR [--baseline OLD] [--collectives COLL_RUN]
+[--timelines best|all|none] [--diff POINT_A POINT_B]``: the HTML report of a run folder, its
+comparison with an earlier run, and two of its points compared."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import sys
 from pathlib import Path
 
 from bench.report.page import write_report
+from bench.report.timeline_section import TIMELINES, write_diff
+from bench.runfolder.folder import read_run
 from bench.runfolder.points import RunFolderError
 
 
@@ -28,9 +31,32 @@ def main(argv: list[str] | None = None) -> int:
         help="exit 1 when a point is slower than in the baseline (the 95 % interval of its "
         "ratio, over every point together, above 1)",
     )
+    p.add_argument(
+        "--timelines",
+        choices=TIMELINES,
+        default="best",
+        help="step timelines in the report: each model and implementation's best and default "
+        "point (best, the default), every point (all), or none",
+    )
+    p.add_argument(
+        "--diff",
+        nargs=2,
+        metavar=("POINT_A", "POINT_B"),
+        help="instead of the report: the two points' step timelines, one above the other, and "
+        "what changed per collective and operator (reports/<run>-diff.html)",
+    )
     args = p.parse_args(argv)
+    if args.diff:
+        try:
+            out = write_diff(read_run(args.run_dir), *args.diff, args.reports_dir)
+        except (RunFolderError, FileNotFoundError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(f"diff: {out}")
+        return 0
     try:
-        out, cmp = write_report(args.run_dir, args.reports_dir, args.baseline, args.collectives)
+        out, cmp = write_report(args.run_dir, args.reports_dir, args.baseline, args.collectives,
+                                args.timelines)  # fmt: skip
     except (RunFolderError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -20,39 +20,14 @@ from bench.report import figures as figs
 from bench.report.compare import TIED, compare
 from bench.report.model_section import model_sections
 from bench.report.replay_section import replay_sections
+from bench.report.style import CSS, LOAD_CHECK
 from bench.report.tables import html_table
+from bench.report.timeline_section import timeline_sections
 from bench.runfolder import columns
 from bench.runfolder.folder import Run, RunFolderError, ours_and_native, read_run
 from bench.runfolder.placement import cost_rows
 from bench.runfolder.points import PointRecord
 from bench.stats.estimates import ratio
-
-CSS = """
-body{font-family:system-ui,sans-serif;margin:2em auto;max-width:72em;padding:0 1em;color:#222;
-line-height:1.4}
-h1{font-size:1.5em} h2{font-size:1.2em;margin-top:2em;border-bottom:1px solid #ddd}
-table{border-collapse:collapse;font-size:.85em;margin:.5em 0}
-td,th{padding:.25em .6em;border:1px solid #ddd} th{background:#f4f4f4;text-align:left}
-caption{text-align:left;font-weight:600;padding:.3em 0}
-td.num{text-align:right;font-variant-numeric:tabular-nums}
-tr.best{background:#e8f6e8} tr.tied{background:#f3faf3}
-.err{color:#b00} .flag{color:#b00;font-weight:600}
-code{background:#f4f4f4;padding:0 .2em;word-break:break-all}
-.headline{font-size:1.1em;background:#f7f9fc;padding:.8em 1em;border-left:4px solid #4a7}
-figure{margin:1em 0} figure img{max-width:100%;height:auto}
-figcaption{font-size:.85em;color:#555} .scroll{overflow-x:auto}
-@media print{body{max-width:none;margin:0;font-size:10pt} .scroll{overflow:visible}
-h2{break-after:avoid} figure,tr{break-inside:avoid}}
-"""
-# Marks on <body> when every figure has decoded (data-figures="loaded/total"), so an automated
-# check in a real browser can tell that nothing failed to render.
-LOAD_CHECK = """<script>
-window.addEventListener("load", () => {
-  const imgs = [...document.images];
-  const ok = imgs.filter(i => i.complete && i.naturalWidth > 0).length;
-  document.body.dataset.figures = ok + "/" + imgs.length;
-});
-</script>"""
 
 TRAINING_TABLE = columns.report_columns(columns.TRAINING)
 COLLECTIVE_TABLE = columns.report_columns(columns.COLLECTIVE)
@@ -153,7 +128,7 @@ def _collective_headline(ok: pd.DataFrame, limits: dict, impl_native: dict) -> s
     return "<br>".join(lines)
 
 
-def _training_sections(run: Run) -> list[str]:
+def _training_sections(run: Run, timelines: str) -> list[str]:
     meta, points = run.meta, run.points
     sweep = meta.get("sweep", "?")
     df, found = training_claims(run)
@@ -184,6 +159,7 @@ def _training_sections(run: Run) -> list[str]:
             parts += ["<h2>Trade-offs</h2>", figs.tradeoff_figure(ok, sweep)]
         if "comm_bytes_expected" in ok and ok["comm_bytes_expected"].nunique() > 1:
             parts += ["<h2>Communication</h2>", figs.comm_figure(ok, sweep)]
+        parts += timeline_sections(run, ok, found, timelines)
         if "window_ms" in ok:
             parts += ["<h2>Rules of thumb</h2>", figs.health_figure(ok)]
     best, tied = best_and_tied(ok, found)
@@ -308,9 +284,11 @@ def _comparison_sections(cmp: pd.DataFrame, baseline: Path) -> list[str]:
                        else "")]  # fmt: skip
 
 
-def render(run: Run, comparison=None, collectives=None) -> str:
+def render(run: Run, comparison=None, collectives=None, timelines: str = "best") -> str:
     """The whole page; ``comparison`` is (table from ``compare``, baseline folder) or None;
-    ``collectives``: message_size run folders to fit the cost model's section from, or None."""
+    ``collectives``: message_size run folders to fit the cost model's section from, or None;
+    ``timelines``: step timelines of each group's best and default point, of every point, or
+    none (``timeline_section.TIMELINES``)."""
     meta, df, run_dir = run.meta, run.results, run.path
     sweep = meta.get("sweep", "?")
     failed = df[df["status"] != "ok"] if len(df) else df
@@ -333,7 +311,7 @@ def render(run: Run, comparison=None, collectives=None) -> str:
     elif meta.get("kind") == "collective":
         parts += _collective_sections(meta, df)
     else:
-        parts += _training_sections(run)
+        parts += _training_sections(run, timelines)
     if comparison is not None:
         parts += _comparison_sections(*comparison)
     if collectives and meta.get("kind") != "collective":
@@ -372,6 +350,7 @@ def write_report(
     reports_dir: Path = Path("reports"),
     baseline: Path | None = None,
     collectives: list[Path] | None = None,
+    timelines: str = "best",
 ) -> tuple[Path, pd.DataFrame | None]:
     """Write the report; return its path and, with a baseline, the comparison table; with
     ``collectives`` (message_size runs), the cost model's section."""
@@ -388,5 +367,5 @@ def write_report(
         comparison = (cmp, Path(baseline))
     reports_dir.mkdir(parents=True, exist_ok=True)
     out = reports_dir / f"{run.path.name}.html"
-    out.write_text(render(run, comparison, collectives))
+    out.write_text(render(run, comparison, collectives, timelines))
     return out, comparison[0] if comparison else None

@@ -32,6 +32,7 @@ from bench.runfolder.folder import (
 )
 from bench.runfolder.points import POINTS_FILE, PointRecord, RunFolderError, write_points
 from bench.runner.distenv import DistEnv, fail, init_distributed
+from bench.runner.scheduler import jobs_so_far, slurm_job
 from bench.runner.sweeps import SWEEPS, sweep_names
 
 REPO = Path(__file__).resolve().parents[2]
@@ -176,7 +177,19 @@ def _meta(args, argv, env: DistEnv, run_dir: Path) -> dict:
         "start_time": utc_now(),
         "end_time": None,
         "config": {k: _plain(v) for k, v in vars(args).items()},
+        # the batch job this launch ran in (None outside SLURM), and every job that worked on
+        # this folder (a resubmitted or requeued job continues it with --resume)
+        "slurm": slurm_job(),
+        "slurm_jobs": jobs_so_far(_previous_meta(run_dir) if args.resume else None,
+                                  slurm_job()),
     }
+
+
+def _previous_meta(run_dir: Path) -> dict | None:
+    try:
+        return json.loads((run_dir / "meta.json").read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def start_run(

@@ -23,7 +23,7 @@ from bench.analysis import breakdown as analysis
 from bench.hang.calls import comm_failure
 from bench.runfolder import columns
 from bench.runfolder.points import PointRecord
-from bench.runner import flops
+from bench.runner import flops, watchdog
 from bench.runner.distenv import DistEnv, synchronize
 from bench.runner.hangs import diagnosis, hang_dir, run_watched
 from bench.runner.nvml import NvmlSampler
@@ -130,10 +130,14 @@ def _train_and_measure(
     reset_peak_rss()
     trainer = build_trainer(point, env, group, seed=cfg.seed, lr=cfg.lr, clip=cfg.clip_grad_norm)
 
+    def step(*inputs):
+        watchdog.check_terminated()  # a cancelled job ends the point at its next step
+        return trainer.step(*inputs)
+
     if visit.profile:  # a point's first visit; later ones only say when they finish
         progress("warm-up")
     for _ in range(point.warmup_steps):
-        trainer.step()
+        step()
     clock = common_clock(group, env.device)  # once per point: every visit builds its own group
     nvml = NvmlSampler(env.device)
     data_ms: list[float] = []
@@ -147,7 +151,7 @@ def _train_and_measure(
         nvml.sample()
 
     times, skew, stop = adaptive_steps(
-        trainer.step,
+        step,
         visit.budget,
         prior=list(visit.prior_times),
         device=env.device,
@@ -162,7 +166,7 @@ def _train_and_measure(
         n_traced = cfg.profile_wait + cfg.profile_warmup + point.profile_steps
         inputs = [trainer.next_inputs() for _ in range(n_traced)]  # no data loading traced
         trace_path, traced_ms = profile_steps(
-            lambda: trainer.step(inputs.pop(0)),
+            lambda: step(inputs.pop(0)),
             trace_dir=trace_dir,
             worker_name=f"rank{env.rank}",
             device=env.device,
@@ -177,7 +181,7 @@ def _train_and_measure(
             trace_overhead_pct=100 * (float(np.median(traced_ms)) / float(np.median(times)) - 1),
         )
         memory = step_memory(
-            trainer.step,
+            step,
             baseline=baseline,
             release=lambda: trainer.opt.zero_grad(set_to_none=True),
             scratch_dir=trace_dir / f".memory-rank{env.rank}",

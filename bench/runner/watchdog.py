@@ -52,6 +52,15 @@ def _on_term(signum, frame) -> None:
         _exit(128 + signum)
 
 
+def check_terminated() -> None:
+    """A point's step calls this first: after SIGTERM (a scheduler's cancel or time limit, a
+    launcher stopping the job) the point ends at its next step, in this rank's own code. The
+    watchdog's interrupt does not serve here: it leaves alone a rank with a collective in
+    flight, which is most of a DDP step."""
+    if _TERMINATE.is_set() and IN_POINT.is_set():
+        raise PointInterrupted("terminated (SIGTERM): the point was cancelled")
+
+
 def _exit(code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
