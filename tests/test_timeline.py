@@ -6,8 +6,11 @@ at 1 MB and 100 MB buckets, PyTorch's DDP and ours with and without overlap (one
 - The diff of the 1 MB and the 100 MB native points: the all-reduce count goes from several
   calls to one, the bytes unchanged.
 - The report with every point's timeline renders in headless Chromium, every figure decoded.
-- Bad input: an unknown point and a point without traces are one line and exit 2 for --diff,
-  and a note in the report, which still draws the rest; a trace with no profiler step too.
+- ``--view``: one point's traces as an interactive timeline that needs no network, every event
+  of every rank drawn by headless Chromium.
+- Bad input: an unknown point and a point without traces are one line and exit 2 for --diff
+  and --view, and a note in the report, which still draws the rest; a trace with no profiler
+  step too.
 """
 
 import glob
@@ -26,6 +29,7 @@ from bench.analysis.folder import load_trace_dir
 from bench.analysis.timeline import LANES, TIMELINE_COLUMNS, inside, step_timeline
 from bench.analysis.trace_diff import trace_diff
 from bench.report.timeline_figure import _rows
+from bench.report.trace_view import view_data
 from tests.test_report_browser import CHROMIUM, FLAGS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -139,6 +143,8 @@ def test_points_that_cannot_be_drawn_are_one_line_or_a_note(run, tmp_path):
         (["--diff", POINT.format(1, "native"), POINT.format(1, "reference")], "no traces"),
         (["--diff", POINT.format(100, "native"), POINT.format(1, "reference")],
          "no profiler step is in every rank's trace"),
+        (["--view", "nope"], "has no point 'nope'"),
+        (["--view", POINT.format(1, "native")], "no traces"),
     ]:  # fmt: skip
         proc = report(copy, *args, "--reports-dir", tmp_path / "r")
         assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
@@ -150,6 +156,33 @@ def test_points_that_cannot_be_drawn_are_one_line_or_a_note(run, tmp_path):
     assert any("no traces" in n for n in notes) and any("no profiler step" in n for n in notes)
     section = page[page.index("<h2>Step timelines</h2>"):]
     assert section.count("<img") == 3  # native's two points are notes; the rest drawn
+
+
+@pytest.mark.slow
+@pytest.mark.ci_needs("headless Chromium")
+@pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (make setup installs "
+                    "it where it can: Debian package chromium, apt-get as root)")  # fmt: skip
+@pytest.mark.timeout(600)
+def test_the_offline_trace_view_draws_every_event_of_every_rank(run, tmp_path):
+    point = POINT.format(1, "reference")
+    proc = report(run, "--view", point, "--reports-dir", tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    page = tmp_path / f"{run.name}-{point}-trace.html"
+    text = page.read_text()
+    assert not re.search(r"(src|href)=['\"]?https?:", text)  # nothing fetched: works offline
+    traces = load_trace_dir(run / "traces" / point).traces
+    data = view_data(traces)
+    events = sum(int((t.events["dur"] >= 0).sum()) for t in traces)
+    assert len(data["start"]) == events
+    labels = [lane["label"] for lane in data["lanes"]]
+    assert {lab.split(" thread")[0] for lab in labels} == {"rank 0", "rank 1"}, labels
+    dom = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}",
+                          "--virtual-time-budget=10000", "--dump-dom", page.resolve().as_uri()],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    drawn = re.search(r'data-drawn="(\d+)"', dom.stdout)
+    total = re.search(r'data-events="(\d+)"', dom.stdout)
+    assert drawn and total, dom.stdout[-1500:]
+    assert int(drawn.group(1)) == int(total.group(1)) == events  # the whole trace, every event
 
 
 def test_a_gpu_nccl_timeline_has_kernels_and_calls_with_bytes():

@@ -1,6 +1,7 @@
 """``python -m bench.report RUN_DIR [--baseline OLD] [--collectives COLL_RUN]
-[--timelines best|all|none] [--diff POINT_A POINT_B]``: the HTML report of a run folder, its
-comparison with an earlier run, and two of its points compared."""
+[--timelines best|all|none] [--diff POINT_A POINT_B] [--view POINT]``: the HTML report of a
+run folder, its comparison with an earlier run, two of its points compared, and one point's
+traces as an interactive timeline."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import sys
 from pathlib import Path
 
 from bench.report.page import write_report
-from bench.report.timeline_section import TIMELINES, write_diff
+from bench.report.timeline_section import TIMELINES, write_diff, write_view
 from bench.runfolder.folder import read_run
 from bench.runfolder.points import RunFolderError
 
@@ -45,14 +46,23 @@ def main(argv: list[str] | None = None) -> int:
         help="instead of the report: the two points' step timelines, one above the other, and "
         "what changed per collective and operator (reports/<run>-diff.html)",
     )
+    p.add_argument(
+        "--view",
+        metavar="POINT",
+        help="instead of the report: the point's traces as an interactive timeline that needs "
+        "no network, every rank's threads and streams (reports/<run>-<point>-trace.html)",
+    )
     args = p.parse_args(argv)
-    if args.diff:
+    if args.diff or args.view:
         try:
-            out = write_diff(read_run(args.run_dir), *args.diff, args.reports_dir)
+            run = read_run(args.run_dir)
+            if args.diff:
+                print(f"diff: {write_diff(run, *args.diff, args.reports_dir)}")
+            if args.view:
+                print(f"trace view: {write_view(run, args.view, args.reports_dir)}")
         except (RunFolderError, FileNotFoundError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
-        print(f"diff: {out}")
         return 0
     try:
         out, cmp = write_report(args.run_dir, args.reports_dir, args.baseline, args.collectives,

@@ -21,6 +21,7 @@ from bench.report.figures import fmt_value
 from bench.report.style import CSS, LOAD_CHECK
 from bench.report.tables import html_table
 from bench.report.timeline_figure import timeline_figure
+from bench.report.trace_view import view_page
 from bench.runfolder.folder import Run
 from bench.runfolder.points import RunFolderError
 
@@ -132,4 +133,13 @@ def write_diff(run: Run, a: str, b: str, reports_dir: Path) -> Path:
     reports_dir.mkdir(parents=True, exist_ok=True)
     out = reports_dir / f"{run.path.name}-diff.html"
     out.write_text(diff_page(run, a, b))
+    return out
+
+
+def write_view(run: Run, point: str, reports_dir: Path) -> Path:
+    """The point's traces as an interactive, offline timeline (``trace_view``)."""
+    traces = point_traces(run, point)
+    reports_dir.mkdir(parents=True, exist_ok=True)
+    out = reports_dir / f"{run.path.name}-{point}-trace.html"
+    out.write_text(view_page(traces, f"{point} ({run.path.name})"))
     return out
