@@ -18,12 +18,16 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-ne
 SHOTS = Path(__file__).resolve().parents[1] / "reports"
 
 
-@pytest.mark.ci_needs("headless Chromium")
-@pytest.mark.skipif(
-    CHROMIUM is None,
-    reason="Chromium is not installed and `make setup` could "
-    "not install it (Debian package chromium needs apt-get as root)",
-)
+def needs_chromium(test):
+    """Marks a test that drives headless Chromium: it skips, saying why, where Chromium is not
+    installed, and under CI=true that skip is a failure (tests/conftest.py)."""
+    test = pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed and `make "
+                              "setup` could not install it (Debian package chromium needs "
+                              "apt-get as root)")(test)  # fmt: skip
+    return pytest.mark.ci_needs("headless Chromium")(test)
+
+
+@needs_chromium
 @pytest.mark.timeout(180)
 def test_report_renders_in_chromium_with_every_figure(tmp_path):
     old = make_training_run(tmp_path / "old", POINTS, seed=1)

@@ -28,7 +28,7 @@ import torch_tb_profiler  # noqa: F401
 from bench.report.tb_scalars import write_sweep_scalars
 from tests.rank_pool import free_port
 from tests.test_harness import FAST, point, run_points
-from tests.test_report_browser import CHROMIUM, FLAGS
+from tests.test_report_browser import CHROMIUM, FLAGS, needs_chromium
 
 GSTATIC = "www.gstatic.com"
 
@@ -287,12 +287,7 @@ PROFILER = """(() => {
 })()"""
 
 
-@pytest.mark.ci_needs("headless Chromium")
-@pytest.mark.skipif(
-    CHROMIUM is None,
-    reason="Chromium is not installed and `make setup` could "
-    "not install it (Debian package chromium needs apt-get as root)",
-)
+@needs_chromium
 @pytest.mark.timeout(300)
 def test_pages_load_in_chromium_and_say_when_the_profiler_charts_cannot(served, tmp_path):
     port, rows, _ = served

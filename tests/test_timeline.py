@@ -30,7 +30,7 @@ from bench.analysis.timeline import LANES, TIMELINE_COLUMNS, inside, step_timeli
 from bench.analysis.trace_diff import trace_diff
 from bench.report.timeline_figure import _rows
 from bench.report.trace_view import view_data
-from tests.test_report_browser import CHROMIUM, FLAGS
+from tests.test_report_browser import CHROMIUM, FLAGS, needs_chromium
 
 REPO = Path(__file__).resolve().parents[1]
 POINT = "wide_mlp-bucket_cap_mb={}-{}"
@@ -107,9 +107,7 @@ def test_the_diff_of_1mb_and_100mb_buckets_shows_several_all_reduces_become_one(
 
 
 @pytest.mark.slow
-@pytest.mark.ci_needs("headless Chromium")
-@pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (make setup installs "
-                    "it where it can: Debian package chromium, apt-get as root)")  # fmt: skip
+@needs_chromium
 @pytest.mark.timeout(600)
 def test_the_report_with_every_timeline_renders_in_chromium(run, tmp_path):
     proc = report(run, "--timelines", "all", "--reports-dir", tmp_path)
@@ -159,9 +157,7 @@ def test_points_that_cannot_be_drawn_are_one_line_or_a_note(run, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.ci_needs("headless Chromium")
-@pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (make setup installs "
-                    "it where it can: Debian package chromium, apt-get as root)")  # fmt: skip
+@needs_chromium
 @pytest.mark.timeout(600)
 def test_the_offline_trace_view_draws_every_event_of_every_rank(run, tmp_path):
     point = POINT.format(1, "reference")

@@ -62,13 +62,20 @@ def _row(ok: pd.DataFrame, model, impl, value, value2) -> str | None:
     return str(hit.iloc[0]) if len(hit) else None
 
 
+def _values(r) -> str:
+    """A point's swept value, and its second knob's on a two-knob grid."""
+    second = getattr(r, "value2", None)
+    has_second = second is not None and not (isinstance(second, float) and math.isnan(second))
+    return fmt_value(r.value) + (f", {fmt_value(second)}" if has_second else "")
+
+
 def _groups(ok: pd.DataFrame, found: pd.DataFrame, which: str) -> list[tuple[str, list]]:
     """(figure title, [(panel title, point)]) per group."""
     out = []
     if which == "all":
         for (model, impl), g in ok.groupby(["model", "impl"], sort=False):
-            out.append((f"{model}, {impl}: every point",
-                        [(f"{fmt_value(r.value)}", r.point) for r in g.itertuples()]))  # fmt: skip
+            out.append((f"{model}, {impl}: every point", [(_values(r), r.point)
+                                                          for r in g.itertuples()]))  # fmt: skip
         return out
     for v in found.itertuples():
         second = f", {fmt_value(v.value2)}" if v.value2 is not None else ""
