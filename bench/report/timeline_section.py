@@ -108,6 +108,8 @@ def timeline_sections(run: Run, ok: pd.DataFrame, found: pd.DataFrame, which: st
                 drawn.append((f"{label} ({point})", point_timeline(run, point)))
             except RunFolderError as e:
                 notes.append(str(e))
+            except Exception as e:  # noqa: BLE001  (a trace we misread costs a figure, not the report)
+                notes.append(f"point {point}: no timeline ({type(e).__name__}: {e})")
         if drawn:
             parts.append(timeline_figure(drawn, f"{title}. {CAPTION}."))
         parts += [f"<p class='note'>{html.escape(n)}</p>" for n in notes]
