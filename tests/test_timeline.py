@@ -72,7 +72,7 @@ def test_communication_sits_inside_backward_with_overlap_and_after_it_without(ru
     # With overlap every rank's communication begins inside its backward, and a good part of
     # it runs there (on the rank that finishes backward first less of it: it waits for the
     # other, so the share is asked of the ranks' best; measured 0.55 to 0.73 there, 0.15 to
-    # 0.56 on the other). Without overlap none of it does: every call starts after backward.
+    # 0.55 on the other). Without overlap none of it does: every call starts after backward.
     assert inside(on, "comm", "backward").max() > 0.3, inside(on, "comm", "backward")
     assert (inside(off, "comm", "backward") < 0.02).all(), inside(off, "comm", "backward")
     for tl, during in ((on, True), (off, False)):
