@@ -29,7 +29,7 @@ import pandas as pd
 
 from bench.analysis.collectives import collective_type
 from bench.analysis.folder import load_trace_dir
-from bench.analysis.reader import TraceError
+from bench.analysis.reader import ITEM_BYTES, TORCH_DTYPE, TraceError
 from bench.analysis.sequence_groups import gloo_group
 from bench.analysis.sequence_groups import span as _span
 from bench.analysis.trace import Trace, name_matches, prepared, step_windows
@@ -39,22 +39,6 @@ SEQUENCE_COLUMNS = [
     "group", "group_ranks", "group_size", "group_known", "traced_us", "ts",
 ]  # fmt: skip
 
-# The trace's dtype spellings -> torch's names: record_param_comms' ``dtype`` is c10's
-# ScalarType name (c10/core/ScalarType.h), ``Input type`` the C++ type record_shapes prints.
-TORCH_DTYPE = {
-    "Float": "float32", "float": "float32", "Double": "float64", "double": "float64",
-    "Half": "float16", "c10::Half": "float16", "BFloat16": "bfloat16",
-    "c10::BFloat16": "bfloat16", "Long": "int64", "long int": "int64", "long": "int64",
-    "Int": "int32", "int": "int32", "Short": "int16", "short int": "int16", "short": "int16",
-    "Char": "int8", "signed char": "int8", "Byte": "uint8", "unsigned char": "uint8",
-    "Bool": "bool", "bool": "bool", "Float8_e4m3fn": "float8_e4m3fn",
-    "c10::Float8_e4m3fn": "float8_e4m3fn", "Float8_e5m2": "float8_e5m2",
-    "c10::Float8_e5m2": "float8_e5m2",
-}  # fmt: skip
-ITEM_BYTES = {
-    "float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4,
-    "int16": 2, "int8": 1, "uint8": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
-}  # fmt: skip
 # Names of the same operation, once lower-cased, stripped of "nccl:"/"gloo:" and of everything
 # but letters, and of the words for variants that move the same data (base, coalesced, into
 # tensor): ProcessGroupNCCL's and ProcessGroupGloo's names, c10d's op names, NCCL's kernels.
