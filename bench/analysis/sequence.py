@@ -32,7 +32,7 @@ from bench.analysis.folder import load_trace_dir
 from bench.analysis.reader import ITEM_BYTES, TORCH_DTYPE, TraceError
 from bench.analysis.sequence_groups import gloo_group
 from bench.analysis.sequence_groups import span as _span
-from bench.analysis.trace import Trace, name_matches, prepared, step_windows
+from bench.analysis.trace import Trace, common_steps, name_matches, prepared, step_windows
 
 SEQUENCE_COLUMNS = [
     "rank", "step", "index", "op", "dtype", "count", "out_count", "nbytes",
@@ -263,11 +263,10 @@ class JobSequence:
 
 
 def _kept_steps(traces: list, steps: int | None, notes: list[str]) -> list[int]:
-    per_rank = [set(step_windows(prepared(t))["step"]) for t in traces]
-    if not any(per_rank):
+    if not any(len(step_windows(prepared(t))) for t in traces):
         notes.append("no ProfilerStep in the traces: each rank's whole trace is one step (-1)")
         return [-1]
-    common = sorted(set.intersection(*per_rank))
+    common = common_steps(traces)
     if steps is not None and steps < len(common):
         common = common[:steps]
     elif steps is not None and steps > len(common):

@@ -32,6 +32,7 @@ from bench.analysis.breakdown import cpu_compute
 from bench.analysis.collectives import collective_type
 from bench.analysis.trace import (
     Trace,
+    common_steps,
     device_windows,
     intervals_of,
     name_matches,
@@ -47,12 +48,6 @@ _OPTIMIZER = re.compile(r"^Optimizer\.step")
 
 class TimelineError(ValueError):
     """A set of traces with no step to draw; one line."""
-
-
-def common_steps(traces: list[Trace]) -> list[int]:
-    """The profiler steps every rank's trace holds, in order."""
-    per_rank = [set(step_windows(prepared(t))["step"]) for t in traces]
-    return sorted(set.intersection(*per_rank)) if per_rank else []
 
 
 def pick_step(traces: list[Trace], step: int | None = None) -> int:

@@ -242,3 +242,23 @@ def prepared(trace: Trace) -> pd.DataFrame:
             ev["nbytes"] = comm_bytes_from_launch(ev)
         trace._prepared = ev
     return trace._prepared
+
+
+def common_steps(traces: list[Trace]) -> list[int]:
+    """The profiler steps every rank's trace holds, in order."""
+    per_rank = [set(step_windows(prepared(t))["step"]) for t in traces]
+    return sorted(set.intersection(*per_rank)) if per_rank else []
+
+
+def nesting_depth(ts: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Depth of each span of one thread (or stream) among the spans before it that still hold
+    it open, the spans sorted by start, the longer first: 0 for the outermost. A thread's
+    record_function ranges open and close as a stack."""
+    depth = np.zeros(len(ts), dtype=int)
+    stack: list[float] = []  # ends of the open spans
+    for i, (s, e) in enumerate(zip(ts, end, strict=True)):
+        while stack and stack[-1] <= s:
+            stack.pop()
+        depth[i] = len(stack)
+        stack.append(e)
+    return depth

@@ -14,8 +14,7 @@ import numpy as np
 import pandas as pd
 
 from bench.analysis.collectives import collective_type
-from bench.analysis.timeline import common_steps
-from bench.analysis.trace import Trace, host_steps, prepared
+from bench.analysis.trace import Trace, common_steps, host_steps, nesting_depth, prepared
 
 DIFF_COLUMNS = [
     "kind", "name", "count_a", "count_b", "count_change", "time_ms_a", "time_ms_b",
@@ -31,16 +30,9 @@ def _top_level(ev: pd.DataFrame) -> pd.DataFrame:
     tid = steps["tid"].iloc[0]
     main = ev[(ev["tid"] == tid) & (ev["stream"] < 0) & (ev["step"] >= 0)]
     main = main.sort_values(["ts", "dur"], ascending=[True, False])
-    keep, open_end = [], -np.inf  # the end of the depth-1 span open now
-    is_step = host_steps(main)
-    for i, (ts, dur, step_span) in enumerate(zip(main["ts"], main["dur"], is_step, strict=True)):
-        if step_span:
-            open_end = -np.inf
-            continue
-        if ts >= open_end:  # not inside the depth-1 span before it: depth 1 itself
-            keep.append(i)
-            open_end = ts + dur
-    return main.iloc[keep]
+    ts = main["ts"].to_numpy(dtype=float)
+    depth = nesting_depth(ts, ts + main["dur"].to_numpy(dtype=float))
+    return main[(depth == 1) & ~host_steps(main)]  # the steps themselves are depth 0
 
 
 def _parts(trace: Trace, steps: list[int]) -> pd.DataFrame:

@@ -16,22 +16,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from bench.analysis.trace import Trace, prepared
+from bench.analysis.trace import Trace, nesting_depth, prepared
 from bench.report.style import CSS
 
 KINDS = ["compute", "comm", "comm_cpu", "memory", "none"]
-
-
-def _depths(ts: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """Nesting depth of each event of one lane (events sorted by start, longer first)."""
-    depth = np.zeros(len(ts), dtype=int)
-    stack: list[float] = []  # ends of the open events
-    for i, (s, e) in enumerate(zip(ts, end, strict=True)):
-        while stack and stack[-1] <= s:
-            stack.pop()
-        depth[i] = len(stack)
-        stack.append(e)
-    return depth
 
 
 def view_data(traces: list[Trace]) -> dict:
@@ -50,7 +38,7 @@ def view_data(traces: list[Trace]) -> dict:
             lane = ev[key == what].sort_values(["ts", "dur"], ascending=[True, False])
             ts = lane["ts"].to_numpy(dtype=float)
             end = ts + lane["dur"].to_numpy(dtype=float)
-            depth = _depths(ts, end)
+            depth = nesting_depth(ts, end)
             lanes.append({"label": f"rank {t.rank} {what}", "depth": int(depth.max()) + 1})
             i = len(lanes) - 1
             cols["lane"] += [i] * len(lane)
