@@ -68,7 +68,7 @@ def test_communication_sits_inside_backward_with_overlap_and_after_it_without(ru
         assert tl["start_ms"].min() == pytest.approx(0.0)  # one axis: the earliest rank's start
         calls = tl[tl["lane"] == "comm"]
         assert (calls["op"] == "all_reduce").all() and len(calls) >= 4, calls
-        assert calls["label"].str.match(r"all_reduce [\d.]+ (kB|MB)$").all(), calls["label"]
+        assert calls["label"].str.match(r"all_reduce [\d.]+ (KiB|MiB)$").all(), calls["label"]
     # With overlap every rank's communication begins inside its backward, and a good part of
     # it runs there (on the rank that finishes backward first less of it: it waits for the
     # other, so the share is asked of the ranks' best; measured 0.55 to 0.73 there, 0.15 to

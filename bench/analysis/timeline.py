@@ -39,6 +39,7 @@ from bench.analysis.trace import (
     prepared,
     step_windows,
 )
+from bench.console import human_bytes
 
 TIMELINE_COLUMNS = ["rank", "step", "lane", "start_ms", "end_ms", "label", "op", "bytes"]
 LANES = ("phase", "compute", "comm", "wait", "idle")
@@ -62,15 +63,6 @@ def pick_step(traces: list[Trace], step: int | None = None) -> int:
     if step not in steps:
         raise TimelineError(f"step {step} is not in every rank's trace (they hold {steps})")
     return step
-
-
-def _fmt_bytes(n: float) -> str:
-    if not np.isfinite(n):
-        return ""
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= size:
-            return f"{n / size:.3g} {unit}"
-    return f"{n:.0f} B"
 
 
 def _phases(ev: pd.DataFrame, lo: float, hi: float) -> list[tuple[str, float, float]]:
@@ -123,7 +115,7 @@ def _rank_bars(trace: Trace, step: int) -> tuple[list[dict], float, float]:
                                   strict=True):  # fmt: skip
         op = collective_type(str(name))
         size = float(nbytes) if pd.notna(nbytes) else np.nan
-        label = f"{op} {_fmt_bytes(size)}".strip()
+        label = f"{op} {human_bytes(size)}" if np.isfinite(size) else op
         bars.append({"lane": "comm", "start": max(float(s), lo), "end": min(float(s + d), hi),
                      "label": label, "op": op, "bytes": size})  # fmt: skip
     return bars, lo, hi
