@@ -47,6 +47,15 @@ BUSBW_FACTOR = {
 }
 
 
+def busbw_gbps(op: str, size_bytes: float, n: int, time_us: float) -> float:
+    """nccl-tests' bus bandwidth (GB/s) of ``size_bytes`` (its S) moved by ``op`` over ``n``
+    ranks in ``time_us``: algbw x the bus factor; NaN for an op without a factor or a time that
+    is not positive."""
+    if op not in BUSBW_FACTOR or not np.isfinite(time_us) or time_us <= 0:
+        return np.nan
+    return size_bytes / (time_us * 1e-6) / 1e9 * BUSBW_FACTOR[op](n)
+
+
 def collective_type(name: str) -> str:
     """``gloo:all_reduce`` -> all_reduce; ``ncclDevKernel_AllReduce_Sum_f32_RING_LL`` ->
     all_reduce; ``ncclKernel_SendRecv`` -> send_recv."""
@@ -107,7 +116,8 @@ def collective_summary(calls: pd.DataFrame, world_size: int) -> pd.DataFrame:
         rows.append({
             "rank": rank, "collective": coll, "calls": len(g), "bytes": nbytes,
             "total_us": total, "median_us": g["dur"].median(), "algbw_GBps": algbw,
-            "busbw_factor": factor, "busbw_GBps": algbw * factor, "wait_us": wait,
+            "busbw_factor": factor, "busbw_GBps": busbw_gbps(coll, size, world_size, total),
+            "wait_us": wait,
             "transfer_us": g["transfer_us"].sum(min_count=1),
             "wait_pct": 100 * wait / total if total > 0 else np.nan,
         })  # fmt: skip

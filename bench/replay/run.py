@@ -12,7 +12,7 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 
-from bench.analysis.collectives import BUSBW_FACTOR
+from bench.analysis.collectives import busbw_gbps
 from bench.analysis.sequence import JobSequence
 from bench.replay import play, price
 from bench.runfolder import columns
@@ -45,12 +45,6 @@ def step_calls(seq: JobSequence) -> dict[int, pd.DataFrame]:
     return out
 
 
-def _busbw(op: str, size_bytes: float, n: int, us: float) -> float:
-    if op not in BUSBW_FACTOR or not us or not np.isfinite(us) or us <= 0:
-        return np.nan
-    return size_bytes / (us * 1e-6) / 1e9 * BUSBW_FACTOR[op](n)
-
-
 def base_row(c: dict, step: int, env_backend: str, device: str) -> dict:
     n = int(c["group_size"])
     known = not pd.isna(c["count"])
@@ -62,7 +56,7 @@ def base_row(c: dict, step: int, env_backend: str, device: str) -> dict:
         "group": str(c["group"]), "group_size": n,
         "group_ranks": " ".join(map(str, c["group_ranks"])),
         "traced_us": c["traced_us"], "traced_us_max": c["traced_us_max"],
-        "traced_busbw_GBps": _busbw(c["op"], size, n, c["traced_us"]),
+        "traced_busbw_GBps": busbw_gbps(c["op"], size, n, c["traced_us"]),
         "backend": env_backend, "device": device,
     }  # fmt: skip
 
@@ -91,7 +85,7 @@ def priced_rows(steps: dict[int, pd.DataFrame], costs: list[tuple[str, object]],
                 row = base_row(c, step, backend, device)
                 t, why = price.priced_us(model, c["op"], row["size_bytes"], row["group_size"])
                 row.update(source="priced", impl="", link=label, time_us=t,
-                           busbw_GBps=_busbw(c["op"], row["size_bytes"], row["group_size"], t),
+                           busbw_GBps=busbw_gbps(c["op"], row["size_bytes"], row["group_size"], t),
                            status="unsupported" if why else "ok", error=why,
                            point=f"priced-{label}-s{step}-{row['index']}")  # fmt: skip
                 rows.append(row)
@@ -117,7 +111,7 @@ def replayed_rows(steps: dict[int, pd.DataFrame], impl: str, groups: play.Groups
             if not err:
                 row.update(time_us=t["time_us"], time_us_max=t["time_us_max"],
                            wrong=int(t["wrong"]),
-                           busbw_GBps=_busbw(c["op"], row["size_bytes"], row["group_size"],
+                           busbw_GBps=busbw_gbps(c["op"], row["size_bytes"], row["group_size"],
                                              t["time_us"]))  # fmt: skip
             rows.append(row)
         for row in [*rows, total_row(rows, rows[0])]:
