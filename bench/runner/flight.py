@@ -109,14 +109,15 @@ def _write(path: Path, data: bytes) -> None:
 
 
 def dump(folder: Path, rank: int, *, reason: str, error: BaseException | str | None = None,
-         threads: list[dict] | None = None, since_ns: int = 0) -> dict:  # fmt: skip
-    """Write this rank's flight record (from ``since_ns`` on) and stacks into ``folder``;
-    return the record."""
+         threads: list[dict] | None = None, since_ns: int = 0,
+         prefix: str = FR_PREFIX) -> dict:  # fmt: skip
+    """Write this rank's flight record (from ``since_ns`` on), as ``<prefix><rank>``, and its
+    stacks into ``folder``; return the record."""
     DUMPING.set()
     try:
         folder.mkdir(parents=True, exist_ok=True)
         rec = record(since_ns)
-        _write(folder / f"{FR_PREFIX}{rank}", pickle.dumps(rec))
+        _write(folder / f"{prefix}{rank}", pickle.dumps(rec))
         write_stacks(folder, rank, reason=reason, error=error, threads=threads)
     finally:
         DUMPING.clear()
@@ -174,11 +175,7 @@ def record_hangs() -> None:
         if done.is_set() or not dist.is_initialized():
             return
         done.set()
-        rank = dist.get_rank()
-        rec_path = folder / f"{name}{rank}"
-        folder.mkdir(parents=True, exist_ok=True)
-        _write(rec_path, pickle.dumps(record()))
-        write_stacks(folder, rank, reason=reason, error=error)
+        dump(folder, dist.get_rank(), reason=reason, error=error, prefix=name)
 
     def on_exception(kind, value, tb) -> None:
         # no store: this rank's dump is still worth writing
