@@ -47,9 +47,10 @@ def point_traces(run: Run, point: str) -> list:
         raise RunFolderError(f"point {point}: no traces to draw ({e})") from None
 
 
-def point_timeline(run: Run, point: str) -> pd.DataFrame:
+def point_timeline(run: Run, point: str, traces: list | None = None) -> pd.DataFrame:
+    """The point's step timeline (from ``traces`` where the caller has read them already)."""
     try:
-        return step_timeline(point_traces(run, point))
+        return step_timeline(traces if traces is not None else point_traces(run, point))
     except TimelineError as e:
         raise RunFolderError(f"point {point}: {e}") from None
 
@@ -118,8 +119,9 @@ def timeline_sections(run: Run, ok: pd.DataFrame, found: pd.DataFrame, which: st
 
 def diff_page(run: Run, a: str, b: str) -> str:
     """The two points' timelines one above the other, and what changed between them."""
-    ta, tb = point_timeline(run, a), point_timeline(run, b)
-    table = trace_diff(point_traces(run, a), point_traces(run, b))
+    traces_a, traces_b = point_traces(run, a), point_traces(run, b)  # each read once
+    ta, tb = point_timeline(run, a, traces_a), point_timeline(run, b, traces_b)
+    table = trace_diff(traces_a, traces_b)
     shown = table.assign(name=table["name"].str.slice(0, 90))
     title = f"{html.escape(a)} against {html.escape(b)}"
     return "\n".join([
