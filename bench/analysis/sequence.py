@@ -28,8 +28,9 @@ import numpy as np
 import pandas as pd
 
 from bench.analysis.collectives import collective_type
+from bench.analysis.dtypes import ITEM_BYTES, TORCH_DTYPE
 from bench.analysis.folder import load_trace_dir
-from bench.analysis.reader import ITEM_BYTES, TORCH_DTYPE, TraceError
+from bench.analysis.reader import TraceError
 from bench.analysis.sequence_groups import gloo_group
 from bench.analysis.sequence_groups import span as _span
 from bench.analysis.trace import Trace, common_steps, name_matches, prepared, step_windows
