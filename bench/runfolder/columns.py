@@ -39,6 +39,12 @@ def _c(name, unit, ranks, contract, meaning, report=0) -> Column:
     return Column(name, unit, ranks, contract, meaning, report)
 
 
+# Where every row ran, in each table.
+_RAN_ON = (
+    _c("backend", "", POINT, False, "gloo or nccl"),
+    _c("device", "", POINT, False, "cpu or cuda"),
+)
+
 TRAINING: tuple[Column, ...] = (
     _c("sweep", "", POINT, True, "the sweep's name (a grid's knobs joined by commas)"),
     _c("value", "", POINT, True, "the swept value (a grid's first knob)", report=2),
@@ -70,8 +76,7 @@ TRAINING: tuple[Column, ...] = (
     _c("comm_bytes_per_step", "B", MEAN, True, "collective payload per step (traces)", report=22),
     _c("model", "", POINT, False, "the model trained", report=1),
     _c("point", "", POINT, False, "the point's id: its traces are in traces/<point>/"),
-    _c("backend", "", POINT, False, "gloo or nccl"),
-    _c("device", "", POINT, False, "cpu or cuda"),
+    *_RAN_ON,
     _c("window_ms", "ms", MEAN, False, "traced step window (the breakdown's whole)"),
     _c("comm_bytes_expected", "B", POINT, False, "analytical payload per step", report=23),
     _c("state_mb", "MiB", MAX, False, "parameters, gradients and optimiser state held"),
@@ -169,8 +174,7 @@ COLLECTIVE: tuple[Column, ...] = (
     _c("block_calls", "", POINT, False, "calls per block: -n, or --max-steps / 6 if fewer"),
     _c("stop", "", POINT, False, "what ended the timing: target, max_steps or max_point_s"),
     _c("point", "", POINT, False, "the row's id (in-place rows end in -inplace)"),
-    _c("backend", "", POINT, False, "gloo or nccl"),
-    _c("device", "", POINT, False, "cpu or cuda"),
+    *_RAN_ON,
 )  # fmt: skip
 
 # A replay (python -m bench.replay): a row per collective of a traced step, per way of costing
@@ -213,8 +217,7 @@ REPLAY: tuple[Column, ...] = (
     _c("traced_busbw_GBps", "GB/s", DERIVED, False, "busbw of traced_us"),
     _c("reps", "", POINT, False, "replayed: timed repetitions of the step"),
     _c("point", "", POINT, False, "the row's id"),
-    _c("backend", "", POINT, False, "gloo or nccl"),
-    _c("device", "", POINT, False, "cpu or cuda"),
+    *_RAN_ON,
 )  # fmt: skip
 
 # Every timed sample of every point (samples.csv): the slowest rank's time of each timed step
