@@ -1,0 +1,48 @@
+"""The test pool itself: a rank whose process dies is named at once, with how it died, and the
+call runs once more on fresh ranks; a second death fails it."""
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.rank_pool import RankDied, RankPool
+
+
+def die_on_rank_1(marker: str | None = None) -> int:
+    """Rank 1 crashes (only while ``marker`` does not exist, when one is given)."""
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1 and not (marker and Path(marker).exists()):
+        if marker:
+            Path(marker).touch()
+        os.kill(os.getpid(), signal.SIGSEGV)
+    dist.barrier()  # rank 0 waits for the dead rank, as in a collective of a real test
+    return dist.get_rank()
+
+
+@pytest.mark.timeout(120)
+def test_a_dead_rank_is_named_and_the_call_runs_once_more(monkeypatch, tmp_path):
+    monkeypatch.setattr(RankPool, "reruns_left", 1)
+    pool = RankPool(2)
+    try:
+        assert pool.run(os.getpid, timeout=60) == [p.pid for p in pool._procs]
+        start = time.monotonic()
+        with pytest.warns(UserWarning) as warned:
+            assert pool.run(die_on_rank_1, str(tmp_path / "died"), timeout=100) == [0, 1]
+        # not the 100 s timeout: the death is seen, and rank 0 gets a few seconds to answer
+        assert time.monotonic() - start < 40
+        msg = str(warned[0].message)
+        assert "rank 1 ---\nthe rank's process died (signal SIGSEGV)" in msg
+        assert "Fatal Python error: Segmentation fault" in msg  # faulthandler, into the log
+        assert "die_on_rank_1" in msg  # its stack says where
+        assert "runs once more on fresh ranks" in msg
+        assert RankPool.reruns_left == 0 and not pool.broken
+
+        with pytest.raises(RankDied, match=r"rank 1 ---\nthe rank's process died \(signal SIGSEGV"):
+            pool.run(die_on_rank_1, timeout=100)  # no rerun left: the second death fails
+        assert pool.broken
+    finally:
+        pool.close(force=True)
