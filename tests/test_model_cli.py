@@ -10,6 +10,7 @@ import sys
 import pandas as pd
 import pytest
 
+from bench.model.__main__ import main
 from tests.test_end_to_end import REPO, TORCHRUN, launch
 
 pytestmark = pytest.mark.slow
@@ -94,6 +95,20 @@ def refused(proc, *needles):
         assert n in lines[0], lines[0]
 
 
+def refused_here(capsys, args, *needles):
+    """``refused`` for ``main(args)`` in this process: a launch costs seconds (``import
+    torch``), and an exception other than the exit would fail the test as a traceback would."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        main([str(a) for a in args])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
 @pytest.mark.timeout(300)
 def test_validate_predicts_every_ok_point(runs):
     proc = model("validate", "--collectives", runs["coll"], runs["train"], "--json")
@@ -172,7 +187,7 @@ def test_the_report_has_the_model_section(runs):
 
 
 @pytest.mark.timeout(300)
-def test_bad_input_is_one_line_and_exit_2(runs, tmp_path):
+def test_bad_input_is_one_line_and_exit_2(runs, tmp_path, capsys):
     coll, train = runs["coll"], runs["train"]
     # runs of another machine mixed in
     other = tmp_path / "other"
@@ -180,35 +195,37 @@ def test_bad_input_is_one_line_and_exit_2(runs, tmp_path):
     meta = json.loads((other / "meta.json").read_text())
     (other / "meta.json").write_text(json.dumps({**meta, "host": "elsewhere"}))
     refused(model("validate", "--collectives", coll, train, other), "different machines", "host")
-    refused(model("validate", "--collectives", coll, other), "different machines")
+    refused_here(capsys, ["validate", "--collectives", coll, other], "different machines")
     # collectives timed with another reduction, training on a machine with other cores
     maxed = tmp_path / "maxed"
     shutil.copytree(coll, maxed)
     meta = json.loads((maxed / "meta.json").read_text())
     meta["collective_plan"]["op"] = "max"
     (maxed / "meta.json").write_text(json.dumps(meta))
-    refused(model("validate", "--collectives", maxed, train), "timed op max")
+    refused_here(capsys, ["validate", "--collectives", maxed, train], "timed op max")
     cores = tmp_path / "cores"
     shutil.copytree(train, cores)
     meta = json.loads((cores / "meta.json").read_text())
     (cores / "meta.json").write_text(json.dumps({**meta, "cpu_count": meta["cpu_count"] + 1}))
-    refused(model("validate", "--collectives", coll, cores), "cpu_count")
+    refused_here(capsys, ["validate", "--collectives", coll, cores], "cpu_count")
     # a training run without its traces
     bare = tmp_path / "bare"
     shutil.copytree(train, bare, ignore=shutil.ignore_patterns("*.pt.trace.json*"))
-    refused(model("validate", "--collectives", coll, bare), "has no traces")
+    refused_here(capsys, ["validate", "--collectives", coll, bare], "has no traces")
     # collectives without the one DDP needs
     partial = tmp_path / "partial"
     shutil.copytree(coll, partial)
     rows = pd.read_csv(partial / "results.csv")
     rows[rows["collective"] != "all_reduce"].to_csv(partial / "results.csv", index=False)
-    refused(model("validate", "--collectives", partial, train), "no native all_reduce")
+    refused_here(capsys, ["validate", "--collectives", partial, train], "no native all_reduce")
     # the runs swapped, a folder that is not a run
-    refused(model("validate", "--collectives", train, coll), "not a --sweep message_size run")
-    refused(model("validate", "--collectives", tmp_path, train), "not a run folder")
+    refused_here(
+        capsys, ["validate", "--collectives", train, coll], "not a --sweep message_size run"
+    )
+    refused_here(capsys, ["validate", "--collectives", tmp_path, train], "not a run folder")
     # what-if: unknown link, negative world size, bad speed-up
     args = ["whatif", "--collectives", coll, "--compute", train]
-    refused(model(*args, "--link", "infiniband9"), "unknown link preset")
-    refused(model(*args, "--world-size", "8,-2"), "world size -2 must be at least 1")
-    refused(model(*args, "--speedup", "0"), "must be positive")
-    refused(model("whatif", "--collectives", coll, "--compute", coll), "collectives run")
+    refused_here(capsys, [*args, "--link", "infiniband9"], "unknown link preset")
+    refused_here(capsys, [*args, "--world-size", "8,-2"], "world size -2 must be at least 1")
+    refused_here(capsys, [*args, "--speedup", "0"], "must be positive")
+    refused_here(capsys, ["whatif", "--collectives", coll, "--compute", coll], "collectives run")
