@@ -82,12 +82,11 @@ def _phases(ev: pd.DataFrame, lo: float, hi: float) -> list[tuple[str, float, fl
 def _rank_bars(trace: Trace, step: int) -> tuple[list[dict], float, float]:
     """This rank's bars of ``step`` (absolute microseconds) and the step's window."""
     ev = prepared(trace)
-    windows = step_windows(ev)
-    if trace.is_gpu:
-        windows = device_windows(ev, windows)
+    host_windows = step_windows(ev)
+    windows = device_windows(ev, host_windows) if trace.is_gpu else host_windows
     w = windows[windows["step"] == step].iloc[0]
     lo, hi = float(w["start"]), float(w["end"])
-    host = step_windows(ev).set_index("step").loc[step]
+    host = host_windows.set_index("step").loc[step]
     bars: list[dict] = []
 
     def add(lane: str, spans: np.ndarray, label: str = "") -> None:

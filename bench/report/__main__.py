@@ -53,18 +53,14 @@ def main(argv: list[str] | None = None) -> int:
         "no network, every rank's threads and streams (reports/<run>-<point>-trace.html)",
     )
     args = p.parse_args(argv)
-    if args.diff or args.view:
-        try:
+    try:
+        if args.diff or args.view:
             run = read_run(args.run_dir)
             if args.diff:
                 print(f"diff: {write_diff(run, *args.diff, args.reports_dir)}")
             if args.view:
                 print(f"trace view: {write_view(run, args.view, args.reports_dir)}")
-        except (RunFolderError, FileNotFoundError) as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        return 0
-    try:
+            return 0
         out, cmp = write_report(args.run_dir, args.reports_dir, args.baseline, args.collectives,
                                 args.timelines)  # fmt: skip
     except (RunFolderError, FileNotFoundError) as e:

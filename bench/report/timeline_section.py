@@ -63,11 +63,15 @@ def _row(ok: pd.DataFrame, model, impl, value, value2) -> str | None:
     return str(hit.iloc[0]) if len(hit) else None
 
 
+def _given(x) -> bool:
+    """A value the table holds: neither None nor NaN."""
+    return x is not None and not (isinstance(x, float) and math.isnan(x))
+
+
 def _values(r) -> str:
     """A point's swept value, and its second knob's on a two-knob grid."""
     second = getattr(r, "value2", None)
-    has_second = second is not None and not (isinstance(second, float) and math.isnan(second))
-    return fmt_value(r.value) + (f", {fmt_value(second)}" if has_second else "")
+    return fmt_value(r.value) + (f", {fmt_value(second)}" if _given(second) else "")
 
 
 def _groups(ok: pd.DataFrame, found: pd.DataFrame, which: str) -> list[tuple[str, list]]:
@@ -83,8 +87,7 @@ def _groups(ok: pd.DataFrame, found: pd.DataFrame, which: str) -> list[tuple[str
         label = f"{v.model}, {v.impl}{second}"
         best = _row(ok, v.model, v.impl, v.best, v.value2)
         panels = [(f"best: {fmt_value(v.best)}", best)] if best else []
-        has_default = v.default is not None and not (
-            isinstance(v.default, float) and math.isnan(v.default))  # fmt: skip
+        has_default = _given(v.default)
         if has_default and not v.default_is_best:
             default = _row(ok, v.model, v.impl, v.default, v.value2)
             if default:

@@ -150,6 +150,7 @@ def _plain(v):
 
 def _meta(args, argv, env: DistEnv, run_dir: Path) -> dict:
     sweeps = [SWEEPS[n] for n in sweep_names(args.sweep)]
+    job = slurm_job()
     return {
         "schema_version": SCHEMA_VERSION,
         # what the reading side needs to know of the sweep, so that it never reads the table
@@ -179,9 +180,8 @@ def _meta(args, argv, env: DistEnv, run_dir: Path) -> dict:
         "config": {k: _plain(v) for k, v in vars(args).items()},
         # the batch job this launch ran in (None outside SLURM), and every job that worked on
         # this folder (a resubmitted or requeued job continues it with --resume)
-        "slurm": slurm_job(),
-        "slurm_jobs": jobs_so_far(_previous_meta(run_dir) if args.resume else None,
-                                  slurm_job()),
+        "slurm": job,
+        "slurm_jobs": jobs_so_far(_previous_meta(run_dir) if args.resume else None, job),
     }
 
 
