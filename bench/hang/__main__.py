@@ -9,14 +9,18 @@ adds what torch's own analyser finds in the same dumps.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
+import traceback
 from pathlib import Path
 
 from bench.console import fail
 from bench.hang import calls as c
 from bench.hang.diagnose import diagnose
 from bench.hang.dumps import DumpError, load
+
+_SUITE = Path(__file__).resolve().parents[1]  # bench/: where a line of the suite's own is
 
 
 def rank_lines(d) -> list[str]:
@@ -41,6 +45,29 @@ def rank_lines(d) -> list[str]:
     return out
 
 
+def listing(d, folder: Path) -> list[str]:
+    """The lines after the diagnosis: how many ranks dumped, each one's last calls."""
+    entries = [e for r in d.ranks.values() for e in r.record["entries"]]
+    stackless = bool(entries) and not any(map(c.has_stacks, entries))
+    note = " (no stacks in their entries, as in torch's JSON dumps: no source lines)"
+    return [f"dumps of {len(d.ranks)} of {len(d.world)} ranks in {folder}"
+            f"{note if stackless else ''}:", *rank_lines(d)]  # fmt: skip
+
+
+def _where(e: BaseException) -> str:
+    """``diagnose.py:59``: the innermost line of the suite's own code the error passed."""
+    ours = [f for f in traceback.extract_tb(e.__traceback__)
+            if Path(f.filename).resolve().is_relative_to(_SUITE)]  # fmt: skip
+    return f"{os.path.basename(ours[-1].filename)}:{ours[-1].lineno}" if ours else "?"
+
+
+def could_not(folder: Path, e: Exception) -> str:
+    """The one line for a diagnosis that failed: what failed and where, so it can be fixed."""
+    first = (str(e).strip().splitlines() or [""])[0][:200]
+    return (f"could not diagnose {folder}: {type(e).__name__}{': ' if first else ''}{first} "
+            f"(at {_where(e)}: a bug of bench.hang; please report it with the dumps)")  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.hang", description=__doc__.splitlines()[0])
     p.add_argument("folder", type=Path, help="a folder of flight-recorder dumps, one per rank")
@@ -49,16 +76,18 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         d = load(args.folder)
+        lines = [diagnose(d).line, *listing(d, args.folder)]
     except DumpError as e:
         fail(str(e))
-    diag = diagnose(d)
-    print(diag.line)
-    print(f"dumps of {len(d.ranks)} of {len(d.world)} ranks in {args.folder}:")
-    print("\n".join(rank_lines(d)))
+    except Exception as e:  # noqa: BLE001  (never a traceback: one line, and what still reads)
+        with contextlib.suppress(Exception):  # the ranks' calls, where they still read
+            print("\n".join(listing(d, args.folder)), flush=True)
+        fail(could_not(args.folder, e))
+    print("\n".join(lines))
     if args.torch:
-        from bench.hang.torch_view import first_problem
+        from bench.hang.torch_view import summary
 
-        print(f"torch's analyser: {first_problem(d)}")
+        print(summary(d))
     return 0
 
 

@@ -9,7 +9,7 @@ import re
 
 import pandas as pd
 
-from bench.hang.dumps import Dumps
+from bench.hang.dumps import Dumps, seq_id
 
 # A frame of torch itself (its distributed package, autograd, nn): the line that matters is
 # the first one outside it, the user's or the suite's.
@@ -31,7 +31,7 @@ _COMM_FAILURES = ("timed out", "connection closed", "connection reset", "read er
 def comm_failure(message: str | None) -> bool:
     """Whether an error only says that a peer stopped answering (a timeout, a closed
     connection, the watchdog): the rank that failed first, or never arrived, is the cause."""
-    low = (message or "").lower()
+    low = str(message or "").lower()
     return any(s in low for s in _COMM_FAILURES)
 
 
@@ -49,10 +49,13 @@ def own_frame(frames: list[dict]) -> dict | None:
     return None
 
 
+UNKNOWN_SITE = "?"  # a call whose dump holds no stack (torch's JSON dumps hold none)
+
+
 def site(frame: dict | None) -> str:
     """``file.py:42``, the way a user finds the line."""
     if not frame:
-        return "?"
+        return UNKNOWN_SITE
     return f"{os.path.basename(str(frame['file']))}:{frame['line']}"
 
 
@@ -64,22 +67,36 @@ def code(frame: dict | None) -> str:
     return text.split("  # ")[0]  # the code, not its comment
 
 
+# The point-to-point ops, by name: what older dumps, without ``is_p2p``, say them by.
+_P2P = ("send", "recv")
+
+
+def _op(e: dict) -> str:
+    """``gloo:all_reduce`` -> ``all_reduce``; ``nccl:send 0->1`` -> ``send``."""
+    return str(e.get("profiling_name", "?")).split(":")[-1].split(" ")[0]
+
+
+def has_stacks(entry: dict) -> bool:
+    """Whether the entry says which Python lines issued it (torch's JSON dumps never do)."""
+    return bool(entry.get("frames"))
+
+
 def calls(d: Dumps) -> pd.DataFrame:
     """One row per collective a rank issued (point-to-point calls are left out: they are
     numbered apart and matched by peer, not by group)."""
     rows = []
     for rank, dump in d.ranks.items():
         for e in dump.record["entries"]:
-            if e.get("is_p2p"):
+            op = _op(e)
+            if e.get("is_p2p", op in _P2P):
                 continue
-            frame = own_frame(e.get("frames", []))
-            shapes = tuple(tuple(s) for s in e.get("input_sizes", []))
-            dtypes = tuple(DTYPES.get(t, t) for t in e.get("input_dtypes", []))
+            frame = own_frame(e.get("frames") or [])
+            shapes = tuple(tuple(s) for s in e.get("input_sizes") or [])
+            dtypes = tuple(DTYPES.get(t, t) for t in e.get("input_dtypes") or [])
             numel = sum(int(pd.Series(s).prod()) if s else 1 for s in shapes)
             rows.append({
-                "rank": rank, "record": int(e.get("record_id", 0)),
-                "group": e["process_group"][0], "seq": int(e["collective_seq_id"]),
-                "op": str(e.get("profiling_name", "?")).split(":")[-1].split(" ")[0],
+                "rank": rank, "record": int(e.get("record_id") or 0),
+                "group": str(e["process_group"][0]), "seq": int(seq_id(e)), "op": op,
                 "shapes": shapes, "dtypes": dtypes, "numel": numel,
                 "done": bool(e.get("retired", False)), "time_ns": e.get("time_created_ns") or 0,
                 "site": site(frame), "frame": frame,

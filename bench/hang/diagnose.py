@@ -56,7 +56,8 @@ def _group(d: Dumps, name: str) -> str:
 
 
 def _call(d: Dumps, row) -> str:
-    dtype = ",".join(sorted(set(row.dtypes))) or "?"
+    """``all_reduce #3 (group default, 1,000 float32)``; ``row`` a tuple of ``calls``' rows."""
+    dtype = ",".join(sorted(set(row.dtypes))) or "elements"  # format 1.x dumps name none
     return f"{row.op} #{row.seq} ({_group(d, row.group)}, {row.numel:,} {dtype})"
 
 
@@ -96,10 +97,12 @@ def _at(t: pd.DataFrame, s: int):
 
 
 def _repeats(t: pd.DataFrame, s: int) -> bool:
-    """The call #s repeats an earlier call of this rank (same op, shapes, line): a new step."""
+    """The call #s repeats an earlier call of this rank (same op, shapes, line): a new step.
+    Without the line (a dump without stacks) a repeat cannot be told from a disagreement."""
     row = _at(t, s)
-    return row is not None and any(_sig(r, SIG_SITE) == _sig(row, SIG_SITE)
-                                   for r in t[t.seq < s].itertuples())  # fmt: skip
+    if row is None or row.site == c.UNKNOWN_SITE:
+        return False
+    return any(_sig(r, SIG_SITE) == _sig(row, SIG_SITE) for r in t[t.seq < s].itertuples())
 
 
 def _disagreement(d: Dumps, name: str, per_rank: dict[int, pd.DataFrame]) -> tuple | None:
@@ -137,8 +140,8 @@ def _disagreement(d: Dumps, name: str, per_rank: dict[int, pd.DataFrame]) -> tup
                    for x in per_rank[r][per_rank[r].seq < s].itertuples()}  # fmt: skip
         if longer and all(_sig(at[r], SIG) not in history for r in dev):
             return 0, when, _uneven(d, longer, dev, first, [at[r] for r in dev])
-        parts = [f"{_ranks([r for r, v in at.items() if _sig(v, SIG) == sig])} {v.op} "
-                 f"{_shapes(v)} {','.join(v.dtypes)} at {v.site}"
+        parts = [" ".join(filter(None, [_ranks([r for r, v in at.items() if _sig(v, SIG) == sig]),
+                                         v.op, _shapes(v), ",".join(v.dtypes), f"at {v.site}"]))
                  for sig, v in {_sig(v, SIG): v for v in at.values()}.items()]  # fmt: skip
         return 0, when, Diagnosis(
             "disagree",
@@ -170,9 +173,9 @@ def _whereabouts(d: Dumps, df: pd.DataFrame, rank: int, waits: dict[int, object]
         frame = c.own_frame(stacks.get("raised_at", [])) or c.own_frame(
             c.main_thread_frames(stacks)
         )
-        text = c.code(frame)
-        return "raised", (f"{_ranks([rank])} raised {stacks['error'].splitlines()[0][:200]} at "
-                          f"{c.site(frame)}" + (f" ({text})" if text else ""))  # fmt: skip
+        text, error = c.code(frame), str(stacks["error"]).splitlines()[0][:200]
+        return "raised", (f"{_ranks([rank])} raised {error} at {c.site(frame)}"
+                          + (f" ({text})" if text else ""))  # fmt: skip
     if rank in waits:
         w = waits[rank]
         return "elsewhere", f"{_ranks([rank])} waits in {_call(d, w)} at {w.site}"
@@ -182,8 +185,8 @@ def _whereabouts(d: Dumps, df: pd.DataFrame, rank: int, waits: dict[int, object]
         return "own_code", (f"{_ranks([rank])} is in its own code at {c.site(frame)}"
                             + (f" ({text})" if text else ""))  # fmt: skip
     mine = df[df["rank"] == rank]
-    if len(mine):
-        last = mine.sort_values("time_ns").iloc[-1]
+    if len(mine):  # a tuple, as every row here: a Series' .dtypes is its own, not the column
+        last = next(mine.sort_values("time_ns").tail(1).itertuples())
         return "elsewhere", f"{_ranks([rank])}'s last call was {_call(d, last)} at {last.site}"
     return "elsewhere", f"{_ranks([rank])} issued no collective"
 
@@ -191,6 +194,9 @@ def _whereabouts(d: Dumps, df: pd.DataFrame, rank: int, waits: dict[int, object]
 def diagnose(d: Dumps) -> Diagnosis:
     """The cause of the hang the dumps show, in one line (kind "none" when nothing is wrong)."""
     df = c.calls(d)
+    if df.empty:
+        missing = f" (no dump from {_ranks(d.missing)})" if d.missing else ""
+        return Diagnosis("none", f"no collective in the dumps: nothing to compare{missing}")
     found: list[tuple] = []
     heads: dict[str, tuple] = {}  # group -> (its last call, the ranks waiting, the ranks behind)
     for name, sub in df.groupby("group", sort=False):
@@ -234,6 +240,8 @@ def diagnose(d: Dumps) -> Diagnosis:
 def _skipped(df: pd.DataFrame, rank: int, row, site: str) -> bool:
     """Whether ``rank`` skipped a call at ``site`` before its call ``row``: every earlier call
     it made at ``row``'s line came right after one at ``site``, and this one did not."""
+    if c.UNKNOWN_SITE in (site, row.site):  # no stacks: no line to tell a skip by
+        return False
     sites = df[df["rank"] == rank].sort_values("record")
     sites = sites[sites.record <= row.record].site.tolist()
     before = [a for a, b in itertools.pairwise(sites[:-1]) if b == row.site]

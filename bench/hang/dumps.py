@@ -3,14 +3,19 @@
 torch names a dump ``<prefix><rank>`` (``TORCH_FR_DUMP_TEMP_FILE`` gives the prefix) and
 writes a pickle of a dict with ``version``, ``pg_config`` (the groups: name, description,
 member ranks), ``pg_status`` and ``entries`` (the collectives, oldest first);
-``_dump_fr_trace_json`` writes the same as JSON. The suite's dumps add ``job`` (which job
-wrote them) and a ``stacks_rank<N>.json`` beside each (``bench/runner/flight.py``). A dump is
-a pickle, as torch's own analyser reads it: open only dumps of your own jobs.
+``_dump_fr_trace_json`` writes the same as JSON, less the stacks. The suite's dumps add
+``job`` (which job wrote them) and a ``stacks_rank<N>.json`` beside each
+(``bench/runner/flight.py``). A pickle can name any function for the reader to call; torch's
+dumps name none (dicts, lists, tuples, strings, numbers; at most the list builders of its
+TorchScript pickler, read here as lists), so one that names anything else is refused unread: a
+crafted dump runs nothing here (``--torch`` hands torch's analyser the records read here, not
+the files).
 """
 
 from __future__ import annotations
 
 import ast
+import io
 import json
 import pickle
 import re
@@ -45,17 +50,77 @@ class Dumps:
         return [r for r in self.world if r not in self.ranks]
 
 
+class _Refused(Exception):
+    def __init__(self, module: str, name: str) -> None:
+        self.what = f"{module}.{name}"
+
+
+def _as_list(data) -> list:
+    return list(data)
+
+
+# What torch's TorchScript pickler may name: its typed lists are rebuilt by these functions of
+# ``torch.jit._pickle``, each returning its argument, a list of numbers (the recorder's dumps
+# use untyped lists today: they name nothing). Read as plain lists, torch not imported.
+_ADMITTED = {("torch.jit._pickle", f"build_{kind}list"): _as_list
+             for kind in ("int", "double", "bool")}  # fmt: skip
+
+
+class _DumpUnpickler(pickle.Unpickler):
+    """Containers and scalars only: any other global a pickle names (a function it would call,
+    a class it would build) is refused before anything runs."""
+
+    def find_class(self, module: str, name: str):
+        if (module, name) in _ADMITTED:
+            return _ADMITTED[(module, name)]
+        raise _Refused(module, name)
+
+
+def _unpickle(data: bytes):
+    return _DumpUnpickler(io.BytesIO(data)).load()
+
+
 def _read(path: Path) -> dict:
     data = path.read_bytes()
     try:
-        rec = json.loads(data) if data[:1] == b"{" else pickle.loads(data)
+        rec = json.loads(data) if data.lstrip()[:1] == b"{" else _unpickle(data)
+    except _Refused as e:
+        raise DumpError(
+            f"{path}: refused: the pickle asks for {e.what}, which a flight-recorder dump never "
+            "holds (it could run code)"
+        ) from None
     except Exception as e:  # noqa: BLE001  (any decoding failure: name the file, stop)
         raise DumpError(
             f"{path}: truncated or not a flight-recorder dump ({type(e).__name__})"
         ) from None
-    if not isinstance(rec, dict) or "entries" not in rec:
+    if not isinstance(rec, dict) or not isinstance(rec.get("entries"), list):
         raise DumpError(f"{path}: not a flight-recorder dump (no entries)")
+    for i, e in enumerate(rec["entries"]):
+        if problem := _bad_entry(e):
+            raise DumpError(f"{path}: entry {i} is not a flight-recorder entry ({problem})")
+    if not isinstance(rec.get("pg_config") or {}, dict):
+        raise DumpError(f"{path}: not a flight-recorder dump (pg_config is no table)")
     return rec
+
+
+def seq_id(entry: dict):
+    """The entry's number in its group: ``collective_seq_id`` in the recorder's format 2.x,
+    ``seq_id`` in format 1.x (older torch, whose entries have no ``is_p2p``, no dtypes)."""
+    return entry.get("collective_seq_id", entry.get("seq_id"))
+
+
+def _bad_entry(e) -> str | None:
+    """What keeps an entry from being read, or None."""
+    if not isinstance(e, dict):
+        return "not a table"
+    pg = e.get("process_group")
+    if not isinstance(pg, list | tuple) or len(pg) != 2:
+        return "no process_group (name, description)"
+    try:
+        int(seq_id(e))
+    except (TypeError, ValueError):
+        return "no sequence number: neither collective_seq_id nor seq_id"
+    return None
 
 
 def _members(text) -> list[int]:
@@ -76,9 +141,12 @@ def load(folder: Path) -> Dumps:
     for path in sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")):
         if m := _STACKS.search(path.name):
             try:
-                stacks[int(m.group(1))] = (path, json.loads(path.read_text()))
+                doc = json.loads(path.read_text())
             except (OSError, ValueError) as e:
                 raise DumpError(f"{path}: unreadable stacks file ({type(e).__name__})") from None
+            if not isinstance(doc, dict):
+                raise DumpError(f"{path}: unreadable stacks file (not a table)")
+            stacks[int(m.group(1))] = (path, doc)
             continue
         m = _RANK.search(path.name)
         if not m:
@@ -99,9 +167,17 @@ def load(folder: Path) -> Dumps:
         if rank in ranks:
             ranks[rank].stacks = doc
     _check_one_job(folder, ranks)
-    groups = _groups(ranks)
-    world = sorted(set(ranks) | {r for _, members in groups.values() for r in members})
+    # every rank any dump lists (torch's gloo dumps list the world under a nameless group)
+    world = sorted(set(ranks) | {r for d in ranks.values()
+                                 for cfg in _pg_config(d).values()
+                                 for r in _members(cfg.get("ranks"))})  # fmt: skip
+    groups = _groups(ranks, world)
     return Dumps(folder=folder, ranks=ranks, groups=groups, world=world)
+
+
+def _pg_config(d: RankDump) -> dict[str, dict]:
+    """The dump's groups: name -> name, description, ranks (the entries that are tables)."""
+    return {str(k): v for k, v in (d.record.get("pg_config") or {}).items() if isinstance(v, dict)}
 
 
 def _check_one_job(folder: Path, ranks: dict[int, RankDump]) -> None:
@@ -126,7 +202,7 @@ def _check_one_job(folder: Path, ranks: dict[int, RankDump]) -> None:
             )
     defaults = {}
     for d in ranks.values():
-        for cfg in d.record.get("pg_config", {}).values():
+        for cfg in _pg_config(d).values():
             if cfg.get("desc") == "default_pg" and _members(cfg.get("ranks")):
                 defaults.setdefault(tuple(_members(cfg["ranks"])), d.path.name)
     if len(defaults) > 1:
@@ -137,25 +213,26 @@ def _check_one_job(folder: Path, ranks: dict[int, RankDump]) -> None:
         )
 
 
-def _groups(ranks: dict[int, RankDump]) -> dict[str, tuple[str, list[int]]]:
+def _groups(ranks: dict[int, RankDump], world: list[int]) -> dict[str, tuple[str, list[int]]]:
     """Each group's description and members, from the dumps' ``pg_config``; where a dump does
-    not list them (gloo's own dumps), the ranks whose entries name the group, and every rank
-    dumped for the default group."""
+    not list them (gloo's own dumps), the ranks whose entries name the group, and, for the
+    default group, every rank of the job as far as known (a rank that left no dump among them:
+    it is the one the others wait for)."""
     out: dict[str, tuple[str, list[int]]] = {}
     for d in ranks.values():
-        for name, cfg in d.record.get("pg_config", {}).items():
+        for name, cfg in _pg_config(d).items():
             members = _members(cfg.get("ranks", "[]"))
             if members and name not in out:
-                out[name] = (cfg.get("desc", "undefined"), members)
+                out[name] = (str(cfg.get("desc", "undefined")), members)
     seen: dict[str, set[int]] = {}
     descs: dict[str, str] = {}
     for d in ranks.values():
         for e in d.record["entries"]:
-            name, desc = e["process_group"][0], e["process_group"][1]
+            name, desc = str(e["process_group"][0]), str(e["process_group"][1])
             seen.setdefault(name, set()).add(d.rank)
             descs.setdefault(name, desc)
     for name, who in seen.items():
         if name not in out:
-            members = sorted(ranks) if descs[name] == "default_pg" else sorted(who)
+            members = list(world) if descs[name] == "default_pg" else sorted(who)
             out[name] = (descs[name], members)
     return out

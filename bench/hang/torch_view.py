@@ -1,6 +1,8 @@
 """What torch's own flight-recorder analyser (``torch.distributed.flight_recorder``) finds in
 the same dumps: its first collective that fails its checks. ``bench.hang`` shows it next to its
-own line (``--torch``) and the tests check that the two name the same call."""
+own line (``--torch``) and the tests check that the two name the same call. Dumps it cannot
+read (gloo's own, whose ``pg_config`` lists no group its entries name; point-to-point calls it
+cannot pair) make it raise: that is one line, ``summary``'s."""
 
 from __future__ import annotations
 
@@ -62,3 +64,15 @@ def first_problem(d: Dumps) -> TorchFinding | None:
                 missing_ranks=tuple(sorted(coll.missing_ranks or ())),
                 mismatch=state._state.name if state is not None else "")  # fmt: skip
     return None
+
+
+def summary(d: Dumps) -> str:
+    """``first_problem`` as the line ``--torch`` prints; an error of torch's analyser (any: it
+    is not ours to fix, and the suite's own diagnosis stands without it) is that line."""
+    try:
+        found = first_problem(d)
+    except (Exception, SystemExit) as e:  # noqa: BLE001  (its failure is what the line says)
+        text = str(e).strip().splitlines()
+        msg = f": {text[0][:200]}" if text else ""
+        return f"torch's analyser could not read these dumps: {type(e).__name__}{msg}"
+    return f"torch's analyser: {found or 'no collective fails its checks'}"

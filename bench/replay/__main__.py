@@ -99,9 +99,11 @@ def main(argv: list[str] | None = None) -> int:
             fail(f"the traced calls span {seq.ranks_needed} ranks, {args.nproc_per_node} "
                  f"asked: launch at least {seq.ranks_needed}")  # fmt: skip
         return self_launch(args.nproc_per_node, strip_nproc(argv), ["-m", "bench.replay"])
+    from bench.runner import launcher
     from bench.runner.distenv import init_distributed
 
     env = init_distributed(backend=args.backend, timeout_s=max(300.0, 3 * args.timeout_s))
+    launcher.watch(env.rank)  # a rank whose launcher dies without a word leaves too
     if env.world_size < seq.ranks_needed:
         fail(f"the traced calls span {seq.ranks_needed} ranks, {env.world_size} launched: "
              f"launch at least {seq.ranks_needed}")  # fmt: skip

@@ -24,6 +24,7 @@ from bench.runfolder.folder import (
     utc_now,
     write_meta,
 )
+from bench.runner import launcher
 from bench.runner.distenv import DistEnv
 
 REPO = Path(__file__).resolve().parents[2]
@@ -199,6 +200,7 @@ def replay_everywhere(args, argv, seq: JobSequence, costs, env: DistEnv) -> int:
     groups = play.Groups(rank_lists(steps), args.timeout_s)
     for impl in args.impls:
         replayed_rows(steps, impl, groups, env, args, writer or (lambda _row: None))
+    launcher.stop()  # the ranks now leave one by one: one gone first is no lost launcher
     if writer is not None:
         for row in priced_rows(steps, costs, env.backend, env.device.type):
             writer(row)

@@ -31,6 +31,7 @@ import torch.distributed as dist
 from bench.console import human_bytes
 from bench.runfolder import columns
 from bench.runfolder.folder import write_meta
+from bench.runner import watchdog
 from bench.runner.collective_table import UNSUPPORTED, footer, header, print_line
 from bench.runner.context import finish_run, start_run
 from bench.runner.distenv import DistEnv, rank0_print, synchronize
@@ -207,6 +208,7 @@ def _run_size(
         return row, False
     result, error = None, None
     try:
+        watchdog.check_terminated()  # a cancelled job, or one whose launcher is lost, ends here
         result = _measure(coll, impl, count, plan, op, env, group, in_place)
     except Exception as e:  # noqa: BLE001  (an unsupported op is an error row)
         error = f"{type(e).__name__}: {e}".replace("\n", " ")[:300]
@@ -236,6 +238,18 @@ def _run_size(
         busbw_frac_p2p=busbw / limits["p2p_GBps"],
     )
     return row, False
+
+
+def _error_writer(ctx, point: str, name: str, impl: str, size: int, in_place: bool):
+    """Rank 0: what writes this size's row as an error, should the rank have to leave during
+    it (``watchdog.end_now``)."""
+    if not ctx.env.is_main:
+        return None
+    return lambda why: ctx.write({
+        "sweep": ctx.args.sweep, "collective": name, "impl": impl, "inplace": in_place,
+        "world_size": ctx.env.world_size, "size_bytes": size, "point": point,
+        "status": "error", "error": why,
+    })  # fmt: skip
 
 
 def run_collective_sweep(args: argparse.Namespace, plan: CollectivePlan, argv: list[str]) -> int:
@@ -274,6 +288,7 @@ def run_collective_sweep(args: argparse.Namespace, plan: CollectivePlan, argv: l
                     if (point, 1) in ctx.skip:
                         rows.append(None)
                         continue
+                    watchdog.point_started(_error_writer(ctx, point, name, impl, size, in_place))
                     row, failed = _run_size(
                         coll,
                         impl,
@@ -291,7 +306,8 @@ def run_collective_sweep(args: argparse.Namespace, plan: CollectivePlan, argv: l
                     if failed:  # the group may hold a half-done collective: start a fresh one
                         dist.destroy_process_group(groups[impl])
                         groups[impl] = _new_group(args)
-                    ctx.write(row)
+                    watchdog.write_row(lambda row=row: ctx.write(row))
+                    watchdog.point_done()
                     rows.append(row)
                 print_line(size, count, impl, rows)
         for group in groups.values():

@@ -31,6 +31,7 @@ from bench.runfolder.folder import (
     write_meta,
 )
 from bench.runfolder.points import POINTS_FILE, PointRecord, RunFolderError, write_points
+from bench.runner import launcher
 from bench.runner.distenv import DistEnv, fail, init_distributed
 from bench.runner.scheduler import jobs_so_far, slurm_job
 from bench.runner.sweeps import SWEEPS, sweep_names
@@ -204,6 +205,7 @@ def start_run(
     # point's own timeout, and ranks that sit out a world-size point wait on it for the whole
     # point.
     env = init_distributed(backend=args.backend, timeout_s=max(900.0, 3 * args.point_timeout))
+    launcher.watch(env.rank)  # a rank whose launcher dies without a word leaves too
     decision: list = [None]
     if env.is_main:
         decision = [_prepare_run_dir(args, env.world_size)]
@@ -248,6 +250,7 @@ def _resumed(run_dir: Path) -> tuple[set, dict[str, History], int]:
 def finish_run(ctx: RunContext, summary: Callable[[Run], str]) -> int:
     """Rank 0: close meta.json, print the summary (table and answers), write the report, name
     both last."""
+    launcher.stop()  # the ranks now leave one by one: one gone first is no lost launcher
     if ctx.env.is_main:
         ctx.meta["end_time"] = utc_now()
         write_meta(ctx.run_dir / "meta.json", ctx.meta)

@@ -51,9 +51,11 @@ def _summary(run: Run) -> str:
 def lost_ranks(ctx, point: PointRecord, e: LostRanksError) -> None:
     """A rank or node is gone: record the point as failed, say so, and end this rank now
     (its process group cannot be torn down cleanly without the lost peers)."""
-    row = {**point_columns(point), "status": "error", "error": str(e), **diagnosis(e.hangs)}
+    why = watchdog.terminated()  # a peer that left with its launcher: say that, not the symptom
+    error = f"{why}; {e}" if why else str(e)
+    row = {**point_columns(point), "status": "error", "error": error, **diagnosis(e.hangs)}
     if ctx.env.is_main:
-        ctx.write(row)
+        watchdog.write_row(lambda: ctx.write(row))
     watchdog.IN_POINT.clear()
     print(f"error: {e}", file=sys.stderr, flush=True)
     if row.get("diagnosis"):
@@ -99,6 +101,11 @@ def _visit(ctx, cfg: HarnessConfig, point: PointRecord, r: int, rounds: int, his
         profile=history.row is None,
     )
     t0 = time.perf_counter()
+
+    def lost(why: str) -> None:  # the rank must leave before the point ends (its launcher lost)
+        ctx.write({**point_columns(point), "round": r, "status": "error", "error": why})
+
+    watchdog.point_started(lost if env.is_main else None)
     try:
         row = run_point(
             point,
@@ -117,7 +124,7 @@ def _visit(ctx, cfg: HarnessConfig, point: PointRecord, r: int, rounds: int, his
         if history.row is not None:  # not profiled again: the first visit's trace figures
             row = {**history.row, **row}
         history.row = {k: v for k, v in row.items() if k != "samples_ms"}
-    ctx.write(row)
+    watchdog.write_row(lambda: ctx.write(row))
     watchdog.point_done()
     if row["status"] == "ok":
         rank0_print(

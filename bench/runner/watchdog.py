@@ -13,11 +13,14 @@ point's group (``bench.runner.harness``), which closes the connections it waits 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.runner import flight
@@ -34,12 +37,29 @@ def _on_signal(signum, frame) -> None:
     if _INTERRUPT.is_set():
         _INTERRUPT.clear()
         if _TERMINATE.is_set():
-            raise PointInterrupted("terminated (SIGTERM): the point was cancelled")
+            raise PointInterrupted(_ENDING.why)
         raise PointInterrupted("interrupted by the watchdog: another rank of the point failed")
 
 
 IN_POINT = threading.Event()  # from a point's start until its row is written
 _TERMINATE = threading.Event()
+SIGTERM_WHY = "terminated (SIGTERM): the point was cancelled"
+
+
+@dataclass
+class _Ending:
+    """Why this rank is ending (SIGTERM, or its launcher lost), the exit code it leaves with,
+    and the running point's row: written once, by the main thread when the point ends, or by
+    ``end_now`` when the main thread cannot end it in time."""
+
+    why: str = SIGTERM_WHY
+    code: int = 128 + signal.SIGTERM
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    write_error: Callable[[str], None] | None = None  # rank 0: writes the point's error row
+    written: bool = False
+
+
+_ENDING = _Ending()
 
 
 def _on_term(signum, frame) -> None:
@@ -47,32 +67,87 @@ def _on_term(signum, frame) -> None:
     ended as failed instead (the watchdog dumps the rank and interrupts it), its row is written,
     and the rank leaves then (``point_done``): a launcher stops the other ranks the moment one
     dies (torchrun does), and the survivors' dumps are what says why."""
-    _TERMINATE.set()
+    terminate(SIGTERM_WHY, 128 + signum)
+
+
+def terminate(why: str, code: int) -> bool:
+    """End this rank: at once outside a point, else at the point's next step, its row saying
+    ``why`` (True: the rank is inside a point and will leave when its row is written). The
+    first reason given stands."""
+    if not _TERMINATE.is_set():
+        _ENDING.why, _ENDING.code = why, code
+        _TERMINATE.set()
     if not IN_POINT.is_set():
-        _exit(128 + signum)
+        _exit(_ENDING.code)
+    return True
+
+
+def terminated() -> str | None:
+    """Why this rank is ending, or None."""
+    return _ENDING.why if _TERMINATE.is_set() else None
 
 
 def check_terminated() -> None:
     """A point's step calls this first: after SIGTERM (a scheduler's cancel or time limit, a
-    launcher stopping the job) the point ends at its next step, in this rank's own code. The
-    watchdog's interrupt does not serve here: it leaves alone a rank with a collective in
-    flight, which is most of a DDP step."""
+    launcher stopping the job) or the launcher's loss, the point ends at its next step, in this
+    rank's own code. The watchdog's interrupt does not serve here: it leaves alone a rank with a
+    collective in flight, which is most of a DDP step."""
     if _TERMINATE.is_set() and IN_POINT.is_set():
-        raise PointInterrupted("terminated (SIGTERM): the point was cancelled")
+        raise PointInterrupted(_ENDING.why)
 
 
 def _exit(code: int) -> None:
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        # a pipe whose reader (the launcher) is gone must not keep the rank alive
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
     os._exit(code)
 
 
+def say(line: str) -> None:
+    with contextlib.suppress(OSError, ValueError):
+        print(line, file=sys.stderr, flush=True)
+
+
+def point_started(write_error: Callable[[str], None] | None = None) -> None:
+    """A point begins on this rank. ``write_error`` (rank 0) writes its row as an error with a
+    given reason: ``end_now`` calls it if the rank must leave before the point's own row is
+    written."""
+    with _ENDING.lock:
+        _ENDING.write_error, _ENDING.written = write_error, False
+    IN_POINT.set()
+
+
+def write_row(write: Callable[[], None]) -> None:
+    """Write the running point's row (``write()``) unless ``end_now`` wrote its error row."""
+    with _ENDING.lock:
+        if not _ENDING.written:
+            write()
+            _ENDING.written = True
+
+
+def end_now() -> None:
+    """Leave at once (the main thread did not end the point in time): the running point's row
+    is written as an error first, unless it is already written."""
+    if _ENDING.lock.acquire(timeout=5):  # a write in progress (a slow disk) finishes first
+        try:
+            if IN_POINT.is_set() and not _ENDING.written and _ENDING.write_error is not None:
+                _ENDING.write_error(_ENDING.why)
+                _ENDING.written = True
+        except Exception as e:  # noqa: BLE001  (leaving anyway: say what was not written)
+            say(f"the point's error row was not written: {e}")
+    say(f"{_ENDING.why}: every finished row is in results.csv")
+    _exit(_ENDING.code)
+
+
 def point_done() -> None:
-    """The point's row is written: leave now if SIGTERM came during it."""
+    """The point's row is written: leave now if SIGTERM or the launcher's loss came during it."""
     IN_POINT.clear()
+    with _ENDING.lock:
+        _ENDING.write_error = None
     if _TERMINATE.is_set():
-        print("terminated (SIGTERM): every finished row is in results.csv", file=sys.stderr)
-        _exit(128 + signal.SIGTERM)
+        say(f"{_ENDING.why}: every finished row is in results.csv")
+        _exit(_ENDING.code)
 
 
 def install() -> bool:
@@ -143,7 +218,7 @@ class PointWatch:
                 return
             if _TERMINATE.is_set():
                 self.failed(None, dump=False)
-                rec = self._dump("terminated", "terminated (SIGTERM)")
+                rec = self._dump("terminated", _ENDING.why)
             else:
                 try:
                     if not self.store.check([f"{self.key}/failures"]):

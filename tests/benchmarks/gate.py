@@ -15,6 +15,7 @@ fails only when the whole interval is past its limit; while the interval straddl
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 from bench.stats.estimates import Ratio, paired_ratio
@@ -54,12 +55,16 @@ class GateFailure(AssertionError):
     pass
 
 
-def measure(gate: Gate, pool, rounds: int = 5, slow_s: float = 0.0) -> dict[str, list[float]]:
+def measure(gate: Gate, pool, rounds: int = 5, slow_s: float = 0.0,
+            seed: int = 0) -> dict[str, list[float]]:  # fmt: skip
     """Each implementation's figure per interleaved round: busbw (GB/s) for a collective,
-    seconds per step for training. ``slow_s`` slows the reference (tests)."""
+    seconds per step for training. Each round times both in a fresh seeded random order, so
+    that going first (colder caches, a neighbour's burst) falls on either. ``slow_s`` slows the
+    reference (tests)."""
     figures: dict[str, list[float]] = {"native": [], "reference": []}
+    rng = random.Random(f"{gate.name}/{seed}/{len(figures)}")
     for _ in range(rounds):
-        for impl in figures:
+        for impl in rng.sample(list(figures), k=len(figures)):
             if gate.kind == "collective":
                 name, nbytes = gate.args
                 r = pool.run(workloads.collective, name, impl, nbytes, gate.iters, slow_s)[0]
