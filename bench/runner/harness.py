@@ -99,7 +99,8 @@ def param_digest(tensors: list[torch.Tensor]) -> str:
     """SHA-256 of the tensors' exact bytes: equal digests mean bit-identical replicas."""
     h = hashlib.sha256()
     for t in tensors:
-        h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        # flattened first: a 0-dim tensor (a learned scalar gate) cannot be viewed as bytes
+        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
 
