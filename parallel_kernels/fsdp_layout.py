@@ -77,15 +77,19 @@ def fsdp_units(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if isinstance(m, nn.Linear)]
 
 
-def unit_params(module: nn.Module, units: list[nn.Module]):
+def unit_params(module: nn.Module, units: list[nn.Module], *, frozen: bool = True):
     """[(unit module, [(owner, attribute, parameter), ...]), ...]: each unit's parameters in
-    module order, the root last with whatever the units left; units without any are dropped."""
+    module order, the root last with whatever the units left; units without any are dropped.
+    ``frozen=False`` leaves out the parameters that take no gradient (``requires_grad=False``)."""
     claimed: set[int] = set()
     out = []
     for m in [*units, module]:
-        params = [(owner, name, p) for owner in m.modules()
-                  for name, p in list(owner._parameters.items())
-                  if p is not None and id(p) not in claimed]  # fmt: skip
+        params = [
+            (owner, name, p)
+            for owner in m.modules()
+            for name, p in list(owner._parameters.items())
+            if p is not None and id(p) not in claimed and (frozen or p.requires_grad)
+        ]
         if params:
             claimed.update(id(p) for _, _, p in params)
             out.append((m, params))

@@ -18,6 +18,10 @@ Strategies (the ZeRO paper's stages; Rajbhandari et al., SC 2020):
   all-gather); gradients and optimiser state are still sharded.
 - NO_SHARD: S = 1, gradients all-reduced (DDP-like).
 - HYBRID_SHARD: shard inside groups of S ranks, replicate across the N/S groups.
+
+Frozen parameters (``requires_grad=False``) are kept whole on every rank, outside the flat
+parameters: they take no gradient and no optimiser state, so there is nothing to shard but
+their own bytes.
 """
 
 from __future__ import annotations
@@ -250,7 +254,9 @@ class ReferenceFSDP(nn.Module):
         self.groups = _make_groups(group, strategy, shard_size)
         self._broadcast(group)
         self.units: list[_Unit] = []
-        for m, params in unit_params(module, units):
+        # Frozen parameters stay whole on every rank, outside the flat parameters: a trainable
+        # shard would give them a gradient and AdamW's weight decay (they would train).
+        for m, params in unit_params(module, units, frozen=False):
             unit = _Unit(m, params, self.groups, strategy, self.comm_stats, compute_dtype)
             self.units.append(unit)
             m.register_forward_pre_hook(self._pre_forward(unit))

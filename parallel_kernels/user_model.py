@@ -9,6 +9,7 @@ import functools
 import importlib
 import importlib.util
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from parallel_kernels.workload import Workload
@@ -40,7 +41,29 @@ def resolve(name: str, known: tuple[str, ...] = ()) -> Workload:
             f"model {name!r}: {attr}() returned a {type(made).__name__}, not a "
             f"parallel_kernels.Workload"
         )
+    _check_batch(made, f"model {name!r}: {attr}()")
     return made if made.name == name else _renamed(made, name)
+
+
+def _check_batch(wl: Workload, who: str) -> None:
+    """``batch`` tried on two samples, before any rank trains: it must give ``(inputs,
+    targets)``, the targets None where the model's output carries its own loss."""
+    try:
+        made = wl.batch(2, 0)
+    except Exception as e:  # noqa: BLE001  (the user's code: one line)
+        raise ValueError(f"{who}.batch(2, 0) raised {type(e).__name__}: {e}") from None
+    if isinstance(made, tuple | list) and len(made) == 2:
+        return
+    if isinstance(made, Mapping):
+        what = f"a dict with keys {sorted(map(str, made))}"
+    elif isinstance(made, tuple | list):
+        what = f"a {type(made).__name__} of {len(made)}"
+    else:
+        what = f"a {type(made).__name__}"
+    raise ValueError(
+        f"{who}.batch(2, 0) returned {what}, not (inputs, targets): return (inputs, None) "
+        "when the model's output carries its own loss"
+    )
 
 
 def _renamed(wl: Workload, name: str) -> Workload:

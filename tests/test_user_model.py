@@ -126,3 +126,62 @@ def test_a_dict_batch_and_a_model_that_returns_its_own_loss():
     assert loss.dim() == 0 and torch.isfinite(loss)
     with pytest.raises(ValueError, match="gives no loss and its model's output carries none"):
         dataclasses.replace(wl, loss=None).compute_loss(torch.zeros(2), None)
+
+
+ODD = f"{REPO}/tests/data/models/odd_model.py"
+ODD_POINTS = [  # (sweep, strategy, impl, knobs)
+    ("bucket_cap_mb", "ddp", "native", {"bucket_cap_mb": 1.0}),
+    ("bucket_cap_mb", "ddp", "reference", {"bucket_cap_mb": 1.0}),
+    ("sharding_strategy", "fsdp", "reference", {"sharding_strategy": "FULL_SHARD"}),
+    ("activation_checkpointing", "ddp", "native", {"activation_checkpointing": "on"}),
+    ("grad_accum", "ddp", "native", {"grad_accum": 2}),
+    ("tp_degree", "tp", "native", {"tp_degree": 2}),
+    ("tp_degree", "tp", "reference", {"tp_degree": 2}),
+    ("sharding_strategy", "fsdp", "native", {"sharding_strategy": "FULL_SHARD"}),
+    ("sharding_strategy", "fsdp", "native_fsdp1", {"sharding_strategy": "FULL_SHARD"}),
+]
+TORCH_FSDPS = 2  # the last two: torch's FSDP2 and FSDP1, which refuse 0-dim parameters
+
+
+def odd_points(root: str) -> list[dict]:
+    """The odd model (every kind of parameter and buffer) through every strategy; torch's two
+    FSDPs once more with its gates 1-D."""
+    from bench.runner.harness import run_point
+
+    points = [_point(*p, model=f"{ODD}:workload") for p in ODD_POINTS]
+    points += [_point(*p, model=f"{ODD}:workload_1d_gate") for p in ODD_POINTS[-TORCH_FSDPS:]]
+    return [run_point(p, pool_env(), FAST, Path(root) / p.id) for p in points]
+
+
+@pytest.mark.timeout(300)
+def test_a_model_with_every_kind_of_parameter_and_buffer_runs_every_strategy(pool, tmp_path):
+    """0-dim and frozen parameters, tied weights, a ModuleDict and a ParameterList, integer,
+    boolean, non-contiguous and non-persistent buffers, a dict output with its own loss."""
+    rows = pool(2).run(odd_points, str(tmp_path))[0]
+    n = len(ODD_POINTS) - TORCH_FSDPS
+    ok, refused, one_d = rows[:n], rows[n : len(ODD_POINTS)], rows[len(ODD_POINTS) :]
+    for r in ok + one_d:
+        assert r["status"] == "ok", (r["point"], r["error"])
+        assert r["comm_bytes_per_step"] > 0, r["point"]
+    # torch's FSDPs say what to change, by the parameter's name: an error row, the sweep goes on
+    for r in refused:
+        assert r["status"] == "error" and "support scalar parameters" in r["error"], r["error"]
+        assert "Change gate to a 1D tensor" in r["error"], r["error"]
+    # the same steps on the same data: the data-parallel strategies reach the same loss, and
+    # so do the two tensor-parallel implementations; the 1-D gates compute the same function
+    ddp, ddp_ref, fsdp_ref, ckpt, _accum, tp, tp_ref = (r["loss"] for r in ok)
+    for other in (ddp_ref, fsdp_ref, ckpt, *(r["loss"] for r in one_d)):
+        assert other == pytest.approx(ddp, rel=1e-4)
+    assert tp_ref == pytest.approx(tp, rel=1e-4)
+
+
+def test_a_batch_that_is_not_inputs_and_targets_is_one_line_and_exit_2(capsys, no_torchrun):
+    with pytest.raises(SystemExit) as exc:
+        main(["--sweep", "bucket_cap_mb", "--model", f"{ODD}:returns_a_dict_batch"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert (
+        "returns_a_dict_batch().batch(2, 0) returned a dict with keys ['labels', 'tokens'], "
+        "not (inputs, targets): return (inputs, None) when the model's output carries its own "
+        "loss" in err
+    ), err
