@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from bench.analysis import breakdown as analysis
@@ -173,3 +174,63 @@ def test_command_line_json_has_the_promised_keys(tmp_path):
     assert rank["steps"] == len(steps) == 3
     assert "1 of 2 ranks have no trace here" in proc.stderr
     assert (tmp_path / "csv" / "ranks.csv").exists() and (tmp_path / "csv" / "steps.csv").exists()
+
+
+def test_the_command_line_gives_htas_own_figures_with_definitions_hta(tmp_path, capsys):
+    """``--definitions hta``: the ranks table is HTA's figures to its rounding (HTA leaves
+    the last step out); the default totals every traced step and differs by points."""
+    from bench.analysis.__main__ import main
+
+    d = folder_of(tmp_path, GROUPS[0])
+    assert main([str(d), "--json", "--definitions", "hta"]) == 0
+    hta = json.loads(capsys.readouterr().out)
+    assert hta["definitions"] == "hta"
+    assert main([str(d), "--json"]) == 0
+    suite = json.loads(capsys.readouterr().out)
+    assert suite["definitions"] == "suite"
+    for got, ours in zip(hta["ranks"], suite["ranks"], strict=True):
+        rank, idle, compute, non_compute, kernel_time, overlap = EXPECTED[got["file"]]
+        assert (got["rank"], got["steps"]) == (rank, 1)
+        assert got["kernel_time_us"] == pytest.approx(kernel_time, abs=1)
+        for key, want in (("idle_pct", idle), ("compute_pct", compute),
+                          ("non_compute_pct", non_compute),
+                          ("comm_comp_overlap_pct", overlap)):  # fmt: skip
+            assert got[key] == pytest.approx(want, abs=0.01), key
+        assert ours["steps"] == 2 and abs(ours["idle_pct"] - idle) > 0.5  # the last step in
+    assert main([str(d), "--definitions", "hta"]) == 0
+    assert "== ranks (hta definitions) ==" in capsys.readouterr().out
+
+
+def test_definitions_hta_on_cpu_traces_says_it_has_no_figures(tmp_path, capsys):
+    from bench.analysis.__main__ import main
+
+    cpu = next(p for p in sorted((REPO / "tests" / "data" / "runs").rglob("*.pt.trace.json*")))
+    d = tmp_path / "cpu"
+    d.mkdir()
+    shutil.copy(cpu, d / cpu.name)
+    assert main([str(d), "--json", "--definitions", "hta"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["ranks"][0]["steps"] == 0
+    assert "--definitions hta: HolisticTraceAnalysis figures GPU kernels only" in captured.err
+
+
+def test_the_report_with_definitions_hta_shows_htas_figures_per_point(tmp_path):
+    from bench.report.page import write_report
+    from tests.report_fixtures import make_training_run
+
+    run = make_training_run(tmp_path / "run", {("mlp", 1.0, "native"): 5.0,
+                                               ("mlp", 25.0, "native"): 6.0})  # fmt: skip
+    points = pd.read_csv(run / "results.csv")["point"].unique()
+    for point in points:  # the HTA pair stands for each point's traces
+        folder = run / "traces" / point
+        folder.mkdir(parents=True, exist_ok=True)
+        for f in GROUPS[0]:
+            shutil.copy(DATA / f, folder / f)
+    plain, _ = write_report(run, tmp_path / "reports", timelines="none")
+    assert "<h2>HolisticTraceAnalysis's figures</h2>" not in plain.read_text()
+    out, _ = write_report(run, tmp_path / "reports-hta", timelines="none", definitions="hta")
+    page = out.read_text()
+    assert "<h2>HolisticTraceAnalysis's figures</h2>" in page
+    for point in points:
+        assert page.count(f">{point}<") >= 2  # one row per rank
+    assert "53.56" in page and "54.72" in page  # HTA's idle % of the two ranks

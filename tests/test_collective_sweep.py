@@ -131,6 +131,7 @@ def test_calls_are_timed_back_to_back_in_blocks(pool):
 
 
 SLEEP_S = 0.02
+BLOCK = 10  # calls per block: a per-block time would be at least 10 x the sleep
 
 
 def _slow_all_reduce(inp, out, op, group):
@@ -141,7 +142,7 @@ def _slow_all_reduce(inp, out, op, group):
 def slowed_call() -> dict:
     env = pool_env()
     slow = dataclasses.replace(COLLECTIVES["all_reduce"], native=_slow_all_reduce)
-    plan = dataclasses.replace(PLAN, iters=5, warmup=1, max_iters=30)  # 6 blocks of 5 calls
+    plan = dataclasses.replace(PLAN, iters=BLOCK, warmup=1, max_iters=6 * BLOCK)  # 6 blocks
     group = dist.new_group()
     row, _ = _run_size(slow, "native", 1024, 4, plan, "sum", env, group, LIMITS, "message_size",
                        "p")  # fmt: skip
@@ -152,11 +153,13 @@ def slowed_call() -> dict:
 @pytest.mark.timeout(120)
 def test_the_time_is_per_call(pool):
     """A collective slowed by a known sleep per call: each block's time over its calls is at
-    least the sleep, and not a block's worth of it (time_us, its extremes and its samples)."""
+    least the sleep, and less than a block's worth of it (time_us, its extremes and its
+    samples). Both bounds are floors of what they tell apart: load only adds to a call, and a
+    time per block could not be under the block's sleeps however idle the machine."""
     row = pool(2).run(slowed_call)[0]
-    assert row["block_calls"] == 5 and len(row["samples_ms"]) == 6
+    assert row["block_calls"] == BLOCK and len(row["samples_ms"]) == 6
     for t_us in (row["time_us"], row["time_us_min"], *(1e3 * ms for ms in row["samples_ms"])):
-        assert SLEEP_S * 1e6 <= t_us < 1.5 * SLEEP_S * 1e6, row
+        assert SLEEP_S * 1e6 <= t_us < BLOCK * SLEEP_S * 1e6, row
 
 
 def _writes_nothing(inp, out, op, group):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.analysis.folder import analyse, load_trace_dir
+from bench.analysis.folder import DEFINITIONS, analyse, load_trace_dir
 from bench.analysis.trace import TraceError
 from bench.console import records
 
@@ -21,10 +21,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("trace_dir", type=Path)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--csv", type=Path, metavar="DIR", help="also write each table as DIR/<t>.csv")
+    p.add_argument(
+        "--definitions",
+        choices=sorted(DEFINITIONS),
+        default="suite",
+        help="the ranks table: every traced step totalled (suite, the default), or exactly "
+        "HolisticTraceAnalysis's figures (hta: its last step left out; GPU traces only)",
+    )
     args = p.parse_args(argv)
 
     try:
-        ts = load_trace_dir(args.trace_dir, digest_each=True)
+        ts = load_trace_dir(args.trace_dir, digest_each=True, definitions=args.definitions)
     except TraceError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -38,13 +45,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(
             json.dumps(
-                {name: records(df) for name, df in tables.items()} | {"problems": ts.problems}
+                {name: records(df) for name, df in tables.items()}
+                | {"problems": ts.problems, "definitions": args.definitions}
             )
         )
         return 0
     with pd.option_context("display.width", 200, "display.max_columns", 30):
         for name, df in tables.items():
-            print(f"\n== {name} ==")
+            label = f" ({args.definitions} definitions)" if name == "ranks" else ""
+            print(f"\n== {name}{label} ==")
             print(
                 df.to_string(index=False, float_format=lambda v: f"{v:.2f}")
                 if len(df)

@@ -11,11 +11,23 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.analysis.breakdown import RANK_COLUMNS, Trace, breakdown, load_trace, rank_summary
+from bench.analysis.breakdown import (
+    RANK_COLUMNS,
+    Trace,
+    breakdown,
+    hta_summary,
+    load_trace,
+    rank_summary,
+)
 from bench.analysis.collectives import collective_calls, collective_summary, stragglers, wait_split
 from bench.analysis.reader import TraceError
 
 TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz", ".json", ".json.gz")
+# How the ranks table is figured (``--definitions``). suite: every traced step totalled, the
+# same rule on CPU and GPU. hta: exactly HolisticTraceAnalysis's get_temporal_breakdown and
+# get_comm_comp_overlap (the last step left out, one window from the first kernel to the last,
+# its rounding; GPU traces only). docs/analysis.md says why the default differs.
+DEFINITIONS = {"suite": rank_summary, "hta": lambda trace, _steps: hta_summary(trace)}
 
 
 def trace_files(folder: str | Path) -> list[Path]:
@@ -37,7 +49,7 @@ class TraceDigest:
     calls: pd.DataFrame
 
 
-def digest(trace: Trace) -> TraceDigest:
+def digest(trace: Trace, definitions: str = "suite") -> TraceDigest:
     steps = breakdown(trace)
     return TraceDigest(
         path=trace.path,
@@ -46,7 +58,7 @@ def digest(trace: Trace) -> TraceDigest:
         backend=trace.backend,
         n_events=len(trace.events),
         steps=steps,
-        summary=rank_summary(trace, steps),
+        summary=DEFINITIONS[definitions](trace, steps),
         calls=collective_calls(trace),
     )
 
@@ -57,14 +69,17 @@ class TraceSet:
     problems: list[str]
 
 
-def load_trace_dir(folder: str | Path, *, digest_each: bool = False) -> TraceSet:
+def load_trace_dir(
+    folder: str | Path, *, digest_each: bool = False, definitions: str = "suite"
+) -> TraceSet:
     """Every readable trace of a folder, one per rank, with what was wrong with the rest.
 
     Unreadable files are reported and skipped; traces of another run (different world size or
     backend from the majority) are set aside; of two traces for one rank the newer is kept;
     ranks missing from the world size are named. Raises TraceError only if nothing is usable.
     With ``digest_each`` every trace is reduced to its tables as soon as it is read, so memory
-    is bounded by the largest file, not by the folder.
+    is bounded by the largest file, not by the folder. ``definitions`` (``DEFINITIONS``) says
+    how the digests' ranks rows are figured.
     """
     folder = Path(folder)
     if not folder.is_dir():
@@ -79,11 +94,21 @@ def load_trace_dir(folder: str | Path, *, digest_each: bool = False) -> TraceSet
         except TraceError as e:
             problems.append(f"skipped {e}")
             continue
-        traces.append(digest(t) if digest_each else t)
+        traces.append(digest(t, definitions) if digest_each else t)
     traces = _one_run_one_trace_per_rank(traces, problems)
     if not traces:
         raise TraceError(f"{folder}: no readable trace: " + "; ".join(problems))
+    cpu = [t.rank for t in traces if not _is_gpu(t)]
+    if definitions == "hta" and cpu:
+        problems.append(
+            f"--definitions hta: HolisticTraceAnalysis figures GPU kernels only; the CPU traces "
+            f"of ranks {', '.join(map(str, cpu))} have no figures under its definitions"
+        )
     return TraceSet(traces=traces, problems=problems)
+
+
+def _is_gpu(t) -> bool:
+    return t.summary.get("device") == "gpu" if isinstance(t, TraceDigest) else t.is_gpu
 
 
 def _one_run_one_trace_per_rank(traces: list, problems: list[str]) -> list:
@@ -117,9 +142,10 @@ def _one_run_one_trace_per_rank(traces: list, problems: list[str]) -> list:
     return kept
 
 
-def analyse(ts: TraceSet) -> dict[str, pd.DataFrame]:
-    """All tables for a set of per-rank traces: ranks, steps, collectives, waits, stragglers."""
-    digests = [t if isinstance(t, TraceDigest) else digest(t) for t in ts.traces]
+def analyse(ts: TraceSet, definitions: str = "suite") -> dict[str, pd.DataFrame]:
+    """All tables for a set of per-rank traces: ranks, steps, collectives, waits, stragglers
+    (the ranks table by ``definitions``, where the traces are not digested yet)."""
+    digests = [t if isinstance(t, TraceDigest) else digest(t, definitions) for t in ts.traces]
     steps = pd.concat([d.steps for d in digests], ignore_index=True)
     ranks = pd.DataFrame([d.summary for d in digests], columns=RANK_COLUMNS)
     calls = wait_split(pd.concat([d.calls for d in digests], ignore_index=True))

@@ -40,6 +40,13 @@ def main(argv: list[str] | None = None) -> int:
         "point (best, the default), every point (all), or none",
     )
     p.add_argument(
+        "--definitions",
+        choices=("suite", "hta"),
+        default="suite",
+        help="hta: add each point's ranks exactly as HolisticTraceAnalysis figures them (its "
+        "last step left out) beside the suite's own (every traced step)",
+    )
+    p.add_argument(
         "--diff",
         nargs=2,
         metavar=("POINT_A", "POINT_B"),
@@ -62,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"trace view: {write_view(run, args.view, args.reports_dir)}")
             return 0
         out, cmp = write_report(args.run_dir, args.reports_dir, args.baseline, args.collectives,
-                                args.timelines)  # fmt: skip
+                                args.timelines, args.definitions)  # fmt: skip
     except (RunFolderError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -18,6 +18,7 @@ from bench.analysis.scaling import scaling_efficiency
 from bench.report import claims
 from bench.report import figures as figs
 from bench.report.compare import TIED, compare
+from bench.report.definitions_section import definitions_sections
 from bench.report.model_section import model_sections
 from bench.report.replay_section import replay_sections
 from bench.report.style import CSS, LOAD_CHECK
@@ -284,11 +285,12 @@ def _comparison_sections(cmp: pd.DataFrame, baseline: Path) -> list[str]:
                        else "")]  # fmt: skip
 
 
-def render(run: Run, comparison=None, collectives=None, timelines: str = "best") -> str:
+def render(run: Run, comparison=None, collectives=None, timelines: str = "best",
+           definitions: str = "suite") -> str:  # fmt: skip
     """The whole page; ``comparison`` is (table from ``compare``, baseline folder) or None;
     ``collectives``: message_size run folders to fit the cost model's section from, or None;
     ``timelines``: step timelines of each group's best and default point, of every point, or
-    none (``timeline_section.TIMELINES``)."""
+    none (``timeline_section.TIMELINES``); ``definitions``: "hta" adds HTA's own figures."""
     meta, df, run_dir = run.meta, run.results, run.path
     sweep = meta.get("sweep", "?")
     failed = df[df["status"] != "ok"] if len(df) else df
@@ -312,6 +314,7 @@ def render(run: Run, comparison=None, collectives=None, timelines: str = "best")
         parts += _collective_sections(meta, df)
     else:
         parts += _training_sections(run, timelines)
+        parts += definitions_sections(run, definitions)
     if comparison is not None:
         parts += _comparison_sections(*comparison)
     if collectives and meta.get("kind") != "collective":
@@ -351,6 +354,7 @@ def write_report(
     baseline: Path | None = None,
     collectives: list[Path] | None = None,
     timelines: str = "best",
+    definitions: str = "suite",
 ) -> tuple[Path, pd.DataFrame | None]:
     """Write the report; return its path and, with a baseline, the comparison table; with
     ``collectives`` (message_size runs), the cost model's section."""
@@ -367,5 +371,5 @@ def write_report(
         comparison = (cmp, Path(baseline))
     reports_dir.mkdir(parents=True, exist_ok=True)
     out = reports_dir / f"{run.path.name}.html"
-    out.write_text(render(run, comparison, collectives, timelines))
+    out.write_text(render(run, comparison, collectives, timelines, definitions))
     return out, comparison[0] if comparison else None

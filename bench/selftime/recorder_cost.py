@@ -15,8 +15,9 @@ with its distribution-free 95 % interval (``bench.stats.estimates.paired_median_
 randomised multiple interleaved trials, duet benchmarking). Each job checks that its recorder is
 as claimed (entries recorded, or none) before it is timed.
 
-``--slow-ms`` adds a sleep to every step of the recorder-on job: the gate's own test, proving that
-a real cost is found.
+``--slow-pct P`` makes every step of the recorder-on job P % longer (a sleep of P % of the step's
+own time, so that the cost stays P % however loaded the machine is): the gate's own test,
+proving that a real cost is found.
 """
 
 from __future__ import annotations
@@ -70,14 +71,15 @@ def _worker(job: str, rank: int, world: int, port: int, args: dict, inbox, outbo
         )
         opt = torch.optim.SGD(model.parameters(), lr=1e-3)
         inputs, targets = wl.batch(args["batch"], rank)
-        slow = args["slow_ms"] / 1e3 if job == "on" else 0.0
+        slow = args["slow_pct"] / 100 if job == "on" else 0.0
 
         def step() -> None:
+            t0 = time.perf_counter()
             opt.zero_grad(set_to_none=True)
             wl.loss(model(inputs), targets).backward()
             opt.step()
             if slow:
-                time.sleep(slow)
+                time.sleep(slow * (time.perf_counter() - t0))
 
         for _ in range(args["warmup"]):
             step()
@@ -152,7 +154,7 @@ def measure(
     batch: int = 32,
     bucket_cap_mb: float = 25.0,
     warmup: int = 3,
-    slow_ms: float = 0.0,
+    slow_pct: float = 0.0,
     seed: int = 0,
     sizes: dict[str, str] = JOBS,
 ) -> dict:
@@ -167,7 +169,7 @@ def measure(
         "bucket_cap_mb": bucket_cap_mb,
         "warmup": warmup,
         "block": block,
-        "slow_ms": slow_ms,
+        "slow_pct": slow_pct,
     }
     inboxes, procs = _start(ctx, sizes, ranks, args, outbox)
     try:
@@ -195,7 +197,7 @@ def measure(
         "block": block,
         "model": model,
         "ranks": ranks,
-        "slow_ms": slow_ms,
+        "slow_pct": slow_pct,
         "on_ms": 1e3 * float(np.median(times["on"])),
         "off_ms": 1e3 * float(np.median(times["off"])),
         "entries_recorded": recorded["on"],
@@ -218,10 +220,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="wide_mlp")
     p.add_argument("--ranks", type=int, default=2, help="ranks of each of the two jobs")
     p.add_argument(
-        "--slow-ms",
+        "--slow-pct",
         type=float,
         default=0.0,
-        help="sleep added to each step of the recorder-on job (the gate's test)",
+        help="each step of the recorder-on job made this many percent longer (the gate's test)",
     )
     p.add_argument("--json", action="store_true", help="the figures as one JSON line")
     p.add_argument(
@@ -241,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
             block=args.block,
             model=args.model,
             ranks=args.ranks,
-            slow_ms=args.slow_ms,
+            slow_pct=args.slow_pct,
             sizes={"on": "2000", "off": "2000"} if args.aa else JOBS,
         )
     except (RuntimeError, ValueError) as e:
