@@ -67,7 +67,8 @@ for name in ("ddp", "fsdp", "shared_gpu", "collectives"):
     df = pd.read_csv(f)
     cols = [c for c in (
         "model", "value", "impl", "collective", "size_bytes", "inplace", "status", "backend",
-        "device", "step_ms_median", "mfu_pct", "tflops_per_s", "gpu_util_pct", "nvml_util_pct",
+        "device", "step_ms_median", "mfu_pct", "tflops_per_s", "peak_tflops", "peak_source",
+        "gpu_util_pct", "nvml_util_pct",
         "idle_ms", "exposed_comm_ms", "peak_mem_mb", "peak_reserved_mb", "trace_overhead_pct",
         "time_us", "busbw_GBps", "wrong", "error",
     ) if c in df]

@@ -1,10 +1,13 @@
 """FLOPs and MFU: the counter against the analytical count of a GPT-style model, the step's
-FLOPs per rank against a single-process count, the datasheet peaks, the measured peak, and the
-columns a real 2-rank harness run writes."""
+FLOPs per rank against a single-process count, a workload's own figure against the counter's,
+the precision torch runs fp32 in on CUDA (read from its legacy and new settings), the datasheet
+peaks, the measured peak, an fp32 ResNet-50 on a simulated A100, the MFU that cannot be, and
+the columns a real 2-rank harness run writes."""
 
 import dataclasses
 import math
 import re
+import warnings
 
 import pytest
 import torch
@@ -87,8 +90,23 @@ def test_counter_matches_the_palm_count_of_zoo_decoders(name):
 
 def test_the_workloads_own_figure_wins():
     wl = _wl("stated", lambda: Transformer(layers=1), 64, 512)
-    wl = dataclasses.replace(wl, flops_per_sample=1.5e9)
-    assert flops.micro_batch_flops(wl, 8, CPU) == (1.2e10, "workload")
+    wl = dataclasses.replace(wl, flops_per_sample=5e8)  # the counter: 3.65e8, 1.4x away
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # within 3x of the count: no warning
+        assert flops.micro_batch_flops(wl, 8, CPU) == (4e9, "workload")
+
+
+def test_a_stated_figure_far_from_the_count_warns_naming_both():
+    wl = _wl("stated", lambda: Transformer(layers=1), 64, 512)
+    counted = flops.count_flops(wl, 1)
+    # the forward pass's multiply-adds, as papers quote a model's size: a sixth of the FLOPs
+    wl = dataclasses.replace(wl, flops_per_sample=counted / 6)
+    with pytest.warns(UserWarning, match=r"stated: flops_per_sample is 6\.08e\+07, the FLOP "
+                      r"counter finds 3\.65e\+08 per sample \(0\.17x\): .*forward plus backward, "
+                      r"a multiply-add counted as 2 FLOPs"):  # fmt: skip
+        got, source = flops.micro_batch_flops(wl, 8, CPU)
+    assert got == pytest.approx(8 * counted / 6)  # MFU uses the stated figure, and says so
+    assert source == "workload (0.17x the counter's 3.65e+08)"
 
 
 class ReadsItsData(nn.Module):
@@ -147,6 +165,20 @@ def test_step_flops_scale_with_batch_accumulation_and_tp_degree():
         ("NVIDIA H100 PCIe", "tf32", 378.0, "H100 PCIe"),
         ("NVIDIA H200", "bf16", 989.5, "H200 SXM"),
         ("NVIDIA H200 NVL", "fp16", 835.5, "H200 NVL"),
+        ("NVIDIA GH200 480GB", "bf16", 989.5, "GH200"),  # not "H200 SXM"
+        ("NVIDIA GH200 144G HBM3e", "tf32", 494.5, "GH200"),
+        ("NVIDIA H100 NVL", "bf16", 835.5, "H100 NVL"),
+        ("NVIDIA H100 NVL", "fp32", 60.0, "H100 NVL"),
+        ("NVIDIA B200", "bf16", 2250.0, "B200"),
+        ("NVIDIA B200", "tf32", 1125.0, "B200"),
+        ("NVIDIA GB200", "bf16", 2500.0, "GB200"),  # not "B200": its GPUs run at 1200 W
+        ("NVIDIA GB200", "fp32", 80.0, "GB200"),
+        ("NVIDIA B300 SXM6 AC", "bf16", 2250.0, "B300"),
+        ("NVIDIA B300 SXM6 AC", "tf32", 1125.0, "B300"),
+        ("NVIDIA L40", "bf16", 181.05, "L40"),  # not the L40S
+        ("NVIDIA L40", "tf32", 90.5, "L40"),
+        ("NVIDIA A10G", "bf16", 70.0, "A10G"),  # not the A10
+        ("NVIDIA A10G", "fp32", 35.0, "A10G"),
         ("NVIDIA A100-SXM4-80GB", "tf32", 156.0, "A100"),
         ("NVIDIA A100 80GB PCIe", "fp32", 19.5, "A100"),
         ("Tesla V100-SXM2-16GB", "fp16", 125.0, "V100 SXM2"),
@@ -157,9 +189,8 @@ def test_step_flops_scale_with_batch_accumulation_and_tp_degree():
         ("NVIDIA A10", "bf16", 125.0, "A10"),
         ("Tesla T4", "fp16", 65.0, "T4"),
         ("Tesla V100-SXM2-16GB", "bf16", None, None),  # not in its datasheet
-        ("NVIDIA A10G", "bf16", None, None),  # no NVIDIA datasheet
-        ("NVIDIA H100 NVL", "bf16", None, None),
-        ("NVIDIA L40", "bf16", None, None),
+        ("NVIDIA GB300", "bf16", None, None),  # not "B300": no per-GPU tf32 figure printed
+        ("NVIDIA RTX A1000", "fp32", None, None),  # not "A100"
         ("NVIDIA GeForce RTX 4090", "bf16", None, None),
     ],
 )  # fmt: skip
@@ -169,7 +200,7 @@ def test_datasheet_peaks(name, precision, tflops, gpu):
         assert peak is None
         return
     assert peak.tflops == tflops and peak.source.startswith(f"datasheet: {gpu} ")
-    assert "NVIDIA" in peak.source  # the datasheet it comes from
+    assert "nvidia.com" in peak.source or "baseten.co" in peak.source  # where figures come from
 
 
 def test_mfu_arithmetic_and_bad_precision():
@@ -179,11 +210,205 @@ def test_mfu_arithmetic_and_bad_precision():
         peaks.datasheet_peak("NVIDIA H100 80GB HBM3", "fp8")
 
 
-def test_measured_peak_is_a_real_rate():
+MEASURED = re.compile(r"measured: (\w+) matmul (\d+)\^3 \(best of 512\^3, 1024\^3(, 2048\^3)?\)")
+
+
+def test_measured_peak_is_the_best_rate_over_sizes(monkeypatch):
     peak = flops.measured_peak(CPU, "fp32")
-    assert 0 < peak.tflops < 100 and peak.source == "measured: fp32 matmul 1024^3"
+    assert 0 < peak.tflops < 100 and MEASURED.fullmatch(peak.source), peak.source
+    print(peak)
     # a second look at the same precision is the same measurement (once per run)
     assert flops.measured_peak(CPU, "fp32") is peak
+    # the best size wins, whichever it is
+    rates = {512: 0.05, 1024: 0.10, 2048: 0.20}  # TFLOP/s, as this 2-core machine's
+    monkeypatch.setattr(flops, "_matmul_s", lambda device, precision, n: 2 * n**3 / rates[n] / 1e12)
+    best = flops.measured_peak.__wrapped__(CPU, "fp32")
+    assert best == peaks.Peak(pytest.approx(0.20),
+                              "measured: fp32 matmul 2048^3 (best of 512^3, 1024^3, 2048^3)")
+    rates[1024] = 0.30
+    assert flops.measured_peak.__wrapped__(CPU, "fp32").source.startswith(
+        "measured: fp32 matmul 1024^3")  # fmt: skip
+
+
+def test_op_classes_split_a_cnns_flops_from_a_transformers():
+    cnn = flops.count_op_flops(workload("resnet:tiny"), 2)
+    assert cnn.keys() == {"conv", "matmul"} and cnn["conv"] > 100 * cnn["matmul"]  # the fc
+    assert flops.count_op_flops(workload("transformer"), 2).keys() == {"matmul"}
+
+
+# -- the precision an fp32 point runs in on CUDA ------------------------------------------
+
+
+@pytest.fixture
+def fp32_settings():
+    """torch.backends as the test leaves it set, every precision setting back to torch's
+    defaults after (legacy first: its setters write the new API's values too)."""
+    yield torch.backends
+    torch.set_float32_matmul_precision("highest")
+    torch.backends.cudnn.allow_tf32 = True
+    b = torch.backends
+    for module in (b, b.cuda.matmul, b.cudnn, b.mkldnn, b.mkldnn.matmul):
+        module.fp32_precision = "none"
+    for module in (b.cudnn.conv, b.cudnn.rnn):
+        module.fp32_precision = "tf32"
+    for module in (b.mkldnn.conv, b.mkldnn.rnn):
+        module.fp32_precision = "none"
+
+
+def _legacy_matmul_flag():
+    return torch.backends.cuda.matmul.allow_tf32
+
+
+@pytest.mark.parametrize(
+    "settings, matmul, conv",
+    [
+        ([], False, True),  # torch's defaults: cuDNN convolutions in TF32, matmuls not
+        (["torch.backends.cuda.matmul.fp32_precision = 'tf32'"], True, True),
+        (["torch.backends.cudnn.conv.fp32_precision = 'ieee'"], False, False),
+        (["torch.backends.cudnn.fp32_precision = 'ieee'",  # conv's own "tf32" wins...
+          "torch.backends.cudnn.conv.fp32_precision = 'none'"], False, False),  # ...until none
+        (["torch.backends.fp32_precision = 'tf32'"], True, True),  # the generic one, inherited
+        (["torch.set_float32_matmul_precision('high')"], True, True),  # legacy
+        (["torch.backends.cuda.matmul.allow_tf32 = True"], True, True),  # legacy
+        (["torch.backends.cudnn.allow_tf32 = False"], False, False),  # legacy
+        # the mix that makes legacy getters raise
+        (["torch.set_float32_matmul_precision('highest')",
+          "torch.backends.cuda.matmul.fp32_precision = 'tf32'"], True, True),
+        (["torch.backends.cudnn.rnn.fp32_precision = 'ieee'"], False, True),
+    ],
+)  # fmt: skip
+def test_tf32_settings_are_read_without_raising(fp32_settings, settings, matmul, conv):
+    for line in settings:
+        exec(line, {"torch": torch})
+    assert flops.tf32_ops() == {"matmul": matmul, "conv": conv}
+
+
+def test_reading_the_settings_after_the_new_api_never_raises(fp32_settings):
+    torch.backends.cuda.matmul.fp32_precision = "tf32"
+    torch.backends.cudnn.conv.fp32_precision = "ieee"
+    # what would turn every fp32 point into an error row if read the legacy way
+    with pytest.raises(RuntimeError, match="mix of the legacy and new APIs"):
+        _legacy_matmul_flag()
+    with pytest.raises(RuntimeError, match="a mix of the legacy and new APIs"):
+        torch.backends.cudnn.allow_tf32  # noqa: B018
+    assert flops.tf32_ops() == {"matmul": True, "conv": False}
+
+
+def test_tf32_falls_back_to_the_legacy_flags_and_never_raises():
+    def missing():
+        raise AttributeError("no fp32_precision before torch 2.9")
+
+    def mixed():
+        raise RuntimeError("a mix of the legacy and new APIs")
+
+    assert flops._tf32(lambda: "tf32", mixed) is True
+    assert flops._tf32(lambda: "none", lambda: True) is False  # the new API decides
+    assert flops._tf32(missing, lambda: True) is True
+    assert flops._tf32(missing, mixed) is False
+
+
+@pytest.mark.parametrize(
+    "by_class, tf32, precision, why",
+    [
+        ({"conv": 99.0, "matmul": 1.0}, {"matmul": False, "conv": True}, "tf32",
+         "fp32 point, shares of the counted FLOPs: convolutions 99 % in TF32, matmuls 1 % in "
+         "IEEE fp32"),
+        ({"matmul": 5.0}, {"matmul": False, "conv": True}, "fp32",
+         "fp32 point, shares of the counted FLOPs: matmuls 100 % in IEEE fp32"),
+        ({"matmul": 5.0}, {"matmul": True, "conv": False}, "tf32",
+         "fp32 point, shares of the counted FLOPs: matmuls 100 % in TF32"),
+        # a vision transformer's patch convolution in TF32, its matmuls in fp32: most are fp32
+        ({"conv": 1.0, "matmul": 9.0}, {"matmul": False, "conv": True}, "fp32",
+         "fp32 point, shares of the counted FLOPs: matmuls 90 % in IEEE fp32, convolutions "
+         "10 % in TF32"),
+        ({}, {"matmul": False, "conv": True}, "tf32",  # uncounted: the faster peak
+         "fp32 point, FLOPs uncounted: convolutions in TF32"),
+        ({}, {"matmul": False, "conv": False}, "fp32",
+         "fp32 point: matmuls and convolutions in IEEE fp32"),
+    ],
+)  # fmt: skip
+def test_an_fp32_points_peak_is_that_of_most_of_its_flops(by_class, tf32, precision, why):
+    assert flops.fp32_precision(by_class, tf32) == (precision, why)
+
+
+# -- an fp32 ResNet-50 on a simulated A100 ------------------------------------------------
+
+A100 = "NVIDIA A100-SXM4-80GB"
+RESNET_IMG_S = 938  # a published fp32 (TF32) ResNet-50 training rate on one A100 (issue 2)
+
+
+@pytest.fixture
+def simulated_gpu(monkeypatch):
+    """A CUDA device for the peak's code on a CPU-only torch: the name and compute capability
+    torch.cuda would report (8.0: Ampere, TF32), and a stub for the matmul timing."""
+
+    def simulate(name: str):
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+        monkeypatch.setattr(flops, "measured_peak",
+                            lambda device, precision: peaks.Peak(
+                                1.0, f"measured: {precision} matmul 8192^3 (best of 4096^3, "
+                                "8192^3)"))  # fmt: skip
+        return torch.device("cuda", 0)
+
+    return simulate
+
+
+def _resnet_row(device: torch.device, batch: int = 8) -> dict:
+    """The FLOPs columns of an fp32 ResNet-50 point on one device at RESNET_IMG_S."""
+    point = make_point("precision", "resnet:50", "fp32", "native", "ddp", world_size=1,
+                       knobs={"precision": "fp32"}, batch_size=batch)  # fmt: skip
+    peak = flops.point_peaks(point, device)
+    row = flops.figures(point, device, batch / RESNET_IMG_S, peak)
+    return {**row, **flops.utilisation(row)}
+
+
+def test_fp32_resnet50_on_a_simulated_a100_is_against_the_tf32_peak(simulated_gpu,
+                                                                   fp32_settings):  # fmt: skip
+    device = simulated_gpu(A100)
+    assert flops.tf32_ops() == {"matmul": False, "conv": True}  # torch's defaults
+    row = _resnet_row(device)
+    # the counter's ResNet-50 at 224 x 224, forward and backward: 24.3 GFLOPs per image
+    assert row["flops_source"] == "counted"
+    assert row["flops_per_step"] / 8 == pytest.approx(24.3e9, rel=2e-3)
+    assert row["peak_tflops"] == 156.0  # the A100's dense TF32 peak, not fp32's 19.5
+    assert row["peak_source"].startswith("datasheet: A100 tf32 dense (NVIDIA A100")
+    assert row["peak_source"].endswith("; fp32 point, shares of the counted FLOPs: "
+                                       "convolutions 99.9 % in TF32, matmuls 0.0506 % in IEEE fp32")
+    assert row["mfu_pct"] == pytest.approx(100 * RESNET_IMG_S * 24.3e9 / 156e12, rel=2e-3)
+    print(f"simulated A100, fp32 ResNet-50 at {RESNET_IMG_S} img/s: MFU {row['mfu_pct']:.2f} % "
+          f"against {row['peak_source']}")  # fmt: skip
+    assert 14.5 < row["mfu_pct"] < 14.7
+
+
+def test_an_mfu_above_100_pct_is_no_figure(simulated_gpu, fp32_settings):
+    """With cuDNN's TF32 off (the new API), the same rate against the fp32 peak would be 117 %
+    MFU: the peak is right there, so the rate is what cannot be; either way no such figure."""
+    device = simulated_gpu(A100)
+    torch.backends.cudnn.conv.fp32_precision = "ieee"
+    row = _resnet_row(device)
+    assert row["peak_tflops"] == 19.5
+    assert math.isnan(row["mfu_pct"])  # 938 x 24.3e9 / 19.5e12 = 117 %
+    assert row["peak_source"].startswith(peaks.IMPOSSIBLE + "datasheet: A100 fp32 dense")
+    assert "IEEE fp32" in row["peak_source"]  # which peak it was, and why that precision
+
+
+def test_checked_mfu_keeps_figures_up_to_100_pct():
+    assert peaks.checked_mfu(50.0, 200.0, "datasheet: x") == (25.0, "datasheet: x")
+    assert peaks.checked_mfu(200.0, 200.0, "datasheet: x") == (100.0, "datasheet: x")
+    mfu, source = peaks.checked_mfu(201.0, 200.0, "datasheet: x")
+    assert math.isnan(mfu) and source == peaks.IMPOSSIBLE + "datasheet: x"
+    assert "cannot be right" in peaks.IMPOSSIBLE
+
+
+def test_a_gpu_without_a_datasheet_row_says_its_peak_is_measured(simulated_gpu):
+    device = simulated_gpu("NVIDIA GeForce RTX 4090")
+    point = make_point("precision", "transformer", "bf16", "native", "ddp", world_size=1,
+                       knobs={"precision": "bf16"}, batch_size=4)  # fmt: skip
+    used, measured = flops.point_peaks(point, device)
+    assert used.tflops == measured.tflops == 1.0
+    assert used.source.startswith("measured: bf16 matmul 8192^3")
+    assert "NVIDIA GeForce RTX 4090 has no bf16 datasheet peak here: a measured peak" in used.source
 
 
 def _points():
@@ -211,9 +436,9 @@ def test_a_two_rank_run_writes_flops_and_mfu(pool, tmp_path):
         steps_per_s = r["samples_per_s"] / (p.batch_per_replica * p.knobs["grad_accum"] * p.dp_size)
         torch.testing.assert_close(r["tflops_per_s"], expected * steps_per_s / 1e12, rtol=1e-6,
                                    atol=0)  # fmt: skip
-        # on CPU the peak is the measured one, in the point's precision
+        # on CPU the peak is the measured one, in the point's precision, the best over sizes
         precision = p.knobs["precision"]
-        assert r["peak_source"] == f"measured: {precision} matmul 1024^3"
+        assert MEASURED.fullmatch(r["peak_source"]).group(1) == precision, r["peak_source"]
         assert r["peak_tflops"] == r["peak_tflops_measured"] > 0
         assert math.isfinite(r["mfu_pct"]) and 0 < r["mfu_pct"] < 100
         assert r["mfu_pct"] == pytest.approx(100 * r["tflops_per_s"] / r["peak_tflops"])
@@ -243,3 +468,18 @@ def test_report_and_console_show_mfu_next_to_throughput(tmp_path):
     assert note in page and ">12.50</td>" in page
     console = _summary(read_run(run_dir))
     assert note in console and "mfu_pct" in console.splitlines()[0]
+
+
+def test_the_report_names_a_peak_that_cannot_be_right():
+    import pandas as pd
+
+    from bench.report.page import mfu_note
+
+    fp32 = "datasheet: A100 fp32 dense (NVIDIA A100 datasheet)"
+    df = pd.DataFrame({"peak_source": ["measured: fp32 matmul 2048^3", peaks.IMPOSSIBLE + fp32],
+                       "peak_tflops": [0.15, 19.5], "mfu_pct": [12.5, math.nan]})  # fmt: skip
+    assert mfu_note(df) == (
+        "; mfu_pct: model FLOPs utilisation against measured: fp32 matmul 2048^3 = 0.15 "
+        "TFLOP/s; no mfu_pct where the model computed faster than its peak, which cannot be "
+        f"right: {fp32} = 19.5 TFLOP/s"
+    )

@@ -119,6 +119,27 @@ def test_real_sizes_have_their_published_shapes(name, params):
     assert param_count(model) == params
 
 
+@needs_hf
+def test_llama_1b_has_llama_3_2_1bs_norm_epsilon():
+    with torch.device("meta"):
+        model = workload("llama:1b").build()
+    # meta-llama/Llama-3.2-1B's config.json: 1e-5 (LlamaConfig's default is 1e-6)
+    assert model.config.rms_norm_eps == 1e-5
+    assert model.model.norm.variance_epsilon == 1e-5
+
+
+def test_resnet_tiny_trains_on_one_sample_per_replica():
+    """Batch normalisation needs more than one value per channel: at 64 x 64 the last stage is
+    2 x 2, so a replica's single image still has four (at 32 x 32 it had one, and raised)."""
+    wl = workload("resnet:tiny")
+    model = build_model("resnet:tiny", seed=0).train()
+    x, y = wl.batch(1, 0)
+    assert x.shape == (1, 3, 64, 64)
+    loss = apply_loss(wl, model, (x, y))
+    loss.backward()
+    assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in model.parameters())
+
+
 @pytest.mark.parametrize(
     "name,known",
     [

@@ -24,7 +24,7 @@ from bench.report.replay_section import replay_sections
 from bench.report.style import CSS, LOAD_CHECK
 from bench.report.tables import html_table
 from bench.report.timeline_section import timeline_sections
-from bench.runfolder import columns
+from bench.runfolder import columns, peaks
 from bench.runfolder.folder import Run, RunFolderError, ours_and_native, read_run
 from bench.runfolder.placement import cost_rows
 from bench.runfolder.points import PointRecord
@@ -192,13 +192,26 @@ def _training_sections(run: Run, timelines: str) -> list[str]:
 
 def mfu_note(df: pd.DataFrame) -> str:
     """What the rows' ``mfu_pct`` is against: each peak the run used and its figure (the
-    median over the rows using it); empty for a run folder without these columns."""
+    median over the rows using it), and the peaks a row's rate exceeded (no ``mfu_pct`` there:
+    such a peak cannot be right); empty for a run folder without these columns."""
     if "peak_source" not in df or df["peak_source"].isna().all():
         return ""
-    used = df.dropna(subset=["peak_source"]).groupby("peak_source", sort=False)["peak_tflops"]
-    return "; mfu_pct: model FLOPs utilisation against " + ", ".join(
-        f"{source} = {tflops:.3g} TFLOP/s" for source, tflops in used.median().items()
-    )
+    rows = df.dropna(subset=["peak_source"])
+    wrong = rows["peak_source"].astype(str).str.startswith(peaks.IMPOSSIBLE)
+    note = ""
+    if (~wrong).any():
+        note = "; mfu_pct: model FLOPs utilisation against " + _peaks_used(rows[~wrong])
+    if wrong.any():
+        unprefixed = rows[wrong].assign(
+            peak_source=rows.loc[wrong, "peak_source"].str.removeprefix(peaks.IMPOSSIBLE))
+        note += ("; no mfu_pct where the model computed faster than its peak, which cannot be "
+                 "right: " + _peaks_used(unprefixed))  # fmt: skip
+    return note
+
+
+def _peaks_used(rows: pd.DataFrame) -> str:
+    used = rows.groupby("peak_source", sort=False)["peak_tflops"].median()
+    return ", ".join(f"{source} = {tflops:.3g} TFLOP/s" for source, tflops in used.items())
 
 
 def best_and_tied(ok: pd.DataFrame, found: pd.DataFrame) -> tuple[set, set]:

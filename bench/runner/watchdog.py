@@ -70,16 +70,14 @@ def _on_term(signum, frame) -> None:
     terminate(SIGTERM_WHY, 128 + signum)
 
 
-def terminate(why: str, code: int) -> bool:
-    """End this rank: at once outside a point, else at the point's next step, its row saying
-    ``why`` (True: the rank is inside a point and will leave when its row is written). The
-    first reason given stands."""
+def terminate(why: str, code: int) -> None:
+    """End this rank: at once outside a point, else at the point's next step (it leaves when
+    the point's row, saying ``why``, is written). The first reason given stands."""
     if not _TERMINATE.is_set():
         _ENDING.why, _ENDING.code = why, code
         _TERMINATE.set()
     if not IN_POINT.is_set():
         _exit(_ENDING.code)
-    return True
 
 
 def terminated() -> str | None:

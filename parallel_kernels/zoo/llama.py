@@ -42,15 +42,17 @@ def tiny() -> Workload:
 
 
 def one_b() -> Workload:
-    # Llama 3.2 1B's published config (hidden 2048, 16 layers, 32 heads, 8 key/value heads,
-    # MLP 8192, RoPE theta 500000, LM head tied to the embedding; its long-context RoPE scaling
-    # left out, which changes no parameter or FLOP) with Llama 2's 32000-token vocabulary in
+    # Llama 3.2 1B's published config (meta-llama/Llama-3.2-1B's config.json: hidden 2048, 16
+    # layers, 32 heads, 8 key/value heads, MLP 8192, RMSNorm epsilon 1e-5 where LlamaConfig's
+    # default is 1e-6, RoPE theta 500000, LM head tied to the embedding; its long-context RoPE
+    # scaling left out, which changes no parameter or FLOP) with Llama 2's 32000-token vocabulary in
     # place of Llama 3's 128256, so that the decoder, not the embedding, is most of the model:
     # 1,038,682,112 parameters. Sequence 2048, the context Llama 1 and TinyLlama trained at.
     return _llama("1b", "Llama 1B (Llama 3.2 1B's shape, vocab 32000): 16 layers, dim 2048, "
                   "32 heads (8 key/value), MLP 8192, seq 2048", seq=2048, vocab_size=32000,
                   hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
                   num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=True,
+                  rms_norm_eps=1e-5,
                   rope_parameters={"rope_type": "default", "rope_theta": 500000.0})  # fmt: skip
 
 

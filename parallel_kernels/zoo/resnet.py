@@ -1,6 +1,8 @@
 """ResNet (He et al. 2015, "Deep Residual Learning for Image Recognition"), written from the
 paper's description: ResNet-50 is the 50-layer network of its Table 1, and ``tiny`` the same
-design, narrower and shallower, on 32 x 32 images.
+design, narrower and shallower, on 64 x 64 images: the smallest size at which one sample per
+replica trains (on 32 x 32 the last stage is 1 x 1, and batch normalisation over one value per
+channel raises "Expected more than 1 value per channel when training"; at 64, 2 x 2).
 
 - Stem (conv1): a 7 x 7 convolution of 64 channels with stride 2, then 3 x 3 max pooling with
   stride 2.
@@ -132,9 +134,9 @@ def _workload(size: str, description: str, build, unit, *, image: int, classes: 
 
 def tiny() -> Workload:
     return _workload("tiny", "ResNet at test size: bottlenecks 1-1-1-1, widths 16-128, "
-                     "32 x 32 images, 10 classes",
+                     "64 x 64 images, 10 classes",
                      functools.partial(ResNet, (1, 1, 1, 1), (16, 32, 64, 128), 10),
-                     Bottleneck, image=32, classes=10)  # fmt: skip
+                     Bottleneck, image=64, classes=10)  # fmt: skip
 
 
 def fifty() -> Workload:
