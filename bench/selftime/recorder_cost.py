@@ -15,9 +15,9 @@ with its distribution-free 95 % interval (``bench.stats.estimates.paired_median_
 randomised multiple interleaved trials, duet benchmarking). Each job checks that its recorder is
 as claimed (entries recorded, or none) before it is timed.
 
-``--slow-pct P`` makes every step of the recorder-on job P % longer (a sleep of P % of the step's
-own time, so that the cost stays P % however loaded the machine is): the gate's own test,
-proving that a real cost is found.
+``--slow-pct P`` adds a third job, the recorder on and every step P % longer (a sleep of P % of
+the step's own time, so that the cost stays P % however loaded the machine is), timed in the
+same cycles: the gate's own test, proving that a real cost is found through the same launch.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import pickle
+import queue
 import socket
 import sys
 import time
@@ -55,6 +56,7 @@ def _worker(job: str, rank: int, world: int, port: int, args: dict, inbox, outbo
     from parallel_kernels.ddp import apply_native_ddp
     from parallel_kernels.models import build_model, workload
 
+    parent = os.getppid()
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     if len(cores) >= world:  # rank r of both jobs on one core: placement cannot favour a job
         os.sched_setaffinity(0, {cores[rank % len(cores)]})
@@ -71,7 +73,7 @@ def _worker(job: str, rank: int, world: int, port: int, args: dict, inbox, outbo
         )
         opt = torch.optim.SGD(model.parameters(), lr=1e-3)
         inputs, targets = wl.batch(args["batch"], rank)
-        slow = args["slow_pct"] / 100 if job == "on" else 0.0
+        slow = args["slow_pct"] / 100 if job == "slow" else 0.0
 
         def step() -> None:
             t0 = time.perf_counter()
@@ -88,7 +90,7 @@ def _worker(job: str, rank: int, world: int, port: int, args: dict, inbox, outbo
         )
         entries = len(pickle.loads(record)["entries"])
         outbox.put(("ready", job, rank, entries))
-        while inbox.get() is not None:  # "go": one block
+        while _next(inbox, parent) is not None:  # "go": one block
             dist.barrier()
             t0 = time.perf_counter()
             for _ in range(args["block"]):
@@ -100,10 +102,20 @@ def _worker(job: str, rank: int, world: int, port: int, args: dict, inbox, outbo
         outbox.put(("error", job, rank, f"{type(e).__name__}: {e}".splitlines()[0][:300]))
 
 
+def _next(inbox, parent: int):
+    """The conductor's next word; None (stop) once it is gone: no worker outlives it."""
+    while True:
+        try:
+            return inbox.get(timeout=1.0)
+        except queue.Empty:
+            if os.getppid() != parent:
+                return None
+
+
 def _get(outbox, kind: str):
     try:
         msg = outbox.get(timeout=TIMEOUT_S)
-    except Exception:  # noqa: BLE001  (queue.Empty)
+    except queue.Empty:
         raise RuntimeError(f"a rank did not answer within {TIMEOUT_S:.0f} s") from None
     if msg[0] == "error":
         raise RuntimeError(f"job {msg[1]} rank {msg[2]}: {msg[3]}")
@@ -158,7 +170,11 @@ def measure(
     seed: int = 0,
     sizes: dict[str, str] = JOBS,
 ) -> dict:
-    """Both jobs started, checked, and timed in ``cycles`` interleaved cycles: the figures."""
+    """Both jobs started, checked, and timed in ``cycles`` interleaved cycles: the figures.
+    ``slow_pct`` adds a third job, the recorder on and each step made that much longer: its
+    ratio to the off job (``slow``) is what a real cost looks like through the same launch."""
+    if slow_pct:
+        sizes = {**sizes, "slow": sizes["on"]}
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -173,11 +189,11 @@ def measure(
     }
     inboxes, procs = _start(ctx, sizes, ranks, args, outbox)
     try:
-        recorded = {job: 0 for job in JOBS}
+        recorded = {job: 0 for job in sizes}
         for _ in procs:
             _, job, _, entries = _get(outbox, "ready")
             recorded[job] = max(recorded[job], entries)
-        if any((recorded[job] > 0) != (sizes[job] != "0") for job in JOBS):
+        if any((recorded[job] > 0) != (sizes[job] != "0") for job in sizes):
             raise RuntimeError(f"the recorder is not as claimed: entries recorded {recorded}")
         times = _cycles(inboxes, outbox, cycles, seed)
         for q in (q for qs in inboxes.values() for q in qs):
@@ -201,7 +217,14 @@ def measure(
         "on_ms": 1e3 * float(np.median(times["on"])),
         "off_ms": 1e3 * float(np.median(times["off"])),
         "entries_recorded": recorded["on"],
-    }
+    } | _slow(times)
+
+
+def _slow(times: dict[str, list[float]]) -> dict:
+    if "slow" not in times:
+        return {}
+    r = paired_median_ratio(times["slow"], times["off"])
+    return {"slow": {"ratio": r.ratio, "low": r.low, "high": r.high}}
 
 
 def describe(f: dict) -> str:
@@ -210,6 +233,11 @@ def describe(f: dict) -> str:
         f"{f['ratio']:.3f} [{f['low']:.3f}, {f['high']:.3f}] (median of {f['cycles']} paired "
         f"cycles of {f['block']} steps, 95 % distribution-free interval; steps "
         f"{f['on_ms']:.1f} ms on, {f['off_ms']:.1f} ms off)"
+    ) + (
+        f"; a recorder costing {f['slow_pct']:g} % of a step would read "
+        f"{f['slow']['ratio']:.3f} [{f['slow']['low']:.3f}, {f['slow']['high']:.3f}]"
+        if "slow" in f
+        else ""
     )
 
 
