@@ -59,8 +59,14 @@ def _worker(
         world_size=world_size,
         timeout=datetime.timedelta(seconds=60),
     )
+    parent = os.getppid()
     while True:
-        task = tasks.get()
+        try:
+            task = tasks.get(timeout=1.0)
+        except queue.Empty:
+            if os.getppid() != parent:  # the test session is gone (killed): leave with it
+                os._exit(1)
+            continue
         if task is None:
             break
         fn, args, kwargs = task

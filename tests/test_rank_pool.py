@@ -46,3 +46,43 @@ def test_a_dead_rank_is_named_and_the_call_runs_once_more(monkeypatch, tmp_path)
         assert pool.broken
     finally:
         pool.close(force=True)
+
+
+SESSION = """
+import os, sys, time
+sys.path.insert(0, sys.argv[1])
+from tests.rank_pool import RankPool
+pool = RankPool(2)
+print(" ".join(str(p) for p in pool.run(os.getpid)), flush=True)
+time.sleep(600)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.mark.timeout(120)
+def test_the_ranks_leave_with_a_session_that_is_killed(tmp_path):
+    """A test session killed (SIGKILL: no atexit, no fixture teardown) leaves no rank behind:
+    each notices its parent gone within a second of waiting for work."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    proc = subprocess.Popen([sys.executable, "-c", SESSION, str(repo)], stdout=subprocess.PIPE,
+                            text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    try:
+        ranks = [int(p) for p in proc.stdout.readline().split()]
+        assert len(ranks) == 2 and all(_alive(p) for p in ranks), ranks
+        proc.kill()
+        proc.wait()
+        t0 = time.monotonic()
+        while any(_alive(p) for p in ranks) and time.monotonic() - t0 < 30:
+            time.sleep(0.1)
+        assert not any(_alive(p) for p in ranks), f"ranks {ranks} outlived the session"
+    finally:
+        proc.kill()
