@@ -8,15 +8,28 @@ from __future__ import annotations
 import math
 import os
 import sys
+import time
 
 import numpy as np
 import pandas as pd
 
+# How long a rank other than 0 waits, on an error every rank meets, for torchrun to end it.
+PEER_WAIT_S = 30.0
+
 
 def fail(message: str, code: int = 2) -> None:
-    """One clear line on stderr (rank 0 only under torchrun) and a non-zero exit."""
-    if int(os.environ.get("RANK", 0)) == 0:
-        print(f"error: {message}", file=sys.stderr, flush=True)
+    """One clear line on stderr (rank 0's only under torchrun) and a non-zero exit.
+
+    Under torchrun every rank meets the same error, and the first rank to exit makes torchrun
+    end the others: had rank 1 left first, rank 0 would be ended before its line was out. So
+    the other ranks wait for torchrun to end them once rank 0 has spoken and left; a rank whose
+    error rank 0 did not share (another node's folder) says it itself after PEER_WAIT_S.
+    """
+    rank = int(os.environ.get("RANK", 0))
+    if rank != 0:
+        time.sleep(PEER_WAIT_S)
+    prefix = "error" if rank == 0 else f"error (rank {rank})"
+    print(f"{prefix}: {message}", file=sys.stderr, flush=True)
     raise SystemExit(code)
 
 

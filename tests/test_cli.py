@@ -157,6 +157,44 @@ def test_no_traceback_from_a_real_process():
     assert "Traceback" not in proc.stderr and proc.stdout == ""
 
 
+def test_under_torchrun_rank_0s_line_is_out_though_another_rank_fails_first(tmp_path):
+    # Rank 1 meets the error at once, rank 0 three seconds later (a slow import under load):
+    # had rank 1 left first, torchrun would have ended rank 0 before its line was out.
+    script = tmp_path / "both_fail.py"
+    script.write_text(
+        "import os, sys, time\n"
+        f"sys.path.insert(0, {str(REPO)!r})\n"
+        "from bench.console import fail\n"
+        "if os.environ['RANK'] == '0':\n"
+        "    time.sleep(3)\n"
+        "fail('the folder already holds results')\n"
+    )
+    torchrun = Path(sys.executable).with_name("torchrun")
+    proc = subprocess.run(
+        [str(torchrun), "--standalone", "--nproc_per_node=2", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        cwd=tmp_path,
+    )
+    assert proc.returncode != 0
+    assert "error: the folder already holds results" in proc.stderr, proc.stderr[-2000:]
+    assert "(rank 1)" not in proc.stderr  # rank 1 waited, and torchrun ended it
+
+
+def test_a_rank_whose_error_rank_0_did_not_share_says_it_itself(monkeypatch, capsys):
+    from bench import console
+
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setattr(console, "PEER_WAIT_S", 0.0)
+    with pytest.raises(SystemExit) as exc:
+        console.fail("another node's folder already holds results")
+    assert exc.value.code == 2
+    assert capsys.readouterr().err == (
+        "error (rank 1): another node's folder already holds results\n"
+    )
+
+
 def test_tp_sweeps_fit_their_defaults_to_the_world_size():
     from bench.runner.points import build_points
 
