@@ -32,6 +32,35 @@ def all_parameters(model: nn.Module) -> list[torch.Tensor]:
     return [p.detach() for p in model.parameters()]
 
 
+def state_dict_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter (and buffer) in full under the plain model's names, by PyTorch's
+    distributed state-dict API: it gathers FSDP1's and FSDP2's shards and DTensors and strips
+    DDP's and FSDP's wrapper prefixes (a collective on every rank; every rank gets the whole)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+
+
+def wrapped_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
+    """A wrapper that holds the plain model whole as ``.module`` (the reference DDP), or the
+    plain model itself where a variant leaves it bare."""
+    plain = getattr(model, "module", model)
+    return {name: p.detach() for name, p in plain.named_parameters(remove_duplicate=False)}
+
+
+def reference_fsdp_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The reference FSDP's gathered flat parameters by name, and the parameters it left whole
+    on the module (a collective on every rank)."""
+    state = model.full_state_dict(rank0_only=False)
+    whole = {n: p.detach() for n, p in model.module.named_parameters(remove_duplicate=False)}
+    return {**whole, **state}
+
+
+def mesh_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
+    """A (dp, tp) mesh's parameters in full by name, TP slices joined (``MeshParallel``)."""
+    return model.full_state()
+
+
 @dataclass(frozen=True, kw_only=True)
 class Impl:
     """One implementation of a strategy and the facts about it that other code asks."""
@@ -51,10 +80,18 @@ class Impl:
     # The gradient reductions block computation until they finish (our FSDP waits on each).
     reduce_blocks: bool = False
     tp_layer: str | None = None  # the TP layers: "megatron" pairs or "naive" gathering columns
+    # The wrapped model's parameters in full, under the plain model's names (a collective on
+    # every rank): what the check against the plain model compares (bench/runner/plain_check.py).
+    full_state: Callable[[nn.Module], dict[str, torch.Tensor]] = field(
+        default=state_dict_parameters, repr=False
+    )
 
     def facts(self) -> dict[str, Any]:
         """The row as plain data (what a run folder records about the implementation)."""
-        return {k: v for k, v in asdict(self).items() if k != "apply"}
+        return {k: v for k, v in asdict(self).items() if k not in _CODE}
+
+
+_CODE = ("apply", "full_state")  # the rows' functions: code, not facts a run folder records
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -138,11 +175,12 @@ STRATEGIES: dict[str, Strategy] = {
                 Impl(name="native", apply=ddp.apply_native_ddp, native=True, buckets="ddp",
                      skip_sync="no_sync"),
                 Impl(name="reference", apply=ddp.apply_reference_ddp, native=False,
-                     buckets="reference", skip_sync="no_sync"),
+                     buckets="reference", skip_sync="no_sync", full_state=wrapped_parameters),
                 # Same buckets, all-reduced only after backward: the no-overlap baseline.
                 Impl(name="reference_nooverlap",
                      apply=partial(ddp.apply_reference_ddp, overlap=False), native=False,
-                     overlap=False, buckets="reference", skip_sync="no_sync"),
+                     overlap=False, buckets="reference", skip_sync="no_sync",
+                     full_state=wrapped_parameters),
             ),
             default_impls=("native", "reference"),
             schedule="ddp",
@@ -157,7 +195,7 @@ STRATEGIES: dict[str, Strategy] = {
                 Impl(name="native", apply=fsdp.apply_native_fsdp, native=True,
                      skip_sync="set_requires_gradient_sync"),
                 Impl(name="reference", apply=fsdp.apply_reference_fsdp, native=False,
-                     reduce_blocks=True),
+                     reduce_blocks=True, full_state=reference_fsdp_parameters),
                 Impl(name="native_fsdp1", apply=fsdp.apply_native_fsdp1, native=True,
                      skip_sync="no_sync"),
             ),
@@ -189,12 +227,13 @@ STRATEGIES: dict[str, Strategy] = {
             "data parallel (DDP, or FSDP with dp_shard) over the rest of the ranks",
             impls=_by_name(
                 Impl(name="native", apply=mesh.apply_native_tp, native=True, buckets="ddp",
-                     tp_layer="megatron"),
+                     tp_layer="megatron", full_state=mesh_parameters),
                 Impl(name="reference", apply=mesh.apply_reference_tp, native=False,
-                     buckets="reference", tp_layer="megatron"),
+                     buckets="reference", tp_layer="megatron", full_state=mesh_parameters),
                 # The seed's column layer that all-gathers its output: what pairing saves.
                 Impl(name="naive", apply=partial(mesh.apply_reference_tp, layer="naive"),
-                     native=False, buckets="reference", tp_layer="naive"),
+                     native=False, buckets="reference", tp_layer="naive",
+                     full_state=mesh_parameters),
             ),
             default_impls=("native", "reference", "naive"),
             schedule="tp",

@@ -109,6 +109,9 @@ TRAINING: tuple[Column, ...] = (
     _c("round_spread_pct", "%", TIMED, False, "largest over smallest round median, minus 1: "
        "drift between rounds"),
     _c("loss", "", POINT, False, "loss of the last step", report=25),
+    _c("checked", "", POINT, False, "the point's first step against the plain model (same "
+       "seed, global batch, optimiser): ok (tolerance, figures), not checked: why, or mismatch "
+       "(the error says where)"),
     _c("step_ms_p10", "ms", TIMED, False, "10th percentile step time"),
     _c("step_ms_p90", "ms", TIMED, False, "90th percentile step time"),
     _c("rank_skew_ms", "ms", TIMED, False, "median over steps of the last rank's end minus the "
@@ -124,17 +127,20 @@ TRAINING: tuple[Column, ...] = (
        "forward and backward of every replica's micro-batches over the step's ranks (no "
        "recomputation, no optimiser)"),
     _c("flops_source", "", POINT, False, "counted (FlopCounterMode on the plain model), "
-       "workload (its flops_per_sample), or uncounted: why"),
+       "workload (its flops_per_sample; with the count's ratio where 3x apart), or uncounted: "
+       "why"),
     _c("tflops_per_s", "TFLOP/s", DERIVED, False, "flops_per_step over the timed steps' mean "
        "time"),
     _c("peak_tflops", "TFLOP/s", MEAN, False, "the peak mfu_pct is against: the GPU's "
        "datasheet dense peak at the point's precision where known, else peak_tflops_measured"),
     _c("peak_source", "", POINT, False, "which peak: datasheet (GPU, precision, datasheet) or "
-       "measured"),
-    _c("peak_tflops_measured", "TFLOP/s", MEAN, False, "this machine's best rate on a large "
-       "square matmul in the point's precision, timed by every rank at once"),
+       "measured, an fp32 point's shares of FLOPs in TF32; 'impossible peak' first where the "
+       "model computed faster than it"),
+    _c("peak_tflops_measured", "TFLOP/s", MEAN, False, "this machine's best rate over a few "
+       "square matmul sizes in the point's precision, timed by every rank at once"),
     _c("mfu_pct", "%", DERIVED, False, "model FLOPs utilisation: tflops_per_s / peak_tflops "
-       "(PaLM, appendix B)", report=12),
+       "(PaLM, appendix B); empty where it would exceed 100 % (the peak cannot be right)",
+       report=12),
     _c("efficiency_pct", "%", READER, False, "world-size sweeps: speedup / ideal", report=7),
     _c("compute_share_pct", "%", READER, False, "compute_ms / window_ms", report=19),
     _c("typical_ms", "ms", READER, False, "geometric mean of the rounds' medians", report=8),

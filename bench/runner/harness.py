@@ -23,7 +23,7 @@ from bench.analysis import breakdown as analysis
 from bench.hang.calls import comm_failure
 from bench.runfolder import columns
 from bench.runfolder.points import PointRecord
-from bench.runner import flops, watchdog
+from bench.runner import flops, plain_check, watchdog
 from bench.runner.distenv import DistEnv, synchronize
 from bench.runner.hangs import diagnosis, hang_dir, run_watched
 from bench.runner.nvml import NvmlSampler
@@ -123,6 +123,7 @@ def _train_and_measure(
     group: dist.ProcessGroup,
     trace_dir: Path,
     progress: Callable[[str], None],
+    seen: dict,
 ) -> dict:
     strategy = STRATEGIES[point.strategy]
     gc.collect()  # earlier points' modules hold reference cycles (hooks): free them first
@@ -137,8 +138,7 @@ def _train_and_measure(
 
     if visit.profile:  # a point's first visit; later ones only say when they finish
         progress("warm-up")
-    for _ in range(point.warmup_steps):
-        step()
+    checked = seen["checked"] = _warm_up(point, env, cfg, visit, group, trainer, step)
     clock = common_clock(group, env.device)  # once per point: every visit builds its own group
     nvml = NvmlSampler(env.device)
     data_ms: list[float] = []
@@ -190,6 +190,8 @@ def _train_and_measure(
         metrics.update(peak_mem_mb=memory.peak_bytes / 2**20,
                        peak_reserved_mb=memory.reserved_bytes / 2**20)  # fmt: skip
     check_replicas_agree(strategy.replicated(trainer.wrapped), group)
+    if checked is not None:  # a later visit's row carries the first visit's (the runner)
+        metrics["checked"] = checked
     pooled = np.concatenate([visit.prior_times, times])
     skews = np.concatenate([visit.prior_skew, skew])
     medians = [*visit.prior_medians, float(np.median(times))]
@@ -222,6 +224,26 @@ def _train_and_measure(
     )
     metrics.update(flops.figures(point, env.device, float(pooled.mean()) / 1e3, peak))  # FLOPs
     return metrics
+
+
+def _warm_up(point: PointRecord, env: DistEnv, cfg: HarnessConfig, visit: Visit,
+             group: dist.ProcessGroup, trainer, step: Callable) -> str | None:  # fmt: skip
+    """The warm-up steps, the first of a point's first visit checked against the plain model
+    (``plain_check``): what was checked, or None on later visits (the runner carries the
+    first visit's, as it does the traced figures)."""
+    checked = None
+    replicated = STRATEGIES[point.strategy].replicated
+    for i in range(point.warmup_steps):
+        step()
+        if i == 0 and visit.profile:
+            checked = plain_check.run(
+                trainer, env, group, seed=cfg.seed, lr=cfg.lr, clip=cfg.clip_grad_norm,
+                replicas=lambda: check_replicas_agree(replicated(trainer.wrapped), group))
+            gc.collect()  # the plain model and the gathered copy go before anything is measured
+            reset_peak_rss()  # the peak of the timed steps, not of the extra plain step
+    if checked is None and visit.profile:
+        checked = plain_check.tolerance_for(point)  # no warm-up step: it says why
+    return checked
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -329,9 +351,10 @@ def run_point(
             f"group ({type(e).__name__}: {str(e).splitlines()[0][:300]})"
         ) from None
     hangs = hang_dir(trace_dir)
+    seen: dict = {}  # what the point got to before it failed: its check against the plain model
     if env.rank in members:
         metrics, error = run_watched(
-            lambda: _train_and_measure(point, env, cfg, visit, group, trace_dir, progress),
+            lambda: _train_and_measure(point, env, cfg, visit, group, trace_dir, progress, seen),
             group=group, rank=env.rank, folder=hangs, key=f"bench.hang/{hangs}/{visit.round}")
         if error is not None:
             # This rank's end of the point's group goes now, not after the others answer: its
@@ -342,7 +365,8 @@ def run_point(
             gc.collect()
     gathered: list = [None] * env.world_size
     try:
-        dist.all_gather_object(gathered, (metrics, error))  # the others wait here: a barrier
+        # the others wait here: a barrier
+        dist.all_gather_object(gathered, (metrics, error, seen.get("checked")))
     except Exception as e:  # noqa: BLE001  (the job cannot go on: say what is known)
         own = error or "finished on this rank"
         raise LostRanksError(
@@ -361,12 +385,14 @@ def run_point(
         "device": env.device.type,
         "trace_dir": str(trace_dir),
     }
-    errors = [e for _, e in gathered]
+    errors = [e for _, e, _ in gathered]
     if any(errors):
-        row.update(status="error", error=root_cause(errors))
+        said = [c for _, _, c in gathered]
+        row.update(status="error", error=root_cause(errors),
+                   checked=plain_check.checked_of_failed(errors, said))  # fmt: skip
         if env.is_main:
             row.update(diagnosis(hangs))
     else:
         row.update(status="ok", error="")
-        row.update(_aggregate([m for m, _ in gathered]))
+        row.update(_aggregate([m for m, _, _ in gathered]))
     return row
