@@ -17,7 +17,7 @@ if __name__ == "__main__":
     # A rank that crashes in native code (a segfault or an abort in a backend) prints its
     # Python stack on stderr before it dies, so the launcher's "killed by SIGSEGV" says where.
     # Its own copy of stderr: the profiler's window sends stderr itself to a temporary file
-    # (bench/runner/quiet.py), and a crash there must still reach the console.
+    # (bench/runner/measure/quiet.py), and a crash there must still reach the console.
     faulthandler.enable(file=os.fdopen(os.dup(sys.stderr.fileno()), "w"))
     code = main()
     # Every result is on disk (each row fsync'd, meta.json replaced atomically) and every process

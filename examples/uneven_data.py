@@ -29,7 +29,7 @@ from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDataset
 
-from bench.runner.flight import record_hangs
+from bench.runner.faults.flight import record_hangs
 
 SAMPLES, BATCH, DIM = 9, 2, 8
 

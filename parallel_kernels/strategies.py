@@ -81,7 +81,8 @@ class Impl:
     reduce_blocks: bool = False
     tp_layer: str | None = None  # the TP layers: "megatron" pairs or "naive" gathering columns
     # The wrapped model's parameters in full, under the plain model's names (a collective on
-    # every rank): what the check against the plain model compares (bench/runner/plain_check.py).
+    # every rank): what the check against the plain model compares
+    # (bench/runner/train/plain_check.py).
     full_state: Callable[[nn.Module], dict[str, torch.Tensor]] = field(
         default=state_dict_parameters, repr=False
     )

@@ -9,8 +9,8 @@ import torch.distributed as dist
 from torch.profiler import record_function
 
 from bench.analysis import folder as trace_folder
-from bench.runner.data import Batches
-from bench.runner.profiling import profile_steps
+from bench.runner.measure.profiling import profile_steps
+from bench.runner.train.data import Batches
 from parallel_kernels.models import MODELS, build_model
 from parallel_kernels.strategies import STRATEGIES
 

@@ -91,7 +91,7 @@ def test_memory_does_not_grow_with_the_file(tmp_path):
     # parent's peak across exec.
     code = (
         "from bench.analysis.trace import load_trace\n"
-        "from bench.runner.profiling import peak_rss_bytes\n"
+        "from bench.runner.measure.profiling import peak_rss_bytes\n"
         "before = peak_rss_bytes()\n"
         f"t = load_trace({str(path)!r})\n"
         "print(len(t.events), peak_rss_bytes() - before)\n"

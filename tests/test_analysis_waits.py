@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from bench.analysis import breakdown as analysis
-from bench.runner.profiling import profile_steps
+from bench.runner.measure.profiling import profile_steps
 
 CPU = torch.device("cpu")
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from bench.runner.cli import main
-from bench.runner.distenv import TORCHRUN_VARS
+from bench.runner.session.distenv import TORCHRUN_VARS
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -196,7 +196,7 @@ def test_a_rank_whose_error_rank_0_did_not_share_says_it_itself(monkeypatch, cap
 
 
 def test_tp_sweeps_fit_their_defaults_to_the_world_size():
-    from bench.runner.points import build_points
+    from bench.runner.plan.points import build_points
 
     def values(sweep, world):
         return sorted({p.value for p in build_points(sweep, world_size=world)}, key=str)

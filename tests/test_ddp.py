@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from bench.runner.data import Batches
+from bench.runner.train.data import Batches
 from parallel_kernels.ddp import MB, plan_buckets
 from parallel_kernels.models import MODELS, build_model, grad_bytes
 from parallel_kernels.strategies import STRATEGIES

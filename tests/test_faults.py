@@ -109,7 +109,7 @@ def test_a_killed_rank_ends_the_job_loudly_and_resume_completes_it(tmp_path):
 def mismatched_point(debug: bool) -> dict:
     """A point whose model all-reduces a rank-dependent number of elements: the seed's classic
     deadlock. With DETAIL debugging the collective is checked across ranks first."""
-    from bench.runner.harness import HarnessConfig, run_point
+    from bench.runner.train.harness import HarnessConfig, run_point
     from parallel_kernels import strategies
     from tests.test_harness import make_point, pool_env
 

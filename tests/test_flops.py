@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bench.runfolder import peaks
-from bench.runner import flops
+from bench.runner.measure import flops
 from parallel_kernels.models import Transformer, _lm_loss, _token_data, workload
 from parallel_kernels.workload import Workload
 from tests.test_harness import FAST, make_point, run_points
@@ -451,7 +451,7 @@ def test_report_and_console_show_mfu_next_to_throughput(tmp_path):
 
     from bench.report.page import write_report
     from bench.runfolder.folder import read_run
-    from bench.runner.training import _summary
+    from bench.runner.train.sweep import _summary
     from tests.report_fixtures import make_training_run
 
     times = {("mlp", v, "native"): ms for v, ms in ((1.0, 10.0), (25.0, 12.0))}

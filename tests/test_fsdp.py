@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from bench.runner.data import Batches
+from bench.runner.train.data import Batches
 from parallel_kernels.fsdp_layout import fsdp_units, unit_params
 from parallel_kernels.models import MODELS, Transformer
 from parallel_kernels.step import unsynced
@@ -304,7 +304,7 @@ def test_memory_per_rank_falls_with_sharding(pool):
 def hybrid_without_mesh(root: str) -> list[dict]:
     from pathlib import Path
 
-    from bench.runner.harness import run_point
+    from bench.runner.train.harness import run_point
     from tests.test_harness import FAST, make_point, pool_env
 
     rows = []
@@ -328,7 +328,7 @@ def test_silently_diverging_hybrid_shard_is_caught(pool, tmp_path):
 def fsdp_sweep_rows(root: str) -> list[dict]:
     from pathlib import Path
 
-    from bench.runner.harness import run_point
+    from bench.runner.train.harness import run_point
     from tests.test_harness import FAST, make_point, pool_env
 
     rows = []
@@ -418,7 +418,7 @@ def test_bf16_checks_fail_a_model_that_does_not_train(pool, impl):
 def fsdp1_option_rows(root: str) -> list[dict]:
     from pathlib import Path
 
-    from bench.runner.harness import run_point
+    from bench.runner.train.harness import run_point
     from tests.test_harness import QUICK_FAIL, make_point, pool_env
 
     cases = [("native_fsdp1", {"cpu_offload": True}), ("native_fsdp1", {"auto_wrap": "size"}),

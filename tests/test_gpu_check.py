@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.runner.distenv import pick_backend
+from bench.runner.session.distenv import pick_backend
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -10,9 +10,9 @@ import torch
 import torch.distributed as dist
 
 from bench.runfolder.points import PointRecord
-from bench.runner.distenv import DistEnv
-from bench.runner.harness import HarnessConfig, run_point
-from bench.runner.points import resolve_point
+from bench.runner.plan.points import resolve_point
+from bench.runner.session.distenv import DistEnv
+from bench.runner.train.harness import HarnessConfig, run_point
 from parallel_kernels.ddp import apply_reference_ddp
 from parallel_kernels.models import build_model, grad_bytes
 from parallel_kernels.strategies import STRATEGIES

@@ -117,7 +117,8 @@ def test_a_collective_sweep_leaves_with_its_launcher(tmp_path):
 STUCK_RANK = """
 import sys, time
 from pathlib import Path
-from bench.runner import launcher, watchdog
+from bench.runner.faults import launcher
+from bench.runner.faults import watchdog
 launcher.GRACE_S = 1.0
 row = Path(sys.argv[1])
 watchdog.point_started(lambda why: row.write_text(why))  # rank 0's error-row writer
@@ -175,7 +176,7 @@ class LiveStore:
 
 
 def test_a_store_that_stops_answering_is_a_lost_launcher_after_two_misses():
-    from bench.runner.launcher import STORE_MISSES, lost
+    from bench.runner.faults.launcher import STORE_MISSES, lost
 
     parent = os.getppid()
     assert lost(parent, LiveStore(), 1) == (None, 0)  # an answer resets the count

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench.runner.profiling import MemoryBaseline, step_memory
+from bench.runner.measure.profiling import MemoryBaseline, step_memory
 
 MB = 2**20
 CPU = torch.device("cpu")

@@ -1,4 +1,4 @@
-"""Every point checked against the plain model (bench/runner/plain_check.py): the suite's
+"""Every point checked against the plain model (bench/runner/train/plain_check.py): the suite's
 strategies on the built-in and example models pass with ``checked == "ok ..."``; a wrong
 tensor-parallel plan, a wrong FSDP unit list and a rank-dependent batch are error rows that
 name the check's figures; the check costs one plain step and no parallel one.
@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from bench.runner import plain_check
-from bench.runner.harness import Visit, run_point
-from bench.runner.timing import Budget
+from bench.runner.measure.timing import Budget
+from bench.runner.train import plain_check
+from bench.runner.train.harness import Visit, run_point
 from parallel_kernels.strategies import STRATEGIES
 from tests.test_harness import FAST, make_point, pool_env, run_points
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from bench.runner.points import build_points
+from bench.runner.plan.points import build_points
 from tests.test_harness import FAST, run_points
 
 # After FAST's 10 AdamW steps (2 warm-up, 4 timed, 4 under the profiler) from the same start

@@ -85,7 +85,7 @@ def test_a_tie_is_said_and_a_noise_floor_larger_than_the_effects_is_flagged(tmp_
 
 
 def test_resume_reads_back_every_round(tmp_path):
-    from bench.runner.context import _resumed
+    from bench.runner.session.context import _resumed
 
     run = make_training_run(tmp_path / "run", POINTS, rounds=3, steps=7)
     skip, history, gaps = _resumed(run)

@@ -135,7 +135,7 @@ def adaptive_cases() -> list[tuple[int, str]]:
     import torch
     import torch.distributed as dist
 
-    from bench.runner.timing import Budget, adaptive_steps
+    from bench.runner.measure.timing import Budget, adaptive_steps
 
     slow = dist.get_rank() == 1
 

@@ -19,7 +19,7 @@ def _clock_cases() -> dict:
     import torch
     import torch.distributed as dist
 
-    from bench.runner.timing import Clock, common_clock, timed_steps
+    from bench.runner.measure.timing import Clock, common_clock, timed_steps
 
     cpu = torch.device("cpu")
     shift = OFFSET_S if dist.get_rank() == 1 else 0.0
@@ -63,7 +63,7 @@ def _straggler_cases() -> dict:
     import torch
     import torch.distributed as dist
 
-    from bench.runner.timing import common_clock, timed_steps
+    from bench.runner.measure.timing import common_clock, timed_steps
 
     cpu = torch.device("cpu")
     x = torch.ones(1000)

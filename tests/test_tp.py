@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from bench.runner.data import Batches
+from bench.runner.train.data import Batches
 from parallel_kernels import tensor_parallel as tp
 from parallel_kernels.models import MLP, MODELS, Transformer
 from parallel_kernels.strategies import STRATEGIES

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from bench.runner.cli import main
-from bench.runner.distenv import TORCHRUN_VARS
-from bench.runner.points import resolve_point
+from bench.runner.plan.points import resolve_point
+from bench.runner.session.distenv import TORCHRUN_VARS
 from parallel_kernels.models import build_model, workload
 from tests.test_harness import FAST, FAST_STEPS, pool_env
 
@@ -68,7 +68,7 @@ def _point(sweep: str, strategy: str, impl: str, knobs: dict, model: str = EXAMP
 
 
 def example_points(root: str) -> list[dict]:
-    from bench.runner.harness import run_point
+    from bench.runner.train.harness import run_point
 
     points = [
         _point("bucket_cap_mb", "ddp", "native", {"bucket_cap_mb": 1.0}),
@@ -146,7 +146,7 @@ TORCH_FSDPS = 2  # the last two: torch's FSDP2 and FSDP1, which refuse 0-dim par
 def odd_points(root: str) -> list[dict]:
     """The odd model (every kind of parameter and buffer) through every strategy; torch's two
     FSDPs once more with its gates 1-D."""
-    from bench.runner.harness import run_point
+    from bench.runner.train.harness import run_point
 
     points = [_point(*p, model=f"{ODD}:workload") for p in ODD_POINTS]
     points += [_point(*p, model=f"{ODD}:workload_1d_gate") for p in ODD_POINTS[-TORCH_FSDPS:]]

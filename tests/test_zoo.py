@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from bench.runner.data import Batches
+from bench.runner.train.data import Batches
 from parallel_kernels.fsdp_layout import fsdp_units
 from parallel_kernels.models import build_model, param_count, workload
 from parallel_kernels.strategies import STRATEGIES

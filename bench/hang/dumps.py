@@ -5,7 +5,7 @@ writes a pickle of a dict with ``version``, ``pg_config`` (the groups: name, des
 member ranks), ``pg_status`` and ``entries`` (the collectives, oldest first);
 ``_dump_fr_trace_json`` writes the same as JSON, less the stacks. The suite's dumps add
 ``job`` (which job wrote them) and a ``stacks_rank<N>.json`` beside each
-(``bench/runner/flight.py``). A pickle can name any function for the reader to call; torch's
+(``bench/runner/faults/flight.py``). A pickle can name any function for the reader to call; torch's
 dumps name none (dicts, lists, tuples, strings, numbers; at most the list builders of its
 TorchScript pickler, read here as lists), so one that names anything else is refused unread: a
 crafted dump runs nothing here (``--torch`` hands torch's analyser the records read here, not

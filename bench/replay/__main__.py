@@ -20,7 +20,7 @@ from pathlib import Path
 
 from bench.console import fail
 from bench.runner.cli import self_launch, strip_nproc
-from bench.runner.distenv import launched_by_torchrun
+from bench.runner.session.distenv import launched_by_torchrun
 
 IMPLS = ("native", "reference")
 
@@ -99,8 +99,8 @@ def main(argv: list[str] | None = None) -> int:
             fail(f"the traced calls span {seq.ranks_needed} ranks, {args.nproc_per_node} "
                  f"asked: launch at least {seq.ranks_needed}")  # fmt: skip
         return self_launch(args.nproc_per_node, strip_nproc(argv), ["-m", "bench.replay"])
-    from bench.runner import launcher
-    from bench.runner.distenv import init_distributed
+    from bench.runner.faults import launcher
+    from bench.runner.session.distenv import init_distributed
 
     env = init_distributed(backend=args.backend, timeout_s=max(300.0, 3 * args.timeout_s))
     launcher.watch(env.rank)  # a rank whose launcher dies without a word leaves too

@@ -20,7 +20,7 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 
-from bench.runner.distenv import DistEnv, synchronize
+from bench.runner.session.distenv import DistEnv, synchronize
 from parallel_kernels.collectives import CHECKED_DTYPES, COLLECTIVES, count_wrong
 
 

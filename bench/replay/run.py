@@ -24,8 +24,8 @@ from bench.runfolder.folder import (
     utc_now,
     write_meta,
 )
-from bench.runner import launcher
-from bench.runner.distenv import DistEnv
+from bench.runner.faults import launcher
+from bench.runner.session.distenv import DistEnv
 
 REPO = Path(__file__).resolve().parents[2]
 

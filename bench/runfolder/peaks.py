@@ -6,7 +6,7 @@ Every figure is a dense peak (no 2:4 structured sparsity): the datasheets print 
 figures of Ampere and later with sparsity, marked with an asterisk; those are halved here. A
 GPU absent from this table (or a precision its datasheet does not give, such as bf16 on a V100)
 has no datasheet peak: its rows use the peak measured on the machine
-(``bench/runner/flops.py``), and say so, since that is not the MFU torchtitan or Lightning
+(``bench/runner/measure/flops.py``), and say so, since that is not the MFU torchtitan or Lightning
 report (both divide by a table of datasheet peaks).
 
 An MFU above 100 % is not a figure: the model cannot compute faster than the device's peak, so

@@ -1,6 +1,6 @@
 """The points record of a run folder (``points.jsonl``): each point resolved once, in full.
 
-The running side resolves everything a point is before it runs (``bench/runner/points.py``):
+The running side resolves everything a point is before it runs (``bench/runner/plan/points.py``):
 sweep and swept values, model, strategy, implementation with its facts, every knob with its
 value and default, world size and ranks, batch, steps, and the inputs of its expected
 figures. It writes one JSON line per point; the reading side (report, comparison, analysis,

@@ -8,12 +8,12 @@ import sys
 from pathlib import Path
 
 from bench.runfolder.folder import has_results
-from bench.runner.collectives import CollectivePlan, run_collective_sweep
-from bench.runner.context import resume_problem
-from bench.runner.distenv import fail, launched_by_torchrun
-from bench.runner.points import build_points
-from bench.runner.sweeps import SWEEPS, message_sizes, parse_list, sweep_names
-from bench.runner.training import run_sweep
+from bench.runner.collectives.sweep import CollectivePlan, run_collective_sweep
+from bench.runner.plan.points import build_points
+from bench.runner.plan.sweeps import SWEEPS, message_sizes, parse_list, sweep_names
+from bench.runner.session.context import resume_problem
+from bench.runner.session.distenv import fail, launched_by_torchrun
+from bench.runner.train.sweep import run_sweep
 from parallel_kernels.collectives import COLLECTIVES, DTYPES, IMPLS
 
 REPO = Path(__file__).resolve().parents[2]

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from bench.analysis import breakdown as analysis
 from bench.analysis import folder as trace_folder
-from bench.runner.profiling import peak_rss_bytes, reset_peak_rss
+from bench.runner.measure.profiling import peak_rss_bytes, reset_peak_rss
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "tests" / "data" / "hta"

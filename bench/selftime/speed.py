@@ -29,11 +29,11 @@ import torch.distributed as dist
 from bench.analysis import breakdown as analysis
 from bench.analysis.breakdown import load_trace
 from bench.runfolder.points import PointRecord
-from bench.runner.distenv import init_distributed, rank0_print
-from bench.runner.points import resolve_point
-from bench.runner.profiling import MemoryBaseline, profile_steps, step_memory
-from bench.runner.step import build_trainer
-from bench.runner.timing import timed_steps
+from bench.runner.measure.profiling import MemoryBaseline, profile_steps, step_memory
+from bench.runner.measure.timing import timed_steps
+from bench.runner.plan.points import resolve_point
+from bench.runner.session.distenv import init_distributed, rank0_print
+from bench.runner.train.step import build_trainer
 from parallel_kernels.knobs import KNOBS
 from parallel_kernels.strategies import STRATEGIES
 

@@ -16,8 +16,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from bench.runner.data import Batches
-from bench.runner.timing import timed_steps
+from bench.runner.measure.timing import timed_steps
+from bench.runner.train.data import Batches
 from parallel_kernels.collectives import COLLECTIVES, count_wrong
 from parallel_kernels.mesh import data_parallel_coords
 from parallel_kernels.models import MLP, MODELS, Transformer

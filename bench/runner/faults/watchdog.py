@@ -8,7 +8,7 @@ dumps (``PointWatch.failed``). Every other member's watchdog sees the count with
 in its own code (a sleep, a loop, a slow step) is then interrupted (SIGUSR1, whose handler
 raises ``PointInterrupted`` in the main thread) so that it leaves the point and the sweep can go
 on; a rank waiting in a gloo collective is freed by the failing rank dropping its end of the
-point's group (``bench.runner.harness``), which closes the connections it waits on.
+point's group (``bench.runner.train.harness``), which closes the connections it waits on.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.runner import flight
+from bench.runner.faults import flight
 
 POLL_S = 0.5
 _INTERRUPT = threading.Event()  # set by a watchdog just before it signals the main thread

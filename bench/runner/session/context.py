@@ -31,10 +31,10 @@ from bench.runfolder.folder import (
     write_meta,
 )
 from bench.runfolder.points import POINTS_FILE, PointRecord, RunFolderError, write_points
-from bench.runner import launcher
-from bench.runner.distenv import DistEnv, fail, init_distributed
-from bench.runner.scheduler import jobs_so_far, slurm_job
-from bench.runner.sweeps import SWEEPS, sweep_names
+from bench.runner.faults import launcher
+from bench.runner.plan.sweeps import SWEEPS, sweep_names
+from bench.runner.session.distenv import DistEnv, fail, init_distributed
+from bench.runner.session.scheduler import jobs_so_far, slurm_job
 
 REPO = Path(__file__).resolve().parents[2]
 

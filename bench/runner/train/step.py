@@ -11,8 +11,8 @@ import torch
 import torch.distributed as dist
 
 from bench.runfolder.points import PointRecord
-from bench.runner.data import Batches
-from bench.runner.distenv import DistEnv
+from bench.runner.session.distenv import DistEnv
+from bench.runner.train.data import Batches
 from parallel_kernels.checkpointing import checkpoint_blocks
 from parallel_kernels.mesh import data_parallel_coords
 from parallel_kernels.models import build_model, workload

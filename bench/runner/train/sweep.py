@@ -13,13 +13,19 @@ from bench.analysis.scaling import scaling_efficiency
 from bench.runfolder import columns
 from bench.runfolder.folder import Run, write_meta
 from bench.runfolder.points import PointRecord
-from bench.runner import watchdog
-from bench.runner.context import History, finish_run, start_run
-from bench.runner.distenv import rank0_print
-from bench.runner.hangs import diagnosis
-from bench.runner.harness import HarnessConfig, LostRanksError, Visit, point_columns, run_point
-from bench.runner.noise import NoiseFloor
-from bench.runner.timing import Budget
+from bench.runner.faults import watchdog
+from bench.runner.faults.hangs import diagnosis
+from bench.runner.measure.noise import NoiseFloor
+from bench.runner.measure.timing import Budget
+from bench.runner.session.context import History, finish_run, start_run
+from bench.runner.session.distenv import rank0_print
+from bench.runner.train.harness import (
+    HarnessConfig,
+    LostRanksError,
+    Visit,
+    point_columns,
+    run_point,
+)
 
 
 def _summary(run: Run) -> str:

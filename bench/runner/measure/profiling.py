@@ -16,8 +16,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
 from bench.analysis.breakdown import load_trace, memory_peak_delta
-from bench.runner.distenv import synchronize
-from bench.runner.quiet import without_lines
+from bench.runner.measure.quiet import without_lines
+from bench.runner.session.distenv import synchronize
 
 
 class _Mallinfo2(ctypes.Structure):

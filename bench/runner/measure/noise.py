@@ -16,8 +16,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from bench.runner.distenv import DistEnv
-from bench.runner.timing import timed_steps
+from bench.runner.measure.timing import timed_steps
+from bench.runner.session.distenv import DistEnv
 
 REPS = 20  # timed repetitions per gap (about 40 ms on the 2-core CPU machine)
 

@@ -12,7 +12,7 @@ import pandas as pd
 from bench.console import human_bytes
 from bench.runfolder import placement
 from bench.runfolder.folder import ours_and_native
-from bench.runner.distenv import rank0_print
+from bench.runner.session.distenv import rank0_print
 from bench.stats.intervals import relative_half_width
 from parallel_kernels.collectives import IMPLS
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import threading
 
-from bench.runner import flight, watchdog
+from bench.runner.faults import flight, watchdog
 
 POLL_S = 0.5
 STORE_EVERY = 4  # polls between two probes of the store (2 s)

@@ -44,7 +44,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from bench.runfolder import peaks
 from bench.runfolder.points import PointRecord
-from bench.runner.distenv import synchronize
+from bench.runner.session.distenv import synchronize
 from parallel_kernels.models import workload
 from parallel_kernels.workload import Workload, to_device
 

@@ -20,22 +20,24 @@ import torch
 import torch.distributed as dist
 
 from bench.analysis import breakdown as analysis
-from bench.hang.calls import comm_failure
 from bench.runfolder import columns
 from bench.runfolder.points import PointRecord
-from bench.runner import flops, plain_check, watchdog
-from bench.runner.distenv import DistEnv, synchronize
-from bench.runner.hangs import diagnosis, hang_dir, run_watched
-from bench.runner.nvml import NvmlSampler
-from bench.runner.profiling import (
+from bench.runner.faults import watchdog
+from bench.runner.faults.hangs import diagnosis, hang_dir, run_watched
+from bench.runner.faults.root_cause import root_cause
+from bench.runner.measure import flops
+from bench.runner.measure.nvml import NvmlSampler
+from bench.runner.measure.profiling import (
     MemoryBaseline,
     peak_rss_bytes,
     profile_steps,
     reset_peak_rss,
     step_memory,
 )
-from bench.runner.step import build_trainer
-from bench.runner.timing import Budget, adaptive_steps, common_clock, summarize_times
+from bench.runner.measure.timing import Budget, adaptive_steps, common_clock, summarize_times
+from bench.runner.session.distenv import DistEnv, synchronize
+from bench.runner.train import plain_check
+from bench.runner.train.step import build_trainer
 from parallel_kernels.groups import mesh_lines, prepare
 from parallel_kernels.strategies import STRATEGIES
 
@@ -302,15 +304,6 @@ def point_columns(point: PointRecord) -> dict:
         "scaling": point.scaling,
         "global_batch": point.global_batch,
     }
-
-
-def root_cause(errors: list[str | None]) -> str:
-    """The first rank's own error beats the timeouts and closed connections it caused on the
-    other ranks."""
-    found = [(r, e) for r, e in enumerate(errors) if e]
-    primary = [(r, e) for r, e in found if not comm_failure(e)]
-    rank, err = (primary or found)[0]
-    return f"rank {rank}: {err}".replace("\n", " ")[:500]
 
 
 def run_point(

@@ -33,9 +33,9 @@ import torch.distributed as dist
 from torch import nn
 
 from bench.runfolder.points import PointRecord
-from bench.runner.data import Batches
-from bench.runner.distenv import DistEnv
-from bench.runner.step import Trainer
+from bench.runner.session.distenv import DistEnv
+from bench.runner.train.data import Batches
+from bench.runner.train.step import Trainer
 from parallel_kernels.ddp import POWERSGD_START_ITER
 from parallel_kernels.models import build_model, workload
 from parallel_kernels.strategies import STRATEGIES

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from bench.runner.distenv import synchronize
+from bench.runner.session.distenv import synchronize
 from bench.stats.intervals import half_width_pct, median_interval
 
 # Why a visit's timing stopped (results.csv's ``stop``).

@@ -31,12 +31,12 @@ import torch.distributed as dist
 from bench.console import human_bytes
 from bench.runfolder import columns
 from bench.runfolder.folder import write_meta
-from bench.runner import watchdog
-from bench.runner.collective_table import UNSUPPORTED, footer, header, print_line
-from bench.runner.context import finish_run, start_run
-from bench.runner.distenv import DistEnv, rank0_print, synchronize
-from bench.runner.harness import root_cause
-from bench.runner.timing import Budget, adaptive_steps, common_clock, timed_steps
+from bench.runner.collectives.table import UNSUPPORTED, footer, header, print_line
+from bench.runner.faults import watchdog
+from bench.runner.faults.root_cause import root_cause
+from bench.runner.measure.timing import Budget, adaptive_steps, common_clock, timed_steps
+from bench.runner.session.context import finish_run, start_run
+from bench.runner.session.distenv import DistEnv, rank0_print, synchronize
 from bench.stats.intervals import median_interval
 from parallel_kernels.collectives import COLLECTIVES, DTYPES, IMPLS, Collective, count_wrong
 

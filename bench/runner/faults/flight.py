@@ -32,7 +32,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-DUMPING = threading.Event()  # set while a dump is written (bench/runner/watchdog.py defers SIGTERM)
+# set while a dump is written (faults/watchdog.py defers SIGTERM meanwhile)
+DUMPING = threading.Event()
 BUFFER_ENTRIES = 2000  # collectives kept per process: a few steps of the largest model here
 FR_PREFIX = "fr_rank"
 

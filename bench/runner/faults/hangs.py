@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from bench.hang import diagnose_folder
 from bench.hang.dumps import DumpError
-from bench.runner.watchdog import PointWatch
+from bench.runner.faults.watchdog import PointWatch
 from parallel_kernels.groups import set_point_group
 
 

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from bench.console import fail
-from bench.runner import flight
+from bench.runner.faults import flight
 
 __all__ = ["fail"]
 
