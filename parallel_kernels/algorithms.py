@@ -22,7 +22,6 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-SEGMENT_BYTES = 2 << 20  # pipelining grain of the chain broadcast
 # Rings cut each chunk in two segments (pipelining needs two; each more adds a message, which
 # costs more than it hides on an oversubscribed CPU), of 2 to 8 MiB. Measured here with gloo
 # at 2 and 4 ranks from 4 to 64 MiB, against fixed 1, 2, 4 and 8 MiB segments.
@@ -48,7 +47,7 @@ def chunk_bounds(numel: int, parts: int) -> list[int]:
     return bounds
 
 
-def _segments(start: int, stop: int, seg_elems: int) -> list[tuple[int, int]]:
+def segments(start: int, stop: int, seg_elems: int) -> list[tuple[int, int]]:
     if stop <= start:
         return []
     return [(s, min(s + seg_elems, stop)) for s in range(start, stop, seg_elems)]
@@ -67,7 +66,7 @@ def workspace(name: str, numel: int, dtype: torch.dtype, device: torch.device) -
     return buf[:numel]
 
 
-def _seg_elems(t: torch.Tensor, segment_bytes: int) -> int:
+def seg_elems(t: torch.Tensor, segment_bytes: int) -> int:
     return max(1, segment_bytes // t.element_size())
 
 
@@ -77,10 +76,10 @@ def _ring_seg_elems(t: torch.Tensor, chunk_elems: int, segment_bytes: int | None
     if segment_bytes is None:
         half = chunk_elems * t.element_size() // 2
         segment_bytes = min(max(half, RING_SEGMENT_MIN), RING_SEGMENT_MAX)
-    return _seg_elems(t, segment_bytes)
+    return seg_elems(t, segment_bytes)
 
 
-class _Ring:
+class Ring:
     """Ring neighbours within a group and tagged point-to-point helpers."""
 
     def __init__(self, group: dist.ProcessGroup | None) -> None:
@@ -105,8 +104,73 @@ class _Ring:
         self.sends.clear()
 
 
+_AG_TAG = 1 << 24  # all-gather tags: distinct from any reduce-scatter tag
+_STEP_TAG = 65536  # tag stride of a ring step: segment k of step s has tag s * _STEP_TAG + k
+
+_Segments = Callable[[int], list[tuple[int, int]]]  # chunk index (mod n) -> its segments
+_Recv = tuple[dist.Work, torch.Tensor, int, int]  # (receive, landing buffer, start, stop)
+
+
+def _post_reduce_scatter(
+    ring: Ring, src: torch.Tensor, bounds: list[int], segs: _Segments
+) -> list[list[_Recv]]:
+    """Post every reduce-scatter receive (per step, into a workspace row), then send the first
+    step's segments of ``src``; the receives per step."""
+    n, r = ring.n, ring.rank
+    max_chunk = max(bounds[i + 1] - bounds[i] for i in range(n))
+    tmp = workspace("ring_recv", (n - 1) * max_chunk, src.dtype, src.device).view(n - 1, max_chunk)
+    rs_recvs: list[list[_Recv]] = []
+    for step in range(n - 1):
+        lo = bounds[(r - step - 2) % n]
+        rs_recvs.append(
+            [
+                (
+                    ring.recv(tmp[step, a - lo : b - lo], tag=step * _STEP_TAG + k),
+                    tmp[step, a - lo : b - lo],
+                    a,
+                    b,
+                )
+                for k, (a, b) in enumerate(segs(r - step - 2))
+            ]
+        )
+    for k, (a, b) in enumerate(segs(r - 1)):
+        ring.send(src[a:b], tag=k)
+    return rs_recvs
+
+
+def _reduce_scatter_steps(
+    ring: Ring,
+    src: torch.Tensor,
+    dst: torch.Tensor,
+    rs_recvs: list[list[_Recv]],
+    reduce: Reduce,
+    *,
+    gather: bool,
+    divide_by: int | None,
+) -> None:
+    """Reduce each received segment into ``dst`` and forward it at once: to the next step, or
+    after the last step (divided by ``divide_by``) as the first all-gather send."""
+    n = ring.n
+    for step, recvs in enumerate(rs_recvs):
+        last = step == n - 2
+        for k, (work, incoming, a, b) in enumerate(recvs):
+            work.wait()
+            if dst is src:
+                reduce(dst[a:b], incoming)
+            else:
+                dst[a:b].copy_(src[a:b])
+                reduce(dst[a:b], incoming)
+            if not last:
+                ring.send(dst[a:b], tag=(step + 1) * _STEP_TAG + k)
+            else:
+                if divide_by is not None:
+                    dst[a:b].div_(divide_by)
+                if gather:
+                    ring.send(dst[a:b], tag=_AG_TAG + k)
+
+
 def _pipelined_ring(
-    ring: _Ring,
+    ring: Ring,
     src: torch.Tensor,
     dst: torch.Tensor,
     bounds: list[int],
@@ -130,61 +194,29 @@ def _pipelined_ring(
     come back after it has gone once round the ring, i.e. after the send left this buffer.
     """
     n, r = ring.n, ring.rank
-    ag_tag = 1 << 24  # all-gather tags: distinct from any reduce-scatter tag
 
     def segs(c: int) -> list[tuple[int, int]]:
-        return _segments(bounds[c % n], bounds[c % n + 1], seg)
+        return segments(bounds[c % n], bounds[c % n + 1], seg)
 
-    rs_recvs: list[list[tuple[dist.Work, torch.Tensor, int, int]]] = []
+    rs_recvs: list[list[_Recv]] = []
     if reduce is not None:
-        max_chunk = max(bounds[i + 1] - bounds[i] for i in range(n))
-        tmp = workspace("ring_recv", (n - 1) * max_chunk, src.dtype, src.device).view(
-            n - 1, max_chunk
-        )
-        for step in range(n - 1):
-            lo = bounds[(r - step - 2) % n]
-            rs_recvs.append(
-                [
-                    (
-                        ring.recv(tmp[step, a - lo : b - lo], tag=step * 65536 + k),
-                        tmp[step, a - lo : b - lo],
-                        a,
-                        b,
-                    )
-                    for k, (a, b) in enumerate(segs(r - step - 2))
-                ]
-            )
-        for k, (a, b) in enumerate(segs(r - 1)):
-            ring.send(src[a:b], tag=k)
+        rs_recvs = _post_reduce_scatter(ring, src, bounds, segs)
     elif gather:
         for k, (a, b) in enumerate(segs(r)):
-            ring.send(dst[a:b], tag=ag_tag + k)
+            ring.send(dst[a:b], tag=_AG_TAG + k)
     ag_recvs = []
     if gather:
         for step in range(n - 1):
             for k, (a, b) in enumerate(segs(r - step - 1)):
-                ag_recvs.append((step, k, a, b, ring.recv(dst[a:b], tag=ag_tag + step * 65536 + k)))
+                tag = _AG_TAG + step * _STEP_TAG + k
+                ag_recvs.append((step, k, a, b, ring.recv(dst[a:b], tag=tag)))
 
-    for step, recvs in enumerate(rs_recvs):
-        last = step == n - 2
-        for k, (work, incoming, a, b) in enumerate(recvs):
-            work.wait()
-            if dst is src:
-                reduce(dst[a:b], incoming)
-            else:
-                dst[a:b].copy_(src[a:b])
-                reduce(dst[a:b], incoming)
-            if not last:
-                ring.send(dst[a:b], tag=(step + 1) * 65536 + k)
-            else:
-                if divide_by is not None:
-                    dst[a:b].div_(divide_by)
-                if gather:
-                    ring.send(dst[a:b], tag=ag_tag + k)
+    if reduce is not None:
+        _reduce_scatter_steps(ring, src, dst, rs_recvs, reduce, gather=gather, divide_by=divide_by)
     for step, k, a, b, work in ag_recvs:
         work.wait()
         if step + 1 < n - 1:
-            ring.send(dst[a:b], tag=ag_tag + (step + 1) * 65536 + k)
+            ring.send(dst[a:b], tag=_AG_TAG + (step + 1) * _STEP_TAG + k)
     ring.finish()
 
 
@@ -200,7 +232,7 @@ def ring_all_reduce(
     2 (n-1)/n S bytes, the lower bound for all-reduce, so busbw = algbw * 2(n-1)/n compares it
     with the link. Works for any n and any element count (chunks differ by at most one).
     """
-    ring = _Ring(group)
+    ring = Ring(group)
     if ring.n == 1 or t.numel() == 0:
         return
     flat = t.view(-1)
@@ -228,7 +260,7 @@ def ring_reduce_scatter(
     Cost: (n-1) alpha + (n-1)/n S beta + (n-1)/n S gamma, S = n * count * itemsize: half of
     an all-reduce. ``inp`` is not modified; partial sums live in a working buffer.
     """
-    ring = _Ring(group)
+    ring = Ring(group)
     n = ring.n
     count = out.numel()
     if inp.numel() != n * count:
@@ -266,7 +298,7 @@ def ring_all_gather(
 
     Cost: (n-1) alpha + (n-1)/n S beta, S = n * count * itemsize (the output).
     """
-    ring = _Ring(group)
+    ring = Ring(group)
     count = inp.numel()
     if out.numel() != ring.n * count:
         raise ValueError(f"output has {out.numel()} elements, expected {ring.n} x {count}")
@@ -286,74 +318,6 @@ def ring_all_gather(
     )
 
 
-def tree_broadcast(t: torch.Tensor, src: int = 0, group: dist.ProcessGroup | None = None) -> None:
-    """Binomial tree from group rank ``src``: in round k, ranks that hold the data send it
-    2**k positions further.
-
-    Cost: ceil(log2 n) (alpha + S beta). Latency-optimal: the choice for small messages.
-    """
-    ring = _Ring(group)
-    n = ring.n
-    if n == 1 or t.numel() == 0:
-        return
-    v = (ring.rank - src) % n  # position relative to the root
-    mask = 1
-    while mask < n:
-        if v < mask and v + mask < n:
-            ring.send(t, tag=mask, to=(v + mask + src) % n)
-        elif mask <= v < 2 * mask:
-            ring.recv(t, tag=mask, frm=(v - mask + src) % n).wait()
-        mask <<= 1
-    ring.finish()
-
-
-def chain_broadcast(
-    t: torch.Tensor,
-    src: int = 0,
-    group: dist.ProcessGroup | None = None,
-    segment_bytes: int = SEGMENT_BYTES,
-) -> None:
-    """Pipelined chain from ``src`` through the ranks in order: each segment is forwarded as
-    soon as it arrives.
-
-    Cost with P segments: (n - 2 + P) (alpha + S/P beta), about S beta for large S: every
-    link carries the message once, concurrently, so it is bandwidth-optimal.
-    """
-    ring = _Ring(group)
-    n = ring.n
-    if n == 1 or t.numel() == 0:
-        return
-    flat = t.view(-1)
-    pos = (ring.rank - src) % n
-    right, left = (ring.rank + 1) % n, (ring.rank - 1) % n
-    segs = _segments(0, flat.numel(), _seg_elems(flat, segment_bytes))
-    if pos == 0:
-        for k, (a, b) in enumerate(segs):
-            ring.send(flat[a:b], tag=k, to=right)
-    else:
-        recvs = [ring.recv(flat[a:b], tag=k, frm=left) for k, (a, b) in enumerate(segs)]
-        for k, ((a, b), work) in enumerate(zip(segs, recvs, strict=True)):
-            work.wait()
-            if pos < n - 1:
-                ring.send(flat[a:b], tag=k, to=right)
-    ring.finish()
-
-
-def broadcast(
-    t: torch.Tensor,
-    src: int = 0,
-    group: dist.ProcessGroup | None = None,
-    segment_bytes: int = SEGMENT_BYTES,
-) -> None:
-    """Tree for messages of one segment or less (latency-bound) and for two ranks (where the
-    chain is a single hop, and cutting the message only adds per-message cost); pipelined chain
-    otherwise (bandwidth-bound)."""
-    if t.numel() * t.element_size() <= segment_bytes or dist.get_world_size(group) <= 2:
-        tree_broadcast(t, src, group)
-    else:
-        chain_broadcast(t, src, group, segment_bytes)
-
-
 def pairwise_all_to_all(
     out: torch.Tensor, inp: torch.Tensor, group: dist.ProcessGroup | None = None
 ) -> None:
@@ -363,7 +327,7 @@ def pairwise_all_to_all(
     each step is a perfect matching and no rank is hit by two senders at once.
     Cost: (n-1) (alpha + S/n beta), S the size of the whole send buffer.
     """
-    ring = _Ring(group)
+    ring = Ring(group)
     n, r = ring.n, ring.rank
     if inp.numel() % n or out.numel() != inp.numel():
         raise ValueError(f"all-to-all needs equal buffers divisible by {n}")

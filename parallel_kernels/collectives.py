@@ -40,15 +40,25 @@ import torch
 import torch.distributed as dist
 
 from parallel_kernels import algorithms as alg
+from parallel_kernels import broadcasts
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "max": dist.ReduceOp.MAX}
 # Largest integer below which every integer is exact, per dtype (the sweep's dtypes, and the
 # others a replayed trace may carry: bench/replay).
-_EXACT_LIMIT = {torch.float32: 1 << 24, torch.bfloat16: 256, torch.float16: 2048,
-                torch.float64: 1 << 53, torch.int64: 1 << 62, torch.int32: 1 << 31,
-                torch.int16: 1 << 15, torch.int8: 1 << 7, torch.uint8: 1 << 8,
-                torch.float8_e4m3fn: 16, torch.float8_e5m2: 8}  # fmt: skip
+_EXACT_LIMIT = {
+    torch.float32: 1 << 24,
+    torch.bfloat16: 256,
+    torch.float16: 2048,
+    torch.float64: 1 << 53,
+    torch.int64: 1 << 62,
+    torch.int32: 1 << 31,
+    torch.int16: 1 << 15,
+    torch.int8: 1 << 7,
+    torch.uint8: 1 << 8,
+    torch.float8_e4m3fn: 16,
+    torch.float8_e5m2: 8,
+}
 # The dtypes whose results the registry can check exactly, by torch's names ("float32").
 CHECKED_DTYPES = {str(d).removeprefix("torch."): d for d in _EXACT_LIMIT}
 
@@ -233,7 +243,7 @@ def _ref_all_reduce(inp, out, op, group):
 
 
 def _ref_broadcast(inp, out, op, group):
-    alg.broadcast(_into_output(inp, out), 0, group)
+    broadcasts.broadcast(_into_output(inp, out), 0, group)
 
 
 def _ref_all_gather(inp, out, op, group):

@@ -331,12 +331,14 @@ def apply_ddp_autocast(
     mixed_precision: str = "none",
 ) -> nn.Module:
     """Plain DDP with the forward under autocast and fp32 outputs, as Accelerate prepares it."""
-    return apply_native_ddp(autocast_forward(model, device, mixed_precision), group=group,
-                            device=device)  # fmt: skip
+    return apply_native_ddp(
+        autocast_forward(model, device, mixed_precision), group=group, device=device
+    )
 
 
-def expected_comm_bytes(psi: int, n: int, *, model: nn.Module, comm_hook: str = "none",
-                        **_) -> float:  # fmt: skip
+def expected_comm_bytes(
+    psi: int, n: int, *, model: nn.Module, comm_hook: str = "none", **_
+) -> float:
     """Every gradient all-reduced once: 4 Psi in fp32, 2 Psi compressed to fp16/bf16. PowerSGD
     of rank r (Vogels et al. 2019, algorithm 1) all-reduces, per gradient matrix of n x m
     elements (a tensor viewed as shape[0] x the rest), P (n x r) and Q (m x r) in fp32 when
@@ -354,6 +356,7 @@ def expected_comm_bytes(psi: int, n: int, *, model: nn.Module, comm_hook: str = 
             continue
         rows, cols = p.shape[0], p.numel() // p.shape[0]
         low_rank = (rows + cols) * min(r, rows, cols)
-        total += 4 * (low_rank if rows * cols >= POWERSGD_MIN_COMPRESSION * low_rank
-                      else rows * cols)  # fmt: skip
+        total += 4 * (
+            low_rank if rows * cols >= POWERSGD_MIN_COMPRESSION * low_rank else rows * cols
+        )
     return total

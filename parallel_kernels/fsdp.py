@@ -24,12 +24,12 @@ from parallel_kernels.groups import device_mesh
 
 def _check_strategy(strategy: str) -> None:
     if strategy not in STRATEGIES:
-        raise ValueError(
-            f"unknown sharding strategy {strategy!r} (known: {', '.join(STRATEGIES)})"
-        )
+        raise ValueError(f"unknown sharding strategy {strategy!r} (known: {', '.join(STRATEGIES)})")
 
 
 PRECISIONS = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
 def _precision(mixed_precision: str) -> torch.dtype | None:
     if mixed_precision not in PRECISIONS:
         raise ValueError(
@@ -73,8 +73,9 @@ def mesh_shape(
 def fsdp_mesh(device: torch.device, group, strategy: str, shard_size: int | None):
     """The device mesh the current FSDP API takes, over ``group``'s ranks."""
     shape = mesh_shape(dist.get_world_size(group), strategy, shard_size)
-    return device_mesh(device, group, shape, ("shard",) if len(shape) == 1 else
-                       ("replicate", "shard"))  # fmt: skip
+    return device_mesh(
+        device, group, shape, ("shard",) if len(shape) == 1 else ("replicate", "shard")
+    )
 
 
 def apply_native_fsdp(

@@ -68,8 +68,9 @@ def fsdp_units(model: nn.Module) -> list[nn.Module]:
         units = modules_of_types(model, wl.fsdp_units)
         if not units:
             names = ", ".join(t.__name__ for t in wl.fsdp_units)
-            raise ValueError(f"workload {wl.name}: its model has no module of its fsdp_units "
-                             f"({names})")  # fmt: skip
+            raise ValueError(
+                f"workload {wl.name}: its model has no module of its fsdp_units ({names})"
+            )
         return units
     blocks = getattr(model, "blocks", None)
     if blocks is not None:  # the built-in Transformer built outside the registry

@@ -42,6 +42,7 @@ from parallel_kernels.groups import split
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
+
 @dataclass
 class _Groups:
     # None is the default (world) group, as everywhere in torch.distributed: whether a group is
@@ -291,8 +292,10 @@ class ReferenceFSDP(nn.Module):
                 ctx.__enter__()
                 self._hooks[id(unit)] = ctx
             if self.compute_dtype is not None:  # inputs in the parameters' dtype, as FSDP does
-                return tuple(a.to(self.compute_dtype) if torch.is_tensor(a)
-                             and a.is_floating_point() else a for a in args)  # fmt: skip
+                return tuple(
+                    a.to(self.compute_dtype) if torch.is_tensor(a) and a.is_floating_point() else a
+                    for a in args
+                )
             return None
 
         return hook
@@ -354,8 +357,11 @@ class ReferenceFSDP(nn.Module):
         """Bytes of parameters this rank holds right now: its shards, plus every gathered
         vector still alive (between forward and backward that is what tells the strategies
         apart)."""
-        gathered = sum(u.full.numel() * u.full.element_size() for u in self.units
-                       if u.full is not None and u.groups.shard_size > 1)  # fmt: skip
+        gathered = sum(
+            u.full.numel() * u.full.element_size()
+            for u in self.units
+            if u.full is not None and u.groups.shard_size > 1
+        )
         return self.sharded_bytes() + gathered
 
     def sharded_bytes(self) -> int:

@@ -96,38 +96,100 @@ class Knob:
 KNOBS: dict[str, Knob] = {
     k.name: k
     for k in (
-        Knob(name="bucket_cap_mb", description="DDP gradient bucket size, MB (2**20 bytes)",
-             parse=positive_float, default=25.0, strategies=("ddp",)),
-        Knob(name="comm_hook", description="DDP gradient compression hook",
-             parse=one_of(COMM_HOOKS, "a comm hook"), default="none", strategies=("ddp",)),
-        Knob(name="sharding_strategy", description="FSDP sharding strategy (ZeRO stage)",
-             parse=one_of(SHARDING_STRATEGIES, "a sharding strategy", upper=True),
-             default="FULL_SHARD", strategies=("fsdp",)),
-        Knob(name="shard_size", description="HYBRID_SHARD: ranks per shard group (default n/2)",
-             parse=optional_positive_int, default=None, strategies=("fsdp",)),
-        Knob(name="mixed_precision", description="the strategy's own mixed-precision policy",
-             parse=one_of(MIXED_PRECISIONS, "a mixed precision"), default="none",
-             strategies=("fsdp", "accelerate")),
-        Knob(name="auto_wrap", description="FSDP1 auto-wrap policy: module (units) or size",
-             parse=one_of(("module", "size"), "an auto-wrap policy"), default="module",
-             strategies=("fsdp",), impls=("native_fsdp1",)),
-        Knob(name="cpu_offload", description="FSDP1 parameters kept on the host",
-             parse=boolean, default=False, strategies=("fsdp",), impls=("native_fsdp1",)),
-        Knob(name="hybrid_mesh", description="FSDP1 HYBRID_SHARD given an explicit 2-D mesh",
-             parse=boolean, default=True, strategies=("fsdp",), impls=("native_fsdp1",)),
-        Knob(name="tp_degree", description="tensor-parallel degree (the rest data parallel)",
-             parse=positive_int, default=1, strategies=("tp",)),
-        Knob(name="dp_shard", description="TP: the data-parallel dimension shards (FSDP)",
-             parse=boolean, default=False, strategies=("tp",)),
-        Knob(name="precision", description="training precision: fp32, or bf16/fp16 by autocast "
-             "or the strategy's mixed-precision policy", parse=one_of(PRECISIONS, "a precision"),
-             default="fp32"),
-        Knob(name="grad_accum", description="micro-batches per optimiser step (sync on the last)",
-             parse=positive_int, default=1),
-        Knob(name="activation_checkpointing", description="each block's forward recomputed in "
-             "backward", parse=one_of(("off", "on"), "off or on"), default="off"),
+        Knob(
+            name="bucket_cap_mb",
+            description="DDP gradient bucket size, MB (2**20 bytes)",
+            parse=positive_float,
+            default=25.0,
+            strategies=("ddp",),
+        ),
+        Knob(
+            name="comm_hook",
+            description="DDP gradient compression hook",
+            parse=one_of(COMM_HOOKS, "a comm hook"),
+            default="none",
+            strategies=("ddp",),
+        ),
+        Knob(
+            name="sharding_strategy",
+            description="FSDP sharding strategy (ZeRO stage)",
+            parse=one_of(SHARDING_STRATEGIES, "a sharding strategy", upper=True),
+            default="FULL_SHARD",
+            strategies=("fsdp",),
+        ),
+        Knob(
+            name="shard_size",
+            description="HYBRID_SHARD: ranks per shard group (default n/2)",
+            parse=optional_positive_int,
+            default=None,
+            strategies=("fsdp",),
+        ),
+        Knob(
+            name="mixed_precision",
+            description="the strategy's own mixed-precision policy",
+            parse=one_of(MIXED_PRECISIONS, "a mixed precision"),
+            default="none",
+            strategies=("fsdp", "accelerate"),
+        ),
+        Knob(
+            name="auto_wrap",
+            description="FSDP1 auto-wrap policy: module (units) or size",
+            parse=one_of(("module", "size"), "an auto-wrap policy"),
+            default="module",
+            strategies=("fsdp",),
+            impls=("native_fsdp1",),
+        ),
+        Knob(
+            name="cpu_offload",
+            description="FSDP1 parameters kept on the host",
+            parse=boolean,
+            default=False,
+            strategies=("fsdp",),
+            impls=("native_fsdp1",),
+        ),
+        Knob(
+            name="hybrid_mesh",
+            description="FSDP1 HYBRID_SHARD given an explicit 2-D mesh",
+            parse=boolean,
+            default=True,
+            strategies=("fsdp",),
+            impls=("native_fsdp1",),
+        ),
+        Knob(
+            name="tp_degree",
+            description="tensor-parallel degree (the rest data parallel)",
+            parse=positive_int,
+            default=1,
+            strategies=("tp",),
+        ),
+        Knob(
+            name="dp_shard",
+            description="TP: the data-parallel dimension shards (FSDP)",
+            parse=boolean,
+            default=False,
+            strategies=("tp",),
+        ),
+        Knob(
+            name="precision",
+            description="training precision: fp32, or bf16/fp16 by autocast "
+            "or the strategy's mixed-precision policy",
+            parse=one_of(PRECISIONS, "a precision"),
+            default="fp32",
+        ),
+        Knob(
+            name="grad_accum",
+            description="micro-batches per optimiser step (sync on the last)",
+            parse=positive_int,
+            default=1,
+        ),
+        Knob(
+            name="activation_checkpointing",
+            description="each block's forward recomputed in backward",
+            parse=one_of(("off", "on"), "off or on"),
+            default="off",
+        ),
     )
-}  # fmt: skip
+}
 
 
 def step_knobs() -> list[Knob]:

@@ -103,10 +103,14 @@ class MeshParallel(nn.Module):
             raise ValueError("gradient clipping is not supported with FSDP x TP (dp_shard)")
         grads = {k: p.grad for k, p in self._params.items() if p.grad is not None}
         local = {k: g.to_local() if hasattr(g, "to_local") else g for k, g in grads.items()}
-        split = sum((g.float().pow(2).sum() for k, g in local.items() if k in self.shard_dims),
-                    torch.zeros(()))  # fmt: skip
-        replicated = sum((g.float().pow(2).sum() for k, g in local.items()
-                          if k not in self.shard_dims), torch.zeros(()))  # fmt: skip
+        split = sum(
+            (g.float().pow(2).sum() for k, g in local.items() if k in self.shard_dims),
+            torch.zeros(()),
+        )
+        replicated = sum(
+            (g.float().pow(2).sum() for k, g in local.items() if k not in self.shard_dims),
+            torch.zeros(()),
+        )
         if self.dims.tp > 1:
             dist.all_reduce(split, group=self.tp_group)
         total = (split + replicated).sqrt()

@@ -107,8 +107,13 @@ class ColumnParallelLinear(nn.Linear):
 
     def __init__(self, dense: nn.Linear, group, *, copy_input: bool = True) -> None:
         n, rank = dist.get_world_size(group), dist.get_rank(group)
-        super().__init__(dense.in_features, dense.out_features // n, bias=dense.bias is not None,
-                         device=dense.weight.device, dtype=dense.weight.dtype)  # fmt: skip
+        super().__init__(
+            dense.in_features,
+            dense.out_features // n,
+            bias=dense.bias is not None,
+            device=dense.weight.device,
+            dtype=dense.weight.dtype,
+        )
         with torch.no_grad():
             self.weight.copy_(_slice(dense.weight, 0, rank, n))
             if self.bias is not None:
@@ -127,8 +132,13 @@ class RowParallelLinear(nn.Linear):
 
     def __init__(self, dense: nn.Linear, group) -> None:
         n, rank = dist.get_world_size(group), dist.get_rank(group)
-        super().__init__(dense.in_features // n, dense.out_features, bias=dense.bias is not None,
-                         device=dense.weight.device, dtype=dense.weight.dtype)  # fmt: skip
+        super().__init__(
+            dense.in_features // n,
+            dense.out_features,
+            bias=dense.bias is not None,
+            device=dense.weight.device,
+            dtype=dense.weight.dtype,
+        )
         with torch.no_grad():
             self.weight.copy_(_slice(dense.weight, 1, rank, n))
             if self.bias is not None:
@@ -173,8 +183,9 @@ def tp_plan(model: nn.Module) -> dict[str, Placement]:
     if wl is None:
         return builtin_plan(model)
     if wl.tp_plan is None:
-        raise ValueError(f"tensor parallelism needs a tp_plan, which workload {wl.name} does "
-                         f"not give")  # fmt: skip
+        raise ValueError(
+            f"tensor parallelism needs a tp_plan, which workload {wl.name} does not give"
+        )
     plan = wl.tp_plan(model) if callable(wl.tp_plan) else wl.tp_plan
     return {name: _placement(name, p) for name, p in expand_plan(model, plan).items()}
 
@@ -253,8 +264,11 @@ def check_degree(model: nn.Module, plan: dict[str, Placement], n: int) -> None:
     modules = dict(model.named_modules())
     for name, place in plan.items():
         m = modules[name]
-        split, what = (m.in_features, "input") if place.style == ROWWISE else (
-            getattr(m, "out_features", 0), "output")  # fmt: skip
+        split, what = (
+            (m.in_features, "input")
+            if place.style == ROWWISE
+            else (getattr(m, "out_features", 0), "output")
+        )
         if place.style != COPY and split % n:
             raise ValueError(f"TP degree {n} does not divide {name}'s {split} {what} features")
     for name, m in modules.items():
@@ -269,9 +283,7 @@ def check_degree(model: nn.Module, plan: dict[str, Placement], n: int) -> None:
         head_dim = getattr(parent, "head_dim", None) or getattr(parent, "attention_head_size", None)
         out = getattr(modules[name], "out_features", None)
         if place.style == COLWISE and isinstance(head_dim, int) and out and (out // head_dim) % n:
-            raise ValueError(
-                f"TP degree {n} does not divide the {out // head_dim} heads of {name}"
-            )
+            raise ValueError(f"TP degree {n} does not divide the {out // head_dim} heads of {name}")
 
 
 def _set_module(model: nn.Module, name: str, new: nn.Module) -> None:

@@ -173,8 +173,9 @@ def expand_plan(model: nn.Module, plan: Mapping[str, Any]) -> dict[str, Any]:
     for pattern, placement in plan.items():
         hits = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
         if not hits:
-            raise ValueError(f"the tensor-parallel plan names {pattern!r}, a module the model "
-                             f"does not have")  # fmt: skip
+            raise ValueError(
+                f"the tensor-parallel plan names {pattern!r}, a module the model does not have"
+            )
         for n in hits:
             out[n] = placement
     return {n: out[n] for n in names if n in out}

@@ -61,14 +61,36 @@ from bench.analysis.trace import (
 __all__ = ["STEP", "Trace", "TraceError", "load_trace", "prepared"]
 
 BREAKDOWN_COLUMNS = [
-    "rank", "step", "window_us", "compute_us", "comm_us", "memory_us", "overlap_us",
-    "exposed_comm_us", "idle_us", "non_compute_us", "overlap_pct", "compute_comm_ratio",
-    "gpu_util_pct", "cpu_busy_pct", "comm_calls", "comm_bytes",
-]  # fmt: skip
+    "rank",
+    "step",
+    "window_us",
+    "compute_us",
+    "comm_us",
+    "memory_us",
+    "overlap_us",
+    "exposed_comm_us",
+    "idle_us",
+    "non_compute_us",
+    "overlap_pct",
+    "compute_comm_ratio",
+    "gpu_util_pct",
+    "cpu_busy_pct",
+    "comm_calls",
+    "comm_bytes",
+]
 RANK_COLUMNS = [
-    "rank", "device", "kernel_time_us", "idle_pct", "compute_pct", "non_compute_pct",
-    "comm_comp_overlap_pct", "gpu_util_pct", "cpu_busy_pct", "steps", "file",
-]  # fmt: skip
+    "rank",
+    "device",
+    "kernel_time_us",
+    "idle_pct",
+    "compute_pct",
+    "non_compute_pct",
+    "comm_comp_overlap_pct",
+    "gpu_util_pct",
+    "cpu_busy_pct",
+    "steps",
+    "file",
+]
 
 
 def _length_before(u: np.ndarray, t: np.ndarray) -> np.ndarray:
@@ -111,34 +133,49 @@ def breakdown(trace: Trace) -> pd.DataFrame:
         windows = device_windows(ev, windows)
         dev = (ev["stream"] >= 0).to_numpy()
         kind = ev["kind"].to_numpy()
-        compute, comm, memory = (iv.union(intervals_of(ev, dev & (kind == k)))
-                                 for k in ("compute", "comm", "memory"))  # fmt: skip
+        compute, comm, memory = (
+            iv.union(intervals_of(ev, dev & (kind == k))) for k in ("compute", "comm", "memory")
+        )
         busy = iv.union(intervals_of(ev, dev))
     else:
         compute, comm = cpu_compute(ev), iv.union(intervals_of(ev, ev["kind"] == "comm"))
         memory, busy = iv.EMPTY, iv.union(np.vstack([compute, comm]))
-    table = _step_table(windows, {
-        "busy": busy, "compute": compute, "comm": comm, "memory": memory,
-        "overlap": iv.intersect(compute, comm),
-    })  # fmt: skip
+    table = _step_table(
+        windows,
+        {
+            "busy": busy,
+            "compute": compute,
+            "comm": comm,
+            "memory": memory,
+            "overlap": iv.intersect(compute, comm),
+        },
+    )
     comm_ev = ev[ev["kind"] == "comm"]
     calls = comm_ev.groupby("step").size()
     payload = comm_ev.groupby("step")["nbytes"].sum(min_count=1)
     window, busy = table["window_us"], table["busy_us"]
     compute, comm, overlap = table["compute_us"], table["comm_us"], table["overlap_us"]
     util = (100.0 * busy / window).where(window > 0)
-    out = pd.DataFrame({
-        "rank": trace.rank, "step": table["step"], "window_us": window, "compute_us": compute,
-        "comm_us": comm, "memory_us": table["memory_us"], "overlap_us": overlap,
-        "exposed_comm_us": comm - overlap, "idle_us": window - busy,
-        "non_compute_us": busy - compute,
-        "overlap_pct": (100.0 * overlap / comm).where(comm > 0),
-        "compute_comm_ratio": (compute / comm).where(comm > 0),
-        "gpu_util_pct": util if gpu else np.nan,
-        "cpu_busy_pct": np.nan if gpu else util,
-        "comm_calls": table["step"].map(calls).fillna(0).astype(int),
-        "comm_bytes": table["step"].map(payload),
-    })  # fmt: skip
+    out = pd.DataFrame(
+        {
+            "rank": trace.rank,
+            "step": table["step"],
+            "window_us": window,
+            "compute_us": compute,
+            "comm_us": comm,
+            "memory_us": table["memory_us"],
+            "overlap_us": overlap,
+            "exposed_comm_us": comm - overlap,
+            "idle_us": window - busy,
+            "non_compute_us": busy - compute,
+            "overlap_pct": (100.0 * overlap / comm).where(comm > 0),
+            "compute_comm_ratio": (compute / comm).where(comm > 0),
+            "gpu_util_pct": util if gpu else np.nan,
+            "cpu_busy_pct": np.nan if gpu else util,
+            "comm_calls": table["step"].map(calls).fillna(0).astype(int),
+            "comm_bytes": table["step"].map(payload),
+        }
+    )
     return out[BREAKDOWN_COLUMNS].reset_index(drop=True)
 
 
@@ -231,13 +268,18 @@ def rank_summary(trace: Trace, steps: pd.DataFrame | None = None) -> dict:
     s = steps.sum(numeric_only=True)
     util = 100 * (window - s["idle_us"]) / window
     return {
-        **base, "kernel_time_us": window, "steps": len(steps),
-        "idle_pct": 100 * s["idle_us"] / window, "compute_pct": 100 * s["compute_us"] / window,
+        **base,
+        "kernel_time_us": window,
+        "steps": len(steps),
+        "idle_pct": 100 * s["idle_us"] / window,
+        "compute_pct": 100 * s["compute_us"] / window,
         "non_compute_pct": 100 * s["non_compute_us"] / window,
-        "comm_comp_overlap_pct": 100 * s["overlap_us"] / s["comm_us"] if s["comm_us"] > 0
+        "comm_comp_overlap_pct": 100 * s["overlap_us"] / s["comm_us"]
+        if s["comm_us"] > 0
         else np.nan,
-        "gpu_util_pct": util if gpu else np.nan, "cpu_busy_pct": np.nan if gpu else util,
-    }  # fmt: skip
+        "gpu_util_pct": util if gpu else np.nan,
+        "cpu_busy_pct": np.nan if gpu else util,
+    }
 
 
 def hta_filter(events: pd.DataFrame) -> pd.DataFrame:
@@ -272,8 +314,7 @@ def hta_summary(trace: Trace) -> dict:
     last step left out), its rounding, one window from the first kernel to the last. The
     check that our definitions are HTA's; the ranks table is ``rank_summary``. A CPU trace
     has none of these figures (``steps`` 0)."""
-    base = {"rank": trace.rank, "device": "gpu" if trace.is_gpu else "cpu",
-            "file": trace.path.name}  # fmt: skip
+    base = {"rank": trace.rank, "device": "gpu" if trace.is_gpu else "cpu", "file": trace.path.name}
     kept = hta_filter(trace.events)
     ev = classify(_hta_round(kept), gpu=True)
     dev = ev[ev["stream"] >= 0]
@@ -287,13 +328,18 @@ def hta_summary(trace: Trace) -> dict:
     comm_len = iv.length(comm)
     idle = window - busy
     return {
-        **base, "kernel_time_us": window, "steps": len(step_windows(kept)),
-        "idle_pct": 100 * idle / window, "compute_pct": 100 * iv.length(compute) / window,
+        **base,
+        "kernel_time_us": window,
+        "steps": len(step_windows(kept)),
+        "idle_pct": 100 * idle / window,
+        "compute_pct": 100 * iv.length(compute) / window,
         "non_compute_pct": 100 * (window - iv.length(compute) - idle) / window,
         "comm_comp_overlap_pct": 100 * iv.length(iv.intersect(comm, compute)) / comm_len
-        if comm_len > 0 else np.nan,
-        "gpu_util_pct": 100 * busy / window, "cpu_busy_pct": np.nan,
-    }  # fmt: skip
+        if comm_len > 0
+        else np.nan,
+        "gpu_util_pct": 100 * busy / window,
+        "cpu_busy_pct": np.nan,
+    }
 
 
 def memory_peak_delta(trace: Trace) -> float:

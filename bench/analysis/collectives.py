@@ -20,13 +20,27 @@ from bench.analysis.trace import STEP, Trace, prepared
 
 CALL_COLUMNS = ["rank", "step", "collective", "name", "ts", "dur", "nbytes", "seq"]
 SUMMARY_COLUMNS = [
-    "rank", "collective", "calls", "bytes", "total_us", "median_us", "algbw_GBps",
-    "busbw_factor", "busbw_GBps", "wait_us", "transfer_us", "wait_pct",
-]  # fmt: skip
+    "rank",
+    "collective",
+    "calls",
+    "bytes",
+    "total_us",
+    "median_us",
+    "algbw_GBps",
+    "busbw_factor",
+    "busbw_GBps",
+    "wait_us",
+    "transfer_us",
+    "wait_pct",
+]
 STRAGGLER_COLUMNS = [
-    "step", "slowest_rank", "compute_skew_us", "window_skew_us", "others_wait_us",
+    "step",
+    "slowest_rank",
+    "compute_skew_us",
+    "window_skew_us",
+    "others_wait_us",
     "slowest_wait_us",
-]  # fmt: skip
+]
 
 _NCCL_KERNEL = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+)")
 _CAMEL = re.compile(r"(?<!^)(?=[A-Z])")
@@ -113,14 +127,22 @@ def collective_summary(calls: pd.DataFrame, world_size: int) -> pd.DataFrame:
         algbw = size / (total * 1e-6) / 1e9 if total > 0 else np.nan
         factor = BUSBW_FACTOR[coll](world_size) if coll in BUSBW_FACTOR else np.nan
         wait = g["wait_us"].sum(min_count=1)
-        rows.append({
-            "rank": rank, "collective": coll, "calls": len(g), "bytes": nbytes,
-            "total_us": total, "median_us": g["dur"].median(), "algbw_GBps": algbw,
-            "busbw_factor": factor, "busbw_GBps": busbw_gbps(coll, size, world_size, total),
-            "wait_us": wait,
-            "transfer_us": g["transfer_us"].sum(min_count=1),
-            "wait_pct": 100 * wait / total if total > 0 else np.nan,
-        })  # fmt: skip
+        rows.append(
+            {
+                "rank": rank,
+                "collective": coll,
+                "calls": len(g),
+                "bytes": nbytes,
+                "total_us": total,
+                "median_us": g["dur"].median(),
+                "algbw_GBps": algbw,
+                "busbw_factor": factor,
+                "busbw_GBps": busbw_gbps(coll, size, world_size, total),
+                "wait_us": wait,
+                "transfer_us": g["transfer_us"].sum(min_count=1),
+                "wait_pct": 100 * wait / total if total > 0 else np.nan,
+            }
+        )
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
 
 
@@ -150,14 +172,16 @@ def stragglers(steps: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # a step where no other rank waited
         others_mean = np.nanmean(others, axis=1) if others.size else np.full(len(rows), np.nan)
-    return pd.DataFrame({
-        "step": compute.index.to_numpy(),
-        "slowest_rank": slowest.to_numpy().astype(int),
-        "compute_skew_us": (compute.max(axis=1) - compute.min(axis=1)).to_numpy(),
-        "window_skew_us": (window.max(axis=1) - window.min(axis=1)).to_numpy(),
-        "others_wait_us": others_mean,
-        "slowest_wait_us": slowest_wait,
-    })[STRAGGLER_COLUMNS]  # fmt: skip
+    return pd.DataFrame(
+        {
+            "step": compute.index.to_numpy(),
+            "slowest_rank": slowest.to_numpy().astype(int),
+            "compute_skew_us": (compute.max(axis=1) - compute.min(axis=1)).to_numpy(),
+            "window_skew_us": (window.max(axis=1) - window.min(axis=1)).to_numpy(),
+            "others_wait_us": others_mean,
+            "slowest_wait_us": slowest_wait,
+        }
+    )[STRAGGLER_COLUMNS]
 
 
 __all__ = ["STEP", "collective_calls", "collective_summary", "stragglers", "wait_split"]

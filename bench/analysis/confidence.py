@@ -27,10 +27,23 @@ from bench.stats.ties import versus_best
 
 INTERVAL_COLUMNS = ["point", "typical_ms", "typical_ms_low", "typical_ms_high", "rounds"]
 VERDICT_COLUMNS = [
-    "model", "impl", "value2", "best", "best_ms", "tied", "n_values", "default", "default_ratio",
-    "default_low", "default_high", "default_tied", "default_is_best", "span_pct", "floor_pct",
+    "model",
+    "impl",
+    "value2",
+    "best",
+    "best_ms",
+    "tied",
+    "n_values",
+    "default",
+    "default_ratio",
+    "default_low",
+    "default_high",
+    "default_tied",
+    "default_is_best",
+    "span_pct",
+    "floor_pct",
     "within_floor",
-]  # fmt: skip
+]
 # A point's rounds disagree when their spread is this unlikely under the other points' (F test).
 DISAGREE_P = 0.01
 
@@ -114,19 +127,27 @@ def verdicts(
         default_point = next((p for p, val in value_of.items() if _same(val, default)), None)
         r = v.ratios.get(default_point) if default_point else None
         span = max((x.ratio for x in v.ratios.values()), default=1.0)
-        rows.append({
-            "model": key[0], "impl": key[1], "value2": key[2] if grid else None,
-            "best": value_of[v.best], "best_ms": cands[v.best].value,
-            "tied": [value_of[p] for p in v.tied], "n_values": len(cands),
-            "default": default if default_point else None,
-            "default_ratio": r.ratio if r else (1.0 if default_point == v.best else math.nan),
-            "default_low": r.low if r else math.nan, "default_high": r.high if r else math.nan,
-            "default_tied": default_point in v.tied if default_point else None,
-            "default_is_best": default_point == v.best,
-            "span_pct": 100 * (span - 1), "floor_pct": floor,
-            # every difference in the group is smaller than the machine's own wander
-            "within_floor": bool(math.isfinite(floor) and 100 * (span - 1) < floor),
-        })  # fmt: skip
+        rows.append(
+            {
+                "model": key[0],
+                "impl": key[1],
+                "value2": key[2] if grid else None,
+                "best": value_of[v.best],
+                "best_ms": cands[v.best].value,
+                "tied": [value_of[p] for p in v.tied],
+                "n_values": len(cands),
+                "default": default if default_point else None,
+                "default_ratio": r.ratio if r else (1.0 if default_point == v.best else math.nan),
+                "default_low": r.low if r else math.nan,
+                "default_high": r.high if r else math.nan,
+                "default_tied": default_point in v.tied if default_point else None,
+                "default_is_best": default_point == v.best,
+                "span_pct": 100 * (span - 1),
+                "floor_pct": floor,
+                # every difference in the group is smaller than the machine's own wander
+                "within_floor": bool(math.isfinite(floor) and 100 * (span - 1) < floor),
+            }
+        )
     return pd.DataFrame(rows, columns=VERDICT_COLUMNS)
 
 

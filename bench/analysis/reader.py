@@ -30,7 +30,7 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from bench.analysis.dtypes import DTYPE_BYTES
+from bench.analysis.trace_events import Args, Event, call_facts, num, payload_bytes
 
 CHUNK = 1 << 18  # characters read and decoded at a time (small batches stay in cache)
 WHOLE_LIMIT = 64 << 20  # text not laid out as Kineto's is decoded whole up to this size
@@ -50,72 +50,9 @@ class TraceError(ValueError):
     """A trace that cannot be read; the message names the file."""
 
 
-# gc=False: decoded JSON holds no cycles (msgspec docs: Structs, Disabling Garbage Collection)
-class Args(msgspec.Struct, gc=False):
-    """The event arguments the analysis reads; every other key is skipped while decoding."""
-
-    correlation: int | str | None = -1
-    stream: int | str | None = -1
-    in_nelems: int | float | None = msgspec.field(default=None, name="In msg nelems")
-    dtype: str | None = None
-    input_dims: list | None = msgspec.field(default=None, name="Input Dims")
-    input_type: list | None = msgspec.field(default=None, name="Input type")
-    total_allocated: float | None = msgspec.field(default=None, name="Total Allocated")
-    nbytes: float | None = msgspec.field(default=None, name="Bytes")
-    # record_param_comms' metadata (torch/csrc/profiler/util.cpp, saveNcclMeta)
-    out_nelems: int | float | None = msgspec.field(default=None, name="Out msg nelems")
-    coll_name: str | None = msgspec.field(default=None, name="Collective name")
-    pg_name: str | int | None = msgspec.field(default=None, name="Process Group Name")
-    pg_ranks: str | list | None = msgspec.field(default=None, name="Process Group Ranks")
-    group_size: int | None = msgspec.field(default=None, name="Group size")
-    rank_start: int | None = msgspec.field(default=None, name="Global rank start")
-    rank_stride: int | None = msgspec.field(default=None, name="Global rank stride")
-
-
-class Event(msgspec.Struct, gc=False):
-    ph: str | None = None
-    name: str | int | None = ""
-    cat: str | None = ""
-    ts: float | None = 0.0
-    dur: float | None = 0.0
-    pid: int | str | None = ""
-    tid: int | str | None = ""
-    args: Args | None = None
-
-
 _NO_ARGS = Args()
 _DOC_DECODER = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _EVENTS_DECODER = msgspec.json.Decoder(list[Event])
-
-
-def payload_bytes(a: Args) -> float:
-    """Bytes a collective moves: NCCL metadata (``In msg nelems`` x dtype), else the product of
-    the input shapes x dtype (gloo spans, ``c10d::`` ops with ``record_shapes``)."""
-    if a.in_nelems is not None:
-        return float(a.in_nelems) * DTYPE_BYTES.get(str(a.dtype), np.nan)
-    if not a.input_dims or not a.input_type:
-        return np.nan
-    total = 0.0
-    for d, t in zip(a.input_dims, a.input_type, strict=False):
-        if isinstance(d, list) and d and all(isinstance(x, int) for x in d):
-            total += float(np.prod(d)) * DTYPE_BYTES.get(t, np.nan)
-    return total
-
-
-def call_facts(a: Args) -> tuple:
-    """(input elements, output elements, collective name, dtype as spelled, process group as
-    JSON) of a call: record_param_comms' metadata, else its input shapes summed as
-    ``payload_bytes`` sums them, the first one's type the dtype."""
-    dims_types = zip(a.input_dims or (), a.input_type or (), strict=False)
-    shaped = [(float(np.prod(d)), t) for d, t in dims_types
-              if isinstance(d, list) and d and all(isinstance(x, int) for x in d)]  # fmt: skip
-    count = sum(n for n, _ in shaped) if shaped else np.nan
-    dtype = shaped[0][1] if shaped and a.dtype is None else a.dtype
-    group = {"name": a.pg_name, "ranks": a.pg_ranks, "size": a.group_size,
-             "start": a.rank_start, "stride": a.rank_stride}  # fmt: skip
-    label = json.dumps({k: v for k, v in group.items() if v is not None})
-    return (float(a.in_nelems) if a.in_nelems is not None else count, _num(a.out_nelems),
-            a.coll_name, dtype, None if label == "{}" else label)  # fmt: skip
 
 
 def _int_or(v, missing: int = -1) -> int:
@@ -159,8 +96,8 @@ class _Columns:
         mem = [e for e in batch if e.ph == "i" and e.name == "[memory]" and e.args is not None]
         if mem:
             self.mem_ts.extend([float(e.ts or 0.0) for e in mem])
-            self.mem_total.extend([_num(e.args.total_allocated) for e in mem])
-            self.mem_bytes.extend([_num(e.args.nbytes) for e in mem])
+            self.mem_total.extend([num(e.args.total_allocated) for e in mem])
+            self.mem_bytes.extend([num(e.args.nbytes) for e in mem])
         if not xs:
             return
         names = [e.name if isinstance(e.name, str) else str(e.name) for e in xs]
@@ -186,8 +123,10 @@ class _Columns:
 
     def _add_comm(self, args: list[Args], first_row: int, hits: list[int]) -> None:
         count, out, *texts = zip(*[call_facts(a) for a in args], strict=True)
-        codes = [[-1 if v is None else c for v, c in zip(vs, self.codes(list(vs)), strict=True)]
-                 for vs in texts]  # fmt: skip
+        codes = [
+            [-1 if v is None else c for v, c in zip(vs, self.codes(list(vs)), strict=True)]
+            for vs in texts
+        ]
         self.comm.extend(zip([first_row + i for i in hits], count, out, *codes, strict=True))
 
     def frames(self) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -212,29 +151,32 @@ class _Columns:
             codes_np = spread(remap[codes_np], -1, np.int32) if sparse else remap[codes_np]
             return pd.Categorical.from_codes(codes_np, categories=labels[used])
 
-        events = pd.DataFrame({
-            "name": cat_col(self.name), "cat": cat_col(self.cat),
-            "ts": num(self.ts, np.float64), "dur": num(self.dur, np.float64),
-            "pid": cat_col(self.pid), "tid": cat_col(self.tid),
-            "nbytes": num(self.nbytes, np.float64),
-            "correlation": num(self.correlation, np.int64),
-            "stream": num(self.stream, np.int64),
-            "comm_count": spread(comm[1], np.nan, np.float64),
-            "comm_out_count": spread(comm[2], np.nan, np.float64),
-            "comm_name": cat_col(comm[3], sparse=True),
-            "comm_dtype": cat_col(comm[4], sparse=True),
-            "comm_group": cat_col(comm[5], sparse=True),
-        })  # fmt: skip
-        memory = pd.DataFrame({
-            "ts": num(self.mem_ts, np.float64),
-            "total_allocated": num(self.mem_total, np.float64),
-            "bytes": num(self.mem_bytes, np.float64),
-        })  # fmt: skip
+        events = pd.DataFrame(
+            {
+                "name": cat_col(self.name),
+                "cat": cat_col(self.cat),
+                "ts": num(self.ts, np.float64),
+                "dur": num(self.dur, np.float64),
+                "pid": cat_col(self.pid),
+                "tid": cat_col(self.tid),
+                "nbytes": num(self.nbytes, np.float64),
+                "correlation": num(self.correlation, np.int64),
+                "stream": num(self.stream, np.int64),
+                "comm_count": spread(comm[1], np.nan, np.float64),
+                "comm_out_count": spread(comm[2], np.nan, np.float64),
+                "comm_name": cat_col(comm[3], sparse=True),
+                "comm_dtype": cat_col(comm[4], sparse=True),
+                "comm_group": cat_col(comm[5], sparse=True),
+            }
+        )
+        memory = pd.DataFrame(
+            {
+                "ts": num(self.mem_ts, np.float64),
+                "total_allocated": num(self.mem_total, np.float64),
+                "bytes": num(self.mem_bytes, np.float64),
+            }
+        )
         return events, memory
-
-
-def _num(v) -> float:
-    return float(v) if isinstance(v, int | float) else np.nan
 
 
 def read_trace(path: str | Path) -> tuple[dict, pd.DataFrame, pd.DataFrame]:

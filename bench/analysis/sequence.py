@@ -36,20 +36,41 @@ from bench.analysis.sequence_groups import span as _span
 from bench.analysis.trace import Trace, common_steps, name_matches, prepared, step_windows
 
 SEQUENCE_COLUMNS = [
-    "rank", "step", "index", "op", "dtype", "count", "out_count", "nbytes",
-    "group", "group_ranks", "group_size", "group_known", "traced_us", "ts",
-]  # fmt: skip
+    "rank",
+    "step",
+    "index",
+    "op",
+    "dtype",
+    "count",
+    "out_count",
+    "nbytes",
+    "group",
+    "group_ranks",
+    "group_size",
+    "group_known",
+    "traced_us",
+    "ts",
+]
 
 # Names of the same operation, once lower-cased, stripped of "nccl:"/"gloo:" and of everything
 # but letters, and of the words for variants that move the same data (base, coalesced, into
 # tensor): ProcessGroupNCCL's and ProcessGroupGloo's names, c10d's op names, NCCL's kernels.
 _VARIANT = re.compile(r"coalesced|intotensor|tensor|base|sparse")
 _OPS = {
-    "allreduce": "all_reduce", "broadcast": "broadcast", "allgather": "all_gather",
-    "reducescatter": "reduce_scatter", "alltoall": "all_to_all", "alltoallv": "all_to_all",
-    "barrier": "barrier", "send": "send", "recv": "recv", "recvanysource": "recv",
-    "reduce": "reduce", "gather": "gather", "scatter": "scatter",
-}  # fmt: skip
+    "allreduce": "all_reduce",
+    "broadcast": "broadcast",
+    "allgather": "all_gather",
+    "reducescatter": "reduce_scatter",
+    "alltoall": "all_to_all",
+    "alltoallv": "all_to_all",
+    "barrier": "barrier",
+    "send": "send",
+    "recv": "recv",
+    "recvanysource": "recv",
+    "reduce": "reduce",
+    "gather": "gather",
+    "scatter": "scatter",
+}
 # Point-to-point calls: the two ranks of a pair issue different ops by design, and the trace
 # does not say the peer, so they are not compared across ranks.
 P2P = ("send", "recv")
@@ -106,10 +127,14 @@ def _enclosing(spans: pd.DataFrame, points: pd.DataFrame) -> dict:
     for key, pts in points.groupby(["pid", "tid"], observed=True, sort=False):
         sp = spans[(spans["pid"] == key[0]) & (spans["tid"] == key[1])]
         items = sorted(
-            [(s, 0, -e, i, k) for s, e, i, k in
-             zip(sp["ts"], sp["ts"] + sp["dur"], sp.index, sp["span"], strict=True)]
+            [
+                (s, 0, -e, i, k)
+                for s, e, i, k in zip(
+                    sp["ts"], sp["ts"] + sp["dur"], sp.index, sp["span"], strict=True
+                )
+            ]
             + [(t, 1, 0.0, i, "") for t, i in zip(pts["ts"], pts.index, strict=True)]
-        )  # fmt: skip
+        )
         stack: list = []
         for t, is_point, neg_end, i, kind in items:
             while stack and stack[-1][0] < t:  # ended before t
@@ -133,10 +158,12 @@ def _gpu_calls(ev: pd.DataFrame) -> pd.DataFrame:
     launch_index = pd.Series(launches.index, index=launches["correlation"].to_numpy())
     launch_of = kernels["correlation"].map(launch_index)
     host = ((ev["stream"] < 0) & (ev["cat"] != "gpu_user_annotation")).to_numpy()
-    spans = pd.concat([
-        ev[host & name_matches(ev["name"], _RPC)].assign(span="rpc"),
-        ev[host & name_matches(ev["name"], _NCCL_ANNOTATION)].assign(span="ann"),
-    ])  # fmt: skip
+    spans = pd.concat(
+        [
+            ev[host & name_matches(ev["name"], _RPC)].assign(span="rpc"),
+            ev[host & name_matches(ev["name"], _NCCL_ANNOTATION)].assign(span="ann"),
+        ]
+    )
     points = ev.loc[launch_of.dropna().astype(int).unique()]
     found = _enclosing(spans, points)
     rows: dict = {}  # the call's event index -> its row
@@ -168,20 +195,31 @@ def _gpu_call(ev: pd.DataFrame, src: dict, kernel, launch) -> dict:
             count, dtype = ev.at[s, "comm_count"], ev.at[s, "comm_dtype"]
             break
     return {
-        "step": ev.at[kernel, "step"], "op": op, "raw_dtype": dtype, "count": count,
+        "step": ev.at[kernel, "step"],
+        "op": op,
+        "raw_dtype": dtype,
+        "count": count,
         "out_count": ev.at[rpc, "comm_out_count"] if rpc is not None else np.nan,
         "label": ev.at[rpc, "comm_group"] if rpc is not None else np.nan,
-        "traced_us": ev.at[kernel, "dur"], "ts": ev.at[call, "ts"],
-    }  # fmt: skip
+        "traced_us": ev.at[kernel, "dur"],
+        "ts": ev.at[call, "ts"],
+    }
 
 
 def _cpu_calls(ev: pd.DataFrame) -> pd.DataFrame:
     comm = ev[ev["kind"] == "comm"]
-    return pd.DataFrame({
-        "step": comm["step"], "op": comm["name"].astype(str).map(canonical_op),
-        "raw_dtype": comm["comm_dtype"], "count": comm["comm_count"],
-        "out_count": np.nan, "label": np.nan, "traced_us": comm["dur"], "ts": comm["ts"],
-    })  # fmt: skip
+    return pd.DataFrame(
+        {
+            "step": comm["step"],
+            "op": comm["name"].astype(str).map(canonical_op),
+            "raw_dtype": comm["comm_dtype"],
+            "count": comm["comm_count"],
+            "out_count": np.nan,
+            "label": np.nan,
+            "traced_us": comm["dur"],
+            "ts": comm["ts"],
+        }
+    )
 
 
 def trace_sequence(trace: Trace) -> pd.DataFrame:
@@ -229,10 +267,12 @@ def first_disagreement(calls: pd.DataFrame) -> str | None:
     for (step, group), g in c.groupby(["step", "group"], sort=True):
         members = sorted(ranks_read & set(g["group_ranks"].iloc[0])) or sorted(ranks_read)
         lists = {
-            r: [(op, None if pd.isna(n) else int(n), d) for op, n, d in
-                zip(sub["op"], sub["count"], sub["dtype"], strict=True)]
+            r: [
+                (op, None if pd.isna(n) else int(n), d)
+                for op, n, d in zip(sub["op"], sub["count"], sub["dtype"], strict=True)
+            ]
             for r, sub in g.groupby("rank")
-        }  # fmt: skip
+        }
         ref = members[0]
         want = lists.get(ref, [])
         for r in members[1:]:
@@ -241,8 +281,10 @@ def first_disagreement(calls: pd.DataFrame) -> str | None:
                 a = want[k] if k < len(want) else None
                 b = got[k] if k < len(got) else None
                 if a != b:
-                    return (f"step {step}, group {group}, call #{k}: "
-                            f"{_fmt_call(ref, a, k)}, {_fmt_call(r, b, k)}")  # fmt: skip
+                    return (
+                        f"step {step}, group {group}, call #{k}: "
+                        f"{_fmt_call(ref, a, k)}, {_fmt_call(r, b, k)}"
+                    )
     return None
 
 
@@ -316,29 +358,42 @@ def job_sequence(trace_dir, steps: int | None = None) -> JobSequence:
     involved = {r for g in calls["group_ranks"] for r in g}
     others = sorted(involved - set(ranks))
     if others:
-        notes.append(f"traces of ranks {_span(ranks)} of {world}: ranks {_span(others)} "
-                     "assumed to issue the same calls (SPMD)")  # fmt: skip
+        notes.append(
+            f"traces of ranks {_span(ranks)} of {world}: ranks {_span(others)} "
+            "assumed to issue the same calls (SPMD)"
+        )
     _group_notes(calls, ts.traces[0].backend, world, notes)
-    return JobSequence(calls=calls, world_size=world, ranks=ranks, assumed_spmd=bool(others),
-                       steps=kept, notes=notes)  # fmt: skip
+    return JobSequence(
+        calls=calls,
+        world_size=world,
+        ranks=ranks,
+        assumed_spmd=bool(others),
+        steps=kept,
+        notes=notes,
+    )
 
 
 def _group_notes(calls: pd.DataFrame, backend: str | None, world: int, notes: list) -> None:
     unknown = calls[~calls["group_known"] & (calls["group_size"] == world)]
     if len(unknown) and backend == "gloo":
-        notes.append(f"gloo traces do not name the group: each call replayed on all {world} "
-                     "ranks")  # fmt: skip
+        notes.append(f"gloo traces do not name the group: each call replayed on all {world} ranks")
     elif len(unknown):
-        notes.append(f"{len(unknown)} calls name no process group (older PyTorch records "
-                     f"none): each replayed on all {world} ranks")  # fmt: skip
+        notes.append(
+            f"{len(unknown)} calls name no process group (older PyTorch records "
+            f"none): each replayed on all {world} ranks"
+        )
     short = calls[calls["group_known"] & (calls["group_ranks"].map(len) < calls["group_size"])]
     for group in pd.unique(short["group"]):
-        notes.append(f"group {group}: the trace lists only some of its ranks (Kineto cuts "
-                     "the list at 30, and they are not evenly spaced)")  # fmt: skip
+        notes.append(
+            f"group {group}: the trace lists only some of its ranks (Kineto cuts "
+            "the list at 30, and they are not evenly spaced)"
+        )
     p2p = int(calls["op"].isin(P2P).sum())
     if p2p:
-        notes.append(f"{p2p} point-to-point calls (send/recv): the trace does not say the "
-                     "peer; not compared across ranks")  # fmt: skip
+        notes.append(
+            f"{p2p} point-to-point calls (send/recv): the trace does not say the "
+            "peer; not compared across ranks"
+        )
 
 
 __all__ = ["JobSequence", "SequenceError", "first_disagreement", "job_sequence"]

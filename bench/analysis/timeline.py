@@ -91,8 +91,9 @@ def _rank_bars(trace: Trace, step: int) -> tuple[list[dict], float, float]:
 
     def add(lane: str, spans: np.ndarray, label: str = "") -> None:
         for s, e in iv.clip(spans, lo, hi):
-            bars.append({"lane": lane, "start": s, "end": e, "label": label, "op": "",
-                         "bytes": np.nan})  # fmt: skip
+            bars.append(
+                {"lane": lane, "start": s, "end": e, "label": label, "op": "", "bytes": np.nan}
+            )
 
     for name, s, e in _phases(ev, float(host["start"]), float(host["end"])):
         add("phase", np.array([[s, e]]), name)
@@ -110,13 +111,22 @@ def _rank_bars(trace: Trace, step: int) -> tuple[list[dict], float, float]:
     add("wait", iv.subtract(comm, compute))
     add("idle", iv.subtract(np.array([[lo, hi]]), busy))
     calls = ev[(ev["kind"] == "comm") & (ev["ts"] < hi) & (ev["ts"] + ev["dur"] > lo)]
-    for name, s, d, nbytes in zip(calls["name"], calls["ts"], calls["dur"], calls["nbytes"],
-                                  strict=True):  # fmt: skip
+    for name, s, d, nbytes in zip(
+        calls["name"], calls["ts"], calls["dur"], calls["nbytes"], strict=True
+    ):
         op = collective_type(str(name))
         size = float(nbytes) if pd.notna(nbytes) else np.nan
         label = f"{op} {human_bytes(size)}" if np.isfinite(size) else op
-        bars.append({"lane": "comm", "start": max(float(s), lo), "end": min(float(s + d), hi),
-                     "label": label, "op": op, "bytes": size})  # fmt: skip
+        bars.append(
+            {
+                "lane": "comm",
+                "start": max(float(s), lo),
+                "end": min(float(s + d), hi),
+                "label": label,
+                "op": op,
+                "bytes": size,
+            }
+        )
     return bars, lo, hi
 
 
@@ -130,8 +140,9 @@ def step_timeline(traces: list[Trace], step: int | None = None) -> pd.DataFrame:
         bars, lo, _ = _rank_bars(t, step)
         origin = min(origin, lo)
         rows += [{"rank": t.rank, "step": step, **b} for b in bars]
-    df = pd.DataFrame(rows, columns=["rank", "step", "lane", "start", "end", "label", "op",
-                                     "bytes"])  # fmt: skip
+    df = pd.DataFrame(
+        rows, columns=["rank", "step", "lane", "start", "end", "label", "op", "bytes"]
+    )
     df["start_ms"] = (df["start"] - origin) / 1e3
     df["end_ms"] = (df["end"] - origin) / 1e3
     return df[TIMELINE_COLUMNS].sort_values(["rank", "lane", "start_ms"]).reset_index(drop=True)

@@ -75,8 +75,9 @@ def name_matches(names: pd.Series, pattern: re.Pattern, *, search: bool = False)
     stores names as categories), not once per event."""
     if isinstance(names.dtype, pd.CategoricalDtype):
         cats = names.cat.categories
-        hit = np.array([bool((pattern.search if search else pattern.match)(c)) for c in cats]
-                       + [False])  # fmt: skip
+        hit = np.array(
+            [bool((pattern.search if search else pattern.match)(c)) for c in cats] + [False]
+        )
         return hit[names.cat.codes.to_numpy()]  # code -1 (missing) picks the final False
     fn = names.astype(str).str.contains if search else names.astype(str).str.match
     return fn(pattern).to_numpy()
@@ -93,11 +94,13 @@ def host_steps(events: pd.DataFrame) -> np.ndarray:
 def step_windows(events: pd.DataFrame) -> pd.DataFrame:
     """One row per CPU-side ``ProfilerStep#N``: step, start, end (microseconds)."""
     steps = events[host_steps(events)]
-    out = pd.DataFrame({
-        "step": steps["name"].astype(str).str.extract(STEP, expand=False).astype(int),
-        "start": steps["ts"],
-        "end": steps["ts"] + steps["dur"],
-    })  # fmt: skip
+    out = pd.DataFrame(
+        {
+            "step": steps["name"].astype(str).str.extract(STEP, expand=False).astype(int),
+            "start": steps["ts"],
+            "end": steps["ts"] + steps["dur"],
+        }
+    )
     return out.drop_duplicates("step").sort_values("step").reset_index(drop=True)
 
 

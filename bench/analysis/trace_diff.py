@@ -17,9 +17,18 @@ from bench.analysis.collectives import collective_type
 from bench.analysis.trace import Trace, common_steps, host_steps, nesting_depth, prepared
 
 DIFF_COLUMNS = [
-    "kind", "name", "count_a", "count_b", "count_change", "time_ms_a", "time_ms_b",
-    "time_ms_change", "bytes_a", "bytes_b", "bytes_change",
-]  # fmt: skip
+    "kind",
+    "name",
+    "count_a",
+    "count_b",
+    "count_change",
+    "time_ms_a",
+    "time_ms_b",
+    "time_ms_change",
+    "bytes_a",
+    "bytes_b",
+    "bytes_change",
+]
 
 
 def _top_level(ev: pd.DataFrame) -> pd.DataFrame:
@@ -53,8 +62,9 @@ def _parts(trace: Trace, steps: list[int]) -> pd.DataFrame:
     if both.empty:
         return pd.DataFrame(columns=["kind", "name", "count", "time_us", "bytes"])
     g = both.groupby(["kind_", "name_"], observed=True)
-    out = pd.DataFrame({"count": g.size(), "time_us": g["dur"].sum(),
-                        "bytes": g["nbytes"].sum(min_count=1)})  # fmt: skip
+    out = pd.DataFrame(
+        {"count": g.size(), "time_us": g["dur"].sum(), "bytes": g["nbytes"].sum(min_count=1)}
+    )
     return out.rename_axis(["kind", "name"]).reset_index()
 
 
@@ -65,8 +75,13 @@ def _per_step(traces: list[Trace]) -> pd.DataFrame:
     parts = pd.concat([_parts(t, steps) for t in traces])
     per = len(steps) * len(traces)  # rank-steps
     g = parts.groupby(["kind", "name"])
-    return pd.DataFrame({"count": g["count"].sum() / per, "time_ms": g["time_us"].sum() / per / 1e3,
-                         "bytes": g["bytes"].sum(min_count=1) / per}).reset_index()  # fmt: skip
+    return pd.DataFrame(
+        {
+            "count": g["count"].sum() / per,
+            "time_ms": g["time_us"].sum() / per / 1e3,
+            "bytes": g["bytes"].sum(min_count=1) / per,
+        }
+    ).reset_index()
 
 
 def trace_diff(a: list[Trace], b: list[Trace]) -> pd.DataFrame:

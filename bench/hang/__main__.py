@@ -32,8 +32,9 @@ def rank_lines(d) -> list[str]:
             out.append(f"  rank {rank}: no dump")
             continue
         last = df[df["rank"] == rank].groupby("group").tail(1)
-        calls = ", ".join(f"{r.op} #{r.seq} (group {r.group}) at {r.site}"
-                          for r in last.itertuples())  # fmt: skip
+        calls = ", ".join(
+            f"{r.op} #{r.seq} (group {r.group}) at {r.site}" for r in last.itertuples()
+        )
         stacks = dump.stacks or {}
         state = ""
         if stacks:
@@ -50,29 +51,39 @@ def listing(d, folder: Path) -> list[str]:
     entries = [e for r in d.ranks.values() for e in r.record["entries"]]
     stackless = bool(entries) and not any(map(c.has_stacks, entries))
     note = " (no stacks in their entries, as in torch's JSON dumps: no source lines)"
-    return [f"dumps of {len(d.ranks)} of {len(d.world)} ranks in {folder}"
-            f"{note if stackless else ''}:", *rank_lines(d)]  # fmt: skip
+    return [
+        f"dumps of {len(d.ranks)} of {len(d.world)} ranks in {folder}{note if stackless else ''}:",
+        *rank_lines(d),
+    ]
 
 
 def _where(e: BaseException) -> str:
     """``diagnose.py:59``: the innermost line of the suite's own code the error passed."""
-    ours = [f for f in traceback.extract_tb(e.__traceback__)
-            if Path(f.filename).resolve().is_relative_to(_SUITE)]  # fmt: skip
+    ours = [
+        f
+        for f in traceback.extract_tb(e.__traceback__)
+        if Path(f.filename).resolve().is_relative_to(_SUITE)
+    ]
     return f"{os.path.basename(ours[-1].filename)}:{ours[-1].lineno}" if ours else "?"
 
 
 def could_not(folder: Path, e: Exception) -> str:
     """The one line for a diagnosis that failed: what failed and where, so it can be fixed."""
     first = (str(e).strip().splitlines() or [""])[0][:200]
-    return (f"could not diagnose {folder}: {type(e).__name__}{': ' if first else ''}{first} "
-            f"(at {_where(e)}: a bug of bench.hang; please report it with the dumps)")  # fmt: skip
+    return (
+        f"could not diagnose {folder}: {type(e).__name__}{': ' if first else ''}{first} "
+        f"(at {_where(e)}: a bug of bench.hang; please report it with the dumps)"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.hang", description=__doc__.splitlines()[0])
     p.add_argument("folder", type=Path, help="a folder of flight-recorder dumps, one per rank")
-    p.add_argument("--torch", action="store_true",
-                   help="also print the first problem torch's own analyser finds")  # fmt: skip
+    p.add_argument(
+        "--torch",
+        action="store_true",
+        help="also print the first problem torch's own analyser finds",
+    )
     args = p.parse_args(argv)
     try:
         d = load(args.folder)

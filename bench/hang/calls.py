@@ -18,14 +18,30 @@ _TORCH_FRAME = re.compile(
 )
 _TORCH_DIST_FRAME = re.compile(r"[/\\]torch[/\\]distributed[/\\]")
 
-DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16",
-          "Long": "int64", "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8",
-          "Bool": "bool"}  # fmt: skip
+DTYPES = {
+    "Float": "float32",
+    "Double": "float64",
+    "Half": "float16",
+    "BFloat16": "bfloat16",
+    "Long": "int64",
+    "Int": "int32",
+    "Short": "int16",
+    "Char": "int8",
+    "Byte": "uint8",
+    "Bool": "bool",
+}
 
 # Errors that only say a peer stopped answering: the cause is elsewhere.
-_COMM_FAILURES = ("timed out", "connection closed", "connection reset", "read error",
-                  "broken pipe", "interrupted by the watchdog", "dumped by the watchdog",
-                  "communicator was aborted")  # fmt: skip
+_COMM_FAILURES = (
+    "timed out",
+    "connection closed",
+    "connection reset",
+    "read error",
+    "broken pipe",
+    "interrupted by the watchdog",
+    "dumped by the watchdog",
+    "communicator was aborted",
+)
 
 
 def comm_failure(message: str | None) -> bool:
@@ -37,8 +53,11 @@ def comm_failure(message: str | None) -> bool:
 
 def frame(f: dict) -> dict:
     """A frame as the suite's stacks give it (torch's dumps say ``filename``)."""
-    return {"file": str(f.get("file", f.get("filename", "?"))), "line": int(f.get("line", 0)),
-            "name": str(f.get("name", "?"))}  # fmt: skip
+    return {
+        "file": str(f.get("file", f.get("filename", "?"))),
+        "line": int(f.get("line", 0)),
+        "name": str(f.get("name", "?")),
+    }
 
 
 def own_frame(frames: list[dict]) -> dict | None:
@@ -94,15 +113,36 @@ def calls(d: Dumps) -> pd.DataFrame:
             shapes = tuple(tuple(s) for s in e.get("input_sizes") or [])
             dtypes = tuple(DTYPES.get(t, t) for t in e.get("input_dtypes") or [])
             numel = sum(int(pd.Series(s).prod()) if s else 1 for s in shapes)
-            rows.append({
-                "rank": rank, "record": int(e.get("record_id") or 0),
-                "group": str(e["process_group"][0]), "seq": int(seq_id(e)), "op": op,
-                "shapes": shapes, "dtypes": dtypes, "numel": numel,
-                "done": bool(e.get("retired", False)), "time_ns": e.get("time_created_ns") or 0,
-                "site": site(frame), "frame": frame,
-            })  # fmt: skip
-    cols = ["rank", "record", "group", "seq", "op", "shapes", "dtypes", "numel", "done",
-            "time_ns", "site", "frame"]  # fmt: skip
+            rows.append(
+                {
+                    "rank": rank,
+                    "record": int(e.get("record_id") or 0),
+                    "group": str(e["process_group"][0]),
+                    "seq": int(seq_id(e)),
+                    "op": op,
+                    "shapes": shapes,
+                    "dtypes": dtypes,
+                    "numel": numel,
+                    "done": bool(e.get("retired", False)),
+                    "time_ns": e.get("time_created_ns") or 0,
+                    "site": site(frame),
+                    "frame": frame,
+                }
+            )
+    cols = [
+        "rank",
+        "record",
+        "group",
+        "seq",
+        "op",
+        "shapes",
+        "dtypes",
+        "numel",
+        "done",
+        "time_ns",
+        "site",
+        "frame",
+    ]
     df = pd.DataFrame(rows, columns=cols)
     return df.sort_values(["group", "rank", "seq"]).reset_index(drop=True)
 

@@ -105,6 +105,67 @@ def _repeats(t: pd.DataFrame, s: int) -> bool:
     return any(_sig(r, SIG_SITE) == _sig(row, SIG_SITE) for r in t[t.seq < s].itertuples())
 
 
+def _shift(
+    d: Dumps, name: str, per_rank, s: int, cols, at: dict, dev: list, ref: int
+) -> Diagnosis | None:
+    """The "skipped" or "extra" Diagnosis when the deviating ranks' calls from #s on are the
+    others' shifted by one, else None."""
+    first = at[ref]
+    if all(_shifted(per_rank[r], per_rank[ref], s, cols) for r in dev):
+        return Diagnosis(
+            "skipped",
+            f"{_ranks(dev)} never issued {_call(d, first)} that "
+            f"{_ranks(set(at) - set(dev))} issued at {first.site}: "
+            f"{_ranks(dev)}'s calls from #{s} on are the others' from #{s + 1} on",
+            tuple(dev),
+            name,
+            s,
+            first.op,
+            first.site,
+        )
+    if all(_shifted(per_rank[ref], per_rank[r], s, cols) for r in dev):
+        extra = at[dev[0]]
+        return Diagnosis(
+            "extra",
+            f"{_ranks(dev)} issued {_call(d, extra)} at {extra.site} that the others never "
+            f"did: their calls from #{s} on are {_ranks(dev)}'s from #{s + 1} on",
+            tuple(dev),
+            name,
+            s,
+            extra.op,
+            extra.site,
+        )
+    return None
+
+
+def _disagree(d: Dumps, name: str, s: int, at: dict, dev: list, first) -> Diagnosis:
+    """The "disagree" Diagnosis: each distinct call at #s, with the ranks that issued it."""
+    parts = [
+        " ".join(
+            filter(
+                None,
+                [
+                    _ranks([r for r, v in at.items() if _sig(v, SIG) == sig]),
+                    v.op,
+                    _shapes(v),
+                    ",".join(v.dtypes),
+                    f"at {v.site}",
+                ],
+            )
+        )
+        for sig, v in {_sig(v, SIG): v for v in at.values()}.items()
+    ]
+    return Diagnosis(
+        "disagree",
+        f"ranks disagree at collective #{s} ({_group(d, name)}): " + "; ".join(parts),
+        tuple(dev),
+        name,
+        s,
+        first.op,
+        first.site,
+    )
+
+
 def _disagreement(d: Dumps, name: str, per_rank: dict[int, pd.DataFrame]) -> tuple | None:
     """(0, time, Diagnosis) of the group's first disagreement, or None."""
     s_sig = _first_difference(per_rank, SIG)
@@ -119,34 +180,18 @@ def _disagreement(d: Dumps, name: str, per_rank: dict[int, pd.DataFrame]) -> tup
         ref = next(r for r, v in at.items() if _sig(v, cols) == major)
         when = min(v.time_ns for v in at.values())
         first = at[ref]
-        if all(_shifted(per_rank[r], per_rank[ref], s, cols) for r in dev):
-            return 0, when, Diagnosis(
-                "skipped",
-                f"{_ranks(dev)} never issued {_call(d, first)} that {_ranks(set(at) - set(dev))} "
-                f"issued at {first.site}: {_ranks(dev)}'s calls from #{s} on are the others' "
-                f"from #{s + 1} on",
-                tuple(dev), name, s, first.op, first.site)  # fmt: skip
-        if all(_shifted(per_rank[ref], per_rank[r], s, cols) for r in dev):
-            extra = at[dev[0]]
-            return 0, when, Diagnosis(
-                "extra",
-                f"{_ranks(dev)} issued {_call(d, extra)} at {extra.site} that the others never "
-                f"did: their calls from #{s} on are {_ranks(dev)}'s from #{s + 1} on",
-                tuple(dev), name, s, extra.op, extra.site)  # fmt: skip
+        shift = _shift(d, name, per_rank, s, cols, at, dev, ref)
+        if shift is not None:
+            return 0, when, shift
         if cols is SIG_SITE:
             continue  # lines differ, calls agree, no shift: ranks may call from other lines
         longer = [r for r in at if r not in dev and _repeats(per_rank[r], s)]
-        history = {_sig(x, SIG) for r in longer
-                   for x in per_rank[r][per_rank[r].seq < s].itertuples()}  # fmt: skip
+        history = {
+            _sig(x, SIG) for r in longer for x in per_rank[r][per_rank[r].seq < s].itertuples()
+        }
         if longer and all(_sig(at[r], SIG) not in history for r in dev):
             return 0, when, _uneven(d, longer, dev, first, [at[r] for r in dev])
-        parts = [" ".join(filter(None, [_ranks([r for r, v in at.items() if _sig(v, SIG) == sig]),
-                                         v.op, _shapes(v), ",".join(v.dtypes), f"at {v.site}"]))
-                 for sig, v in {_sig(v, SIG): v for v in at.values()}.items()]  # fmt: skip
-        return 0, when, Diagnosis(
-            "disagree",
-            f"ranks disagree at collective #{s} ({_group(d, name)}): " + "; ".join(parts),
-            tuple(dev), name, s, first.op, first.site)  # fmt: skip
+        return 0, when, _disagree(d, name, s, at, dev, first)
     return None
 
 
@@ -160,7 +205,12 @@ def _uneven(d: Dumps, longer, shorter, call, elsewhere) -> Diagnosis:
         f"{_ranks(longer)} began another step ({_call(d, call)} at {call.site}, as in the step "
         f"before) that {_ranks(shorter)} never began ({where}): the ranks ran different numbers "
         f"of steps; uneven data? (DistributedSampler(drop_last=True), or DDP's Join context)",
-        tuple(shorter), call.group, call.seq, call.op, call.site)  # fmt: skip
+        tuple(shorter),
+        call.group,
+        call.seq,
+        call.op,
+        call.site,
+    )
 
 
 def _whereabouts(d: Dumps, df: pd.DataFrame, rank: int, waits: dict[int, object]) -> tuple:
@@ -174,16 +224,19 @@ def _whereabouts(d: Dumps, df: pd.DataFrame, rank: int, waits: dict[int, object]
             c.main_thread_frames(stacks)
         )
         text, error = c.code(frame), str(stacks["error"]).splitlines()[0][:200]
-        return "raised", (f"{_ranks([rank])} raised {error} at {c.site(frame)}"
-                          + (f" ({text})" if text else ""))  # fmt: skip
+        return "raised", (
+            f"{_ranks([rank])} raised {error} at {c.site(frame)}" + (f" ({text})" if text else "")
+        )
     if rank in waits:
         w = waits[rank]
         return "elsewhere", f"{_ranks([rank])} waits in {_call(d, w)} at {w.site}"
     if stacks and not c.in_collective(stacks):
         frame = c.own_frame(c.main_thread_frames(stacks))
         text = c.code(frame)
-        return "own_code", (f"{_ranks([rank])} is in its own code at {c.site(frame)}"
-                            + (f" ({text})" if text else ""))  # fmt: skip
+        return "own_code", (
+            f"{_ranks([rank])} is in its own code at {c.site(frame)}"
+            + (f" ({text})" if text else "")
+        )
     mine = df[df["rank"] == rank]
     if len(mine):  # a tuple, as every row here: a Series' .dtypes is its own, not the column
         last = next(mine.sort_values("time_ns").tail(1).itertuples())
@@ -221,19 +274,29 @@ def diagnose(d: Dumps) -> Diagnosis:
         # The wait that is the cause: the ranks behind it went on to a call that, in every
         # earlier step, came right after a call at this one's line (they skipped it).
         # Otherwise the first wait in time (ranks drift: a weak guide).
-        skipped = bool(behind) and all(r in waits and _skipped(df, r, waits[r], row.site)
-                                       for r in behind)  # fmt: skip
+        skipped = bool(behind) and all(
+            r in waits and _skipped(df, r, waits[r], row.site) for r in behind
+        )
         first = 0 if skipped else 1
-        found.append((first, row.time_ns, _wait(d, df, name, row, waiting, behind, waits,
-                                                skipped)))  # fmt: skip
+        found.append((first, row.time_ns, _wait(d, df, name, row, waiting, behind, waits, skipped)))
     if not found:
         missing = f" (no dump from {_ranks(d.missing)})" if d.missing else ""
-        return Diagnosis("none", f"no hang in the dumps: every group's calls agree and no rank "
-                                 f"waits for another{missing}")  # fmt: skip
+        return Diagnosis(
+            "none",
+            f"no hang in the dumps: every group's calls agree and no rank "
+            f"waits for another{missing}",
+        )
     *_, diag = min(found, key=lambda f: (*f[:-1], f[-1].kind != "disagree"))
     if d.missing and diag.kind != "gone":
-        diag = Diagnosis(diag.kind, f"{diag.line} (no dump from {_ranks(d.missing)})",
-                         diag.ranks, diag.group, diag.seq, diag.op, diag.where)  # fmt: skip
+        diag = Diagnosis(
+            diag.kind,
+            f"{diag.line} (no dump from {_ranks(d.missing)})",
+            diag.ranks,
+            diag.group,
+            diag.seq,
+            diag.op,
+            diag.where,
+        )
     return diag
 
 
@@ -255,36 +318,54 @@ def _wait(d: Dumps, df, name, row, waiting, behind, waits, skipped: bool) -> Dia
     texts = "; ".join(t for _, t in about.values())
     args = (tuple(behind), name, row.seq, row.op, row.site)
     if kinds == {"raised"}:
-        return Diagnosis("raised", f"{texts}, while {_ranks(waiting)} waited in {_call(d, row)} "
-                                   f"at {row.site}", *args)  # fmt: skip
+        return Diagnosis(
+            "raised",
+            f"{texts}, while {_ranks(waiting)} waited in {_call(d, row)} at {row.site}",
+            *args,
+        )
     if kinds == {"own_code"}:
-        return Diagnosis("own_code", f"{texts}, while {_ranks(waiting)} wait"
-                         f"{'s' if len(waiting) == 1 else ''} in {_call(d, row)} at {row.site}",
-                         *args)  # fmt: skip
+        return Diagnosis(
+            "own_code",
+            f"{texts}, while {_ranks(waiting)} wait"
+            f"{'s' if len(waiting) == 1 else ''} in {_call(d, row)} at {row.site}",
+            *args,
+        )
     if kinds == {"gone"}:
         own = df[(df.group == name) & df["rank"].isin(waiting)]
         again = all(_repeats(own[own["rank"] == r], row.seq) for r in waiting)
-        why = ("it finished its loop early (uneven data? DistributedSampler(drop_last=True), or "
-               "DDP's Join context), or crashed" if again else
-               "in that call or before it (a rank that crashes inside a collective leaves no "
-               "dump; gloo aborts one that receives more than its tensor holds: sizes that "
-               "differ)")  # fmt: skip
-        return Diagnosis("gone", (
-            f"{_ranks(behind)} left no dump, while {_ranks(waiting)} wait"
-            f"{'s' if len(waiting) == 1 else ''} in {_call(d, row)} at {row.site}"
-            f"{', as in the step before' if again else ''}: its process ended, {why}"),
-            *args)  # fmt: skip
+        why = (
+            "it finished its loop early (uneven data? DistributedSampler(drop_last=True), or "
+            "DDP's Join context), or crashed"
+            if again
+            else "in that call or before it (a rank that crashes inside a collective leaves no "
+            "dump; gloo aborts one that receives more than its tensor holds: sizes that "
+            "differ)"
+        )
+        return Diagnosis(
+            "gone",
+            (
+                f"{_ranks(behind)} left no dump, while {_ranks(waiting)} wait"
+                f"{'s' if len(waiting) == 1 else ''} in {_call(d, row)} at {row.site}"
+                f"{', as in the step before' if again else ''}: its process ended, {why}"
+            ),
+            *args,
+        )
     line = f"{_ranks(behind)} never issued {_call(d, row)}; {where}; {texts}"
     if skipped:
-        return Diagnosis("skipped", f"{_ranks(behind)} skipped {_call(d, row)}; {where}; "
-                         f"{texts.replace(' waits in ', ' went on to ')}, which in every earlier "
-                         f"step came right after the call at {row.site}", *args)  # fmt: skip
-    cycle = [r for r in behind
-             if r in waits and set(waiting) & set(heads_behind(d, df, waits[r]))]  # fmt: skip
+        return Diagnosis(
+            "skipped",
+            f"{_ranks(behind)} skipped {_call(d, row)}; {where}; "
+            f"{texts.replace(' waits in ', ' went on to ')}, which in every earlier "
+            f"step came right after the call at {row.site}",
+            *args,
+        )
+    cycle = [r for r in behind if r in waits and set(waiting) & set(heads_behind(d, df, waits[r]))]
     if cycle:
         groups = " and ".join(sorted({_group(d, name), _group(d, waits[cycle[0]].group)}))
-        line += (f", which {_ranks(waiting)} never issued: a deadlock across {groups} (their "
-                 f"collectives issued in a different order, or one skipped)")  # fmt: skip
+        line += (
+            f", which {_ranks(waiting)} never issued: a deadlock across {groups} (their "
+            f"collectives issued in a different order, or one skipped)"
+        )
         return Diagnosis("cycle", line, *args)
     return Diagnosis("waits", line, *args)
 

@@ -62,8 +62,9 @@ def _as_list(data) -> list:
 # What torch's TorchScript pickler may name: its typed lists are rebuilt by these functions of
 # ``torch.jit._pickle``, each returning its argument, a list of numbers (the recorder's dumps
 # use untyped lists today: they name nothing). Read as plain lists, torch not imported.
-_ADMITTED = {("torch.jit._pickle", f"build_{kind}list"): _as_list
-             for kind in ("int", "double", "bool")}  # fmt: skip
+_ADMITTED = {
+    ("torch.jit._pickle", f"build_{kind}list"): _as_list for kind in ("int", "double", "bool")
+}
 
 
 class _DumpUnpickler(pickle.Unpickler):
@@ -168,9 +169,15 @@ def load(folder: Path) -> Dumps:
             ranks[rank].stacks = doc
     _check_one_job(folder, ranks)
     # every rank any dump lists (torch's gloo dumps list the world under a nameless group)
-    world = sorted(set(ranks) | {r for d in ranks.values()
-                                 for cfg in _pg_config(d).values()
-                                 for r in _members(cfg.get("ranks"))})  # fmt: skip
+    world = sorted(
+        set(ranks)
+        | {
+            r
+            for d in ranks.values()
+            for cfg in _pg_config(d).values()
+            for r in _members(cfg.get("ranks"))
+        }
+    )
     groups = _groups(ranks, world)
     return Dumps(folder=folder, ranks=ranks, groups=groups, world=world)
 

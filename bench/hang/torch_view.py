@@ -43,9 +43,15 @@ def first_problem(d: Dumps) -> TorchFinding | None:
         for rank, dump in d.ranks.items()
     }
     version = str(next(iter(details.values()))["version"])
-    args = argparse.Namespace(verbose=False, just_print_entries=False, allow_incomplete_ranks=True,
-                              mismatch_cap=10, selected_ranks=None, pg_filters=None,
-                              print_stack_trace=False)  # fmt: skip
+    args = argparse.Namespace(
+        verbose=False,
+        just_print_entries=False,
+        allow_incomplete_ranks=True,
+        mismatch_cap=10,
+        selected_ranks=None,
+        pg_filters=None,
+        print_stack_trace=False,
+    )
     log = logging.getLogger("Flight Recorder")
     level, log.level = log.level, logging.CRITICAL  # its own report goes to the console
     try:
@@ -59,10 +65,12 @@ def first_problem(d: Dumps) -> TorchFinding | None:
         if not coll.pass_check:
             state = coll.type_of_mismatch
             return TorchFinding(
-                group=str(coll.group_id), seq=int(coll.collective_seq_id),
+                group=str(coll.group_id),
+                seq=int(coll.collective_seq_id),
                 name=str(coll.collective_name).split(":")[-1],
                 missing_ranks=tuple(sorted(coll.missing_ranks or ())),
-                mismatch=state._state.name if state is not None else "")  # fmt: skip
+                mismatch=state._state.name if state is not None else "",
+            )
     return None
 
 

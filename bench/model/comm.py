@@ -192,8 +192,17 @@ def fit_collective(rows: pd.DataFrame, *, backend: str, impl: str, collective: s
             "outlier": ~keep,
         }
     )
-    return Fit(backend, impl, collective, algo, float(alpha), float(beta), r2_log(t, pred),
-               residuals, refit_intervals(X, t, s, samples))  # fmt: skip
+    return Fit(
+        backend,
+        impl,
+        collective,
+        algo,
+        float(alpha),
+        float(beta),
+        r2_log(t, pred),
+        residuals,
+        refit_intervals(X, t, s, samples),
+    )
 
 
 @dataclass

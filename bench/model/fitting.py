@@ -79,9 +79,16 @@ def refit_intervals(
         coefs = np.array([fit_relative(X, row, s)[0] for row in times])
         return coefs.T.reshape(2, *batch)
 
-    res = stats.bootstrap(data, refit, n_resamples=RESAMPLES, vectorized=True, paired=False,
-                          confidence_level=CONFIDENCE, method="percentile",
-                          random_state=np.random.default_rng(SEED))  # fmt: skip
+    res = stats.bootstrap(
+        data,
+        refit,
+        n_resamples=RESAMPLES,
+        vectorized=True,
+        paired=False,
+        confidence_level=CONFIDENCE,
+        method="percentile",
+        random_state=np.random.default_rng(SEED),
+    )
     return res.bootstrap_distribution.T
 
 

@@ -73,6 +73,46 @@ class Timeline:
         }
 
 
+_EPS = 1e-12  # tolerance on remaining work: an operation within it of zero has finished
+
+
+def _advance_stream(
+    ops: list[Op], pc: int, now: float, issued: set[str], queue: list[Issue], done: dict
+) -> tuple[int, tuple[float, float, str] | None, str | None]:
+    """Advance the main stream from op ``pc`` through everything that takes no time, up to a
+    computation or a wait for an unfinished collective: (next op, the computation started as
+    (remaining ms, started at, label) or None, the collective waited for or None)."""
+    while pc < len(ops):
+        op = ops[pc]
+        pc += 1
+        if isinstance(op, Compute):
+            if op.ms > 0:
+                return pc, (op.ms, now, op.label), None
+        elif isinstance(op, Issue):
+            if op.name in issued:
+                raise ValueError(f"collective {op.name!r} issued twice")
+            issued.add(op.name)
+            queue.append(op)
+        else:
+            if op.name not in issued:
+                raise ValueError(f"wait for {op.name!r}, which was never issued")
+            if op.name not in done:
+                return pc, None, op.name
+    return pc, None, None
+
+
+def _run_compute(
+    busy: tuple[float, float, str], work: float, ends: bool, now: float, tl: Timeline
+) -> tuple[float, float, str] | None:
+    """The computation in progress after ``work`` ms of it ran: None once it is over (ended at
+    ``now``, recorded in ``tl``), else what remains of it."""
+    rem = busy[0] - work
+    if rem <= _EPS * max(1.0, busy[0]) or ends:
+        tl.compute.append((busy[1], now, busy[2]))
+        return None
+    return (rem, busy[1], busy[2])
+
+
 def simulate(program: list[Op], *, share: float = 1.0) -> Timeline:
     """Run a program (see the module docstring) and return its two timelines.
 
@@ -93,25 +133,9 @@ def simulate(program: list[Op], *, share: float = 1.0) -> Timeline:
     running: list = []  # [remaining ms, started at, name] of the collective in flight
     done: dict[str, float] = {}
     issued: set[str] = set()
-    eps = 1e-12
     while True:
-        # Advance the main stream through everything that takes no time.
-        while busy is None and waiting is None and pc < len(ops):
-            op = ops[pc]
-            pc += 1
-            if isinstance(op, Compute):
-                if op.ms > 0:
-                    busy = (op.ms, now, op.label)
-            elif isinstance(op, Issue):
-                if op.name in issued:
-                    raise ValueError(f"collective {op.name!r} issued twice")
-                issued.add(op.name)
-                queue.append(op)
-            else:
-                if op.name not in issued:
-                    raise ValueError(f"wait for {op.name!r}, which was never issued")
-                if op.name not in done:
-                    waiting = op.name
+        if busy is None and waiting is None:
+            pc, busy, waiting = _advance_stream(ops, pc, now, issued, queue, done)
         if not running and queue:
             nxt = queue.pop(0)
             if nxt.ms > 0:
@@ -133,15 +157,10 @@ def simulate(program: list[Op], *, share: float = 1.0) -> Timeline:
         dt = min(dt_c, dt_m)
         now += dt
         if busy is not None:
-            rem = busy[0] - dt * rate
-            if rem <= eps * max(1.0, busy[0]) or dt == dt_c:
-                tl.compute.append((busy[1], now, busy[2]))
-                busy = None
-            else:
-                busy = (rem, busy[1], busy[2])
+            busy = _run_compute(busy, dt * rate, dt == dt_c, now, tl)
         if running:
             running[0] -= dt * rate
-            if running[0] <= eps * 1e3 or dt == dt_m:
+            if running[0] <= _EPS * 1e3 or dt == dt_m:
                 tl.comm.append((running[1], now, running[2]))
                 done[running[2]] = now
                 if waiting == running[2]:

@@ -90,15 +90,21 @@ def _predict(comm, prof, point, world_sizes, share, speedup, buckets_mb) -> pd.D
         base = replace(base, world=n)
         default = replace(base, knobs={"bucket_cap_mb": DEFAULT_BUCKET_MB}, first_bucket_mb=1.0)
         ddp_choices = [(DEFAULT_DDP, default)]
-        ddp_choices += [(f"ddp bucket_cap_mb={mb:g}", replace(base, knobs={"bucket_cap_mb": mb}))
-                        for mb in buckets_mb]  # fmt: skip
+        ddp_choices += [
+            (f"ddp bucket_cap_mb={mb:g}", replace(base, knobs={"bucket_cap_mb": mb}))
+            for mb in buckets_mb
+        ]
         for name, case in ddp_choices:
             tl = sch.simulate(ddp(case, prof, comm, n), share=share)
             rows.append(_row(n, name, tl, prof.total_ms, psi, "NO_SHARD"))
         for sharding in SHARDINGS:
             # native fully_shard: its reductions do not block computation
-            case = replace(base, schedule="fsdp", facts={**base.facts, "reduce_blocks": False},
-                           knobs={"sharding_strategy": sharding})  # fmt: skip
+            case = replace(
+                base,
+                schedule="fsdp",
+                facts={**base.facts, "reduce_blocks": False},
+                knobs={"sharding_strategy": sharding},
+            )
             held = zero_state_bytes(psi, n, sharding) / zero_state_bytes(psi, n, "NO_SHARD")
             # the optimiser steps over the rank's share of the state
             p = replace(prof, after_ms=prof.after_ms * held) if sharding != "NO_SHARD" else prof
@@ -154,8 +160,12 @@ def load_compute(collectives: list[Path], compute: Path, *, model: str | None = 
     runs = read_training_runs([compute])
     check_compatible(meta, collectives[0], runs)
     run_dir, run_meta, ok, records = runs[0]
-    points = ok[[records[p].schedule == "ddp" and records[p].knobs.get("comm_hook") in
-                 (None, "none") for p in ok["point"]]]  # fmt: skip
+    points = ok[
+        [
+            records[p].schedule == "ddp" and records[p].knobs.get("comm_hook") in (None, "none")
+            for p in ok["point"]
+        ]
+    ]
     if points.empty:
         raise FitError(f"--compute {run_dir} has no ok DDP points (run --sweep bucket_cap_mb)")
     model = model or points.sort_values("grad_bytes")["model"].iloc[-1]

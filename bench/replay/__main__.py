@@ -28,25 +28,43 @@ IMPLS = ("native", "reference")
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.replay", description=__doc__.splitlines()[0])
     p.add_argument("trace_dir", type=Path, help="the job's per-rank traces (*.pt.trace.json[.gz])")
-    p.add_argument("--steps", type=int, default=None,
-                   help="replay the first K profiler steps present on every rank (default all)")
-    p.add_argument("--impl", default="native",
-                   help="native, reference, both (comma list), or none: price only")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="replay the first K profiler steps present on every rank (default all)",
+    )
+    p.add_argument(
+        "--impl", default="native", help="native, reference, both (comma list), or none: price only"
+    )
     p.add_argument("--reps", type=int, default=10, help="timed passes over each step")
     p.add_argument("--warmup", type=int, default=2, help="untimed passes first")
-    p.add_argument("--link", action="append", default=[],
-                   help="price on a link: presets (comma list) or alpha=SECONDS,beta=S_PER_BYTE")
-    p.add_argument("--collectives", type=Path, default=None,
-                   help="price with this machine's fitted costs: a --sweep message_size run")
+    p.add_argument(
+        "--link",
+        action="append",
+        default=[],
+        help="price on a link: presets (comma list) or alpha=SECONDS,beta=S_PER_BYTE",
+    )
+    p.add_argument(
+        "--collectives",
+        type=Path,
+        default=None,
+        help="price with this machine's fitted costs: a --sweep message_size run",
+    )
     p.add_argument("--out", type=Path, default=None, help="the run folder to write")
     p.add_argument("--reports-dir", type=Path, default=Path("reports"))
     p.add_argument("--no-report", action="store_true")
     p.add_argument("--backend", default="auto", choices=("auto", "gloo", "nccl", "gloo-cuda"))
-    p.add_argument("--timeout-s", type=float, default=120.0,
-                   help="seconds a replayed collective may wait")
-    p.add_argument("--nproc-per-node", type=int, default=None,
-                   help="without torchrun: start this many ranks here")
-    return p  # fmt: skip
+    p.add_argument(
+        "--timeout-s", type=float, default=120.0, help="seconds a replayed collective may wait"
+    )
+    p.add_argument(
+        "--nproc-per-node",
+        type=int,
+        default=None,
+        help="without torchrun: start this many ranks here",
+    )
+    return p
 
 
 def _impls(text: str) -> list[str]:
@@ -93,11 +111,15 @@ def main(argv: list[str] | None = None) -> int:
         return run.price_only(args, argv, seq, costs)
     if not launched_by_torchrun():
         if args.nproc_per_node is None:
-            fail("not launched by torchrun: add --nproc-per-node N, or run `torchrun "
-                 f"--standalone --nproc_per_node=N -m bench.replay {' '.join(argv)}`")
+            fail(
+                "not launched by torchrun: add --nproc-per-node N, or run `torchrun "
+                f"--standalone --nproc_per_node=N -m bench.replay {' '.join(argv)}`"
+            )
         if args.nproc_per_node < seq.ranks_needed:
-            fail(f"the traced calls span {seq.ranks_needed} ranks, {args.nproc_per_node} "
-                 f"asked: launch at least {seq.ranks_needed}")  # fmt: skip
+            fail(
+                f"the traced calls span {seq.ranks_needed} ranks, {args.nproc_per_node} "
+                f"asked: launch at least {seq.ranks_needed}"
+            )
         return self_launch(args.nproc_per_node, strip_nproc(argv), ["-m", "bench.replay"])
     from bench.runner.faults import launcher
     from bench.runner.session.distenv import init_distributed
@@ -105,8 +127,10 @@ def main(argv: list[str] | None = None) -> int:
     env = init_distributed(backend=args.backend, timeout_s=max(300.0, 3 * args.timeout_s))
     launcher.watch(env.rank)  # a rank whose launcher dies without a word leaves too
     if env.world_size < seq.ranks_needed:
-        fail(f"the traced calls span {seq.ranks_needed} ranks, {env.world_size} launched: "
-             f"launch at least {seq.ranks_needed}")  # fmt: skip
+        fail(
+            f"the traced calls span {seq.ranks_needed} ranks, {env.world_size} launched: "
+            f"launch at least {seq.ranks_needed}"
+        )
     for note in seq.notes:
         if env.is_main:
             print(f"note: {note}", flush=True)

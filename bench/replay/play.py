@@ -81,8 +81,9 @@ def _buffers(row: dict, group, device: torch.device):
     return coll.impl, inp, out, expected, op
 
 
-def replay(calls: list[dict], impl: str, groups: Groups, env: DistEnv, *, warmup: int,
-           reps: int) -> tuple[list[dict], np.ndarray]:  # fmt: skip
+def replay(
+    calls: list[dict], impl: str, groups: Groups, env: DistEnv, *, warmup: int, reps: int
+) -> tuple[list[dict], np.ndarray]:
     """Replay ``calls`` (one step, issue order; SEQUENCE rows); return per call this rank's
     outcome ({"error", "wrong"}) and its durations (reps x calls, seconds; NaN where this rank
     is not in the call's group or the call was not replayed)."""
@@ -106,8 +107,9 @@ def replay(calls: list[dict], impl: str, groups: Groups, env: DistEnv, *, warmup
     failed = [next((e[i] for e in errors if e[i]), "") for i in range(len(calls))]
     if any(failed) and any(not why_not(c) and failed[i] for i, c in enumerate(calls)):
         groups.renew()  # a failed call may leave its group unusable
-        prepared = [None if failed[i] else _rebind(p, groups, calls[i])
-                    for i, p in enumerate(prepared)]  # fmt: skip
+        prepared = [
+            None if failed[i] else _rebind(p, groups, calls[i]) for i, p in enumerate(prepared)
+        ]
     durations = np.full((reps, len(calls)), np.nan)
     for r in range(warmup + reps):
         for i, p in enumerate(prepared):
@@ -148,11 +150,15 @@ def gather_times(outcome: list[dict], durations: np.ndarray) -> tuple[pd.DataFra
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns: calls not replayed
         fastest = np.nanmin(stack, axis=0)  # reps x calls
         slowest = np.nanmax(stack, axis=0)
-        table = pd.DataFrame({
-            "time_us": np.nanmedian(fastest, axis=0) * 1e6,
-            "time_us_max": np.nanmedian(slowest, axis=0) * 1e6,
-            "wrong": [sum(o[i]["wrong"] for o, _ in everyone) for i in range(stack.shape[2])],
-        })  # fmt: skip
-    errors = [next((o[i]["error"] for o, _ in everyone if o[i]["error"]), "")
-              for i in range(stack.shape[2])]  # fmt: skip
+        table = pd.DataFrame(
+            {
+                "time_us": np.nanmedian(fastest, axis=0) * 1e6,
+                "time_us_max": np.nanmedian(slowest, axis=0) * 1e6,
+                "wrong": [sum(o[i]["wrong"] for o, _ in everyone) for i in range(stack.shape[2])],
+            }
+        )
+    errors = [
+        next((o[i]["error"] for o, _ in everyone if o[i]["error"]), "")
+        for i in range(stack.shape[2])
+    ]
     return table, errors

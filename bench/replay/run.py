@@ -41,8 +41,9 @@ def step_calls(seq: JobSequence) -> dict[int, pd.DataFrame]:
     for step, rows in first.groupby("step", sort=True):
         rows = rows.sort_values("index").reset_index(drop=True)
         at = times.loc[[(step, i) for i in rows["index"]]]
-        out[int(step)] = rows.assign(traced_us=at["min"].to_numpy(),
-                                     traced_us_max=at["max"].to_numpy())  # fmt: skip
+        out[int(step)] = rows.assign(
+            traced_us=at["min"].to_numpy(), traced_us_max=at["max"].to_numpy()
+        )
     return out
 
 
@@ -51,15 +52,23 @@ def base_row(c: dict, step: int, env_backend: str, device: str) -> dict:
     known = not pd.isna(c["count"])
     size = play.registry_count(c["op"], c["nbytes"], n)  # S: the trace's bytes, all-gather's x n
     return {
-        "sweep": "replay", "kind": "call", "step": step, "index": int(c["index"]),
-        "op": c["op"], "dtype": c["dtype"], "count": int(c["count"]) if known else np.nan,
+        "sweep": "replay",
+        "kind": "call",
+        "step": step,
+        "index": int(c["index"]),
+        "op": c["op"],
+        "dtype": c["dtype"],
+        "count": int(c["count"]) if known else np.nan,
         "size_bytes": size,
-        "group": str(c["group"]), "group_size": n,
+        "group": str(c["group"]),
+        "group_size": n,
         "group_ranks": " ".join(map(str, c["group_ranks"])),
-        "traced_us": c["traced_us"], "traced_us_max": c["traced_us_max"],
+        "traced_us": c["traced_us"],
+        "traced_us_max": c["traced_us_max"],
         "traced_busbw_GBps": busbw_gbps(c["op"], size, n, c["traced_us"]),
-        "backend": env_backend, "device": device,
-    }  # fmt: skip
+        "backend": env_backend,
+        "device": device,
+    }
 
 
 def total_row(rows: list[dict], head: dict) -> dict:
@@ -67,17 +76,21 @@ def total_row(rows: list[dict], head: dict) -> dict:
     ok = [r for r in rows if r.get("status") == "ok"]
     return {
         **{k: head[k] for k in ("sweep", "source", "impl", "link", "step", "backend", "device")},
-        "kind": "step", "op": "step total", "status": "ok" if ok else "error",
+        "kind": "step",
+        "op": "step total",
+        "status": "ok" if ok else "error",
         "error": "" if ok else "no call of the step was costed",
         "traced_us": float(np.nansum([r["traced_us"] for r in rows])),
         "time_us": float(np.nansum([r["time_us"] for r in ok])) if ok else np.nan,
-        "count": len(ok), "wrong": sum(int(r.get("wrong") or 0) for r in ok),
+        "count": len(ok),
+        "wrong": sum(int(r.get("wrong") or 0) for r in ok),
         "point": f"{head['point'].rsplit('-', 1)[0]}-total",
-    }  # fmt: skip
+    }
 
 
-def priced_rows(steps: dict[int, pd.DataFrame], costs: list[tuple[str, object]], backend: str,
-                device: str) -> list[dict]:  # fmt: skip
+def priced_rows(
+    steps: dict[int, pd.DataFrame], costs: list[tuple[str, object]], backend: str, device: str
+) -> list[dict]:
     out = []
     for label, model in costs:
         for step, calls in steps.items():
@@ -85,52 +98,88 @@ def priced_rows(steps: dict[int, pd.DataFrame], costs: list[tuple[str, object]],
             for c in calls.to_dict("records"):
                 row = base_row(c, step, backend, device)
                 t, why = price.priced_us(model, c["op"], row["size_bytes"], row["group_size"])
-                row.update(source="priced", impl="", link=label, time_us=t,
-                           busbw_GBps=busbw_gbps(c["op"], row["size_bytes"], row["group_size"], t),
-                           status="unsupported" if why else "ok", error=why,
-                           point=f"priced-{label}-s{step}-{row['index']}")  # fmt: skip
+                row.update(
+                    source="priced",
+                    impl="",
+                    link=label,
+                    time_us=t,
+                    busbw_GBps=busbw_gbps(c["op"], row["size_bytes"], row["group_size"], t),
+                    status="unsupported" if why else "ok",
+                    error=why,
+                    point=f"priced-{label}-s{step}-{row['index']}",
+                )
                 rows.append(row)
             out += [*rows, total_row(rows, rows[0])] if rows else []
     return out
 
 
-def replayed_rows(steps: dict[int, pd.DataFrame], impl: str, groups: play.Groups, env: DistEnv,
-                  args: argparse.Namespace, write) -> None:  # fmt: skip
+def replayed_rows(
+    steps: dict[int, pd.DataFrame],
+    impl: str,
+    groups: play.Groups,
+    env: DistEnv,
+    args: argparse.Namespace,
+    write,
+) -> None:
     """Replay every step with ``impl``; rank 0 writes each step's rows as they are made."""
     for step, calls in steps.items():
         records = calls.to_dict("records")
-        outcome, durations = play.replay(records, impl, groups, env, warmup=args.warmup,
-                                         reps=args.reps)  # fmt: skip
+        outcome, durations = play.replay(
+            records, impl, groups, env, warmup=args.warmup, reps=args.reps
+        )
         table, errors = play.gather_times(outcome, durations)
         rows = []
         for c, (_, t), err in zip(records, table.iterrows(), errors, strict=True):
             row = base_row(c, step, env.backend, env.device.type)
             unsupported = err.startswith("not replayed")
-            row.update(source="replayed", impl=impl, link="", reps=args.reps,
-                       status="unsupported" if unsupported else "error" if err else "ok",
-                       error=err, point=f"{impl}-s{step}-{row['index']}")  # fmt: skip
+            row.update(
+                source="replayed",
+                impl=impl,
+                link="",
+                reps=args.reps,
+                status="unsupported" if unsupported else "error" if err else "ok",
+                error=err,
+                point=f"{impl}-s{step}-{row['index']}",
+            )
             if not err:
-                row.update(time_us=t["time_us"], time_us_max=t["time_us_max"],
-                           wrong=int(t["wrong"]),
-                           busbw_GBps=busbw_gbps(c["op"], row["size_bytes"], row["group_size"],
-                                             t["time_us"]))  # fmt: skip
+                row.update(
+                    time_us=t["time_us"],
+                    time_us_max=t["time_us_max"],
+                    wrong=int(t["wrong"]),
+                    busbw_GBps=busbw_gbps(
+                        c["op"], row["size_bytes"], row["group_size"], t["time_us"]
+                    ),
+                )
             rows.append(row)
         for row in [*rows, total_row(rows, rows[0])]:
             write(row)
 
 
-def meta_of(args, argv, seq: JobSequence, env_backend: str, device: str, run_dir: Path,
-            world: int) -> dict:  # fmt: skip
+def meta_of(
+    args, argv, seq: JobSequence, env_backend: str, device: str, run_dir: Path, world: int
+) -> dict:
     return {
-        "schema_version": SCHEMA_VERSION, "kind": "replay", "tradeoff": False,
-        "run_id": run_dir.name, "sweep": "replay", "argv": argv,
-        "trace_dir": str(args.trace_dir), "traced_world_size": seq.world_size,
-        "traced_ranks": list(seq.ranks), "assumed_spmd": seq.assumed_spmd,
-        "steps": list(seq.steps), "notes": list(seq.notes), "world_size": world,
-        "backend": env_backend, "device": device, "torch_version": torch.__version__,
-        "git_commit": git_commit(REPO), "start_time": utc_now(), "end_time": None,
+        "schema_version": SCHEMA_VERSION,
+        "kind": "replay",
+        "tradeoff": False,
+        "run_id": run_dir.name,
+        "sweep": "replay",
+        "argv": argv,
+        "trace_dir": str(args.trace_dir),
+        "traced_world_size": seq.world_size,
+        "traced_ranks": list(seq.ranks),
+        "assumed_spmd": seq.assumed_spmd,
+        "steps": list(seq.steps),
+        "notes": list(seq.notes),
+        "world_size": world,
+        "backend": env_backend,
+        "device": device,
+        "torch_version": torch.__version__,
+        "git_commit": git_commit(REPO),
+        "start_time": utc_now(),
+        "end_time": None,
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-    }  # fmt: skip
+    }
 
 
 class Writer:
@@ -161,12 +210,16 @@ def summary(run_dir: Path) -> str:
     lines = []
     for r in steps.itertuples():
         how = r.impl if isinstance(r.impl, str) and r.impl else r.link
-        lines.append(f"step {r.step}: traced {r.traced_us / 1e3:.2f} ms, {r.source} ({how}) "
-                     f"{r.time_us / 1e3:.2f} ms over {r.count} calls"
-                     + (f", {r.wrong} wrong" if r.wrong else ""))  # fmt: skip
+        lines.append(
+            f"step {r.step}: traced {r.traced_us / 1e3:.2f} ms, {r.source} ({how}) "
+            f"{r.time_us / 1e3:.2f} ms over {r.count} calls"
+            + (f", {r.wrong} wrong" if r.wrong else "")
+        )
     bad = df[(df["kind"] == "call") & (df["status"] != "ok")].drop_duplicates("error")
-    lines += [f"  call {int(r.index)} of step {r.step} ({r.op}): {r.status}: {r.error}"
-              for r in bad.itertuples()]  # fmt: skip
+    lines += [
+        f"  call {int(r.index)} of step {r.step} ({r.op}): {r.status}: {r.error}"
+        for r in bad.itertuples()
+    ]
     return "\n".join(lines)
 
 
@@ -194,9 +247,12 @@ def replay_everywhere(args, argv, seq: JobSequence, costs, env: DistEnv) -> int:
     steps = step_calls(seq)
     writer = None
     if env.is_main:
-        writer = Writer(run_dir_of(args), meta_of(args, argv, seq, env.backend,
-                                                  env.device.type, run_dir_of(args),
-                                                  env.world_size))  # fmt: skip
+        writer = Writer(
+            run_dir_of(args),
+            meta_of(
+                args, argv, seq, env.backend, env.device.type, run_dir_of(args), env.world_size
+            ),
+        )
     groups = play.Groups(rank_lists(steps), args.timeout_s)
     for impl in args.impls:
         replayed_rows(steps, impl, groups, env, args, writer or (lambda _row: None))

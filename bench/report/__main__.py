@@ -15,7 +15,7 @@ from bench.runfolder.folder import read_run
 from bench.runfolder.points import RunFolderError
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.report")
     p.add_argument("run_dir", type=Path)
     p.add_argument("--reports-dir", type=Path, default=Path("reports"))
@@ -59,7 +59,25 @@ def main(argv: list[str] | None = None) -> int:
         help="instead of the report: the point's traces as an interactive timeline that needs "
         "no network, every rank's threads and streams (reports/<run>-<point>-trace.html)",
     )
-    args = p.parse_args(argv)
+    return p
+
+
+def _print_comparison(cmp, fail_on_regression: bool) -> int:
+    """Print the comparison with the baseline; 1 when a point regressed and that fails the run."""
+    slower = cmp[cmp["regression"]]
+    print(
+        f"{len(cmp)} points compared: {(cmp['verdict'] == 'faster').sum()} faster, "
+        f"{len(slower)} slower, {(cmp['verdict'] == 'tied').sum()} tied (95 %)"
+        + "".join(
+            f"\n  slower: {r.point} x{r.ratio:.3f} [{r.low:.3f}, {r.high:.3f}]"
+            for r in slower.itertuples()
+        )
+    )
+    return 1 if fail_on_regression and len(slower) else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     try:
         if args.diff or args.view:
             run = read_run(args.run_dir)
@@ -68,24 +86,20 @@ def main(argv: list[str] | None = None) -> int:
             if args.view:
                 print(f"trace view: {write_view(run, args.view, args.reports_dir)}")
             return 0
-        out, cmp = write_report(args.run_dir, args.reports_dir, args.baseline, args.collectives,
-                                args.timelines, args.definitions)  # fmt: skip
+        out, cmp = write_report(
+            args.run_dir,
+            args.reports_dir,
+            args.baseline,
+            args.collectives,
+            args.timelines,
+            args.definitions,
+        )
     except (RunFolderError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"report: {out}")
     if cmp is not None:
-        slower = cmp[cmp["regression"]]
-        print(
-            f"{len(cmp)} points compared: {(cmp['verdict'] == 'faster').sum()} faster, "
-            f"{len(slower)} slower, {(cmp['verdict'] == 'tied').sum()} tied (95 %)"
-            + "".join(
-                f"\n  slower: {r.point} x{r.ratio:.3f} [{r.low:.3f}, {r.high:.3f}]"
-                for r in slower.itertuples()
-            )
-        )
-        if args.fail_on_regression and len(slower):
-            return 1
+        return _print_comparison(cmp, args.fail_on_regression)
     return 0
 
 

@@ -79,8 +79,9 @@ def headline(verdicts: pd.DataFrame, knob: str, second: str | None, rounds: int)
     return "<br>".join(lines)
 
 
-def confidence_section(meta: dict, results: pd.DataFrame, samples: pd.DataFrame,
-                       noise: pd.DataFrame) -> list[str]:  # fmt: skip
+def confidence_section(
+    meta: dict, results: pd.DataFrame, samples: pd.DataFrame, noise: pd.DataFrame
+) -> list[str]:
     """How sure the run is: rounds, stops, the noise floor, and rounds that disagree."""
     cfg = meta.get("config", {})
     rounds = int(results["rounds"].max()) if "rounds" in results and len(results) else 1

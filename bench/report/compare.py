@@ -22,9 +22,20 @@ from bench.stats.intervals import CONFIDENCE
 from bench.stats.ties import adjusted
 
 COMPARE_COLUMNS = [
-    "point", "impl", "label", "new_ms", "old_ms", "ratio", "low", "high", "p_value", "verdict",
-    "regression", "rounds_new", "rounds_old",
-]  # fmt: skip
+    "point",
+    "impl",
+    "label",
+    "new_ms",
+    "old_ms",
+    "ratio",
+    "low",
+    "high",
+    "p_value",
+    "verdict",
+    "regression",
+    "rounds_new",
+    "rounds_old",
+]
 TIED = "tied"
 
 
@@ -43,10 +54,12 @@ def compare(
     ok_old = set(old.loc[old["status"] == "ok", "point"]) if len(old) else set()
     ok_new = new[new["status"] == "ok"] if len(new) else new
     both = [p for p in ok_new["point"] if p in ok_old] if len(ok_new) else []
-    a = run_estimates(new_samples[new_samples["point"].isin(both)], new_noise,
-                      within_run=False, pool="new")  # fmt: skip
-    b = run_estimates(old_samples[old_samples["point"].isin(both)], old_noise,
-                      within_run=False, pool="old")  # fmt: skip
+    a = run_estimates(
+        new_samples[new_samples["point"].isin(both)], new_noise, within_run=False, pool="new"
+    )
+    b = run_estimates(
+        old_samples[old_samples["point"].isin(both)], old_noise, within_run=False, pool="old"
+    )
     both = [p for p in both if p in a and p in b]
     each = adjusted(confidence, len(both))
     rows = []
@@ -58,11 +71,21 @@ def compare(
         if x.separable:
             verdict = "faster" if x.high < 1 else "slower"
         label = getattr(r, "model", None) or getattr(r, "collective", "")
-        rows.append({
-            "point": r.point, "impl": r.impl, "label": label, "new_ms": a[r.point].value,
-            "old_ms": b[r.point].value, "ratio": x.ratio, "low": x.low, "high": x.high,
-            "p_value": x.p if math.isfinite(x.p) else np.nan, "verdict": verdict,
-            "regression": verdict == "slower", "rounds_new": a[r.point].rounds,
-            "rounds_old": b[r.point].rounds,
-        })  # fmt: skip
+        rows.append(
+            {
+                "point": r.point,
+                "impl": r.impl,
+                "label": label,
+                "new_ms": a[r.point].value,
+                "old_ms": b[r.point].value,
+                "ratio": x.ratio,
+                "low": x.low,
+                "high": x.high,
+                "p_value": x.p if math.isfinite(x.p) else np.nan,
+                "verdict": verdict,
+                "regression": verdict == "slower",
+                "rounds_new": a[r.point].rounds,
+                "rounds_old": b[r.point].rounds,
+            }
+        )
     return pd.DataFrame(rows, columns=COMPARE_COLUMNS)

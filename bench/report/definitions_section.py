@@ -15,8 +15,17 @@ from bench.analysis.reader import TraceError
 from bench.report.tables import html_table
 from bench.runfolder.folder import Run
 
-COLUMNS = ["point", "rank", "steps", "kernel_time_us", "idle_pct", "compute_pct",
-           "non_compute_pct", "comm_comp_overlap_pct", "gpu_util_pct"]  # fmt: skip
+COLUMNS = [
+    "point",
+    "rank",
+    "steps",
+    "kernel_time_us",
+    "idle_pct",
+    "compute_pct",
+    "non_compute_pct",
+    "comm_comp_overlap_pct",
+    "gpu_util_pct",
+]
 CAPTION = (
     "Per point and rank, HolisticTraceAnalysis's temporal breakdown and communication-"
     "computation overlap, exactly as it computes them (its last step left out)"
@@ -53,8 +62,10 @@ def definitions_sections(run: Run, definitions: str) -> list[str]:
     if len(gpu):
         parts.append(html_table(gpu, COLUMNS, CAPTION))
     else:
-        parts.append("<p>No point has figures under HTA's definitions: HTA figures GPU kernels "
-                     "only, and these traces have none.</p>")  # fmt: skip
+        parts.append(
+            "<p>No point has figures under HTA's definitions: HTA figures GPU kernels "
+            "only, and these traces have none.</p>"
+        )
     if notes:
         parts.append("<ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>")
     return parts

@@ -19,7 +19,7 @@ COMPUTE_SHARE_TARGET = 80.0
 GPU_UTIL_TARGET = 90.0
 
 
-def _png(fig, alt: str) -> str:
+def png(fig, alt: str) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
     plt.close(fig)
@@ -57,8 +57,9 @@ def step_time_figure(ok: pd.DataFrame, sweep: str, second: str | None = None) ->
     seconds = list(dict.fromkeys(ok["value2"])) if grid else [None]
     panels = [(m, v) if grid else (m,) for m in models for v in seconds]
     rows, cols = (len(models), len(seconds)) if grid else (1, len(models))
-    fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols, 3.8 * rows), squeeze=False,
-                             layout="constrained")  # fmt: skip
+    fig, axes = plt.subplots(
+        rows, cols, figsize=(5.5 * cols, 3.8 * rows), squeeze=False, layout="constrained"
+    )
     for ax, panel in zip(axes.flat, panels, strict=True):
         sel = np.logical_and.reduce([ok[k] == v for k, v in zip(keys, panel, strict=True)])
         here = ok[sel]
@@ -86,7 +87,7 @@ def step_time_figure(ok: pd.DataFrame, sweep: str, second: str | None = None) ->
         ax.grid(alpha=0.3)
         ax.legend()
     per = f"model and {second}" if grid else "model"
-    return _png(
+    return png(
         fig,
         f"Typical step time (the geometric mean of the rounds' medians) with its 95 % interval, "
         f"against {sweep.split(',')[0]}, one panel per {per}, one line per implementation.",
@@ -151,7 +152,7 @@ def breakdown_figure(ok: pd.DataFrame) -> str:
         ax.grid(axis="x", alpha=0.3)
     axes[-1, 0].set_xlabel("ms per step (traced steps, mean over ranks)")
     axes[0, 0].legend(fontsize=7, loc="lower left", bbox_to_anchor=(0, 1.08), ncol=2)
-    return _png(
+    return png(
         fig,
         "Where each point's step goes: computation alone, communication overlapped "
         "with computation, exposed communication, memory copies and other device work, and "
@@ -187,7 +188,7 @@ def memory_figure(ok: pd.DataFrame) -> str:
             ax.grid(axis="y", alpha=0.3)
             ax.legend(fontsize=7)
     fig.tight_layout()
-    return _png(
+    return png(
         fig,
         "Memory per point: what each rank holds (parameters, gradients, "
         "optimiser state) next to the ZeRO paper's figure, and the peak of tensor memory "
@@ -209,15 +210,22 @@ def comm_figure(ok: pd.DataFrame, sweep: str) -> str:
             gi = g[g["impl"] == impl]
             x = [names.index(v) + (k - (len(impls) - 1) / 2) * width for v in gi["value"]]
             ax.bar(x, gi["comm_bytes_per_step"] / 1e6, width, label=impl)
-            ax.scatter(x, gi["comm_bytes_expected"] / 1e6, marker="_", s=300, color="black",
-                       label="analytical" if k == 0 else None, zorder=3)  # fmt: skip
+            ax.scatter(
+                x,
+                gi["comm_bytes_expected"] / 1e6,
+                marker="_",
+                s=300,
+                color="black",
+                label="analytical" if k == 0 else None,
+                zorder=3,
+            )
         ax.set_xticks(range(len(names)), [fmt_value(v) for v in names], fontsize=8)
         ax.set_xlabel(sweep)
         ax.set_ylabel("MB per step and rank (traces)")
         ax.set_title(model)
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=7)
-    return _png(
+    return png(
         fig,
         f"Communication per step against {sweep}: bytes one rank hands to collectives, "
         "read from the traces, one bar per implementation; the black marks are the "
@@ -238,8 +246,12 @@ def scaling_figure(ok: pd.DataFrame) -> str:
             label = f"{impl}, {scaling}"
             (line,) = row[0].plot(s["world_size"], s["samples_per_s"], marker="o", label=label)
             base = s.iloc[0]
-            row[0].plot(s["world_size"], base["samples_per_s"] * s["ideal_speedup"],
-                        linestyle=":", color=line.get_color())  # fmt: skip
+            row[0].plot(
+                s["world_size"],
+                base["samples_per_s"] * s["ideal_speedup"],
+                linestyle=":",
+                color=line.get_color(),
+            )
             row[1].plot(s["world_size"], s["efficiency_pct"], marker="o", label=label)
         row[1].axhline(100, color="grey", linestyle="--", linewidth=1)
         for ax, ylabel in ((row[0], "samples/s (dotted: ideal)"), (row[1], "efficiency, %")):
@@ -253,7 +265,7 @@ def scaling_figure(ok: pd.DataFrame) -> str:
             ax.legend(fontsize=7)
         row[1].set_ylim(0, max(110, float(np.nanmax(g["efficiency_pct"])) + 10))
     fig.tight_layout()
-    return _png(
+    return png(
         fig,
         "Scaling: throughput against world size with the ideal linear scaling from the "
         "smallest world size dotted, and scaling efficiency (throughput over ideal), per "
@@ -270,19 +282,36 @@ def tradeoff_figure(ok: pd.DataFrame, sweep: str) -> str:
     per_sample = ok.get("comm_bytes_per_sample")
     for (model, impl), g in ok.groupby(["model", "impl"], sort=False):
         label = f"{model} {impl}"
-        (line,) = axes[0].plot(g["step_ms_median"], g["peak_mem_mb"], marker="o", linestyle="",
-                               label=label)  # fmt: skip
+        (line,) = axes[0].plot(
+            g["step_ms_median"], g["peak_mem_mb"], marker="o", linestyle="", label=label
+        )
         color = line.get_color()
         if per_sample is not None:
-            axes[1].plot(g["step_ms_median"], per_sample[g.index], marker="o", linestyle="",
-                         color=color, label=label)  # fmt: skip
+            axes[1].plot(
+                g["step_ms_median"],
+                per_sample[g.index],
+                marker="o",
+                linestyle="",
+                color=color,
+                label=label,
+            )
         for _, r in g.iterrows():
             text = fmt_value(r["value"])
-            axes[0].annotate(text, (r["step_ms_median"], r["peak_mem_mb"]), fontsize=7,
-                             xytext=(3, 3), textcoords="offset points")  # fmt: skip
+            axes[0].annotate(
+                text,
+                (r["step_ms_median"], r["peak_mem_mb"]),
+                fontsize=7,
+                xytext=(3, 3),
+                textcoords="offset points",
+            )
             if per_sample is not None:
-                axes[1].annotate(text, (r["step_ms_median"], per_sample[r.name]), fontsize=7,
-                                 xytext=(3, 3), textcoords="offset points")  # fmt: skip
+                axes[1].annotate(
+                    text,
+                    (r["step_ms_median"], per_sample[r.name]),
+                    fontsize=7,
+                    xytext=(3, 3),
+                    textcoords="offset points",
+                )
     labels = [point_label(r) for r in ok.itertuples()]
     axes[2].barh(range(len(ok)), ok["loss"].fillna(0))
     axes[2].set_yticks(range(len(ok)), labels, fontsize=7)
@@ -298,7 +327,7 @@ def tradeoff_figure(ok: pd.DataFrame, sweep: str) -> str:
     axes[2].set_xlabel("loss after the point's steps")
     axes[2].grid(axis="x", alpha=0.3)
     fig.tight_layout()
-    return _png(
+    return png(
         fig,
         f"Trade-offs of {sweep}: each point's step time against its peak memory and against "
         "the bytes it communicates per sample (labels are the settings), and the loss its "
@@ -327,7 +356,7 @@ def health_figure(ok: pd.DataFrame) -> str:
         ax.set_xlim(0, 100)
         ax.set_xlabel(title)
         ax.grid(axis="x", alpha=0.3)
-    return _png(
+    return png(
         fig,
         f"Computation's share of each step against the {COMPUTE_SHARE_TARGET:.0f} % "
         "rule of thumb"
@@ -336,53 +365,25 @@ def health_figure(ok: pd.DataFrame) -> str:
     )
 
 
-def busbw_figure(ok: pd.DataFrame, limits: dict) -> str:
-    """busbw against message size per collective, one line per implementation, with the
-    measured one-way point-to-point bandwidth as the reference line."""
-    colls = list(dict.fromkeys(ok["collective"]))
-    cols = min(3, len(colls))
-    rows = -(-len(colls) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.8 * cols, 3.4 * rows), squeeze=False)
-    for ax in axes.flat[len(colls) :]:
-        ax.set_visible(False)
-    for ax, coll in zip(axes.flat, colls, strict=False):
-        for impl, g in ok[ok["collective"] == coll].groupby("impl", sort=False):
-            (line,) = ax.plot(g["size_bytes"], g["busbw_GBps"], marker="o", markersize=3,
-                              label=impl)  # fmt: skip
-            if {"busbw_GBps_ci_low", "busbw_GBps_ci_high"} <= set(g):  # runs before 0.3: none
-                ax.fill_between(g["size_bytes"], g["busbw_GBps_ci_low"], g["busbw_GBps_ci_high"],
-                                color=line.get_color(), alpha=0.2, linewidth=0)  # fmt: skip
-        p2p = limits.get("p2p_GBps")
-        if p2p and not np.isnan(p2p):
-            ax.axhline(p2p, color="grey", linestyle="--", linewidth=1, label="point-to-point")
-        ax.set_xscale("log", base=2)
-        ax.set_title(coll)
-        ax.set_xlabel("message size S, bytes")
-        ax.set_ylabel("busbw, GB/s")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    return _png(
-        fig,
-        "Bus bandwidth against message size, one panel per collective, one line "
-        "per implementation with its 95 % interval shaded; the dashed line is the measured "
-        "point-to-point bandwidth.",
-    )
-
-
 def comparison_figure(cmp: pd.DataFrame) -> str:
     """new/old ratio per point, coloured by verdict."""
     colors = {"faster": "#2e8b57", "slower": "#c0392b", "tied": "#999999"}
     fig, ax = plt.subplots(figsize=(7, max(2.5, 0.28 * len(cmp) + 1)))
     err = [(cmp["ratio"] - cmp["low"]).fillna(0), (cmp["high"] - cmp["ratio"]).fillna(0)]
-    ax.barh(range(len(cmp)), cmp["ratio"] - 1, left=1, color=[colors[v] for v in cmp["verdict"]],
-            xerr=err, capsize=2)  # fmt: skip
+    ax.barh(
+        range(len(cmp)),
+        cmp["ratio"] - 1,
+        left=1,
+        color=[colors[v] for v in cmp["verdict"]],
+        xerr=err,
+        capsize=2,
+    )
     ax.axvline(1, color="black", linewidth=1)
     ax.set_yticks(range(len(cmp)), cmp["point"], fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("typical time, new / baseline, 95 % interval (< 1 is faster)")
     ax.grid(axis="x", alpha=0.3)
-    return _png(
+    return png(
         fig,
         "New run against the baseline, per point: the ratio of typical times with its 95 % "
         "interval; green is faster, red slower (the interval excludes 1), grey tied.",

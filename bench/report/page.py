@@ -17,14 +17,16 @@ from bench.analysis.confidence import families, point_intervals, run_estimates, 
 from bench.analysis.scaling import scaling_efficiency
 from bench.report import claims
 from bench.report import figures as figs
+from bench.report.collective_figures import busbw_figure
 from bench.report.compare import TIED, compare
 from bench.report.definitions_section import definitions_sections
+from bench.report.mfu import mfu_note
 from bench.report.model_section import model_sections
 from bench.report.replay_section import replay_sections
 from bench.report.style import CSS, LOAD_CHECK
 from bench.report.tables import html_table
 from bench.report.timeline_section import timeline_sections
-from bench.runfolder import columns, peaks
+from bench.runfolder import columns
 from bench.runfolder.folder import Run, RunFolderError, ours_and_native, read_run
 from bench.runfolder.placement import cost_rows
 from bench.runfolder.points import PointRecord
@@ -33,9 +35,17 @@ from bench.stats.estimates import ratio
 TRAINING_TABLE = columns.report_columns(columns.TRAINING)
 COLLECTIVE_TABLE = columns.report_columns(columns.COLLECTIVE)
 COMPARE_TABLE = [
-    "point", "old_ms", "new_ms", "ratio", "low", "high", "p_value", "verdict", "rounds_old",
+    "point",
+    "old_ms",
+    "new_ms",
+    "ratio",
+    "low",
+    "high",
+    "p_value",
+    "verdict",
+    "rounds_old",
     "rounds_new",
-]  # fmt: skip
+]
 
 
 def _axes(points: dict[str, PointRecord]) -> tuple[dict, str | None]:
@@ -190,30 +200,6 @@ def _training_sections(run: Run, timelines: str) -> list[str]:
     return parts
 
 
-def mfu_note(df: pd.DataFrame) -> str:
-    """What the rows' ``mfu_pct`` is against: each peak the run used and its figure (the
-    median over the rows using it), and the peaks a row's rate exceeded (no ``mfu_pct`` there:
-    such a peak cannot be right); empty for a run folder without these columns."""
-    if "peak_source" not in df or df["peak_source"].isna().all():
-        return ""
-    rows = df.dropna(subset=["peak_source"])
-    wrong = rows["peak_source"].astype(str).str.startswith(peaks.IMPOSSIBLE)
-    note = ""
-    if (~wrong).any():
-        note = "; mfu_pct: model FLOPs utilisation against " + _peaks_used(rows[~wrong])
-    if wrong.any():
-        unprefixed = rows[wrong].assign(
-            peak_source=rows.loc[wrong, "peak_source"].str.removeprefix(peaks.IMPOSSIBLE))
-        note += ("; no mfu_pct where the model computed faster than its peak, which cannot be "
-                 "right: " + _peaks_used(unprefixed))  # fmt: skip
-    return note
-
-
-def _peaks_used(rows: pd.DataFrame) -> str:
-    used = rows.groupby("peak_source", sort=False)["peak_tflops"].median()
-    return ", ".join(f"{source} = {tflops:.3g} TFLOP/s" for source, tflops in used.items())
-
-
 def best_and_tied(ok: pd.DataFrame, found: pd.DataFrame) -> tuple[set, set]:
     """Row labels of each group's best point, and of the points tied with it."""
     best, tied = set(), set()
@@ -252,7 +238,7 @@ def _collective_sections(meta: dict, df: pd.DataFrame) -> list[str]:
     if len(first):
         parts += [
             "<h2>Bus bandwidth</h2>",
-            figs.busbw_figure(first, limits),
+            busbw_figure(first, limits),
             f"<p>In place where the collective has that form (all-to-all: out of place; "
             f"torch's out-of-place all-reduce and broadcast add a copy of the input, which "
             f"the table shows). algbw = S / t with S "
@@ -290,16 +276,23 @@ def _comparison_sections(cmp: pd.DataFrame, baseline: Path) -> list[str]:
     )
     if n_reg:
         summary = f"<span class='flag'>{n_reg} regression(s).</span> " + summary
-    return [f"<h2>Compared with {html.escape(baseline.name)}</h2>", f"<p>{summary}</p>",
-            figs.comparison_figure(cmp),
-            html_table(cmp, COMPARE_TABLE, "Per point: baseline and new typical time (ms), "
-                       "ratio new / baseline with its interval, p-value, verdict",
-                       cell_class=lambda r, c: "flag" if c == "verdict" and r["regression"]
-                       else "")]  # fmt: skip
+    return [
+        f"<h2>Compared with {html.escape(baseline.name)}</h2>",
+        f"<p>{summary}</p>",
+        figs.comparison_figure(cmp),
+        html_table(
+            cmp,
+            COMPARE_TABLE,
+            "Per point: baseline and new typical time (ms), "
+            "ratio new / baseline with its interval, p-value, verdict",
+            cell_class=lambda r, c: "flag" if c == "verdict" and r["regression"] else "",
+        ),
+    ]
 
 
-def render(run: Run, comparison=None, collectives=None, timelines: str = "best",
-           definitions: str = "suite") -> str:  # fmt: skip
+def render(
+    run: Run, comparison=None, collectives=None, timelines: str = "best", definitions: str = "suite"
+) -> str:
     """The whole page; ``comparison`` is (table from ``compare``, baseline folder) or None;
     ``collectives``: message_size run folders to fit the cost model's section from, or None;
     ``timelines``: step timelines of each group's best and default point, of every point, or
@@ -333,8 +326,11 @@ def render(run: Run, comparison=None, collectives=None, timelines: str = "best",
     if collectives and meta.get("kind") != "collective":
         parts += model_sections(run_dir, list(collectives))
     if len(failed):
-        parts.append("<h2 class='err'>Failed points</h2><ul>" + "".join(
-            _failed_item(r) for r in failed.to_dict("records")) + "</ul>")  # fmt: skip
+        parts.append(
+            "<h2 class='err'>Failed points</h2><ul>"
+            + "".join(_failed_item(r) for r in failed.to_dict("records"))
+            + "</ul>"
+        )
     argv = " ".join(meta.get("argv", []))
     parts += [
         "<h2>Dig further</h2>",
@@ -356,8 +352,10 @@ def _failed_item(r: dict) -> str:
     item = f"<li><code>{html.escape(str(r['point']))}</code>: {html.escape(str(r['error']))}"
     diagnosis = r.get("diagnosis")
     if isinstance(diagnosis, str) and diagnosis:
-        item += (f"<br><b>diagnosis</b>: {html.escape(diagnosis)} (<code>python -m bench.hang "
-                 f"{html.escape(str(r.get('hang_dir', '')))}</code>)")  # fmt: skip
+        item += (
+            f"<br><b>diagnosis</b>: {html.escape(diagnosis)} (<code>python -m bench.hang "
+            f"{html.escape(str(r.get('hang_dir', '')))}</code>)"
+        )
     return item + "</li>"
 
 
@@ -379,8 +377,14 @@ def write_report(
         old = read_run(Path(baseline))
         if old.results.empty:
             raise RunFolderError(f"baseline {baseline} holds no results.csv")
-        cmp = compare(run.results, run.samples, old.results, old.samples, new_noise=run.noise,
-                      old_noise=old.noise)  # fmt: skip
+        cmp = compare(
+            run.results,
+            run.samples,
+            old.results,
+            old.samples,
+            new_noise=run.noise,
+            old_noise=old.noise,
+        )
         comparison = (cmp, Path(baseline))
     reports_dir.mkdir(parents=True, exist_ok=True)
     out = reports_dir / f"{run.path.name}.html"

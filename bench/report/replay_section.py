@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from bench.report.figures import _png
+from bench.report.figures import png
 from bench.report.tables import html_table
 from bench.runfolder import columns
 from bench.runfolder.folder import Run
@@ -26,10 +26,14 @@ def _headline(steps: pd.DataFrame) -> str:
     parts = []
     for step, g in steps.groupby("step", sort=True):
         traced = g["traced_us"].iloc[0]
-        each = [f"{_how(r)} {r['time_us'] / 1e3:.2f} ms ({r['time_us'] / traced:.2f}x)"
-                for _, r in g.iterrows() if traced > 0 and np.isfinite(r["time_us"])]  # fmt: skip
-        parts.append(f"step {step}: traced {traced / 1e3:.2f} ms of communication; "
-                     + ", ".join(each))  # fmt: skip
+        each = [
+            f"{_how(r)} {r['time_us'] / 1e3:.2f} ms ({r['time_us'] / traced:.2f}x)"
+            for _, r in g.iterrows()
+            if traced > 0 and np.isfinite(r["time_us"])
+        ]
+        parts.append(
+            f"step {step}: traced {traced / 1e3:.2f} ms of communication; " + ", ".join(each)
+        )
     return "<br>".join(html.escape(p) for p in parts)
 
 
@@ -46,14 +50,19 @@ def step_figure(calls: pd.DataFrame, step: int) -> str:
         rows = rows.set_index("index").reindex(first["index"])
         ax.bar(x + k * width, rows["time_us"], width, label=_how(rows.iloc[0]))
     ax.set_yscale("log")
-    ax.set_xticks(x + 0.4 - width / 2,
-                  [f"{i}\n{op}" for i, op in zip(first["index"], first["op"], strict=True)],
-                  fontsize=7)  # fmt: skip
+    ax.set_xticks(
+        x + 0.4 - width / 2,
+        [f"{i}\n{op}" for i, op in zip(first["index"], first["op"], strict=True)],
+        fontsize=7,
+    )
     ax.set_ylabel("time per call (us)")
     ax.set_title(f"Step {step}: each collective, traced and replayed/priced")
     ax.legend(fontsize=8)
-    return _png(fig, f"Step {step}'s collectives in issue order: traced time (the shortest across "
-                     "ranks) against each implementation's replay and each link's price")
+    return png(
+        fig,
+        f"Step {step}'s collectives in issue order: traced time (the shortest across "
+        "ranks) against each implementation's replay and each link's price",
+    )
 
 
 def replay_sections(run: Run) -> list[str]:
@@ -76,8 +85,12 @@ def replay_sections(run: Run) -> list[str]:
         parts.append(f"<ul>{notes}</ul>")
     for step in sorted(steps["step"].unique()):
         parts.append(step_figure(df, int(step)))
-    parts.append(html_table(
-        df.sort_values(["step", "kind", "index", "source", "impl", "link"]), CALL_TABLE,
-        "Every call of every step, per source; a step row sums its calls",
-        cell_class=lambda r, c: "flag" if c == "wrong" and r.get(c, 0) else ""))  # fmt: skip
+    parts.append(
+        html_table(
+            df.sort_values(["step", "kind", "index", "source", "impl", "link"]),
+            CALL_TABLE,
+            "Every call of every step, per source; a step row sums its calls",
+            cell_class=lambda r, c: "flag" if c == "wrong" and r.get(c, 0) else "",
+        )
+    )
     return parts

@@ -13,9 +13,11 @@ def html_table(
 ) -> str:
     """A real table (caption, header cells) of the columns present; numbers right-aligned."""
     cols = [c for c in cols if c in df]
-    out = [f"<div class='scroll'><table><caption>{html.escape(caption)}</caption><thead><tr>"
-           + "".join(f"<th scope='col'>{html.escape(c)}</th>" for c in cols)
-           + "</tr></thead><tbody>"]  # fmt: skip
+    out = [
+        f"<div class='scroll'><table><caption>{html.escape(caption)}</caption><thead><tr>"
+        + "".join(f"<th scope='col'>{html.escape(c)}</th>" for c in cols)
+        + "</tr></thead><tbody>"
+    ]
     for idx, row in df.iterrows():
         cells = []
         for c in cols:

@@ -15,8 +15,15 @@ import pandas as pd
 
 from bench.runfolder.placement import cost_rows
 
-TRAINING_METRICS = ["step_ms_median", "samples_per_s", "compute_comm_ratio", "overlap_pct",
-                    "exposed_comm_ms", "peak_mem_mb", "comm_bytes_per_step"]  # fmt: skip
+TRAINING_METRICS = [
+    "step_ms_median",
+    "samples_per_s",
+    "compute_comm_ratio",
+    "overlap_pct",
+    "exposed_comm_ms",
+    "peak_mem_mb",
+    "comm_bytes_per_step",
+]
 COLLECTIVE_METRICS = ["busbw_GBps", "algbw_GBps", "time_us"]
 # How the swept value becomes TensorBoard's integer x axis.
 X_AXIS = {"bucket_cap_mb": ("bucket size, KiB", lambda v: round(float(v) * 1024))}

@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.patches import Patch
 
-from bench.report.figures import _png
+from bench.report.figures import png
 
 STYLE = {  # lane -> (face colour, hatch)
     "compute": ("#4c72b0", ""),
@@ -39,38 +39,74 @@ def _rows(starts, ends) -> list[int]:
     return out
 
 
+def _phase_strip(ax, g: pd.DataFrame, base: float, span: float) -> None:
+    """One rank's strip of step phases (forward, backward, optimizer), labelled where wide."""
+    for p in g[g["lane"] == "phase"].itertuples():
+        ax.broken_barh(
+            [(p.start_ms, p.end_ms - p.start_ms)],
+            (base + 2.05, 0.5),
+            facecolor=PHASE.get(p.label, "#eeeeee"),
+            edgecolor="#888888",
+            linewidth=0.5,
+        )
+        if (p.end_ms - p.start_ms) > LABEL_MIN_SHARE * span:
+            ax.text(
+                (p.start_ms + p.end_ms) / 2,
+                base + 2.3,
+                p.label,
+                ha="center",
+                va="center",
+                fontsize=7,
+            )
+
+
+def _comm_lane(ax, g: pd.DataFrame, base: float, span: float) -> None:
+    """One rank's communication lane: each collective a bar, labelled where wide."""
+    calls = g[g["lane"] == "comm"].sort_values("start_ms")
+    rows = _rows(calls["start_ms"].to_numpy(), calls["end_ms"].to_numpy())
+    n = max(rows, default=0) + 1
+    height = 0.9 / n
+    face, _ = STYLE["comm"]
+    for c, row in zip(calls.itertuples(), rows, strict=True):
+        y = base + row * height
+        ax.broken_barh(
+            [(c.start_ms, c.end_ms - c.start_ms)],
+            (y, height * 0.95),
+            facecolor=face,
+            edgecolor="#1f4f2a",
+            linewidth=0.6,
+        )
+        if (c.end_ms - c.start_ms) > LABEL_MIN_SHARE * span * (1 + len(c.label) / 16):
+            ax.text(
+                (c.start_ms + c.end_ms) / 2,
+                y + height * 0.47,
+                c.label,
+                ha="center",
+                va="center",
+                fontsize=7 if n == 1 else 6,
+                color="white",
+            )
+
+
 def _panel(ax, tl: pd.DataFrame, title: str, span: float) -> None:
     ranks = sorted(tl["rank"].unique())
     ticks, names = [], []
     for k, rank in enumerate(ranks):
         g = tl[tl["rank"] == rank]
         base = (len(ranks) - 1 - k) * 3.2  # rank 0 on top
-        for p in g[g["lane"] == "phase"].itertuples():
-            ax.broken_barh([(p.start_ms, p.end_ms - p.start_ms)], (base + 2.05, 0.5),
-                           facecolor=PHASE.get(p.label, "#eeeeee"), edgecolor="#888888",
-                           linewidth=0.5)  # fmt: skip
-            if (p.end_ms - p.start_ms) > LABEL_MIN_SHARE * span:
-                ax.text((p.start_ms + p.end_ms) / 2, base + 2.3, p.label, ha="center",
-                        va="center", fontsize=7)  # fmt: skip
+        _phase_strip(ax, g, base, span)
         for lane in ("idle", "compute", "wait"):
             bars = g[g["lane"] == lane]
             face, hatch = STYLE[lane]
-            ax.broken_barh(list(zip(bars["start_ms"], bars["end_ms"] - bars["start_ms"],
-                                    strict=True)), (base + 1.05, 0.9), facecolor=face,
-                           hatch=hatch, edgecolor="none" if not hatch else "#555555",
-                           linewidth=0)  # fmt: skip
-        calls = g[g["lane"] == "comm"].sort_values("start_ms")
-        rows = _rows(calls["start_ms"].to_numpy(), calls["end_ms"].to_numpy())
-        n = max(rows, default=0) + 1
-        height = 0.9 / n
-        face, _ = STYLE["comm"]
-        for c, row in zip(calls.itertuples(), rows, strict=True):
-            y = base + row * height
-            ax.broken_barh([(c.start_ms, c.end_ms - c.start_ms)], (y, height * 0.95),
-                           facecolor=face, edgecolor="#1f4f2a", linewidth=0.6)  # fmt: skip
-            if (c.end_ms - c.start_ms) > LABEL_MIN_SHARE * span * (1 + len(c.label) / 16):
-                ax.text((c.start_ms + c.end_ms) / 2, y + height * 0.47, c.label, ha="center",
-                        va="center", fontsize=7 if n == 1 else 6, color="white")  # fmt: skip
+            ax.broken_barh(
+                list(zip(bars["start_ms"], bars["end_ms"] - bars["start_ms"], strict=True)),
+                (base + 1.05, 0.9),
+                facecolor=face,
+                hatch=hatch,
+                edgecolor="none" if not hatch else "#555555",
+                linewidth=0,
+            )
+        _comm_lane(ax, g, base, span)
         ticks += [base + 1.5, base + 0.45]
         names += [f"rank {rank} compute", f"rank {rank} comm"]
     ax.set_yticks(ticks, names, fontsize=8)
@@ -84,15 +120,29 @@ def timeline_figure(panels: list[tuple[str, pd.DataFrame]], alt: str) -> str:
     PNG embedded."""
     span = max(float(tl["end_ms"].max()) for _, tl in panels)
     heights = [max(1.6, 0.95 * tl["rank"].nunique() + 0.6) for _, tl in panels]
-    fig, axes = plt.subplots(len(panels), 1, figsize=(11, sum(heights) + 0.6), sharex=True,
-                             height_ratios=heights, squeeze=False)  # fmt: skip
+    fig, axes = plt.subplots(
+        len(panels),
+        1,
+        figsize=(11, sum(heights) + 0.6),
+        sharex=True,
+        height_ratios=heights,
+        squeeze=False,
+    )
     for ax, (title, tl) in zip(axes[:, 0], panels, strict=True):
         _panel(ax, tl, title, span)
     axes[-1, 0].set_xlabel("ms from the step's start (earliest rank)")
-    legend = [Patch(facecolor=STYLE[k][0], hatch=STYLE[k][1], edgecolor="#555555", label=k)
-              for k in ("compute", "wait", "idle", "comm")]  # fmt: skip
+    legend = [
+        Patch(facecolor=STYLE[k][0], hatch=STYLE[k][1], edgecolor="#555555", label=k)
+        for k in ("compute", "wait", "idle", "comm")
+    ]
     legend += [Patch(facecolor=c, edgecolor="#888888", label=p) for p, c in PHASE.items()]
-    fig.legend(handles=legend, loc="upper center", ncol=7, fontsize=8, frameon=False,
-               bbox_to_anchor=(0.5, 1.0 + 0.25 / (sum(heights) + 0.6)))  # fmt: skip
+    fig.legend(
+        handles=legend,
+        loc="upper center",
+        ncol=7,
+        fontsize=8,
+        frameon=False,
+        bbox_to_anchor=(0.5, 1.0 + 0.25 / (sum(heights) + 0.6)),
+    )
     fig.tight_layout()
-    return _png(fig, alt)
+    return png(fig, alt)

@@ -38,8 +38,9 @@ def point_traces(run: Run, point: str) -> list:
     a point without traces."""
     names = set(run.results["point"]) if "point" in run.results else set()
     if point not in names:
-        raise RunFolderError(f"{run.path.name} has no point {point!r} (it has "
-                             f"{', '.join(sorted(names)) or 'none'})")  # fmt: skip
+        raise RunFolderError(
+            f"{run.path.name} has no point {point!r} (it has {', '.join(sorted(names)) or 'none'})"
+        )
     folder = run.path / "traces" / point
     try:
         return load_trace_dir(folder).traces
@@ -79,8 +80,9 @@ def _groups(ok: pd.DataFrame, found: pd.DataFrame, which: str) -> list[tuple[str
     out = []
     if which == "all":
         for (model, impl), g in ok.groupby(["model", "impl"], sort=False):
-            out.append((f"{model}, {impl}: every point", [(_values(r), r.point)
-                                                          for r in g.itertuples()]))  # fmt: skip
+            out.append(
+                (f"{model}, {impl}: every point", [(_values(r), r.point) for r in g.itertuples()])
+            )
         return out
     for v in found.itertuples():
         second = f", {fmt_value(v.value2)}" if v.value2 is not None else ""
@@ -127,20 +129,26 @@ def diff_page(run: Run, a: str, b: str) -> str:
     table = trace_diff(traces_a, traces_b)
     shown = table.assign(name=table["name"].str.slice(0, 90))
     title = f"{html.escape(a)} against {html.escape(b)}"
-    return "\n".join([
-        "<!doctype html><html lang='en'><head><meta charset='utf-8'>"
-        f"<title>{title}</title><style>{CSS}</style></head><body><main>",
-        f"<h1>Two points of {html.escape(run.path.name)}</h1><p>A = <code>{html.escape(a)}"
-        f"</code>, B = <code>{html.escape(b)}</code>.</p>",
-        "<h2>Step timelines</h2>",
-        timeline_figure([(f"A: {a}", ta), (f"B: {b}", tb)], f"A above B. {CAPTION}."),
-        "<h2>What changed</h2>",
-        html_table(shown, DIFF_COLUMNS, "Per rank and profiled step, averaged over the ranks "
-                   "and steps: calls (count), time (ms) and bytes of each collective, and of each "
-                   "operator the step called directly (GPU traces: each kernel), in A and B, and "
-                   "B - A; collectives first, then by the size of the time's change"),
-        f"</main>{LOAD_CHECK}</body></html>",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            "<!doctype html><html lang='en'><head><meta charset='utf-8'>"
+            f"<title>{title}</title><style>{CSS}</style></head><body><main>",
+            f"<h1>Two points of {html.escape(run.path.name)}</h1><p>A = <code>{html.escape(a)}"
+            f"</code>, B = <code>{html.escape(b)}</code>.</p>",
+            "<h2>Step timelines</h2>",
+            timeline_figure([(f"A: {a}", ta), (f"B: {b}", tb)], f"A above B. {CAPTION}."),
+            "<h2>What changed</h2>",
+            html_table(
+                shown,
+                DIFF_COLUMNS,
+                "Per rank and profiled step, averaged over the ranks "
+                "and steps: calls (count), time (ms) and bytes of each collective, and of each "
+                "operator the step called directly (GPU traces: each kernel), in A and B, and "
+                "B - A; collectives first, then by the size of the time's change",
+            ),
+            f"</main>{LOAD_CHECK}</body></html>",
+        ]
+    )
 
 
 def write_diff(run: Run, a: str, b: str, reports_dir: Path) -> Path:

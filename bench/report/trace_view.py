@@ -32,8 +32,11 @@ def view_data(traces: list[Trace]) -> dict:
         ev = prepared(t)
         ev = ev[ev["dur"] >= 0]
         stream = ev["stream"].to_numpy()
-        key = np.where(stream >= 0, "stream " + stream.astype(str),
-                       "thread " + ev["tid"].astype(str).to_numpy())  # fmt: skip
+        key = np.where(
+            stream >= 0,
+            "stream " + stream.astype(str),
+            "thread " + ev["tid"].astype(str).to_numpy(),
+        )
         for what in pd.unique(key):
             lane = ev[key == what].sort_values(["ts", "dur"], ascending=[True, False])
             ts = lane["ts"].to_numpy(dtype=float)
@@ -55,19 +58,21 @@ SCRIPT = (Path(__file__).with_name("trace_view.js")).read_text()  # package data
 
 def view_page(traces: list[Trace], title: str) -> str:
     data = json.dumps(view_data(traces), separators=(",", ":")).replace("</", "<\\/")
-    return "\n".join([
-        "<!doctype html><html lang='en'><head><meta charset='utf-8'>"
-        f"<title>{html.escape(title)}</title><style>{CSS}"
-        "main{max-width:none} #tip{position:absolute;display:none;background:#ffd;"
-        "border:1px solid #999;padding:2px 6px;font-size:12px;pointer-events:none}</style>"
-        "</head><body><main>",
-        f"<h1>{html.escape(title)}</h1>",
-        "<p>Every rank's threads and streams, each event at its depth. Wheel: zoom at the "
-        "pointer; drag: pan; hover: the event. Colours: computation, communication (kernels "
-        "or gloo's spans), calls into the collective library, memory, other. "
-        "<input id='find' placeholder='highlight names containing...'> "
-        "<button id='reset'>whole trace</button> <span id='span'></span></p>",
-        "<div><canvas id='tl'></canvas></div><div id='tip'></div>",
-        f"<script type='application/json' id='data'>{data}</script>",
-        f"<script>{SCRIPT}</script></main></body></html>",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            "<!doctype html><html lang='en'><head><meta charset='utf-8'>"
+            f"<title>{html.escape(title)}</title><style>{CSS}"
+            "main{max-width:none} #tip{position:absolute;display:none;background:#ffd;"
+            "border:1px solid #999;padding:2px 6px;font-size:12px;pointer-events:none}</style>"
+            "</head><body><main>",
+            f"<h1>{html.escape(title)}</h1>",
+            "<p>Every rank's threads and streams, each event at its depth. Wheel: zoom at the "
+            "pointer; drag: pan; hover: the event. Colours: computation, communication (kernels "
+            "or gloo's spans), calls into the collective library, memory, other. "
+            "<input id='find' placeholder='highlight names containing...'> "
+            "<button id='reset'>whole trace</button> <span id='span'></span></p>",
+            "<div><canvas id='tl'></canvas></div><div id='tip'></div>",
+            f"<script type='application/json' id='data'>{data}</script>",
+            f"<script>{SCRIPT}</script></main></body></html>",
+        ]
+    )

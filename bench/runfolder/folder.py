@@ -195,8 +195,15 @@ def read_run(run_dir: Path) -> Run:
         visits["round"] = 1
     noise = _csv(run_dir / "noise.csv", NOISE_COLUMNS)
     points = {} if meta.get("kind") in ("collective", "replay") else read_points(run_dir)
-    return Run(path=run_dir, meta=meta, results=answers(visits, list(points)), samples=samples,
-               points=points, visits=visits, noise=noise)  # fmt: skip
+    return Run(
+        path=run_dir,
+        meta=meta,
+        results=answers(visits, list(points)),
+        samples=samples,
+        points=points,
+        visits=visits,
+        noise=noise,
+    )
 
 
 def answers(visits: pd.DataFrame, order: list[str]) -> pd.DataFrame:

@@ -50,57 +50,105 @@ _GB200 = "NVIDIA GB200 NVL72 specifications, per GPU, nvidia.com/en-us/data-cent
 # First match wins: the more specific patterns (PCIe, NVL, the Grace superchips' G prefix) come
 # before the plain name, and a plain name refuses the G before it (GH200 is not an H200).
 DATASHEETS: tuple[GpuPeaks, ...] = (
-    GpuPeaks("GB200", r"GB200",
-             {"fp32": 80.0, "tf32": 1250.0, "bf16": 2500.0, "fp16": 2500.0}, _GB200),
-    GpuPeaks("B200", r"(?<!G)B200",
-             {"fp32": 75.0, "tf32": 1125.0, "bf16": 2250.0, "fp16": 2250.0}, _HGX),
+    GpuPeaks(
+        "GB200", r"GB200", {"fp32": 80.0, "tf32": 1250.0, "bf16": 2500.0, "fp16": 2500.0}, _GB200
+    ),
+    GpuPeaks(
+        "B200", r"(?<!G)B200", {"fp32": 75.0, "tf32": 1125.0, "bf16": 2250.0, "fp16": 2250.0}, _HGX
+    ),
     # Blackwell Ultra: more fp4 and less fp64 than the B200, the same fp32, tf32 and bf16.
     # GB300 is left out: NVIDIA prints its rack's totals without tf32.
-    GpuPeaks("B300", r"(?<!G)B300",
-             {"fp32": 75.0, "tf32": 1125.0, "bf16": 2250.0, "fp16": 2250.0}, _HGX),
-    GpuPeaks("H100 PCIe", r"H100.*PCIe",
-             {"fp32": 51.0, "tf32": 378.0, "bf16": 756.5, "fp16": 756.5}, _H100),
+    GpuPeaks(
+        "B300", r"(?<!G)B300", {"fp32": 75.0, "tf32": 1125.0, "bf16": 2250.0, "fp16": 2250.0}, _HGX
+    ),
+    GpuPeaks(
+        "H100 PCIe",
+        r"H100.*PCIe",
+        {"fp32": 51.0, "tf32": 378.0, "bf16": 756.5, "fp16": 756.5},
+        _H100,
+    ),
     # The datasheet's H100 NVL column, per card (its first edition printed a pair of cards).
-    GpuPeaks("H100 NVL", r"H100.*NVL",
-             {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5}, _H100),
-    GpuPeaks("H100 SXM5", r"H100(?!.*(PCIe|NVL))",
-             {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5}, _H100),
+    GpuPeaks(
+        "H100 NVL", r"H100.*NVL", {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5}, _H100
+    ),
+    GpuPeaks(
+        "H100 SXM5",
+        r"H100(?!.*(PCIe|NVL))",
+        {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5},
+        _H100,
+    ),
     # Grace Hopper: its H100's figures are the H100 SXM5's (the GH200 datasheet's 67 TFLOPS
     # fp32, 989 tf32 and 1,979 bf16 with sparsity), whether 96 GB HBM3 or 144 GB HBM3e.
-    GpuPeaks("GH200", r"GH200",
-             {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5},
-             "NVIDIA GH200 Grace Hopper Superchip datasheet, "
-             "nvidia.com/en-us/data-center/grace-hopper-superchip"),
-    GpuPeaks("H200 NVL", r"(?<!G)H200.*NVL",
-             {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5}, _H200),
-    GpuPeaks("H200 SXM", r"(?<!G)H200(?!.*NVL)",
-             {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5}, _H200),
+    GpuPeaks(
+        "GH200",
+        r"GH200",
+        {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5},
+        "NVIDIA GH200 Grace Hopper Superchip datasheet, "
+        "nvidia.com/en-us/data-center/grace-hopper-superchip",
+    ),
+    GpuPeaks(
+        "H200 NVL",
+        r"(?<!G)H200.*NVL",
+        {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5},
+        _H200,
+    ),
+    GpuPeaks(
+        "H200 SXM",
+        r"(?<!G)H200(?!.*NVL)",
+        {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5},
+        _H200,
+    ),
     # The datasheet gives the same peaks for the SXM4 and PCIe cards, 40 and 80 GB; "A100"
     # alone (not the RTX A1000, a workstation card).
-    GpuPeaks("A100", r"A100(?!\d)",
-             {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0}, _A100),
+    GpuPeaks(
+        "A100", r"A100(?!\d)", {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0}, _A100
+    ),
     GpuPeaks("V100S PCIe", r"V100S", {"fp32": 16.4, "fp16": 130.0}, _V100),
     GpuPeaks("V100 PCIe", r"V100-PCIE", {"fp32": 14.0, "fp16": 112.0}, _V100),
     GpuPeaks("V100 SXM2", r"V100-SXM2", {"fp32": 15.7, "fp16": 125.0}, _V100),
-    GpuPeaks("L40S", r"L40S", {"fp32": 91.6, "tf32": 183.0, "bf16": 362.05, "fp16": 362.05},
-             "NVIDIA L40S GPU datasheet, nvidia.com/en-us/data-center/l40s"),
+    GpuPeaks(
+        "L40S",
+        r"L40S",
+        {"fp32": 91.6, "tf32": 183.0, "bf16": 362.05, "fp16": 362.05},
+        "NVIDIA L40S GPU datasheet, nvidia.com/en-us/data-center/l40s",
+    ),
     # The L40's Tensor Cores run tf32 at its fp32 rate (90.5 | 181 with sparsity).
-    GpuPeaks("L40", r"\bL40\b", {"fp32": 90.5, "tf32": 90.5, "bf16": 181.05, "fp16": 181.05},
-             "NVIDIA L40 GPU datasheet, nvidia.com/en-us/data-center/l40"),
-    GpuPeaks("L4", r"\bL4\b", {"fp32": 30.3, "tf32": 60.0, "bf16": 121.0, "fp16": 121.0},
-             "NVIDIA L4 Tensor Core GPU datasheet, nvidia.com/en-us/data-center/l4"),
-    GpuPeaks("A10", r"\bA10\b", {"fp32": 31.2, "tf32": 62.5, "bf16": 125.0, "fp16": 125.0},
-             "NVIDIA A10 Tensor Core GPU datasheet, nvidia.com/en-us/data-center/products/a10-gpu"),
+    GpuPeaks(
+        "L40",
+        r"\bL40\b",
+        {"fp32": 90.5, "tf32": 90.5, "bf16": 181.05, "fp16": 181.05},
+        "NVIDIA L40 GPU datasheet, nvidia.com/en-us/data-center/l40",
+    ),
+    GpuPeaks(
+        "L4",
+        r"\bL4\b",
+        {"fp32": 30.3, "tf32": 60.0, "bf16": 121.0, "fp16": 121.0},
+        "NVIDIA L4 Tensor Core GPU datasheet, nvidia.com/en-us/data-center/l4",
+    ),
+    GpuPeaks(
+        "A10",
+        r"\bA10\b",
+        {"fp32": 31.2, "tf32": 62.5, "bf16": 125.0, "fp16": 125.0},
+        "NVIDIA A10 Tensor Core GPU datasheet, nvidia.com/en-us/data-center/products/a10-gpu",
+    ),
     # AWS's A10G (G5 instances) has no NVIDIA datasheet: the figures AWS's partners print
     # (Baseten's A10 vs A10G table), which are GA102's arithmetic at 80 SMs and 1.71 GHz: 128
     # fp32 lanes per SM (35 TFLOPS), and the GeForce rate of fp16/bf16 Tensor Core math with
     # fp32 accumulation, 512 FLOPs per SM per clock (70 TFLOPS; tf32 half that), not the A10's.
-    GpuPeaks("A10G", r"\bA10G\b", {"fp32": 35.0, "tf32": 35.0, "bf16": 70.0, "fp16": 70.0},
-             "no NVIDIA datasheet: Baseten's A10 vs A10G table, baseten.co/blog/"
-             "nvidia-a10-vs-a10g-for-ml-model-inference, = 80 SMs x 1.71 GHz"),
-    GpuPeaks("T4", r"\bT4\b", {"fp32": 8.1, "fp16": 65.0},
-             "NVIDIA T4 Tensor Core GPU datasheet, nvidia.com/en-us/data-center/tesla-t4"),
-)  # fmt: skip
+    GpuPeaks(
+        "A10G",
+        r"\bA10G\b",
+        {"fp32": 35.0, "tf32": 35.0, "bf16": 70.0, "fp16": 70.0},
+        "no NVIDIA datasheet: Baseten's A10 vs A10G table, baseten.co/blog/"
+        "nvidia-a10-vs-a10g-for-ml-model-inference, = 80 SMs x 1.71 GHz",
+    ),
+    GpuPeaks(
+        "T4",
+        r"\bT4\b",
+        {"fp32": 8.1, "fp16": 65.0},
+        "NVIDIA T4 Tensor Core GPU datasheet, nvidia.com/en-us/data-center/tesla-t4",
+    ),
+)
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Sweep a distributed-training parameter; measure, profile, analyse, report.",
         epilog="Sweeps: " + "; ".join(f"{s.name}: {s.description}" for s in SWEEPS.values()),
     )
+    for flags in (_what, _outputs, _steps, _confidence, _job, _message_size):
+        flags(p)
+    return p
+
+
+def _what(p: argparse.ArgumentParser) -> None:
+    """What is swept: the sweep, its values, models, implementations, fixed knobs."""
     p.add_argument(
         "--sweep",
         required=True,
@@ -80,6 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="a knob fixed for every point, e.g. sharding_strategy=HYBRID_SHARD or "
         "precision=bf16 (repeatable)",
     )
+
+
+def _outputs(p: argparse.ArgumentParser) -> None:
+    """Where the run goes: its folder, resume, the report."""
     p.add_argument("--out", type=Path, help="run folder (default results/<UTC time>-<sweep>)")
     p.add_argument(
         "--resume", action="store_true", help="continue a run in --out, skipping points already ok"
@@ -94,6 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="a --sweep message_size run of this machine: the report adds the cost model's "
         "predictions (measured vs predicted, what-if at scale)",
     )
+
+
+def _steps(p: argparse.ArgumentParser) -> None:
+    """What every visit of a point does: batch, clipping, warm-up and timed steps."""
     p.add_argument("--batch-size", type=_positive_int, default=64, help="per rank (default 64)")
     p.add_argument(
         "--clip-grad-norm",
@@ -110,6 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=10,
         help="timed steps every visit of a point makes at least (default 10)",
     )
+
+
+def _confidence(p: argparse.ArgumentParser) -> None:
+    """How long a point is timed, and the rounds."""
     r = p.add_argument_group(
         "confidence (timing continues until the median's 95 %% interval is tight enough or the "
         "budget is spent; rounds repeat every point in a new random order)"
@@ -143,6 +162,10 @@ def build_parser() -> argparse.ArgumentParser:
         f"(default {DEFAULT_ROUNDS})",
     )
     r.add_argument("--seed", type=int, default=0, help="seed of the rounds' orders (default 0)")
+
+
+def _job(p: argparse.ArgumentParser) -> None:
+    """How the job runs: traced steps, timeouts, debug, backend, the self-launch."""
     p.add_argument(
         "--profile-steps", type=_positive_int, default=3, help="active steps traced per point"
     )
@@ -172,6 +195,10 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_int,
         help="without torchrun: start this many ranks here (torch elastic launcher)",
     )
+
+
+def _message_size(p: argparse.ArgumentParser) -> None:
+    """The collectives sweep's flags, after nccl-tests'."""
     c = p.add_argument_group("message_size sweep (flags after nccl-tests)")
     c.add_argument("-b", "--min-bytes", default="1K", help="smallest size (default 1K)")
     c.add_argument("-e", "--max-bytes", default="64M", help="largest size (default 64M)")
@@ -191,7 +218,6 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("-d", "--dtype", default="float32", help=f"one of {', '.join(DTYPES)}")
     c.add_argument("-o", "--op", default="sum", help="reduction: sum, avg or max")
     c.add_argument("--collectives", help=f"comma list (default all: {', '.join(COLLECTIVES)})")
-    return p
 
 
 def check_budget(args: argparse.Namespace, collective: bool) -> None:
@@ -295,6 +321,51 @@ def _world_size(args: argparse.Namespace) -> int | None:
     return args.nproc_per_node
 
 
+def _resolve(args: argparse.Namespace, sweeps: list, world: int | None):
+    """(the collectives plan, None) or (None, the training points), or one line and exit 2."""
+    collective = sweeps[0].kind == "collective"
+    try:
+        check_budget(args, collective)
+        if collective:
+            if args.strategy or args.scaling:
+                raise ValueError("--strategy and --scaling are for the world_size sweep")
+            return collective_plan(args), []
+        return None, build_points(
+            args.sweep,
+            values=args.values,
+            values2=args.values2,
+            models=args.model,
+            impls=args.impl,
+            options=args.option,
+            # without a launch yet, checked as for one rank (the launch hint follows)
+            world_size=world or 1,
+            strategy=args.strategy,
+            scaling=args.scaling,
+            batch_size=args.batch_size,
+            steps=args.steps,
+            warmup_steps=args.warmup_steps,
+            profile_steps=args.profile_steps,
+        )
+    except ValueError as e:
+        fail(str(e))
+
+
+def _check_out(args: argparse.Namespace) -> None:
+    """--out and --resume agree with what the folder holds, or one line and exit 2."""
+    if args.resume and args.out is None:
+        fail("--resume needs --out RUN_DIR (the run to continue)")
+    if args.resume:
+        problem = resume_problem(args.out, args, _world_size(args))
+        if problem:
+            fail(problem)
+    if args.out is not None and not args.resume and has_results(args.out):
+        # Checked here too (rank 0 checks again after start-up) so that it fails before launch.
+        fail(
+            f"{args.out} already holds results: pass --resume to continue it, or choose "
+            "another --out"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
@@ -310,45 +381,8 @@ def main(argv: list[str] | None = None) -> int:
         # read when process groups are created: set before any rank starts (self-launch
         # passes the environment on) and before this rank's group (under torchrun)
         os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
-    collective = sweeps[0].kind == "collective"
-    try:
-        check_budget(args, collective)
-        if collective:
-            if args.strategy or args.scaling:
-                raise ValueError("--strategy and --scaling are for the world_size sweep")
-            plan, points = collective_plan(args), []
-        else:
-            plan = None
-            points = build_points(
-                args.sweep,
-                values=args.values,
-                values2=args.values2,
-                models=args.model,
-                impls=args.impl,
-                options=args.option,
-                # without a launch yet, checked as for one rank (the launch hint follows)
-                world_size=world or 1,
-                strategy=args.strategy,
-                scaling=args.scaling,
-                batch_size=args.batch_size,
-                steps=args.steps,
-                warmup_steps=args.warmup_steps,
-                profile_steps=args.profile_steps,
-            )
-    except ValueError as e:
-        fail(str(e))
-    if args.resume and args.out is None:
-        fail("--resume needs --out RUN_DIR (the run to continue)")
-    if args.resume:
-        problem = resume_problem(args.out, args, _world_size(args))
-        if problem:
-            fail(problem)
-    if args.out is not None and not args.resume and has_results(args.out):
-        # Checked here too (rank 0 checks again after start-up) so that it fails before launch.
-        fail(
-            f"{args.out} already holds results: pass --resume to continue it, or choose "
-            "another --out"
-        )
+    plan, points = _resolve(args, sweeps, world)
+    _check_out(args)
     if not launched_by_torchrun():
         if args.nproc_per_node is None:
             fail(_launch_hint(argv))

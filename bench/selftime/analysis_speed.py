@@ -32,8 +32,10 @@ from bench.runner.measure.profiling import peak_rss_bytes, reset_peak_rss
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "tests" / "data" / "hta"
-GROUPS = {"sampled_rank pair": ["sampled_rank-0.json.gz", "sampled_rank-1.json.gz"],
-          "nccl_data": ["nccl_data.json.gz"]}  # fmt: skip
+GROUPS = {
+    "sampled_rank pair": ["sampled_rank-0.json.gz", "sampled_rank-1.json.gz"],
+    "nccl_data": ["nccl_data.json.gz"],
+}
 
 
 def ours(folder: Path) -> dict[int, tuple[float, float, float, float]]:
@@ -41,8 +43,12 @@ def ours(folder: Path) -> dict[int, tuple[float, float, float, float]]:
     out = {}
     for t in ts.traces:
         s = analysis.hta_summary(t)
-        out[t.rank] = (s["idle_pct"], s["compute_pct"], s["non_compute_pct"],
-                       s["comm_comp_overlap_pct"])  # fmt: skip
+        out[t.rank] = (
+            s["idle_pct"],
+            s["compute_pct"],
+            s["non_compute_pct"],
+            s["comm_comp_overlap_pct"],
+        )
     return out
 
 
@@ -52,9 +58,15 @@ def hta(folder: Path) -> dict[int, tuple[float, float, float, float]]:
     ta = TraceAnalysis(trace_dir=str(folder))
     tb = ta.get_temporal_breakdown(visualize=False).set_index("rank")
     ov = ta.get_comm_comp_overlap(visualize=False).set_index("rank")
-    return {int(r): (tb.loc[r, "idle_time_pctg"], tb.loc[r, "compute_time_pctg"],
-                     tb.loc[r, "non_compute_time_pctg"], ov.loc[r, "comp_comm_overlap_pctg"])
-            for r in tb.index}  # fmt: skip
+    return {
+        int(r): (
+            tb.loc[r, "idle_time_pctg"],
+            tb.loc[r, "compute_time_pctg"],
+            tb.loc[r, "non_compute_time_pctg"],
+            ov.loc[r, "comp_comm_overlap_pctg"],
+        )
+        for r in tb.index
+    }
 
 
 def timed(fn, folder: Path, repeats: int) -> tuple[float, dict]:
@@ -100,8 +112,11 @@ def main(argv: list[str] | None = None) -> int:
             line = f"{label:<18} ours {t_ours * 1e3:7.1f} ms"
             if have_hta:
                 t_hta, r_hta = timed(hta, folder, args.repeats)
-                agree = all(abs(a - b) <= 0.1 for r in r_hta for a, b in zip(
-                    r_ours[r], r_hta[r], strict=True))  # fmt: skip
+                agree = all(
+                    abs(a - b) <= 0.1
+                    for r in r_hta
+                    for a, b in zip(r_ours[r], r_hta[r], strict=True)
+                )
                 line += (
                     f"   HTA {t_hta * 1e3:7.1f} ms   HTA/ours {t_hta / t_ours:5.1f}x   "
                     f"figures agree to 0.1 pp: {'yes' if agree else 'NO'}"

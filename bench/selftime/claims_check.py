@@ -35,10 +35,22 @@ SWEEP = ["--sweep", "bucket_cap_mb", "--values", "25", "--impl", "native", "--no
 
 def sweep(out: Path, models: list[str], extra_pct: float, seed: int, more: list[str]) -> Path:
     torchrun = Path(sys.executable).with_name("torchrun")
-    cmd = [str(torchrun), "--standalone", "--nproc_per_node=2",
-           str(REPO / "bench" / "selftime" / "claims_sweep.py"), "--extra-pct", str(extra_pct),
-           *SWEEP, "--model", ",".join(models), "--seed", str(seed), "--out", str(out),
-           *more]  # fmt: skip
+    cmd = [
+        str(torchrun),
+        "--standalone",
+        "--nproc_per_node=2",
+        str(REPO / "bench" / "selftime" / "claims_sweep.py"),
+        "--extra-pct",
+        str(extra_pct),
+        *SWEEP,
+        "--model",
+        ",".join(models),
+        "--seed",
+        str(seed),
+        "--out",
+        str(out),
+        *more,
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env, timeout=1200)
     if proc.returncode != 0:
@@ -74,33 +86,46 @@ def main(argv: list[str] | None = None) -> int:
     m = args.model
     ties, found, pairs = 0, 0, []
     for i in range(args.aa):
-        r, lo, hi, sep, _ = judge(sweep(root / f"aa{i}", [m, f"{m}_twin"], args.extra_pct, i,
-                                        more), m, f"{m}_twin")  # fmt: skip
+        r, lo, hi, sep, _ = judge(
+            sweep(root / f"aa{i}", [m, f"{m}_twin"], args.extra_pct, i, more), m, f"{m}_twin"
+        )
         ties += not sep
-        print(f"A/A {i + 1}/{args.aa}: twin/model x{r:.3f} [{lo:.3f}, {hi:.3f}] "
-              f"{'separable: a false difference' if sep else 'tied'}", flush=True)  # fmt: skip
+        print(
+            f"A/A {i + 1}/{args.aa}: twin/model x{r:.3f} [{lo:.3f}, {hi:.3f}] "
+            f"{'separable: a false difference' if sep else 'tied'}",
+            flush=True,
+        )
     for i in range(args.effect):
         run = sweep(root / f"effect{i}", [m, f"{m}_slowed"], args.extra_pct, 100 + i, more)
         r, lo, hi, sep, rounds = judge(run, m, f"{m}_slowed")
         slower = sep and lo > 1
         found += slower
         pairs += rounds
-        print(f"effect {i + 1}/{args.effect}: slowed/model x{r:.3f} [{lo:.3f}, {hi:.3f}] "
-              f"{'declared slower' if slower else 'not declared slower'}", flush=True)  # fmt: skip
+        print(
+            f"effect {i + 1}/{args.effect}: slowed/model x{r:.3f} [{lo:.3f}, {hi:.3f}] "
+            f"{'declared slower' if slower else 'not declared slower'}",
+            flush=True,
+        )
     if args.aa:
-        print(f"A/A: tied in {ties} of {args.aa} ({100 * (1 - ties / args.aa):.0f} % false "
-              "differences)")  # fmt: skip
+        print(
+            f"A/A: tied in {ties} of {args.aa} ({100 * (1 - ties / args.aa):.0f} % false "
+            "differences)"
+        )
     if args.effect:
         true = paired_ratio([a for a, _ in pairs], [b for _, b in pairs])
         sd = float(np.std(np.log([a / b for a, b in pairs]), ddof=1)) if len(pairs) > 1 else 0
-        print(f"effect: declared slower in {found} of {args.effect}; its real size over all "
-              f"{len(pairs)} rounds: x{true.ratio:.3f} [{true.low:.3f}, {true.high:.3f}], "
-              f"the rounds' log ratio varying by {100 * sd:.1f} % (one round pair)")  # fmt: skip
+        print(
+            f"effect: declared slower in {found} of {args.effect}; its real size over all "
+            f"{len(pairs)} rounds: x{true.ratio:.3f} [{true.low:.3f}, {true.high:.3f}], "
+            f"the rounds' log ratio varying by {100 * sd:.1f} % (one round pair)"
+        )
         # paired rounds: n pairs give a standard error sd / sqrt(n); 95 % two-sided and 90 %
         # power need the effect to be 1.96 + 1.28 standard errors (normal approximation)
         need = math.ceil((3.24 * sd / math.log(1 + args.extra_pct / 100)) ** 2) if sd else 0
-        print(f"rounds a 2-point sweep needs to separate a {args.extra_pct:g} % effect 9 times "
-              f"in 10 at this spread: about {need}")  # fmt: skip
+        print(
+            f"rounds a 2-point sweep needs to separate a {args.extra_pct:g} % effect 9 times "
+            f"in 10 at this spread: about {need}"
+        )
     print(f"runs: {root}")
     return 0
 

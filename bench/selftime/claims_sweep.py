@@ -50,11 +50,14 @@ class ExtraWork(nn.Module):
 def register(base: str, extra_pct: float) -> None:
     spec = MODELS[base]
     MODELS[f"{base}_twin"] = spec.__class__(**{**vars(spec), "name": f"{base}_twin"})
-    MODELS[f"{base}_slowed"] = spec.__class__(**{
-        **vars(spec), "name": f"{base}_slowed",
-        "description": f"{spec.description} + {extra_pct:g} % extra arithmetic",
-        "build": lambda: ExtraWork(spec.build(), extra_pct),
-    })  # fmt: skip
+    MODELS[f"{base}_slowed"] = spec.__class__(
+        **{
+            **vars(spec),
+            "name": f"{base}_slowed",
+            "description": f"{spec.description} + {extra_pct:g} % extra arithmetic",
+            "build": lambda: ExtraWork(spec.build(), extra_pct),
+        }
+    )
 
 
 def main(argv: list[str]) -> int:

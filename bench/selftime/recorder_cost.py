@@ -157,6 +157,18 @@ def _cycles(inboxes: dict, outbox, cycles: int, seed: int) -> dict[str, list[flo
     return times
 
 
+def _check_recorders(outbox, workers: int, sizes: dict[str, str]) -> dict[str, int]:
+    """Per job, the most entries a rank's recorder holds once ready; raises unless a job with
+    the recorder on recorded some and one with it off none."""
+    recorded = {job: 0 for job in sizes}
+    for _ in range(workers):
+        _, job, _, entries = _get(outbox, "ready")
+        recorded[job] = max(recorded[job], entries)
+    if any((recorded[job] > 0) != (sizes[job] != "0") for job in sizes):
+        raise RuntimeError(f"the recorder is not as claimed: entries recorded {recorded}")
+    return recorded
+
+
 def measure(
     *,
     cycles: int = 24,
@@ -189,12 +201,7 @@ def measure(
     }
     inboxes, procs = _start(ctx, sizes, ranks, args, outbox)
     try:
-        recorded = {job: 0 for job in sizes}
-        for _ in procs:
-            _, job, _, entries = _get(outbox, "ready")
-            recorded[job] = max(recorded[job], entries)
-        if any((recorded[job] > 0) != (sizes[job] != "0") for job in sizes):
-            raise RuntimeError(f"the recorder is not as claimed: entries recorded {recorded}")
+        recorded = _check_recorders(outbox, len(procs), sizes)
         times = _cycles(inboxes, outbox, cycles, seed)
         for q in (q for qs in inboxes.values() for q in qs):
             q.put(None)

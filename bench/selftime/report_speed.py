@@ -28,8 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     impls = ["native", "reference"]
     per_model = max(1, args.points // (len(models) * len(impls)))
     values = [0.25 * 2**i for i in range(per_model)]
-    points = {(m, v, i): 50.0 + 10 * j for m in models for j, v in enumerate(values)
-              for i in impls}  # fmt: skip
+    points = {(m, v, i): 50.0 + 10 * j for m in models for j, v in enumerate(values) for i in impls}
     with tempfile.TemporaryDirectory() as tmp:
         old = make_training_run(Path(tmp) / "old", points, seed=1)
         new = make_training_run(Path(tmp) / "new", points, seed=2)

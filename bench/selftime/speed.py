@@ -44,9 +44,16 @@ COMPARED_AT = {"tp": {"tp_degree": 2}}  # the issue's comparison: TP degree 2
 
 def point(impl: str, args, env) -> PointRecord:
     """The implementation's point: the suite's own resolution, at the chosen knobs."""
-    return resolve_point(sweep="speed", values={"impl": impl}, model=args.model,
-                         strategy=args.strategy, impl=impl, knobs=args.options,
-                         world_size=env.world_size, batch_size=args.batch_size)  # fmt: skip
+    return resolve_point(
+        sweep="speed",
+        values={"impl": impl},
+        model=args.model,
+        strategy=args.strategy,
+        impl=impl,
+        knobs=args.options,
+        world_size=env.world_size,
+        batch_size=args.batch_size,
+    )
 
 
 def peak_memory(impl: str, args, env) -> float:
@@ -56,8 +63,12 @@ def peak_memory(impl: str, args, env) -> float:
     trainer = build_trainer(point(impl, args, env), env, None)
     trainer.step()  # the first step makes the gradients and the optimiser's state
     with tempfile.TemporaryDirectory() as tmp:
-        got = step_memory(trainer.step, baseline=baseline, scratch_dir=Path(tmp),
-                          release=lambda: trainer.opt.zero_grad(set_to_none=True))  # fmt: skip
+        got = step_memory(
+            trainer.step,
+            baseline=baseline,
+            scratch_dir=Path(tmp),
+            release=lambda: trainer.opt.zero_grad(set_to_none=True),
+        )
     t = torch.tensor([got.peak_bytes], dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.item()
@@ -77,8 +88,15 @@ def comm_bytes(impl: str, args, env) -> float:
     """Bytes this rank hands to collectives per step, read from a profiled run's trace."""
     step = build_trainer(point(impl, args, env), env, None).step
     with tempfile.TemporaryDirectory() as tmp:
-        path, _ = profile_steps(step, trace_dir=Path(tmp), worker_name=f"rank{env.rank}",
-                                device=env.device, wait=1, warmup=1, active=2)  # fmt: skip
+        path, _ = profile_steps(
+            step,
+            trace_dir=Path(tmp),
+            worker_name=f"rank{env.rank}",
+            device=env.device,
+            wait=1,
+            warmup=1,
+            active=2,
+        )
         metrics = analysis.summarize(analysis.breakdown(load_trace(path)))
     return float(metrics["comm_bytes_per_step"])
 
@@ -91,6 +109,34 @@ def parse_option(text: str) -> tuple[str, object]:
         return KNOBS[key].param, KNOBS[key].parse(value)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _print_ratios(strategy: str, med: dict, peaks: dict, comm: dict) -> None:
+    """The ratios between the implementations measured (median step, peak memory, comm)."""
+    if "native" in med and "reference" in med:
+        ratio, target = med["reference"] / med["native"], TARGETS[strategy]
+        rank0_print(
+            f"reference/native step-time ratio: {ratio:.3f} (target <= {target:.2f}: "
+            f"{'met' if ratio <= target else 'MISSED'})"
+        )
+        rank0_print(
+            f"reference/native peak-memory ratio: {peaks['reference'] / peaks['native']:.3f}"
+        )
+    if "accelerate" in med and "native" in med:
+        rank0_print(
+            f"accelerate/native step-time ratio: {med['accelerate'] / med['native']:.3f} "
+            "(what the convenience layer costs)"
+        )
+    if "naive" in med and "reference" in med:
+        rank0_print(
+            f"naive/reference communication bytes per step: {comm['naive'] / comm['reference']:.2f}"
+            f", step time: {med['naive'] / med['reference']:.3f} (what Megatron's pairing saves)"
+        )
+    if "reference_nooverlap" in med and "reference" in med:
+        rank0_print(
+            "reference_nooverlap/reference step-time ratio: "
+            f"{med['reference_nooverlap'] / med['reference']:.3f} (what overlap saves)"
+        )
 
 
 def main() -> int:
@@ -138,30 +184,7 @@ def main() -> int:
             + ", ".join(f"{t:.1f}" for t in times[i])
             + ")"
         )
-    if "native" in med and "reference" in med:
-        ratio, target = med["reference"] / med["native"], TARGETS[args.strategy]
-        rank0_print(
-            f"reference/native step-time ratio: {ratio:.3f} (target <= {target:.2f}: "
-            f"{'met' if ratio <= target else 'MISSED'})"
-        )
-        rank0_print(
-            f"reference/native peak-memory ratio: {peaks['reference'] / peaks['native']:.3f}"
-        )
-    if "accelerate" in med and "native" in med:
-        rank0_print(
-            f"accelerate/native step-time ratio: {med['accelerate'] / med['native']:.3f} "
-            "(what the convenience layer costs)"
-        )
-    if "naive" in med and "reference" in med:
-        rank0_print(
-            f"naive/reference communication bytes per step: {comm['naive'] / comm['reference']:.2f}"
-            f", step time: {med['naive'] / med['reference']:.3f} (what Megatron's pairing saves)"
-        )
-    if "reference_nooverlap" in med and "reference" in med:
-        rank0_print(
-            "reference_nooverlap/reference step-time ratio: "
-            f"{med['reference_nooverlap'] / med['reference']:.3f} (what overlap saves)"
-        )
+    _print_ratios(args.strategy, med, peaks, comm)
     dist.destroy_process_group()
     return 0
 

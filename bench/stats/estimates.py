@@ -182,8 +182,9 @@ def estimates(
         for point, g in logs.groupby("point", sort=False):
             if point in wild:  # its own spread, not the others'
                 own = float(np.var(g["log"], ddof=1))
-                out[point] = Estimate(float(g["log"].mean()), own / len(g), len(g) - 1.0,
-                                      len(g), f"{pool}:{point}")  # fmt: skip
+                out[point] = Estimate(
+                    float(g["log"].mean()), own / len(g), len(g) - 1.0, len(g), f"{pool}:{point}"
+                )
                 continue
             var = s2 / len(g) if df > 0 else math.inf
             out[point] = Estimate(float(g["log"].mean()), var, df, len(g), pool)
@@ -247,5 +248,4 @@ def paired_median_ratio(a, b, confidence: float = CONFIDENCE) -> Ratio:
         return Ratio(math.nan, math.nan, math.nan, math.nan, confidence)
     test = scipy.stats.quantile_test(r, q=1.0, p=0.5)
     ci = test.confidence_interval(confidence)
-    return Ratio(float(np.median(r)), float(ci.low), float(ci.high), float(test.pvalue),
-                 confidence)  # fmt: skip
+    return Ratio(float(np.median(r)), float(ci.low), float(ci.high), float(test.pvalue), confidence)

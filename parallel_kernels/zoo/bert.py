@@ -29,18 +29,38 @@ NO_DROPOUT = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
 
 def _bert(size: str, description: str, seq: int, **fields) -> Workload:
     # the problem type named, or the model would set it in the config at its first forward
-    cfg = config("BertConfig", num_labels=2, problem_type="single_label_classification",
-                 **NO_DROPOUT, **fields)  # fmt: skip
-    return hf_workload(f"bert:{size}", description, model="BertForSequenceClassification",
-                       cfg=cfg, batch=classification_batch, seq=seq, family="bert",
-                       layer="BertLayer", tp_plan=TP_PLAN)  # fmt: skip
+    cfg = config(
+        "BertConfig",
+        num_labels=2,
+        problem_type="single_label_classification",
+        **NO_DROPOUT,
+        **fields,
+    )
+    return hf_workload(
+        f"bert:{size}",
+        description,
+        model="BertForSequenceClassification",
+        cfg=cfg,
+        batch=classification_batch,
+        seq=seq,
+        family="bert",
+        layer="BertLayer",
+        tp_plan=TP_PLAN,
+    )
 
 
 def tiny() -> Workload:
-    return _bert("tiny", "BERT at test size: 2 layers, dim 128, 4 heads, MLP 512, vocab 1024, "
-                 "seq 32", seq=32, vocab_size=1024, hidden_size=128, num_hidden_layers=2,
-                 num_attention_heads=4, intermediate_size=512,
-                 max_position_embeddings=64)  # fmt: skip
+    return _bert(
+        "tiny",
+        "BERT at test size: 2 layers, dim 128, 4 heads, MLP 512, vocab 1024, seq 32",
+        seq=32,
+        vocab_size=1024,
+        hidden_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=512,
+        max_position_embeddings=64,
+    )
 
 
 def base() -> Workload:
@@ -48,8 +68,9 @@ def base() -> Workload:
     # BertConfig defaults (vocab 30522, MLP 3072), 109,483,778 parameters with the two-class
     # head; sequence 128, the length of the paper's pre-training for 90 % of its steps
     # (appendix A.2) and of common fine-tuning.
-    return _bert("base", "BERT-base: 12 layers, dim 768, 12 heads, MLP 3072, vocab 30522, "
-                 "seq 128", seq=128)  # fmt: skip
+    return _bert(
+        "base", "BERT-base: 12 layers, dim 768, 12 heads, MLP 3072, vocab 30522, seq 128", seq=128
+    )
 
 
 ZOO["bert"] = sized("bert", {"tiny": tiny, "base": base})

@@ -84,8 +84,19 @@ def classification_batch(vocab: int, seq: int):
     return functools.partial(_classification_batch, vocab=vocab, seq=seq)
 
 
-def hf_workload(name: str, description: str, *, model: str, cfg: object, batch, seq: int,
-                family: str, layer: str, tp_plan=None, loss_type: str | None = None) -> Workload:
+def hf_workload(
+    name: str,
+    description: str,
+    *,
+    model: str,
+    cfg: object,
+    batch,
+    seq: int,
+    family: str,
+    layer: str,
+    tp_plan=None,
+    loss_type: str | None = None,
+) -> Workload:
     """A zoo workload of the Hugging Face model class ``model`` built from ``cfg``: ``batch``
     (``causal_lm_batch`` or ``classification_batch``) at ``seq`` tokens, the ``layer`` class of
     ``family`` as its FSDP and checkpointing unit."""

@@ -27,18 +27,34 @@ TP_PLAN = {
 
 def _llama(size: str, description: str, seq: int, **fields) -> Workload:
     cfg = config("LlamaConfig", max_position_embeddings=seq, attention_dropout=0.0, **fields)
-    return hf_workload(f"llama:{size}", description, model="LlamaForCausalLM", cfg=cfg,
-                       batch=causal_lm_batch, seq=seq, family="llama",
-                       layer="LlamaDecoderLayer", tp_plan=TP_PLAN)  # fmt: skip
+    return hf_workload(
+        f"llama:{size}",
+        description,
+        model="LlamaForCausalLM",
+        cfg=cfg,
+        batch=causal_lm_batch,
+        seq=seq,
+        family="llama",
+        layer="LlamaDecoderLayer",
+        tp_plan=TP_PLAN,
+    )
 
 
 def tiny() -> Workload:
     # 8 query heads share 4 key/value heads (grouped-query, as the 1B's 32 share 8): TP degrees
     # 2 and 4 split both into whole heads
-    return _llama("tiny", "Llama at test size: 2 layers, dim 128, 8 heads (4 key/value), MLP "
-                  "512, vocab 1024, seq 32", seq=32, vocab_size=1024, hidden_size=128,
-                  intermediate_size=512, num_hidden_layers=2, num_attention_heads=8,
-                  num_key_value_heads=4, tie_word_embeddings=True)  # fmt: skip
+    return _llama(
+        "tiny",
+        "Llama at test size: 2 layers, dim 128, 8 heads (4 key/value), MLP 512, vocab 1024, seq 32",
+        seq=32,
+        vocab_size=1024,
+        hidden_size=128,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        tie_word_embeddings=True,
+    )
 
 
 def one_b() -> Workload:
@@ -48,12 +64,21 @@ def one_b() -> Workload:
     # scaling left out, which changes no parameter or FLOP) with Llama 2's 32000-token vocabulary in
     # place of Llama 3's 128256, so that the decoder, not the embedding, is most of the model:
     # 1,038,682,112 parameters. Sequence 2048, the context Llama 1 and TinyLlama trained at.
-    return _llama("1b", "Llama 1B (Llama 3.2 1B's shape, vocab 32000): 16 layers, dim 2048, "
-                  "32 heads (8 key/value), MLP 8192, seq 2048", seq=2048, vocab_size=32000,
-                  hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-                  num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=True,
-                  rms_norm_eps=1e-5,
-                  rope_parameters={"rope_type": "default", "rope_theta": 500000.0})  # fmt: skip
+    return _llama(
+        "1b",
+        "Llama 1B (Llama 3.2 1B's shape, vocab 32000): 16 layers, dim 2048, "
+        "32 heads (8 key/value), MLP 8192, seq 2048",
+        seq=2048,
+        vocab_size=32000,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        tie_word_embeddings=True,
+        rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+    )
 
 
 ZOO["llama"] = sized("llama", {"tiny": tiny, "1b": one_b})

@@ -49,10 +49,12 @@ class Bottleneck(nn.Module):
         super().__init__()
         c_out = EXPANSION * width
         self.residual = nn.Sequential(
-            *_conv_bn(c_in, width, 1), nn.ReLU(inplace=True),
-            *_conv_bn(width, width, 3, stride), nn.ReLU(inplace=True),
+            *_conv_bn(c_in, width, 1),
+            nn.ReLU(inplace=True),
+            *_conv_bn(width, width, 3, stride),
+            nn.ReLU(inplace=True),
             *_conv_bn(width, c_out, 1),
-        )  # fmt: skip
+        )
         same = stride == 1 and c_in == c_out
         self.shortcut = nn.Identity() if same else nn.Sequential(*_conv_bn(c_in, c_out, 1, stride))
 
@@ -133,16 +135,26 @@ def _workload(size: str, description: str, build, unit, *, image: int, classes: 
 
 
 def tiny() -> Workload:
-    return _workload("tiny", "ResNet at test size: bottlenecks 1-1-1-1, widths 16-128, "
-                     "64 x 64 images, 10 classes",
-                     functools.partial(ResNet, (1, 1, 1, 1), (16, 32, 64, 128), 10),
-                     Bottleneck, image=64, classes=10)  # fmt: skip
+    return _workload(
+        "tiny",
+        "ResNet at test size: bottlenecks 1-1-1-1, widths 16-128, 64 x 64 images, 10 classes",
+        functools.partial(ResNet, (1, 1, 1, 1), (16, 32, 64, 128), 10),
+        Bottleneck,
+        image=64,
+        classes=10,
+    )
 
 
 def fifty() -> Workload:
     build, unit = _torchvision_resnet50() or (resnet50, Bottleneck)
-    return _workload("50", "ResNet-50 (25.6 M params), 224 x 224 images, 1000 classes",
-                     build, unit, image=224, classes=1000)  # fmt: skip
+    return _workload(
+        "50",
+        "ResNet-50 (25.6 M params), 224 x 224 images, 1000 classes",
+        build,
+        unit,
+        image=224,
+        classes=1000,
+    )
 
 
 ZOO["resnet"] = sized("resnet", {"tiny": tiny, "50": fifty})

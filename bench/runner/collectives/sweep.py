@@ -245,19 +245,23 @@ def _error_writer(ctx, point: str, name: str, impl: str, size: int, in_place: bo
     it (``watchdog.end_now``)."""
     if not ctx.env.is_main:
         return None
-    return lambda why: ctx.write({
-        "sweep": ctx.args.sweep, "collective": name, "impl": impl, "inplace": in_place,
-        "world_size": ctx.env.world_size, "size_bytes": size, "point": point,
-        "status": "error", "error": why,
-    })  # fmt: skip
+    return lambda why: ctx.write(
+        {
+            "sweep": ctx.args.sweep,
+            "collective": name,
+            "impl": impl,
+            "inplace": in_place,
+            "world_size": ctx.env.world_size,
+            "size_bytes": size,
+            "point": point,
+            "status": "error",
+            "error": why,
+        }
+    )
 
 
 def run_collective_sweep(args: argparse.Namespace, plan: CollectivePlan, argv: list[str]) -> int:
-    ctx = start_run(
-        args,
-        argv,
-        columns.written(columns.COLLECTIVE),
-    )
+    ctx = start_run(args, argv, columns.written(columns.COLLECTIVE))
     env = ctx.env
     limits = measure_limits(env, min(max(plan.sizes), 64 << 20))
     rank0_print(
@@ -271,7 +275,6 @@ def run_collective_sweep(args: argparse.Namespace, plan: CollectivePlan, argv: l
         # what the reading side needs to know of each implementation (the table's fact)
         ctx.meta["impl_native"] = {impl: IMPLS[impl] for impl in plan.impls}
         write_meta(ctx.run_dir / "meta.json", ctx.meta)
-    n = env.world_size
     itemsize = torch.empty((), dtype=DTYPES[plan.dtype]).element_size()
     for name in plan.collectives:
         coll = COLLECTIVES[name]
@@ -280,36 +283,69 @@ def run_collective_sweep(args: argparse.Namespace, plan: CollectivePlan, argv: l
         # Implementations alternate size by size, so machine drift hits them alike.
         groups = {impl: _new_group(args) for impl in plan.impls}
         for size in plan.sizes:
-            count = coll.align(size // itemsize, n)
+            count = coll.align(size // itemsize, env.world_size)
             for impl in plan.impls:
-                rows: list[dict | None] = []
-                for in_place in PLACEMENTS:
-                    point = f"{name}-{size}-{impl}" + ("-inplace" if in_place else "")
-                    if (point, 1) in ctx.skip:
-                        rows.append(None)
-                        continue
-                    watchdog.point_started(_error_writer(ctx, point, name, impl, size, in_place))
-                    row, failed = _run_size(
+                rows = [
+                    _visit(
+                        ctx,
+                        args,
+                        plan,
                         coll,
+                        op,
                         impl,
+                        size,
                         count,
                         itemsize,
-                        plan,
-                        op,
-                        env,
-                        groups[impl],
+                        groups,
                         limits,
-                        args.sweep,
-                        point,
                         in_place=in_place,
                     )
-                    if failed:  # the group may hold a half-done collective: start a fresh one
-                        dist.destroy_process_group(groups[impl])
-                        groups[impl] = _new_group(args)
-                    watchdog.write_row(lambda row=row: ctx.write(row))
-                    watchdog.point_done()
-                    rows.append(row)
+                    for in_place in PLACEMENTS
+                ]
                 print_line(size, count, impl, rows)
         for group in groups.values():
             dist.destroy_process_group(group)
     return finish_run(ctx, lambda run: footer(run.results, limits))
+
+
+def _visit(
+    ctx,
+    args,
+    plan: CollectivePlan,
+    coll,
+    op: str,
+    impl: str,
+    size: int,
+    count: int,
+    itemsize: int,
+    groups: dict,
+    limits: dict,
+    *,
+    in_place: bool,
+) -> dict | None:
+    """One (collective, size, implementation, placement) point: timed, checked and its row
+    written (None where --resume skips it); a failed point's group is replaced."""
+    point = f"{coll.name}-{size}-{impl}" + ("-inplace" if in_place else "")
+    if (point, 1) in ctx.skip:
+        return None
+    watchdog.point_started(_error_writer(ctx, point, coll.name, impl, size, in_place))
+    row, failed = _run_size(
+        coll,
+        impl,
+        count,
+        itemsize,
+        plan,
+        op,
+        ctx.env,
+        groups[impl],
+        limits,
+        args.sweep,
+        point,
+        in_place=in_place,
+    )
+    if failed:  # the group may hold a half-done collective: start a fresh one
+        dist.destroy_process_group(groups[impl])
+        groups[impl] = _new_group(args)
+    watchdog.write_row(lambda row=row: ctx.write(row))
+    watchdog.point_done()
+    return row

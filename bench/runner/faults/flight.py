@@ -76,9 +76,10 @@ def record(since_ns: int = 0) -> dict:
     groups = group_config()
     rec["pg_config"] = groups
     rec["entries"] = [
-        e for e in rec.get("entries", [])
+        e
+        for e in rec.get("entries", [])
         if e["process_group"][0] in groups and (e.get("time_created_ns") or 0) >= since_ns
-    ]  # fmt: skip
+    ]
     rec["job"] = job_id()
     return rec
 
@@ -109,9 +110,16 @@ def _write(path: Path, data: bytes) -> None:
     tmp.replace(path)
 
 
-def dump(folder: Path, rank: int, *, reason: str, error: BaseException | str | None = None,
-         threads: list[dict] | None = None, since_ns: int = 0,
-         prefix: str = FR_PREFIX) -> dict:  # fmt: skip
+def dump(
+    folder: Path,
+    rank: int,
+    *,
+    reason: str,
+    error: BaseException | str | None = None,
+    threads: list[dict] | None = None,
+    since_ns: int = 0,
+    prefix: str = FR_PREFIX,
+) -> dict:
     """Write this rank's flight record (from ``since_ns`` on), as ``<prefix><rank>``, and its
     stacks into ``folder``; return the record."""
     DUMPING.set()
@@ -125,8 +133,14 @@ def dump(folder: Path, rank: int, *, reason: str, error: BaseException | str | N
     return rec
 
 
-def write_stacks(folder: Path, rank: int, *, reason: str, error: BaseException | str | None,
-                 threads: list[dict] | None = None) -> None:  # fmt: skip
+def write_stacks(
+    folder: Path,
+    rank: int,
+    *,
+    reason: str,
+    error: BaseException | str | None,
+    threads: list[dict] | None = None,
+) -> None:
     raised_at: list[dict] = []
     if isinstance(error, BaseException):
         raised_at = _frames(traceback.extract_tb(error.__traceback__))

@@ -19,8 +19,9 @@ def hang_dir(trace_dir: Path) -> Path:
     return trace_dir.parent.parent / "hangs" / trace_dir.name
 
 
-def run_watched(fn: Callable[[], dict], *, group: dist.ProcessGroup, rank: int, folder: Path,
-                key: str) -> tuple[dict | None, str | None]:  # fmt: skip
+def run_watched(
+    fn: Callable[[], dict], *, group: dist.ProcessGroup, rank: int, folder: Path, key: str
+) -> tuple[dict | None, str | None]:
     """``fn()`` (the point on this rank) under its watchdog, with ``group`` named as the point's
     (``parallel_kernels.groups.point_group``); the flight recorder dumped if it raises:
     (result, None) or (None, error)."""

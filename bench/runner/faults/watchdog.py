@@ -192,13 +192,20 @@ class PointWatch:
         """Dump once; a later failure on this rank adds its error to the first dump's stacks."""
         with self._lock:
             if self._threads is not None:
-                flight.write_stacks(self.folder, self.rank, reason=reason, error=error,
-                                    threads=self._threads)  # fmt: skip
+                flight.write_stacks(
+                    self.folder, self.rank, reason=reason, error=error, threads=self._threads
+                )
                 return None
             skip = threading.get_ident() if threading.get_ident() != self._main else None
             self._threads = flight.thread_stacks(skip)
-            return flight.dump(self.folder, self.rank, reason=reason, error=error,
-                               threads=self._threads, since_ns=self.since_ns)  # fmt: skip
+            return flight.dump(
+                self.folder,
+                self.rank,
+                reason=reason,
+                error=error,
+                threads=self._threads,
+                since_ns=self.since_ns,
+            )
 
     def failed(self, error: BaseException | None, dump: bool = True) -> None:
         """This rank's point raised (or was terminated): tell the others, then dump."""

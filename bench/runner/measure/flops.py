@@ -48,8 +48,12 @@ from bench.runner.session.distenv import synchronize
 from parallel_kernels.models import workload
 from parallel_kernels.workload import Workload, to_device
 
-DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16,
-          "fp16": torch.float16}  # fmt: skip
+DTYPES = {
+    "fp32": torch.float32,
+    "tf32": torch.float32,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+}
 MATMUL_REPS = 10  # timed matmuls per size after a warm-up one; the fastest is the peak
 MATMUL_BUDGET_S = 1.0  # timed seconds per size at most: a slow precision (fp16 on a CPU) ends early
 # Square matmul sizes, best of all: on CPUs the rate still grows past 1024 (here 1024^3 reached
@@ -65,8 +69,9 @@ def op_class(op: object) -> str:
     return "conv" if "convolution" in str(op) else "matmul"
 
 
-def count_op_flops(wl: Workload, batch: int, device: torch.device | None = None
-                   ) -> dict[str, float]:  # fmt: skip
+def count_op_flops(
+    wl: Workload, batch: int, device: torch.device | None = None
+) -> dict[str, float]:
     """Forward and backward FLOPs of the plain model on a micro-batch of ``batch`` samples by
     op class (``op_class``), on ``device``, or None: on fake tensors."""
     fake = contextlib.nullcontext() if device else FakeTensorMode(allow_non_fake_inputs=True)
@@ -199,14 +204,16 @@ def fp32_precision(by_class: dict[str, float], tf32: dict[str, bool]) -> tuple[s
     in_tf32 = sum(f for op, f in by_class.items() if tf32.get(op)) / total
     shares = ", ".join(
         f"{OP_CLASSES[op]} {100 * f / total:.3g} % in {'TF32' if tf32.get(op) else 'IEEE fp32'}"
-        for op, f in sorted(by_class.items(), key=lambda kv: -kv[1]) if f > 0
-    )  # fmt: skip
+        for op, f in sorted(by_class.items(), key=lambda kv: -kv[1])
+        if f > 0
+    )
     why = f"fp32 point, shares of the counted FLOPs: {shares}"
     return ("tf32" if in_tf32 > 0.5 else "fp32"), why
 
 
-def peak_precision(point: PointRecord, device: torch.device, by_class: dict[str, float]
-                   ) -> tuple[str, str]:  # fmt: skip
+def peak_precision(
+    point: PointRecord, device: torch.device, by_class: dict[str, float]
+) -> tuple[str, str]:
     """(The precision the point's FLOPs run in, why; empty but for fp32 on CUDA): its
     ``precision`` knob, where fp32 on CUDA may be TF32 (``fp32_precision``)."""
     precision = point.knobs.get("precision", "fp32")
@@ -238,8 +245,9 @@ def _matmul_s(device: torch.device, precision: str, n: int) -> float:
     """The fastest of up to ``MATMUL_REPS`` timed ``n``^3 matmuls after a warm-up one, in
     ``MATMUL_BUDGET_S`` of timed matmuls at most."""
     gen = torch.Generator(device=device).manual_seed(0)  # random data: constant data runs
-    a, b = (torch.randn(n, n, device=device, generator=gen).to(DTYPES[precision])
-            for _ in range(2))  # faster on GPUs (less power drawn)  # fmt: skip
+    a, b = (
+        torch.randn(n, n, device=device, generator=gen).to(DTYPES[precision]) for _ in range(2)
+    )  # faster on GPUs (less power drawn)
     best, spent = math.inf, 0.0
     with _matmuls_in(precision, device):
         for rep in range(MATMUL_REPS + 1):
@@ -286,16 +294,20 @@ def point_peaks(point: PointRecord, device: torch.device) -> tuple[peaks.Peak, p
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
         sheet = peaks.datasheet_peak(name, precision)
-        used = sheet or peaks.Peak(measured.tflops, f"{measured.source}; {name} has no "
-                                   f"{precision} datasheet peak here: a measured peak, not "
-                                   f"the datasheet MFU torchtitan or Lightning report")  # fmt: skip
+        used = sheet or peaks.Peak(
+            measured.tflops,
+            f"{measured.source}; {name} has no "
+            f"{precision} datasheet peak here: a measured peak, not "
+            f"the datasheet MFU torchtitan or Lightning report",
+        )
     if why:
         used = peaks.Peak(used.tflops, f"{used.source}; {why}")
     return used, measured
 
 
-def figures(point: PointRecord, device: torch.device, step_s: float,
-            peak: tuple[peaks.Peak, peaks.Peak]) -> dict:  # fmt: skip
+def figures(
+    point: PointRecord, device: torch.device, step_s: float, peak: tuple[peaks.Peak, peaks.Peak]
+) -> dict:
     """The row's FLOPs columns on this rank, ``step_s`` its timed steps' mean time (the mean,
     as ``samples_per_s``); ``mfu_pct`` is made from the ranks' figures (``utilisation``)."""
     flops, source = step_flops(point, device)
@@ -315,8 +327,9 @@ def utilisation(row: dict) -> dict:
     rate exceeds the peak, no figure, and ``peak_source`` says the peak cannot be right."""
     if "tflops_per_s" not in row:
         return {}
-    mfu, source = peaks.checked_mfu(row["tflops_per_s"], row["peak_tflops"],
-                                    row.get("peak_source") or "")  # fmt: skip
+    mfu, source = peaks.checked_mfu(
+        row["tflops_per_s"], row["peak_tflops"], row.get("peak_source") or ""
+    )
     out = {"mfu_pct": mfu}
     if source != row.get("peak_source"):
         out["peak_source"] = source

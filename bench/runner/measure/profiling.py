@@ -152,8 +152,9 @@ class MemoryBaseline:
             synchronize(device)
             # Blocks earlier points left cached would hide this point's own reservations.
             torch.cuda.empty_cache()
-            return cls(device, torch.cuda.memory_allocated(device),
-                       torch.cuda.memory_reserved(device))  # fmt: skip
+            return cls(
+                device, torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)
+            )
         heap = host_bytes_in_use()
         return cls(device, math.nan if heap is None else heap, math.nan)
 
@@ -190,8 +191,10 @@ def step_memory(
         torch.cuda.reset_peak_memory_stats(device)
         step()
         synchronize(device)
-        return StepMemory(torch.cuda.max_memory_allocated(device) - baseline.allocated,
-                          torch.cuda.max_memory_reserved(device) - baseline.reserved)  # fmt: skip
+        return StepMemory(
+            torch.cuda.max_memory_allocated(device) - baseline.allocated,
+            torch.cuda.max_memory_reserved(device) - baseline.reserved,
+        )
     at_start = host_bytes_in_use()
     scratch_dir.mkdir(parents=True, exist_ok=True)
     path = scratch_dir / "memory.pt.trace.json"

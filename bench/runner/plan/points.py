@@ -67,8 +67,9 @@ def check_workload(name: str) -> None:
         tp_plan(twin)
 
 
-def _figures(strategy: Strategy, impl, model: str, world: int, batch: int | None,
-             knobs: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+def _figures(
+    strategy: Strategy, impl, model: str, world: int, batch: int | None, knobs: dict[str, Any]
+) -> dict[str, Any]:
     """The analytical figures' inputs and values, from the plain model's shapes."""
     spec, twin = workload(model), _twin(model)
     psi = param_count(twin)
@@ -86,8 +87,10 @@ def _figures(strategy: Strategy, impl, model: str, world: int, batch: int | None
     }
     options = {k.param: knobs[k.param] for k in strategy.knobs}
     plain = dict(model=twin, impl=impl, tokens=tokens)
-    for name, fn in (("comm_bytes_expected", strategy.expected_comm_bytes),
-                     ("state_bytes_expected", strategy.expected_state_bytes)):  # fmt: skip
+    for name, fn in (
+        ("comm_bytes_expected", strategy.expected_comm_bytes),
+        ("state_bytes_expected", strategy.expected_state_bytes),
+    ):
         try:
             out[name] = fn(psi, world, **plain, **options) if fn else None
         except ValueError:  # a layout that cannot run: the point's apply says why
@@ -95,12 +98,34 @@ def _figures(strategy: Strategy, impl, model: str, world: int, batch: int | None
     out["tp_comm_calls"] = None
     if impl.tp_layer is not None:
         try:
-            dims, plan, _ = local_layout(twin, impl.tp_layer, world, strategy.tp_size(**options),
-                                         False)  # fmt: skip
+            dims, plan, _ = local_layout(
+                twin, impl.tp_layer, world, strategy.tp_size(**options), False
+            )
             out["tp_comm_calls"] = [list(c) for c in comm_calls(twin, plan, tokens, dims.tp)]
         except ValueError:
             pass
     return out
+
+
+def _settings(row: Strategy, knobs: dict[str, Any]) -> tuple[dict, dict, str | None]:
+    """(every knob's setting, every knob's default, the autocast precision or None): the
+    strategy's and the step's knobs at their defaults but for those set. A precision goes to
+    the strategy's own mixed-precision policy where it has one, else to autocast."""
+    own = [*row.knobs, *step_knobs()]
+    defaults = {k.param: k.default for k in own}
+    settings = dict(defaults)
+    for name, value in knobs.items():
+        if name not in defaults:
+            raise ValueError(f"strategy {row.name} has no knob {name!r}")
+        settings[name] = value
+    autocast = None
+    precision = settings["precision"]
+    if precision != defaults["precision"]:
+        if "mixed_precision" in defaults:
+            settings["mixed_precision"] = precision
+        else:
+            autocast = precision
+    return settings, defaults, autocast
 
 
 def resolve_point(
@@ -127,21 +152,7 @@ def resolve_point(
     row = strategy_row(strategy)
     workload(model)  # an unknown model, or a factory that fails: one line, before any rank trains
     facts = row.impl(impl)
-    own = [*row.knobs, *step_knobs()]
-    defaults = {k.param: k.default for k in own}
-    settings = dict(defaults)
-    for name, value in (knobs or {}).items():
-        if name not in defaults:
-            raise ValueError(f"strategy {strategy} has no knob {name!r}")
-        settings[name] = value
-    autocast = None
-    precision = settings["precision"]
-    if precision != defaults["precision"]:
-        # a strategy with its own mixed-precision policy takes the precision there
-        if "mixed_precision" in defaults:
-            settings["mixed_precision"] = precision
-        else:
-            autocast = precision
+    settings, defaults, autocast = _settings(row, knobs or {})
     tp = row.tp_size(**{k.param: settings[k.param] for k in row.knobs})
     dp = max(1, world_size // tp) if isinstance(tp, int) and tp > 0 else 1
     batch: int | None = batch_size
@@ -264,12 +275,21 @@ def build_points(
     world-size sweep's choices, and the strategy of a training-knob sweep."""
     names = sweep_names(sweep_name)
     sweeps = [SWEEPS[n] for n in names]
-    budget = dict(batch_size=batch_size, steps=steps, warmup_steps=warmup_steps,
-                  profile_steps=profile_steps)  # fmt: skip
+    budget = dict(
+        batch_size=batch_size, steps=steps, warmup_steps=warmup_steps, profile_steps=profile_steps
+    )
     if sweeps[0].kind == "scaling":
-        return _world_size_points(sweeps[0], values=values, models=models, impls=impls,
-                                  options=options, world_size=world_size, strategy=strategy,
-                                  scaling=scaling, budget=budget)  # fmt: skip
+        return _world_size_points(
+            sweeps[0],
+            values=values,
+            models=models,
+            impls=impls,
+            options=options,
+            world_size=world_size,
+            strategy=strategy,
+            scaling=scaling,
+            budget=budget,
+        )
     if sweeps[0].kind != "training":
         raise ValueError(f"sweep {sweep_name!r} has no training points")
     if values2 is not None and len(sweeps) < 2:
@@ -285,6 +305,21 @@ def build_points(
     set_by_sweeps = tuple(k for s in sweeps for k in s.knobs_set)
     fixed = parse_options(options or [], known, set_by_sweeps)
     model_names, impl_names = _models_and_impls(sweeps[0], row, models, impls)
+    return _grid_points(sweeps, axes, row, model_names, impl_names, fixed, world_size, budget)
+
+
+def _grid_points(
+    sweeps: list[Sweep],
+    axes: list[list[tuple[Any, dict]]],
+    row: Strategy,
+    model_names: list[str],
+    impl_names: list[str],
+    fixed: dict,
+    world_size: int,
+    budget: dict,
+) -> list[PointRecord]:
+    """A point per model, combination of the axes' values and implementation (implementations
+    innermost: interleaved per value), each with the fixed knobs and those its values set."""
     swept_defaults = {s.name: KNOBS[s.knob].default if s.knob else None for s in sweeps}
     points = []
     for m in model_names:
@@ -294,16 +329,25 @@ def build_points(
             for _, sets in combo:
                 knobs.update(sets)
             points += [
-                resolve_point(sweep=",".join(names), values=vals, model=m, strategy=row.name,
-                              impl=i, knobs=knobs, world_size=world_size,
-                              swept_defaults=swept_defaults, **budget)
+                resolve_point(
+                    sweep=",".join(s.name for s in sweeps),
+                    values=vals,
+                    model=m,
+                    strategy=row.name,
+                    impl=i,
+                    knobs=knobs,
+                    world_size=world_size,
+                    swept_defaults=swept_defaults,
+                    **budget,
+                )
                 for i in impl_names
             ]
     return points
 
 
-def _world_size_points(sweep: Sweep, *, values, models, impls, options, world_size, strategy,
-                       scaling, budget) -> list[PointRecord]:  # fmt: skip
+def _world_size_points(
+    sweep: Sweep, *, values, models, impls, options, world_size, strategy, scaling, budget
+) -> list[PointRecord]:
     """Points at world sizes up to the launched one. Strong scaling keeps one global batch,
     --batch-size x the largest world size (one replica per rank: --batch-size each at the
     largest size), split over each point's data-parallel replicas."""
@@ -328,10 +372,19 @@ def _world_size_points(sweep: Sweep, *, values, models, impls, options, world_si
     model_names, impl_names = _models_and_impls(sweep, row, models, impls)
     global_batch = budget["batch_size"] * max(sizes)
     return [
-        resolve_point(sweep=sweep.name, values={sweep.name: k}, model=m, strategy=row.name,
-                      impl=i, knobs=dict(fixed), world_size=k, scaling=sc,
-                      global_batch=global_batch if sc == "strong" else None,
-                      id_suffix=f"-{sc}-{row.name}", **budget)
+        resolve_point(
+            sweep=sweep.name,
+            values={sweep.name: k},
+            model=m,
+            strategy=row.name,
+            impl=i,
+            knobs=dict(fixed),
+            world_size=k,
+            scaling=sc,
+            global_batch=global_batch if sc == "strong" else None,
+            id_suffix=f"-{sc}-{row.name}",
+            **budget,
+        )
         for m in model_names
         for sc in scalings
         for k in sizes

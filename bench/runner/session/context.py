@@ -84,11 +84,35 @@ class RunContext:
 
 # What makes two launches the same run: --resume refuses a run made with other values of these.
 SETTINGS = (
-    "sweep", "values", "values2", "model", "impl", "option", "strategy", "scaling", "batch_size",
-    "steps", "max_steps", "max_point_s", "target_ci_pct", "rounds", "seed",
-    "warmup_steps", "profile_steps", "clip_grad_norm", "backend", "min_bytes", "max_bytes",
-    "factor", "iters", "warmup_iters", "check", "dtype", "op", "collectives",
-)  # fmt: skip
+    "sweep",
+    "values",
+    "values2",
+    "model",
+    "impl",
+    "option",
+    "strategy",
+    "scaling",
+    "batch_size",
+    "steps",
+    "max_steps",
+    "max_point_s",
+    "target_ci_pct",
+    "rounds",
+    "seed",
+    "warmup_steps",
+    "profile_steps",
+    "clip_grad_norm",
+    "backend",
+    "min_bytes",
+    "max_bytes",
+    "factor",
+    "iters",
+    "warmup_iters",
+    "check",
+    "dtype",
+    "op",
+    "collectives",
+)
 
 
 def resume_problem(run_dir: Path, args: argparse.Namespace, world_size: int | None) -> str | None:

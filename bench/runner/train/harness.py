@@ -9,18 +9,15 @@ from __future__ import annotations
 
 import datetime
 import gc
-import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 import torch.distributed as dist
 
 from bench.analysis import breakdown as analysis
-from bench.runfolder import columns
 from bench.runfolder.points import PointRecord
 from bench.runner.faults import watchdog
 from bench.runner.faults.hangs import diagnosis, hang_dir, run_watched
@@ -29,14 +26,15 @@ from bench.runner.measure import flops
 from bench.runner.measure.nvml import NvmlSampler
 from bench.runner.measure.profiling import (
     MemoryBaseline,
-    peak_rss_bytes,
     profile_steps,
     reset_peak_rss,
     step_memory,
 )
-from bench.runner.measure.timing import Budget, adaptive_steps, common_clock, summarize_times
+from bench.runner.measure.timing import Budget, adaptive_steps, common_clock
 from bench.runner.session.distenv import DistEnv, synchronize
 from bench.runner.train import plain_check
+from bench.runner.train.figures import Timed, aggregate, point_columns, visit_figures
+from bench.runner.train.replicas import check_replicas_agree
 from bench.runner.train.step import build_trainer
 from parallel_kernels.groups import mesh_lines, prepare
 from parallel_kernels.strategies import STRATEGIES
@@ -85,36 +83,12 @@ def _every(seconds: float, fn: Callable) -> Callable:
     return call
 
 
-class DivergedError(RuntimeError):
-    """Replicas that should be identical are not."""
-
-
 class LostRanksError(RuntimeError):
     """The ranks could not agree on a point's outcome: a rank or a node is gone."""
 
     def __init__(self, message: str, hangs: Path | None = None):
         super().__init__(message)
         self.hangs = hangs  # where the ranks that could still act left their dumps
-
-
-def param_digest(tensors: list[torch.Tensor]) -> str:
-    """SHA-256 of the tensors' exact bytes: equal digests mean bit-identical replicas."""
-    h = hashlib.sha256()
-    for t in tensors:
-        # flattened first: a 0-dim tensor (a learned scalar gate) cannot be viewed as bytes
-        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
-
-
-def check_replicas_agree(tensors: list[torch.Tensor], group: dist.ProcessGroup | None) -> None:
-    digests: list[str | None] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(digests, param_digest(tensors), group=group)
-    if len(set(digests)) > 1:
-        differing = [r for r, d in enumerate(digests) if d != digests[0]]
-        raise DivergedError(
-            f"replicated parameters differ across ranks after training (ranks {differing} "
-            f"differ from rank 0): the run diverged silently and is not a valid result"
-        )
 
 
 def _train_and_measure(
@@ -127,7 +101,8 @@ def _train_and_measure(
     progress: Callable[[str], None],
     seen: dict,
 ) -> dict:
-    strategy = STRATEGIES[point.strategy]
+    """This rank's visit of the point: warm-up (its first step checked against the plain
+    model), the timed steps, on a first visit the traced steps and memory, and its figures."""
     gc.collect()  # earlier points' modules hold reference cycles (hooks): free them first
     peak = flops.point_peaks(point, env.device)  # MFU's peak: timed before the model holds memory
     baseline = MemoryBaseline.now(env.device)
@@ -141,6 +116,29 @@ def _train_and_measure(
     if visit.profile:  # a point's first visit; later ones only say when they finish
         progress("warm-up")
     checked = seen["checked"] = _warm_up(point, env, cfg, visit, group, trainer, step)
+    timed = _timed_steps(env, visit, group, trainer, step, progress)
+    metrics: dict = {}
+    if visit.profile:
+        progress("profiling")
+        metrics = _profiled(point, env, cfg, trainer, step, trace_dir, baseline, timed.times)
+    check_replicas_agree(STRATEGIES[point.strategy].replicated(trainer.wrapped), group)
+    if checked is not None:  # a later visit's row carries the first visit's (the runner)
+        metrics["checked"] = checked
+    metrics.update(visit_figures(point, visit, trainer, timed))
+    mean_s = float(np.mean([*visit.prior_times, *timed.times])) / 1e3
+    metrics.update(flops.figures(point, env.device, mean_s, peak))  # FLOPs
+    return metrics
+
+
+def _timed_steps(
+    env: DistEnv,
+    visit: Visit,
+    group: dist.ProcessGroup,
+    trainer,
+    step: Callable,
+    progress: Callable[[str], None],
+) -> Timed:
+    """The visit's timed steps, each step's data fetched and NVML read between them."""
     clock = common_clock(group, env.device)  # once per point: every visit builds its own group
     nvml = NvmlSampler(env.device)
     data_ms: list[float] = []
@@ -163,73 +161,57 @@ def _train_and_measure(
         between=between,
         on_chunk=_every(PROGRESS_S, lambda n, w: progress(f"{n} timed steps, median +-{w:.1f} %")),
     )
-    metrics: dict = {}
-    if visit.profile:
-        progress("profiling")
-        n_traced = cfg.profile_wait + cfg.profile_warmup + point.profile_steps
-        inputs = [trainer.next_inputs() for _ in range(n_traced)]  # no data loading traced
-        trace_path, traced_ms = profile_steps(
-            lambda: step(inputs.pop(0)),
-            trace_dir=trace_dir,
-            worker_name=f"rank{env.rank}",
-            device=env.device,
-            wait=cfg.profile_wait,
-            warmup=cfg.profile_warmup,
-            active=point.profile_steps,
-        )
-        metrics = analysis.summarize(analysis.breakdown(analysis.load_trace(trace_path)))
-        metrics.update(
-            comm_bytes_per_sample=metrics["comm_bytes_per_step"] / trainer.samples_per_step,
-            # what tracing adds to a step, against this visit's untraced steps on this rank
-            trace_overhead_pct=100 * (float(np.median(traced_ms)) / float(np.median(times)) - 1),
-        )
-        memory = step_memory(
-            step,
-            baseline=baseline,
-            release=lambda: trainer.opt.zero_grad(set_to_none=True),
-            scratch_dir=trace_dir / f".memory-rank{env.rank}",
-        )
-        metrics.update(peak_mem_mb=memory.peak_bytes / 2**20,
-                       peak_reserved_mb=memory.reserved_bytes / 2**20)  # fmt: skip
-    check_replicas_agree(strategy.replicated(trainer.wrapped), group)
-    if checked is not None:  # a later visit's row carries the first visit's (the runner)
-        metrics["checked"] = checked
-    pooled = np.concatenate([visit.prior_times, times])
-    skews = np.concatenate([visit.prior_skew, skew])
-    medians = [*visit.prior_medians, float(np.median(times))]
-    metrics.update(summarize_times(pooled, skews))
-    held = state_bytes(trainer.opt)
-    expected_state = point.figures.get("state_bytes_expected")
-    metrics.update(
-        comm_bytes_expected=point.figures.get("comm_bytes_expected"),
-        **dict(zip(("param_mb", "grad_mb", "optim_mb"), (b / 2**20 for b in held), strict=True)),
-        state_mb=sum(held) / 2**20,
-        state_mb_expected=np.nan if expected_state is None else expected_state / 2**20,
-        peak_rss_mb=(peak_rss_bytes() or np.nan) / 2**20,
-        samples_ms=[float(t) for t in times],  # this visit's, for samples.csv
-        skew_ms=[float(t) for t in skew],  # kept by the runner for next rounds
-        data_ms=float(np.median(data_ms)),
-        nvml_util_pct=nvml.mean_pct,
-        params=point.figures["params"],
-        grad_bytes=point.figures["grad_bytes"],
-        loss=float(trainer.last_loss),
-        batch_per_replica=point.batch_per_replica,
-        grad_accum=trainer.accum,
-        # total samples over total timed time (a mean rate), not one over the median step
-        samples_per_s=trainer.samples_per_step * len(pooled) / (pooled.sum() / 1e3),
-        steps=len(pooled),
-        stop=stop,
-        round=visit.round,
-        rounds=len(medians),
-        # how far apart the rounds' medians are: drift between rounds, when it is large
-        round_spread_pct=100 * (max(medians) / min(medians) - 1) if len(medians) > 1 else np.nan,
+    return Timed(times, skew, stop, float(np.median(data_ms)), nvml.mean_pct)
+
+
+def _profiled(
+    point: PointRecord,
+    env: DistEnv,
+    cfg: HarnessConfig,
+    trainer,
+    step: Callable,
+    trace_dir: Path,
+    baseline: MemoryBaseline,
+    times: np.ndarray,
+) -> dict:
+    """A first visit's traced steps, analysed (the breakdown), and one step's peak memory."""
+    n_traced = cfg.profile_wait + cfg.profile_warmup + point.profile_steps
+    inputs = [trainer.next_inputs() for _ in range(n_traced)]  # no data loading traced
+    trace_path, traced_ms = profile_steps(
+        lambda: step(inputs.pop(0)),
+        trace_dir=trace_dir,
+        worker_name=f"rank{env.rank}",
+        device=env.device,
+        wait=cfg.profile_wait,
+        warmup=cfg.profile_warmup,
+        active=point.profile_steps,
     )
-    metrics.update(flops.figures(point, env.device, float(pooled.mean()) / 1e3, peak))  # FLOPs
+    metrics = analysis.summarize(analysis.breakdown(analysis.load_trace(trace_path)))
+    memory = step_memory(
+        step,
+        baseline=baseline,
+        release=lambda: trainer.opt.zero_grad(set_to_none=True),
+        scratch_dir=trace_dir / f".memory-rank{env.rank}",
+    )
+    metrics.update(
+        comm_bytes_per_sample=metrics["comm_bytes_per_step"] / trainer.samples_per_step,
+        # what tracing adds to a step, against this visit's untraced steps on this rank
+        trace_overhead_pct=100 * (float(np.median(traced_ms)) / float(np.median(times)) - 1),
+        peak_mem_mb=memory.peak_bytes / 2**20,
+        peak_reserved_mb=memory.reserved_bytes / 2**20,
+    )
     return metrics
 
 
-def _warm_up(point: PointRecord, env: DistEnv, cfg: HarnessConfig, visit: Visit,
-             group: dist.ProcessGroup, trainer, step: Callable) -> str | None:  # fmt: skip
+def _warm_up(
+    point: PointRecord,
+    env: DistEnv,
+    cfg: HarnessConfig,
+    visit: Visit,
+    group: dist.ProcessGroup,
+    trainer,
+    step: Callable,
+) -> str | None:
     """The warm-up steps, the first of a point's first visit checked against the plain model
     (``plain_check``): what was checked, or None on later visits (the runner carries the
     first visit's, as it does the traced figures)."""
@@ -239,71 +221,19 @@ def _warm_up(point: PointRecord, env: DistEnv, cfg: HarnessConfig, visit: Visit,
         step()
         if i == 0 and visit.profile:
             checked = plain_check.run(
-                trainer, env, group, seed=cfg.seed, lr=cfg.lr, clip=cfg.clip_grad_norm,
-                replicas=lambda: check_replicas_agree(replicated(trainer.wrapped), group))
+                trainer,
+                env,
+                group,
+                seed=cfg.seed,
+                lr=cfg.lr,
+                clip=cfg.clip_grad_norm,
+                replicas=lambda: check_replicas_agree(replicated(trainer.wrapped), group),
+            )
             gc.collect()  # the plain model and the gathered copy go before anything is measured
             reset_peak_rss()  # the peak of the timed steps, not of the extra plain step
     if checked is None and visit.profile:
         checked = plain_check.tolerance_for(point)  # no warm-up step: it says why
     return checked
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t  # a DTensor's own shard
-
-
-def state_bytes(opt: torch.optim.Optimizer) -> tuple[int, int, int]:
-    """Bytes of parameters, of gradients and of optimiser state this rank holds (its shards),
-    over the parameters the optimiser trains (a wrapper may swap others into its modules)."""
-    params = grads = optim = 0
-    for group in opt.param_groups:
-        for p in group["params"]:
-            params += _local(p).numel() * p.element_size()
-            if p.grad is not None:
-                grads += _local(p.grad).numel() * p.grad.element_size()
-    for state in opt.state.values():
-        for v in state.values():
-            if torch.is_tensor(v) and v.dim() > 0:
-                optim += _local(v).numel() * v.element_size()
-    return params, grads, optim
-
-
-def _aggregate(per_rank: list[dict]) -> dict:
-    """The point's figures from the ranks', as the column table says: times from the timing
-    all-reduce are already cross-rank, breakdowns are averaged, memory takes the largest rank,
-    ratios are made again from the averages."""
-    ranks = [r for r in per_rank if r]
-    out = dict(ranks[0])
-    for how, reduce in ((columns.MEAN, np.nanmean), (columns.MAX, np.nanmax)):
-        for key in columns.by_ranks(columns.TRAINING, how):
-            if key not in out:  # a visit that was not profiled: the runner carries them over
-                continue
-            vals = [np.nan if r.get(key) is None else r[key] for r in ranks]
-            out[key] = float(reduce(vals)) if not np.all(np.isnan(vals)) else np.nan
-    out.update(flops.utilisation(out))  # mfu_pct from the ranks' aggregated figures
-    if "comm_ms" not in out:
-        return out
-    comm = out["comm_ms"]
-    out["compute_comm_ratio"] = out["compute_ms"] / comm if comm and comm > 0 else np.nan
-    out["overlap_pct"] = 100.0 * out["overlap_ms"] / comm if comm and comm > 0 else np.nan
-    return out
-
-
-def point_columns(point: PointRecord) -> dict:
-    """The columns of a row that its record decides, whatever the outcome."""
-    second = point.swept[1] if len(point.swept) > 1 else None
-    return {
-        "sweep": point.sweep,
-        "value": point.value,
-        "value2": point.values[second] if second else None,
-        "impl": point.impl,
-        "strategy": point.strategy,
-        "model": point.model,
-        "point": point.id,
-        "world_size": point.world_size,
-        "scaling": point.scaling,
-        "global_batch": point.global_batch,
-    }
 
 
 def run_point(
@@ -318,37 +248,27 @@ def run_point(
     (collective call on every rank); rank 0 gets the finished row. Without a ``visit``: one
     round of exactly ``point.steps`` timed steps."""
     if visit is None:
-        visit = Visit(budget=Budget(min_steps=point.steps, max_steps=point.steps,
-                                    max_s=float("inf"), target_pct=0.0))  # fmt: skip
+        visit = Visit(
+            budget=Budget(
+                min_steps=point.steps, max_steps=point.steps, max_s=float("inf"), target_pct=0.0
+            )
+        )
     k = point.world_size
     if k > env.world_size:
         raise ValueError(f"point {point.id} needs {k} ranks, {env.world_size} were launched")
     members = list(range(k))
+    group = _point_group(point, env, cfg, members)
     metrics, error = None, None
-    # Every rank takes part in creating the point's group (a fresh one each point, so that a
-    # point that broke its group cannot harm the next); only members get one. On part of the
-    # job, every rank also creates the subgroups the strategy will ask for (groups.py).
-    timeout = datetime.timedelta(seconds=cfg.point_timeout_s)
-    try:
-        group = dist.new_group(members, timeout=timeout, group_desc="point")
-        if k < env.world_size:
-            try:
-                shape = STRATEGIES[point.strategy].mesh_shape(k, **point.knobs)
-            except ValueError:  # a bad layout: the members' apply raises it as the point's error
-                shape = None
-            if shape:
-                prepare(members, mesh_lines(shape), timeout)
-    except Exception as e:  # noqa: BLE001  (a peer gone between points: say so, no traceback)
-        raise LostRanksError(
-            f"point {point.id}: lost contact with the other ranks while forming the point's "
-            f"group ({type(e).__name__}: {str(e).splitlines()[0][:300]})"
-        ) from None
     hangs = hang_dir(trace_dir)
     seen: dict = {}  # what the point got to before it failed: its check against the plain model
     if env.rank in members:
         metrics, error = run_watched(
             lambda: _train_and_measure(point, env, cfg, visit, group, trace_dir, progress, seen),
-            group=group, rank=env.rank, folder=hangs, key=f"bench.hang/{hangs}/{visit.round}")
+            group=group,
+            rank=env.rank,
+            folder=hangs,
+            key=f"bench.hang/{hangs}/{visit.round}",
+        )
         if error is not None:
             # This rank's end of the point's group goes now, not after the others answer: its
             # connections close, so members still waiting in one of its collectives fail at
@@ -370,8 +290,37 @@ def run_point(
     if env.rank in members and group is not None:
         dist.destroy_process_group(group)
     gc.collect()
-    gathered = gathered[:k]
+    return _row(point, env, trace_dir, gathered[:k], hangs)
 
+
+def _point_group(
+    point: PointRecord, env: DistEnv, cfg: HarnessConfig, members: list[int]
+) -> dist.ProcessGroup | None:
+    """The point's own process group (None on a rank outside it). Every rank takes part in
+    creating it (a fresh one each point, so that a point that broke its group cannot harm the
+    next); only members get one. On part of the job, every rank also creates the subgroups the
+    strategy will ask for (groups.py)."""
+    timeout = datetime.timedelta(seconds=cfg.point_timeout_s)
+    try:
+        group = dist.new_group(members, timeout=timeout, group_desc="point")
+        if len(members) < env.world_size:
+            try:
+                shape = STRATEGIES[point.strategy].mesh_shape(len(members), **point.knobs)
+            except ValueError:  # a bad layout: the members' apply raises it as the point's error
+                shape = None
+            if shape:
+                prepare(members, mesh_lines(shape), timeout)
+    except Exception as e:  # noqa: BLE001  (a peer gone between points: say so, no traceback)
+        raise LostRanksError(
+            f"point {point.id}: lost contact with the other ranks while forming the point's "
+            f"group ({type(e).__name__}: {str(e).splitlines()[0][:300]})"
+        ) from None
+    return group
+
+
+def _row(point: PointRecord, env: DistEnv, trace_dir: Path, gathered: list, hangs: Path) -> dict:
+    """The point's row from its members' (metrics, error, checked): its figures, or its root
+    cause and, on rank 0, the diagnosis of the dumps its ranks left."""
     row = {
         **point_columns(point),
         "backend": env.backend,
@@ -381,11 +330,14 @@ def run_point(
     errors = [e for _, e, _ in gathered]
     if any(errors):
         said = [c for _, _, c in gathered]
-        row.update(status="error", error=root_cause(errors),
-                   checked=plain_check.checked_of_failed(errors, said))  # fmt: skip
+        row.update(
+            status="error",
+            error=root_cause(errors),
+            checked=plain_check.checked_of_failed(errors, said),
+        )
         if env.is_main:
             row.update(diagnosis(hangs))
     else:
         row.update(status="ok", error="")
-        row.update(_aggregate([m for m, _, _ in gathered]))
+        row.update(aggregate([m for m, _, _ in gathered]))
     return row

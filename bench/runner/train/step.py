@@ -120,7 +120,16 @@ def build_trainer(
     batch = point.batch_per_replica
     # Enough samples for several batches per replica, so the sampler really wraps epochs.
     dataset = spec.dataset(batch * dp_size * 8, seed)
-    batches = Batches(dataset, batch_size=batch, rank=dp_rank, world_size=dp_size,
-                      device=env.device, seed=seed)  # fmt: skip
-    return Trainer(point=point, device=env.device, wrapped=wrapped, opt=opt, batches=batches,
-                   dp_size=dp_size, accum=int(knobs["grad_accum"]), clip=clip)  # fmt: skip
+    batches = Batches(
+        dataset, batch_size=batch, rank=dp_rank, world_size=dp_size, device=env.device, seed=seed
+    )
+    return Trainer(
+        point=point,
+        device=env.device,
+        wrapped=wrapped,
+        opt=opt,
+        batches=batches,
+        dp_size=dp_size,
+        accum=int(knobs["grad_accum"]),
+        clip=clip,
+    )

@@ -19,20 +19,16 @@ from bench.runner.measure.noise import NoiseFloor
 from bench.runner.measure.timing import Budget
 from bench.runner.session.context import History, finish_run, start_run
 from bench.runner.session.distenv import rank0_print
-from bench.runner.train.harness import (
-    HarnessConfig,
-    LostRanksError,
-    Visit,
-    point_columns,
-    run_point,
-)
+from bench.runner.train.figures import point_columns
+from bench.runner.train.harness import HarnessConfig, LostRanksError, Visit, run_point
 
 
 def _summary(run: Run) -> str:
     """The points (the best per model and implementation starred, values tied with it marked
     =), then each group's answer with its confidence."""
     # The reading side's claims, imported once the sweep is done (as the report is).
-    from bench.report.page import best_and_tied, headline_text, mfu_note, training_claims
+    from bench.report.mfu import mfu_note
+    from bench.report.page import best_and_tied, headline_text, training_claims
 
     df, found = training_claims(run)
     df = scaling_efficiency(df)
@@ -40,11 +36,26 @@ def _summary(run: Run) -> str:
     df["best"] = ["*" if i in best else "=" if i in tied else "" for i in df.index]
     df["comm_MB"] = df["comm_bytes_per_step"] / 1e6
     cols = [
-        "model", "value", "value2", "scaling", "impl", "status", "best", "typical_ms",
-        "typical_ms_low", "typical_ms_high", "rounds", "samples_per_s", "mfu_pct",
-        "comm_calls_per_step", "comm_MB", "overlap_pct", "exposed_comm_ms", "peak_mem_mb",
+        "model",
+        "value",
+        "value2",
+        "scaling",
+        "impl",
+        "status",
+        "best",
+        "typical_ms",
+        "typical_ms_low",
+        "typical_ms_high",
+        "rounds",
+        "samples_per_s",
+        "mfu_pct",
+        "comm_calls_per_step",
+        "comm_MB",
+        "overlap_pct",
+        "exposed_comm_ms",
+        "peak_mem_mb",
         "efficiency_pct",
-    ]  # fmt: skip
+    ]
     df = df.dropna(axis=1, how="all")  # e.g. scaling columns outside world-size sweeps
     table = df[[c for c in cols if c in df]].to_string(index=False, float_format="{:.2f}".format)
     return (
@@ -93,8 +104,9 @@ def visit_budget(args: argparse.Namespace, history: History, rounds_left: int) -
     )
 
 
-def _visit(ctx, cfg: HarnessConfig, point: PointRecord, r: int, rounds: int, history: History,
-           label: str) -> None:  # fmt: skip
+def _visit(
+    ctx, cfg: HarnessConfig, point: PointRecord, r: int, rounds: int, history: History, label: str
+) -> None:
     """One visit of ``point`` in round ``r``: run, merge with the point's earlier rounds, write
     the row (its figures pooled over every round so far) and this visit's samples."""
     args, env = ctx.args, ctx.env
@@ -171,10 +183,15 @@ def run_sweep(args: argparse.Namespace, points: list[PointRecord], argv: list[st
             try:
                 ctx.write_noise({"gap": gap, "round": r, "after": after, **floor.measure()})
             except Exception as e:  # noqa: BLE001  (a peer gone between points: say so)
-                lost_ranks(ctx, point, LostRanksError(
-                    f"point {point.id}: lost contact with the other ranks before the point, "
-                    f"timing the noise floor ({type(e).__name__}: {str(e).splitlines()[0][:300]})"
-                ))  # fmt: skip
+                lost_ranks(
+                    ctx,
+                    point,
+                    LostRanksError(
+                        f"point {point.id}: lost contact with the other ranks before the point, "
+                        f"timing the noise floor ({type(e).__name__}: "
+                        f"{str(e).splitlines()[0][:300]})"
+                    ),
+                )
             history = ctx.history.setdefault(point.id, History())
             _visit(ctx, cfg, point, r, args.rounds, history, label)
             after = point.id

@@ -1,0 +1,91 @@
+"""A Kineto event as the analysis decodes it (only the fields it reads), and the facts of a
+collective call taken from its arguments: the bytes it moves and what the call was."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+import numpy as np
+
+from bench.analysis.dtypes import DTYPE_BYTES
+
+
+# gc=False: decoded JSON holds no cycles (msgspec docs: Structs, Disabling Garbage Collection)
+class Args(msgspec.Struct, gc=False):
+    """The event arguments the analysis reads; every other key is skipped while decoding."""
+
+    correlation: int | str | None = -1
+    stream: int | str | None = -1
+    in_nelems: int | float | None = msgspec.field(default=None, name="In msg nelems")
+    dtype: str | None = None
+    input_dims: list | None = msgspec.field(default=None, name="Input Dims")
+    input_type: list | None = msgspec.field(default=None, name="Input type")
+    total_allocated: float | None = msgspec.field(default=None, name="Total Allocated")
+    nbytes: float | None = msgspec.field(default=None, name="Bytes")
+    # record_param_comms' metadata (torch/csrc/profiler/util.cpp, saveNcclMeta)
+    out_nelems: int | float | None = msgspec.field(default=None, name="Out msg nelems")
+    coll_name: str | None = msgspec.field(default=None, name="Collective name")
+    pg_name: str | int | None = msgspec.field(default=None, name="Process Group Name")
+    pg_ranks: str | list | None = msgspec.field(default=None, name="Process Group Ranks")
+    group_size: int | None = msgspec.field(default=None, name="Group size")
+    rank_start: int | None = msgspec.field(default=None, name="Global rank start")
+    rank_stride: int | None = msgspec.field(default=None, name="Global rank stride")
+
+
+class Event(msgspec.Struct, gc=False):
+    ph: str | None = None
+    name: str | int | None = ""
+    cat: str | None = ""
+    ts: float | None = 0.0
+    dur: float | None = 0.0
+    pid: int | str | None = ""
+    tid: int | str | None = ""
+    args: Args | None = None
+
+
+def num(v) -> float:
+    return float(v) if isinstance(v, int | float) else np.nan
+
+
+def payload_bytes(a: Args) -> float:
+    """Bytes a collective moves: NCCL metadata (``In msg nelems`` x dtype), else the product of
+    the input shapes x dtype (gloo spans, ``c10d::`` ops with ``record_shapes``)."""
+    if a.in_nelems is not None:
+        return float(a.in_nelems) * DTYPE_BYTES.get(str(a.dtype), np.nan)
+    if not a.input_dims or not a.input_type:
+        return np.nan
+    total = 0.0
+    for d, t in zip(a.input_dims, a.input_type, strict=False):
+        if isinstance(d, list) and d and all(isinstance(x, int) for x in d):
+            total += float(np.prod(d)) * DTYPE_BYTES.get(t, np.nan)
+    return total
+
+
+def call_facts(a: Args) -> tuple:
+    """(input elements, output elements, collective name, dtype as spelled, process group as
+    JSON) of a call: record_param_comms' metadata, else its input shapes summed as
+    ``payload_bytes`` sums them, the first one's type the dtype."""
+    dims_types = zip(a.input_dims or (), a.input_type or (), strict=False)
+    shaped = [
+        (float(np.prod(d)), t)
+        for d, t in dims_types
+        if isinstance(d, list) and d and all(isinstance(x, int) for x in d)
+    ]
+    count = sum(n for n, _ in shaped) if shaped else np.nan
+    dtype = shaped[0][1] if shaped and a.dtype is None else a.dtype
+    group = {
+        "name": a.pg_name,
+        "ranks": a.pg_ranks,
+        "size": a.group_size,
+        "start": a.rank_start,
+        "stride": a.rank_stride,
+    }
+    label = json.dumps({k: v for k, v in group.items() if v is not None})
+    return (
+        float(a.in_nelems) if a.in_nelems is not None else count,
+        num(a.out_nelems),
+        a.coll_name,
+        dtype,
+        None if label == "{}" else label,
+    )

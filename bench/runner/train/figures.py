@@ -1,0 +1,118 @@
+"""A visit's figures, one rank's (times summarised, the state it holds, rates), and the point's
+figures from its ranks' as the column table says."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from bench.runfolder import columns
+from bench.runfolder.points import PointRecord
+from bench.runner.measure import flops
+from bench.runner.measure.profiling import peak_rss_bytes
+from bench.runner.measure.timing import summarize_times
+
+
+@dataclass(frozen=True)
+class Timed:
+    """A visit's timed steps on this rank."""
+
+    times: np.ndarray  # each step's first start to last end, ms
+    skew: np.ndarray  # last end - first end per step, ms
+    stop: str  # why the timing stopped
+    data_ms: float  # median time to put a step's data onto the device
+    nvml_util_pct: float
+
+
+def visit_figures(point: PointRecord, visit, trainer, timed: Timed) -> dict:
+    """This rank's figures of the visit, its times pooled with the earlier rounds'."""
+    pooled = np.concatenate([visit.prior_times, timed.times])
+    skews = np.concatenate([visit.prior_skew, timed.skew])
+    medians = [*visit.prior_medians, float(np.median(timed.times))]
+    held = state_bytes(trainer.opt)
+    expected_state = point.figures.get("state_bytes_expected")
+    return {
+        **summarize_times(pooled, skews),
+        "comm_bytes_expected": point.figures.get("comm_bytes_expected"),
+        **dict(zip(("param_mb", "grad_mb", "optim_mb"), (b / 2**20 for b in held), strict=True)),
+        "state_mb": sum(held) / 2**20,
+        "state_mb_expected": np.nan if expected_state is None else expected_state / 2**20,
+        "peak_rss_mb": (peak_rss_bytes() or np.nan) / 2**20,
+        "samples_ms": [float(t) for t in timed.times],  # this visit's, for samples.csv
+        "skew_ms": [float(t) for t in timed.skew],  # kept by the runner for next rounds
+        "data_ms": timed.data_ms,
+        "nvml_util_pct": timed.nvml_util_pct,
+        "params": point.figures["params"],
+        "grad_bytes": point.figures["grad_bytes"],
+        "loss": float(trainer.last_loss),
+        "batch_per_replica": point.batch_per_replica,
+        "grad_accum": trainer.accum,
+        # total samples over total timed time (a mean rate), not one over the median step
+        "samples_per_s": trainer.samples_per_step * len(pooled) / (pooled.sum() / 1e3),
+        "steps": len(pooled),
+        "stop": timed.stop,
+        "round": visit.round,
+        "rounds": len(medians),
+        # how far apart the rounds' medians are: drift between rounds, when it is large
+        "round_spread_pct": 100 * (max(medians) / min(medians) - 1) if len(medians) > 1 else np.nan,
+    }
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t  # a DTensor's own shard
+
+
+def state_bytes(opt: torch.optim.Optimizer) -> tuple[int, int, int]:
+    """Bytes of parameters, of gradients and of optimiser state this rank holds (its shards),
+    over the parameters the optimiser trains (a wrapper may swap others into its modules)."""
+    params = grads = optim = 0
+    for group in opt.param_groups:
+        for p in group["params"]:
+            params += _local(p).numel() * p.element_size()
+            if p.grad is not None:
+                grads += _local(p.grad).numel() * p.grad.element_size()
+    for state in opt.state.values():
+        for v in state.values():
+            if torch.is_tensor(v) and v.dim() > 0:
+                optim += _local(v).numel() * v.element_size()
+    return params, grads, optim
+
+
+def aggregate(per_rank: list[dict]) -> dict:
+    """The point's figures from the ranks', as the column table says: times from the timing
+    all-reduce are already cross-rank, breakdowns are averaged, memory takes the largest rank,
+    ratios are made again from the averages."""
+    ranks = [r for r in per_rank if r]
+    out = dict(ranks[0])
+    for how, reduce in ((columns.MEAN, np.nanmean), (columns.MAX, np.nanmax)):
+        for key in columns.by_ranks(columns.TRAINING, how):
+            if key not in out:  # a visit that was not profiled: the runner carries them over
+                continue
+            vals = [np.nan if r.get(key) is None else r[key] for r in ranks]
+            out[key] = float(reduce(vals)) if not np.all(np.isnan(vals)) else np.nan
+    out.update(flops.utilisation(out))  # mfu_pct from the ranks' aggregated figures
+    if "comm_ms" not in out:
+        return out
+    comm = out["comm_ms"]
+    out["compute_comm_ratio"] = out["compute_ms"] / comm if comm and comm > 0 else np.nan
+    out["overlap_pct"] = 100.0 * out["overlap_ms"] / comm if comm and comm > 0 else np.nan
+    return out
+
+
+def point_columns(point: PointRecord) -> dict:
+    """The columns of a row that its record decides, whatever the outcome."""
+    second = point.swept[1] if len(point.swept) > 1 else None
+    return {
+        "sweep": point.sweep,
+        "value": point.value,
+        "value2": point.values[second] if second else None,
+        "impl": point.impl,
+        "strategy": point.strategy,
+        "model": point.model,
+        "point": point.id,
+        "world_size": point.world_size,
+        "scaling": point.scaling,
+        "global_batch": point.global_batch,
+    }
