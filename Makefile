@@ -1,4 +1,5 @@
 # make test     set up .venv (torch CPU build 2.13.0 on CPU machines) and run lint + tests
+# make test-fast  lint and the unit tier only (the inner loop)
 # make bench    the pytest-benchmark set with statistics, saved under .benchmarks/
 # make sweep    set up .venv, time this machine's collectives, then run the DDP bucket sweep on
 #               2 ranks; its report holds the cost model's predictions next to the measurements
@@ -20,7 +21,7 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install -q $(TORCH) -e '.[test]'
 	touch $@
 
-.PHONY: setup system test bench sweep tensorboard gpu-check
+.PHONY: setup system test test-fast bench sweep tensorboard gpu-check
 setup: $(BIN)/.installed system
 
 # What tests need from the system, Debian's packages installed only where missing (apt-get, as
@@ -46,8 +47,15 @@ system:
 # for real; `make bench` gives the benchmarks their rounds and statistics.
 test: $(BIN)/.installed system
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest --benchmark-disable
+
+# The unit tier alone (tests/conftest.py's tiers): the inner loop, a few minutes.
+test-fast: $(BIN)/.installed
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest --benchmark-disable -m unit
 
 # make bench ARGS="--benchmark-compare --benchmark-compare-fail=median:15%"
 bench: $(BIN)/.installed

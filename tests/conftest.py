@@ -6,6 +6,23 @@ from tests.rank_pool import RankPool
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+# The tiers (pyproject.toml's markers): what a test costs and needs, visible in its file.
+TIERS = ("unit", "ranks", "e2e", "browser", "slurm", "bench")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test in exactly one tier, so that ``-m unit`` (make test-fast) is the unit tier
+    and every other tier is in ``make test`` by name."""
+    wrong = []
+    for item in items:
+        tiers = {m.name for m in item.iter_markers() if m.name in TIERS}
+        if len(tiers) != 1:
+            wrong.append(f"{item.nodeid}: {', '.join(sorted(tiers)) or 'no tier'}")
+    if wrong:
+        raise pytest.UsageError(
+            f"every test needs exactly one tier marker of {', '.join(TIERS)}: " + "; ".join(wrong)
+        )
+
 
 def pytest_configure(config):
     config.addinivalue_line(

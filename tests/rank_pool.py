@@ -115,8 +115,9 @@ class RankPool:
             if RankPool.reruns_left <= 0:
                 raise
             RankPool.reruns_left -= 1
-            warnings.warn(f"{e}\n(a rank died: {fn.__name__} runs once more on fresh ranks)",
-                          stacklevel=2)  # fmt: skip
+            warnings.warn(
+                f"{e}\n(a rank died: {fn.__name__} runs once more on fresh ranks)", stacklevel=2
+            )
             self._start()
             return self._run(fn, args, kwargs, timeout)
 

@@ -37,23 +37,44 @@ def make_training_run(
     ``comm``: (measured, analytical) bytes per step of some points (default 4e7 both)."""
     rng = np.random.default_rng(seed)
     run_dir.mkdir(parents=True)
-    write_meta(run_dir / "meta.json", {
-        "schema_version": SCHEMA_VERSION, "kind": "training", "tradeoff": False,
-        "run_id": run_dir.name, "sweep": sweep, "argv": ["--sweep", sweep],
-        "torch_version": "2.13.0", "backend": "gloo", "device": "cpu", "device_name": "x86_64",
-        "world_size": 2, "nodes": 1, "host": "h", "git_commit": "abc",
-        "start_time": "2026-01-01T00:00:00Z", "end_time": "2026-01-01T00:01:00Z",
-        "config": {"target_ci_pct": 2.0, "max_steps": 60, "max_point_s": 8.0, "rounds": rounds},
-    })  # fmt: skip
+    write_meta(
+        run_dir / "meta.json",
+        {
+            "schema_version": SCHEMA_VERSION,
+            "kind": "training",
+            "tradeoff": False,
+            "run_id": run_dir.name,
+            "sweep": sweep,
+            "argv": ["--sweep", sweep],
+            "torch_version": "2.13.0",
+            "backend": "gloo",
+            "device": "cpu",
+            "device_name": "x86_64",
+            "world_size": 2,
+            "nodes": 1,
+            "host": "h",
+            "git_commit": "abc",
+            "start_time": "2026-01-01T00:00:00Z",
+            "end_time": "2026-01-01T00:01:00Z",
+            "config": {"target_ci_pct": 2.0, "max_steps": 60, "max_point_s": 8.0, "rounds": rounds},
+        },
+    )
     noise = ResultsWriter(run_dir / "noise.csv", NOISE_COLUMNS)
     writer = ResultsWriter(run_dir / "results.csv", columns.written(columns.TRAINING))
     samples = SamplesWriter(run_dir / "samples.csv")
     records = [
-        resolve_point(sweep=sweep, values={sweep: value}, model=model, strategy=strategy,
-                      impl=impl, world_size=2, knobs={sweep: value},
-                      swept_defaults={sweep: KNOBS[sweep].default})
+        resolve_point(
+            sweep=sweep,
+            values={sweep: value},
+            model=model,
+            strategy=strategy,
+            impl=impl,
+            world_size=2,
+            knobs={sweep: value},
+            swept_defaults={sweep: KNOBS[sweep].default},
+        )
         for (model, value, impl) in [*points, *(failed or {})]
-    ]  # fmt: skip
+    ]
     write_points(run_dir / POINTS_FILE, records)
     round_effect = 1 + 0.005 * rng.standard_normal(rounds)
     pooled: dict[str, list[float]] = {}
@@ -61,29 +82,58 @@ def make_training_run(
         for (model, value, impl), ms in points.items():
             point = f"{model}-{sweep}={value:g}-{impl}"
             floor = 2.0 * (1 + floor_sd * rng.standard_normal(5))
-            noise.append({"gap": len(pooled) + r * len(points), "round": r + 1, "after": "",
-                          "ms": float(np.median(floor)), "ms_min": float(floor.min()),
-                          "ms_max": float(floor.max()), "n": 5})  # fmt: skip
+            noise.append(
+                {
+                    "gap": len(pooled) + r * len(points),
+                    "round": r + 1,
+                    "after": "",
+                    "ms": float(np.median(floor)),
+                    "ms_min": float(floor.min()),
+                    "ms_max": float(floor.max()),
+                    "n": 5,
+                }
+            )
             drift = round_effect[r] * (1 + visit_sd * rng.standard_normal())
             t = ms * drift * (1 + 0.03 * rng.standard_normal(steps))
             all_t = np.array(pooled.setdefault(point, []) + list(t))
             pooled[point] = list(all_t)
             measured, expected = (comm or {}).get((model, value, impl), (4e7, 4e7))
             compute = 0.7 * ms if impl == "native" else 0.85 * ms
-            writer.append({
-                "sweep": sweep, "value": value, "impl": impl, "strategy": strategy,
-                "world_size": 2, "status": "ok", "error": "",
-                "step_ms_median": float(np.median(all_t)), "step_ms_min": float(all_t.min()),
-                "step_ms_max": float(all_t.max()), "samples_per_s": 128 / (ms / 1e3),
-                "window_ms": ms, "compute_ms": compute, "comm_ms": 0.3 * ms,
-                "overlap_ms": 0.1 * ms, "exposed_comm_ms": 0.2 * ms,
-                "idle_ms": ms - compute - 0.2 * ms, "overlap_pct": 33.3,
-                "compute_comm_ratio": 2.5, "peak_mem_mb": 100.0,
-                "comm_bytes_per_step": measured, "comm_calls_per_step": 2,
-                "comm_bytes_expected": expected, "model": model, "point": point,
-                "backend": "gloo", "device": "cpu", "round": r + 1, "rounds": r + 1,
-                "steps": len(all_t), "stop": "max_steps",
-            })  # fmt: skip
+            writer.append(
+                {
+                    "sweep": sweep,
+                    "value": value,
+                    "impl": impl,
+                    "strategy": strategy,
+                    "world_size": 2,
+                    "status": "ok",
+                    "error": "",
+                    "step_ms_median": float(np.median(all_t)),
+                    "step_ms_min": float(all_t.min()),
+                    "step_ms_max": float(all_t.max()),
+                    "samples_per_s": 128 / (ms / 1e3),
+                    "window_ms": ms,
+                    "compute_ms": compute,
+                    "comm_ms": 0.3 * ms,
+                    "overlap_ms": 0.1 * ms,
+                    "exposed_comm_ms": 0.2 * ms,
+                    "idle_ms": ms - compute - 0.2 * ms,
+                    "overlap_pct": 33.3,
+                    "compute_comm_ratio": 2.5,
+                    "peak_mem_mb": 100.0,
+                    "comm_bytes_per_step": measured,
+                    "comm_calls_per_step": 2,
+                    "comm_bytes_expected": expected,
+                    "model": model,
+                    "point": point,
+                    "backend": "gloo",
+                    "device": "cpu",
+                    "round": r + 1,
+                    "rounds": r + 1,
+                    "steps": len(all_t),
+                    "stop": "max_steps",
+                }
+            )
             samples.append_samples(point, r + 1, list(t))
     for (model, value, impl), error in (failed or {}).items():
         writer.append(

@@ -14,7 +14,7 @@ from tests.test_harness import FAST, run_points
 from tests.test_precision import AUTOCAST_TOLERANCE
 
 # The test extra installs Accelerate: under CI="true" its absence fails these tests.
-pytestmark = pytest.mark.ci_needs("Accelerate")
+pytestmark = [pytest.mark.ci_needs("Accelerate"), pytest.mark.ranks]
 
 
 @pytest.fixture(autouse=True)
@@ -26,9 +26,12 @@ def _accelerate():
 
 def _torchrun_env() -> None:
     """What torchrun would have set: Accelerate reads it to know it is distributed."""
-    os.environ.update(RANK=str(dist.get_rank()), LOCAL_RANK=str(dist.get_rank()),
-                      WORLD_SIZE=str(dist.get_world_size()),
-                      LOCAL_WORLD_SIZE=str(dist.get_world_size()))  # fmt: skip
+    os.environ.update(
+        RANK=str(dist.get_rank()),
+        LOCAL_RANK=str(dist.get_rank()),
+        WORLD_SIZE=str(dist.get_world_size()),
+        LOCAL_WORLD_SIZE=str(dist.get_world_size()),
+    )
 
 
 def accelerate_worker(impl: str, steps: int) -> list[float]:
@@ -55,15 +58,22 @@ def test_accelerate_step_matches_single_process(pool, impl):
     results = pool(2).run(accelerate_worker, impl, steps)
     _, expected = single_process(2, steps)
     for losses in results:
-        torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), rtol=1e-5,
-                                   atol=1e-5)  # fmt: skip
+        torch.testing.assert_close(
+            torch.tensor(losses), torch.tensor(expected), rtol=1e-5, atol=1e-5
+        )
 
 
 def accelerate_points(root: str) -> list[dict]:
     _torchrun_env()
     points = build_points("precision", world_size=2, models="mlp", strategy="accelerate")
-    points += build_points("grad_accum", world_size=2, values="2", models="mlp",
-                           strategy="accelerate", impls="accelerate")  # fmt: skip
+    points += build_points(
+        "grad_accum",
+        world_size=2,
+        values="2",
+        models="mlp",
+        strategy="accelerate",
+        impls="accelerate",
+    )
     return run_points(points, root, FAST)
 
 

@@ -10,6 +10,8 @@ import pytest
 from bench.analysis import breakdown as analysis
 from bench.analysis.collectives import collective_summary, collective_type, wait_split
 
+pytestmark = pytest.mark.unit
+
 
 def _x(name, ts, dur, tid=1, cat="cpu_op", args=None):
     e = {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur, "pid": 7, "tid": tid}
@@ -152,16 +154,40 @@ def test_gpu_kernels_are_classified_like_hta(tmp_path):
         _x("cudaLaunchKernel", 10, 2, cat="cuda_runtime", args={"correlation": 2}),
         _x("cudaMemcpyAsync", 20, 2, cat="cuda_runtime", args={"correlation": 3}),
         _x("cudaLaunchKernel", 60, 2, cat="cuda_runtime", args={"correlation": 4}),
-        _x("ampere_sgemm_128x64_nn", 100, 40, tid=20, cat="kernel",
-           args={"correlation": 1, "stream": 7}),
+        _x(
+            "ampere_sgemm_128x64_nn",
+            100,
+            40,
+            tid=20,
+            cat="kernel",
+            args={"correlation": 1, "stream": 7},
+        ),
         # the kernel carries no size: it comes from the record_param_comms that launched it
-        _x("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 120, 50, tid=21, cat="kernel",
-           args={"correlation": 2, "stream": 20}),
-        _x("Memcpy DtoD (Device -> Device)", 180, 10, tid=20, cat="gpu_memcpy",
-           args={"correlation": 3, "stream": 7}),
-        _x("ampere_sgemm_128x64_nn", 200, 30, tid=20, cat="kernel",
-           args={"correlation": 4, "stream": 7}),
-    ]  # fmt: skip
+        _x(
+            "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
+            120,
+            50,
+            tid=21,
+            cat="kernel",
+            args={"correlation": 2, "stream": 20},
+        ),
+        _x(
+            "Memcpy DtoD (Device -> Device)",
+            180,
+            10,
+            tid=20,
+            cat="gpu_memcpy",
+            args={"correlation": 3, "stream": 7},
+        ),
+        _x(
+            "ampere_sgemm_128x64_nn",
+            200,
+            30,
+            tid=20,
+            cat="kernel",
+            args={"correlation": 4, "stream": 7},
+        ),
+    ]
     path = tmp_path / "t.json.gz"
     with gzip.open(path, "wt") as f:
         json.dump({"traceEvents": events}, f)
@@ -193,11 +219,23 @@ def test_steps_are_the_host_s_not_kineto_s_device_side_copies(tmp_path):
         _x("ProfilerStep#2", 50, 50, cat="user_annotation"),
         _x("cudaLaunchKernel", 5, 2, cat="cuda_runtime", args={"correlation": 1}),
         _x("cudaLaunchKernel", 60, 2, cat="cuda_runtime", args={"correlation": 2}),
-        _x("ampere_sgemm_128x64_nn", 100, 30, tid=20, cat="kernel",
-           args={"correlation": 1, "stream": 7}),
-        _x("ampere_sgemm_128x64_nn", 180, 20, tid=20, cat="kernel",
-           args={"correlation": 2, "stream": 7}),
-    ]  # fmt: skip
+        _x(
+            "ampere_sgemm_128x64_nn",
+            100,
+            30,
+            tid=20,
+            cat="kernel",
+            args={"correlation": 1, "stream": 7},
+        ),
+        _x(
+            "ampere_sgemm_128x64_nn",
+            180,
+            20,
+            tid=20,
+            cat="kernel",
+            args={"correlation": 2, "stream": 7},
+        ),
+    ]
     path = tmp_path / "t.json"
     path.write_text(json.dumps({"traceEvents": events}))
     trace = analysis.load_trace(path)
@@ -220,12 +258,24 @@ def test_busbw_only_where_the_collective_s_factor_is_known():
     """nccl-tests' factors (n = 4): all-reduce 2(n-1)/n, broadcast 1. NCCL's SendRecv kernels
     run all-to-all, gather, scatter or point-to-point alike: no factor can be read from the
     name, so busbw is NaN with the collective named, never algbw under a guessed factor of 1."""
-    names = ["ncclDevKernel_AllReduce_Sum_f32_RING_LL", "ncclKernel_Broadcast_RING_LL_Sum_int8_t",
-             "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t", "gloo:gather"]  # fmt: skip
-    calls = pd.DataFrame({
-        "rank": 0, "step": 1, "collective": [collective_type(n) for n in names], "name": names,
-        "ts": [0.0, 10.0, 20.0, 30.0], "dur": 1000.0, "nbytes": 1e6, "seq": 0,
-    })  # fmt: skip
+    names = [
+        "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
+        "ncclKernel_Broadcast_RING_LL_Sum_int8_t",
+        "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t",
+        "gloo:gather",
+    ]
+    calls = pd.DataFrame(
+        {
+            "rank": 0,
+            "step": 1,
+            "collective": [collective_type(n) for n in names],
+            "name": names,
+            "ts": [0.0, 10.0, 20.0, 30.0],
+            "dur": 1000.0,
+            "nbytes": 1e6,
+            "seq": 0,
+        }
+    )
     table = collective_summary(wait_split(calls), world_size=4).set_index("collective")
     assert table["algbw_GBps"].tolist() == pytest.approx([1.0] * 4)  # 1 MB in 1 ms
     assert table.loc["all_reduce", "busbw_GBps"] == pytest.approx(1.5)

@@ -14,6 +14,8 @@ from bench.runner.train.data import Batches
 from parallel_kernels.models import MODELS, build_model
 from parallel_kernels.strategies import STRATEGIES
 
+pytestmark = pytest.mark.ranks
+
 CPU = torch.device("cpu")
 
 

@@ -8,6 +8,8 @@ import pytest
 
 from bench.analysis import breakdown as analysis
 
+pytestmark = pytest.mark.unit
+
 TRACE = Path(__file__).parent / "data" / "gpu" / "host_bound_rank0.pt.trace.json.gz"
 
 

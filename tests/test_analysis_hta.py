@@ -34,6 +34,7 @@ def folder_of(tmp_path: Path, files: list[str]) -> Path:
     return d
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("files", GROUPS, ids=["sampled_pair", "nccl_data"])
 def test_temporal_breakdown_and_overlap_agree_with_hta(tmp_path, files):
     ts = trace_folder.load_trace_dir(folder_of(tmp_path, files))
@@ -49,6 +50,7 @@ def test_temporal_breakdown_and_overlap_agree_with_hta(tmp_path, files):
         assert row["gpu_util_pct"] == pytest.approx(100 - idle, abs=0.1)
 
 
+@pytest.mark.unit
 def test_collectives_from_nccl_metadata(tmp_path):
     tables = trace_folder.analyse(trace_folder.load_trace_dir(folder_of(tmp_path, GROUPS[1])))
     coll = tables["collectives"].set_index("collective")
@@ -60,6 +62,7 @@ def test_collectives_from_nccl_metadata(tmp_path):
     assert (steps["gpu_util_pct"] > 0).all() and steps["cpu_busy_pct"].isna().all()
 
 
+@pytest.mark.unit
 def test_cross_rank_wait_split_on_the_sampled_pair(tmp_path):
     tables = trace_folder.analyse(trace_folder.load_trace_dir(folder_of(tmp_path, GROUPS[0])))
     coll = tables["collectives"]
@@ -71,6 +74,7 @@ def test_cross_rank_wait_split_on_the_sampled_pair(tmp_path):
     assert len(tables["stragglers"]) >= 1
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_step_totals_are_the_whole_span_figures(name):
     """The steps' device windows follow each other without gap from the first step's start to
@@ -111,6 +115,7 @@ def test_step_totals_are_the_whole_span_figures(name):
     assert row["gpu_util_pct"] == pytest.approx(100 * busy / (hi - lo))
 
 
+@pytest.mark.unit
 def test_the_ranks_row_keeps_every_step_on_cpu_and_gpu(tmp_path):
     """One rule for the ranks table: every traced step, on GPU traces as on CPU traces (HTA's
     filter, which leaves out the last step as if it were cut short, is only ``hta_summary``'s)."""
@@ -131,6 +136,7 @@ def _summary(path):
     }
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", ["nccl_data.json.gz", "sampled_rank-0.json.gz"])
 def test_every_reading_path_gives_the_same_answer(tmp_path, monkeypatch, name):
     whole = _summary(DATA / name)
@@ -146,6 +152,7 @@ def test_every_reading_path_gives_the_same_answer(tmp_path, monkeypatch, name):
             assert streamed[key] == value, key
 
 
+@pytest.mark.e2e
 def test_command_line_json_has_the_promised_keys(tmp_path):
     d = folder_of(tmp_path, GROUPS[1])
     proc = subprocess.run(
@@ -176,6 +183,7 @@ def test_command_line_json_has_the_promised_keys(tmp_path):
     assert (tmp_path / "csv" / "ranks.csv").exists() and (tmp_path / "csv" / "steps.csv").exists()
 
 
+@pytest.mark.unit
 def test_the_command_line_gives_htas_own_figures_with_definitions_hta(tmp_path, capsys):
     """``--definitions hta``: the ranks table is HTA's figures to its rounding (HTA leaves
     the last step out); the default totals every traced step and differs by points."""
@@ -192,15 +200,19 @@ def test_the_command_line_gives_htas_own_figures_with_definitions_hta(tmp_path, 
         rank, idle, compute, non_compute, kernel_time, overlap = EXPECTED[got["file"]]
         assert (got["rank"], got["steps"]) == (rank, 1)
         assert got["kernel_time_us"] == pytest.approx(kernel_time, abs=1)
-        for key, want in (("idle_pct", idle), ("compute_pct", compute),
-                          ("non_compute_pct", non_compute),
-                          ("comm_comp_overlap_pct", overlap)):  # fmt: skip
+        for key, want in (
+            ("idle_pct", idle),
+            ("compute_pct", compute),
+            ("non_compute_pct", non_compute),
+            ("comm_comp_overlap_pct", overlap),
+        ):
             assert got[key] == pytest.approx(want, abs=0.01), key
         assert ours["steps"] == 2 and abs(ours["idle_pct"] - idle) > 0.5  # the last step in
     assert main([str(d), "--definitions", "hta"]) == 0
     assert "== ranks (hta definitions) ==" in capsys.readouterr().out
 
 
+@pytest.mark.unit
 def test_definitions_hta_on_cpu_traces_says_it_has_no_figures(tmp_path, capsys):
     from bench.analysis.__main__ import main
 
@@ -214,12 +226,14 @@ def test_definitions_hta_on_cpu_traces_says_it_has_no_figures(tmp_path, capsys):
     assert "--definitions hta: HolisticTraceAnalysis figures GPU kernels only" in captured.err
 
 
+@pytest.mark.unit
 def test_the_report_with_definitions_hta_shows_htas_figures_per_point(tmp_path):
     from bench.report.page import write_report
     from tests.report_fixtures import make_training_run
 
-    run = make_training_run(tmp_path / "run", {("mlp", 1.0, "native"): 5.0,
-                                               ("mlp", 25.0, "native"): 6.0})  # fmt: skip
+    run = make_training_run(
+        tmp_path / "run", {("mlp", 1.0, "native"): 5.0, ("mlp", 25.0, "native"): 6.0}
+    )
     points = pd.read_csv(run / "results.csv")["point"].unique()
     for point in points:  # the HTA pair stands for each point's traces
         folder = run / "traces" / point

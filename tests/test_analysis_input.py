@@ -28,6 +28,7 @@ def dist(rank: int, world: int) -> dict:
     return {"distributedInfo": {"rank": rank, "world_size": world, "backend": "nccl"}}
 
 
+@pytest.mark.e2e
 def test_an_empty_folder_is_exit_2(tmp_path):
     proc = run_cli(tmp_path)
     assert proc.returncode == 2
@@ -37,11 +38,13 @@ def test_an_empty_folder_is_exit_2(tmp_path):
     )
 
 
+@pytest.mark.e2e
 def test_a_missing_folder_is_exit_2(tmp_path):
     proc = run_cli(tmp_path / "nope")
     assert proc.returncode == 2 and "not a folder" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.e2e
 def test_only_broken_files_is_exit_2_naming_them(tmp_path):
     (tmp_path / "a.pt.trace.json").write_text('{"traceEvents": [{"ph": "X"')
     (tmp_path / "b.json").write_text("not json at all")
@@ -51,6 +54,7 @@ def test_only_broken_files_is_exit_2_naming_them(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.e2e
 def test_valid_traces_are_analysed_beside_broken_mixed_and_missing_ones(tmp_path):
     events = gpu_step_events(steps=3, kernels_per_step=8)
     write_trace(tmp_path / "rank0.1.pt.trace.json", events, dist(0, 4))
@@ -69,6 +73,7 @@ def test_valid_traces_are_analysed_beside_broken_mixed_and_missing_ones(tmp_path
     assert len(out["problems"]) == 3
 
 
+@pytest.mark.unit
 def test_two_traces_of_one_rank_keep_the_newer(tmp_path):
     import os
 
@@ -80,6 +85,7 @@ def test_two_traces_of_one_rank_keep_the_newer(tmp_path):
     assert any("rank 0 has a newer trace" in p for p in ts.problems)
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(240)
 def test_memory_does_not_grow_with_the_file(tmp_path):
     """~64 MB of trace text in 363,000 events: reading it keeps columns, not a dict per event.

@@ -12,6 +12,8 @@ import torch.distributed as dist
 from bench.analysis import breakdown as analysis
 from bench.runner.measure.profiling import profile_steps
 
+pytestmark = pytest.mark.ranks
+
 CPU = torch.device("cpu")
 
 

@@ -1,6 +1,5 @@
 """Activation checkpointing: the same gradients, alone and under DDP and FSDP, less memory."""
 
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -13,6 +12,7 @@ from tests.test_fsdp import CPU, rank_batches, single_process, tiny, train
 from tests.test_harness import FAST, run_points
 
 
+@pytest.mark.unit
 def test_checkpointed_blocks_give_identical_gradients():
     x, y = rank_batches(1, 0, 1)[0]
     grads = []
@@ -33,6 +33,7 @@ def checkpointed_worker(strategy: str, impl: str, steps: int) -> list[float]:
     return train(model, rank_batches(dist.get_world_size(), dist.get_rank(), steps))
 
 
+@pytest.mark.ranks
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize(
     "strategy,impl",
@@ -43,23 +44,32 @@ def test_checkpointed_training_matches_single_process(pool, strategy, impl):
     results = pool(2).run(checkpointed_worker, strategy, impl, steps)
     _, expected = single_process(2, steps)  # without checkpointing
     for losses in results:
-        torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), rtol=1e-5,
-                                   atol=1e-5)  # fmt: skip
+        torch.testing.assert_close(
+            torch.tensor(losses), torch.tensor(expected), rtol=1e-5, atol=1e-5
+        )
 
 
+@pytest.mark.ranks
 @pytest.mark.timeout(300)
 def test_the_sweep_saves_memory_and_names_what_it_cannot_do(pool, tmp_path):
-    points = build_points("activation_checkpointing", world_size=2, impls="native",
-                          batch_size=16)  # fmt: skip
-    points += build_points("activation_checkpointing", world_size=2, values="on", strategy="fsdp",
-                           impls="reference", batch_size=16)  # fmt: skip
+    points = build_points("activation_checkpointing", world_size=2, impls="native", batch_size=16)
+    points += build_points(
+        "activation_checkpointing",
+        world_size=2,
+        values="on",
+        strategy="fsdp",
+        impls="reference",
+        batch_size=16,
+    )
     rows = pool(2).run(run_points, points, str(tmp_path), FAST, timeout=280)[0]
     by = {(r["strategy"], r["value"]): r for r in rows}
     off, on = by[("ddp", "off")], by[("ddp", "on")]
     assert off["status"] == on["status"] == "ok", (off["error"], on["error"])
     # activations of 4 blocks at batch 16 x 64 tokens are dropped after forward
-    print(f"peak MB off {off['peak_mem_mb']:.1f} on {on['peak_mem_mb']:.1f}; step ms "
-          f"off {off['step_ms_median']:.1f} on {on['step_ms_median']:.1f}")  # fmt: skip
+    print(
+        f"peak MB off {off['peak_mem_mb']:.1f} on {on['peak_mem_mb']:.1f}; step ms "
+        f"off {off['step_ms_median']:.1f} on {on['step_ms_median']:.1f}"
+    )
     assert on["peak_mem_mb"] < off["peak_mem_mb"] - 10, (on["peak_mem_mb"], off["peak_mem_mb"])
     assert on["comm_bytes_per_step"] == off["comm_bytes_per_step"]
     ref = by[("fsdp", "on")]

@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.unit
+
 REPO = Path(__file__).resolve().parents[1]
 
-TESTS = '''
+TESTS = """
 import pytest
 
 @pytest.mark.ci_needs("a tool")
@@ -32,7 +34,7 @@ def test_needs_a_tool_by_skipif():
 
 def test_plain_skip():
     pytest.skip("not about the system")
-'''
+"""
 
 
 def outcomes(tmp_path: Path, ci: str | None) -> subprocess.CompletedProcess:
@@ -45,10 +47,24 @@ def outcomes(tmp_path: Path, ci: str | None) -> subprocess.CompletedProcess:
     if ci is not None:
         env["CI"] = ci
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", "--rootdir",
-         str(tmp_path), str(tmp_path / "test_tool.py")],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-rfEs",
+            "-p",
+            "no:cacheprovider",
+            "--rootdir",
+            str(tmp_path),
+            str(tmp_path / "test_tool.py"),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.mark.timeout(150)

@@ -25,6 +25,7 @@ def run_main(args, capsys) -> tuple[int, str]:
     return exc.value.code, err
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "args,message",
     [
@@ -124,6 +125,7 @@ def test_bad_input_is_one_line_and_exit_2(args, message, capsys):
     assert len(err.strip().splitlines()) == 1, err
 
 
+@pytest.mark.unit
 def test_existing_results_are_not_overwritten(tmp_path, capsys):
     csv = tmp_path / "results.csv"
     csv.write_text("sweep,value\nbucket_cap_mb,1\n")
@@ -134,6 +136,7 @@ def test_existing_results_are_not_overwritten(tmp_path, capsys):
     assert csv.read_text() == "sweep,value\nbucket_cap_mb,1\n"
 
 
+@pytest.mark.e2e
 def test_no_traceback_from_a_real_process():
     proc = subprocess.run(
         [
@@ -157,6 +160,7 @@ def test_no_traceback_from_a_real_process():
     assert "Traceback" not in proc.stderr and proc.stdout == ""
 
 
+@pytest.mark.e2e
 def test_under_torchrun_rank_0s_line_is_out_though_another_rank_fails_first(tmp_path):
     # Rank 1 meets the error at once, rank 0 three seconds later (a slow import under load):
     # had rank 1 left first, torchrun would have ended rank 0 before its line was out.
@@ -182,6 +186,7 @@ def test_under_torchrun_rank_0s_line_is_out_though_another_rank_fails_first(tmp_
     assert "(rank 1)" not in proc.stderr  # rank 1 waited, and torchrun ended it
 
 
+@pytest.mark.unit
 def test_a_rank_whose_error_rank_0_did_not_share_says_it_itself(monkeypatch, capsys):
     from bench import console
 
@@ -195,6 +200,7 @@ def test_a_rank_whose_error_rank_0_did_not_share_says_it_itself(monkeypatch, cap
     )
 
 
+@pytest.mark.unit
 def test_tp_sweeps_fit_their_defaults_to_the_world_size():
     from bench.runner.plan.points import build_points
 
@@ -207,10 +213,13 @@ def test_tp_sweeps_fit_their_defaults_to_the_world_size():
     assert values("mesh", 4) == ["ddp_tp", "dp", "fsdp_tp", "tp"]
     points = build_points("mesh", world_size=8, values="tp,fsdp_tp4")
     by_value = {p.value: {k: p.knobs[k] for k in ("tp_degree", "dp_shard")} for p in points}
-    assert by_value == {"tp": {"tp_degree": 8, "dp_shard": False},
-                        "fsdp_tp4": {"tp_degree": 4, "dp_shard": True}}  # fmt: skip
+    assert by_value == {
+        "tp": {"tp_degree": 8, "dp_shard": False},
+        "fsdp_tp4": {"tp_degree": 4, "dp_shard": True},
+    }
 
 
+@pytest.mark.unit
 def test_resume_refuses_a_folder_that_is_not_a_run(tmp_path, capsys):
     (tmp_path / "results.csv").write_text("sweep,value\n")
     code, err = run_main(
@@ -221,6 +230,7 @@ def test_resume_refuses_a_folder_that_is_not_a_run(tmp_path, capsys):
     assert len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.unit
 def test_resume_refuses_a_run_of_another_schema(tmp_path, capsys):
     """Rows of this version have other columns than a schema-1 run's: never mix them."""
     import json

@@ -69,6 +69,7 @@ def unsupported_then_fine() -> list[dict]:
     return rows
 
 
+@pytest.mark.ranks
 @pytest.mark.timeout(120)
 def test_an_unsupported_collective_is_an_error_row(pool):
     broken, fine = pool(2).run(unsupported_then_fine)[0]
@@ -77,6 +78,7 @@ def test_an_unsupported_collective_is_an_error_row(pool):
     assert fine["status"] == "ok" and fine["wrong"] == 0 and fine["busbw_GBps"] > 0
 
 
+@pytest.mark.unit
 def test_blocks_follow_the_budget():
     """Blocks of -n calls (nccl-tests' -n), fewer where the budget (--max-steps calls) would
     then hold fewer than six blocks, too few for the median's interval."""
@@ -112,14 +114,26 @@ def calls_and_barriers() -> tuple[str, dict]:
     group = dist.new_group()
     timing.dist.barrier = counted_barrier
     try:
-        row, _ = _run_size(dataclasses.replace(ar, native=counted), "native", 1024, 4,
-                           CALLS_PLAN, "sum", env, group, LIMITS, "message_size", "p")  # fmt: skip
+        row, _ = _run_size(
+            dataclasses.replace(ar, native=counted),
+            "native",
+            1024,
+            4,
+            CALLS_PLAN,
+            "sum",
+            env,
+            group,
+            LIMITS,
+            "message_size",
+            "p",
+        )
     finally:
         timing.dist.barrier = barrier
     dist.destroy_process_group(group)
     return "".join(log), row
 
 
+@pytest.mark.ranks
 @pytest.mark.timeout(120)
 def test_calls_are_timed_back_to_back_in_blocks(pool):
     """nccl-tests' timed loop: warm-up, then per block one barrier and block_calls calls with
@@ -144,12 +158,14 @@ def slowed_call() -> dict:
     slow = dataclasses.replace(COLLECTIVES["all_reduce"], native=_slow_all_reduce)
     plan = dataclasses.replace(PLAN, iters=BLOCK, warmup=1, max_iters=6 * BLOCK)  # 6 blocks
     group = dist.new_group()
-    row, _ = _run_size(slow, "native", 1024, 4, plan, "sum", env, group, LIMITS, "message_size",
-                       "p")  # fmt: skip
+    row, _ = _run_size(
+        slow, "native", 1024, 4, plan, "sum", env, group, LIMITS, "message_size", "p"
+    )
     dist.destroy_process_group(group)
     return row
 
 
+@pytest.mark.ranks
 @pytest.mark.timeout(120)
 def test_the_time_is_per_call(pool):
     """A collective slowed by a known sleep per call: each block's time over its calls is at
@@ -178,13 +194,26 @@ def both_placements() -> list[dict]:
         count = coll.align(1000, env.world_size)
         for impl in ("native", "reference") if coll is not idle else ("native",):
             for in_place in (False, True):
-                row, _ = _run_size(coll, impl, count, 4, PLAN, op, env, group, LIMITS,
-                                   "message_size", "p", in_place=in_place)  # fmt: skip
+                row, _ = _run_size(
+                    coll,
+                    impl,
+                    count,
+                    4,
+                    PLAN,
+                    op,
+                    env,
+                    group,
+                    LIMITS,
+                    "message_size",
+                    "p",
+                    in_place=in_place,
+                )
                 rows.append(row)
     dist.destroy_process_group(group)
     return rows
 
 
+@pytest.mark.ranks
 @pytest.mark.timeout(180)
 def test_in_place_and_out_of_place_are_both_checked(pool):
     rows = pool(2).run(both_placements)[0]
@@ -200,7 +229,7 @@ def test_in_place_and_out_of_place_are_both_checked(pool):
             assert r["status"] == "ok" and r["wrong"] == 0 and r["time_us"] > 0, r
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.timeout(300)
 def test_message_size_sweep_end_to_end(tmp_path):
     out, reports = tmp_path / "coll", tmp_path / "reports"

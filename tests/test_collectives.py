@@ -6,6 +6,7 @@ import torch
 import torch.distributed as dist
 
 from parallel_kernels import algorithms as alg
+from parallel_kernels import broadcasts
 from parallel_kernels.collectives import COLLECTIVES, DTYPES, SENTINEL, count_wrong
 
 CPU = torch.device("cpu")
@@ -55,6 +56,7 @@ def collectives_worker() -> tuple[list[tuple], set[tuple]]:
     return seen, refused
 
 
+@pytest.mark.ranks
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_reference_and_native_collectives_are_exact(pool, world):
@@ -69,6 +71,7 @@ def test_reference_and_native_collectives_are_exact(pool, world):
         assert len(seen) + len(refused) == expected
 
 
+@pytest.mark.unit
 @pytest.mark.timeout(120)
 def test_all_to_all_has_no_in_place_form():
     """Why in-place all-to-all is unsupported rather than timed: gloo accepts
@@ -81,6 +84,7 @@ def test_all_to_all_has_no_in_place_form():
         coll.buffers(8, torch.float32, 0, 2, "none", CPU, True)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("n", [2, 3])
 @pytest.mark.parametrize("rank", [0, 1])
 def test_in_place_buffers_are_laid_out_as_nccl_tests_does(n, rank):
@@ -116,10 +120,10 @@ def small_segments_worker() -> None:
         expected = n * torch.arange(count, dtype=torch.float32) + sum(range(n))
         torch.testing.assert_close(t, expected)
         b = torch.arange(count, dtype=torch.float32) if rank == 2 % n else torch.zeros(count)
-        alg.chain_broadcast(b, src=2 % n, segment_bytes=64)
+        broadcasts.chain_broadcast(b, src=2 % n, segment_bytes=64)
         torch.testing.assert_close(b, torch.arange(count, dtype=torch.float32))
         b = torch.arange(count, dtype=torch.float32) if rank == 1 else torch.zeros(count)
-        alg.tree_broadcast(b, src=1)
+        broadcasts.tree_broadcast(b, src=1)
         torch.testing.assert_close(b, torch.arange(count, dtype=torch.float32))
     block = 1001
     inp = torch.arange(n * block, dtype=torch.float32) * (rank + 1)
@@ -133,12 +137,14 @@ def small_segments_worker() -> None:
     torch.testing.assert_close(gathered, torch.arange(n).repeat_interleave(block).float())
 
 
+@pytest.mark.ranks
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("world", [3, 4])
 def test_pipelined_rings_with_tiny_segments(pool, world):
     pool(world).run(small_segments_worker)
 
 
+@pytest.mark.unit
 def test_a_corrupted_result_is_counted():
     coll = COLLECTIVES["all_reduce"]
     _, out, expected = coll.buffers(1000, torch.bfloat16, 0, 4, "sum", CPU)
@@ -149,6 +155,7 @@ def test_a_corrupted_result_is_counted():
     assert count_wrong(out, expected) == 4
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("dtype", list(DTYPES.values()))
 @pytest.mark.parametrize("n", [2, 3, 4, 8])
 def test_expected_results_are_exact_in_every_dtype(dtype, n):
@@ -160,6 +167,7 @@ def test_expected_results_are_exact_in_every_dtype(dtype, n):
             assert torch.equal(expected.double(), exact), (coll.name, op)
 
 
+@pytest.mark.unit
 def test_chunk_bounds_cover_everything_evenly():
     for numel in (0, 1, 5, 1001):
         for parts in (1, 2, 3, 4, 7):

@@ -9,6 +9,8 @@ from bench.runner.plan.points import build_points
 from parallel_kernels.models import build_model
 from tests.test_harness import FAST, run_points
 
+pytestmark = pytest.mark.ranks
+
 # Every point trains 10 AdamW steps from the same start and data (FAST_STEPS: 2 warm-up, 4
 # timed, 4 under the profiler); ``loss`` is the last one's. Measured on the seed MLP (torch
 # 2.13 CPU, gloo): exact all-reduce 2.0758, the same point at lr 0 (untrained) 2.3091.
@@ -45,12 +47,17 @@ def test_compression_moves_fewer_bytes_and_still_trains(pool, tmp_path):
     assert by[("powersgd", "reference")]["status"] == "error"
     assert "native DDP only" in by[("powersgd", "reference")]["error"]
     for (hook, impl), r in by.items():
-        if (hook, impl) in (("bf16", "native"), ("powersgd", "reference"),
-                            ("powersgd2", "reference")):  # fmt: skip
+        if (hook, impl) in (
+            ("bf16", "native"),
+            ("powersgd", "reference"),
+            ("powersgd2", "reference"),
+        ):
             continue
         assert r["status"] == "ok", (hook, impl, r["error"])
-        print(f"{hook} {impl}: loss {r['loss']:.4f} (exact {none['loss']:.4f}, untrained "
-              f"{untrained:.4f}), progress {progress(r['loss']):.2f}")  # fmt: skip
+        print(
+            f"{hook} {impl}: loss {r['loss']:.4f} (exact {none['loss']:.4f}, untrained "
+            f"{untrained:.4f}), progress {progress(r['loss']):.2f}"
+        )
         if hook.startswith("powersgd"):
             # The traces see the plain all-reduce of the 1-D gradients, but PowerSGD issues its
             # P and Q all-reduces from future callbacks, which the profiler records only at

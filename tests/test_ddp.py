@@ -76,6 +76,7 @@ def single_process(model: str, world: int, steps: int, micro: int) -> list[torch
     return train(build_model(model, seed=1000), MODELS[model].loss, merged)
 
 
+@pytest.mark.ranks
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("cap_mb,micro", [(0.25, 1), (25.0, 1), (0.25, 2)])
@@ -94,6 +95,7 @@ def test_ddp_matches_native_and_single_process(pool, world, cap_mb, micro):
             torch.testing.assert_close(g, n)
 
 
+@pytest.mark.ranks
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("world,micro", [(2, 1), (4, 2)])
 def test_comm_bytes_are_gradient_bytes_per_synchronised_step(pool, world, micro):
@@ -112,6 +114,7 @@ def test_comm_bytes_are_gradient_bytes_per_synchronised_step(pool, world, micro)
             assert nbytes == param_bytes + steps * param_bytes
 
 
+@pytest.mark.unit
 def test_plan_buckets_respects_cap_and_order():
     params = [torch.nn.Parameter(torch.zeros(n)) for n in (10, 300_000, 20, 30, 70_000)]
     buckets = plan_buckets(params, cap_mb := 0.5)

@@ -13,6 +13,8 @@ import pytest
 from bench.runfolder import columns
 from bench.runfolder.folder import read_run
 
+pytestmark = pytest.mark.e2e
+
 TRAINING_COLUMNS = columns.contract(columns.TRAINING)
 
 
@@ -45,7 +47,6 @@ def launch(cmd: list[str], timeout: float = 180) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env)
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_sweep_writes_the_data_contract_and_resumes(tmp_path):
     """Two rounds of two values and two implementations: a row per visit, the samples of each
@@ -143,7 +144,6 @@ def test_sweep_writes_the_data_contract_and_resumes(tmp_path):
     assert len(pd.read_csv(out / "results.csv")) == 8
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_tp_degree_sweep_fits_the_world_size_and_counts_its_bytes(tmp_path):
     """Default degrees 1, 2, 4 at 2 ranks: 1 and 2 run; bytes from the traces are the
@@ -186,7 +186,6 @@ def test_tp_degree_sweep_fits_the_world_size_and_counts_its_bytes(tmp_path):
     assert (df.loc[df["value"] == 2, "comm_calls_per_step"] == 1).all()  # one row all-reduce
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_world_size_sweep_without_torchrun(tmp_path):
     """`python bench/run.py --sweep world_size --nproc-per-node 4`: the ranks start through
@@ -230,33 +229,65 @@ def test_world_size_sweep_without_torchrun(tmp_path):
     df = pd.read_csv(out / "results.csv")
     assert set(df["status"]) == {"ok"}
     assert sorted(zip(df["scaling"], df["world_size"], df["batch_per_replica"], strict=True)) == [
-        ("strong", 1, 64), ("strong", 2, 32), ("strong", 4, 16),
-        ("weak", 1, 16), ("weak", 2, 16), ("weak", 4, 16),
-    ]  # fmt: skip
+        ("strong", 1, 64),
+        ("strong", 2, 32),
+        ("strong", 4, 16),
+        ("weak", 1, 16),
+        ("weak", 2, 16),
+        ("weak", 4, 16),
+    ]
     html = (reports / "ws.html").read_text()
     assert "<h2>Scaling</h2>" in html
     # the efficiency with its interval (one round: the steps' and the noise floor's)
     assert re.search(r"efficiency</b> \[\d+, \d+\] at 4 ranks", html)
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_grid_of_two_knobs_is_one_row_per_combination(tmp_path):
     """``--sweep bucket_cap_mb,precision``: the cross product, each row naming both values,
     each point's record its knobs; the report draws a panel per precision."""
     out, reports = tmp_path / "grid", tmp_path / "reports"
-    proc = launch([sys.executable, "bench/run.py", "--sweep", "bucket_cap_mb,precision",
-                   "--values", "1,25", "--values2", "fp32,bf16", "--model", "mlp", "--impl",
-                   "reference", "--steps", "3", "--max-steps", "3", "--rounds", "1",
-                   "--warmup-steps", "1", "--profile-steps", "1",
-                   "--nproc-per-node", "2", "--out", str(out),
-                   "--reports-dir", str(reports)])  # fmt: skip
+    proc = launch(
+        [
+            sys.executable,
+            "bench/run.py",
+            "--sweep",
+            "bucket_cap_mb,precision",
+            "--values",
+            "1,25",
+            "--values2",
+            "fp32,bf16",
+            "--model",
+            "mlp",
+            "--impl",
+            "reference",
+            "--steps",
+            "3",
+            "--max-steps",
+            "3",
+            "--rounds",
+            "1",
+            "--warmup-steps",
+            "1",
+            "--profile-steps",
+            "1",
+            "--nproc-per-node",
+            "2",
+            "--out",
+            str(out),
+            "--reports-dir",
+            str(reports),
+        ]
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     df = pd.read_csv(out / "results.csv")
     assert (df["status"] == "ok").all(), df["error"].tolist()
     assert sorted(zip(df["value"], df["value2"], strict=True)) == [
-        (1.0, "bf16"), (1.0, "fp32"), (25.0, "bf16"), (25.0, "fp32")
-    ]  # fmt: skip
+        (1.0, "bf16"),
+        (1.0, "fp32"),
+        (25.0, "bf16"),
+        (25.0, "fp32"),
+    ]
     assert set(df["sweep"]) == {"bucket_cap_mb,precision"}
     records = [json.loads(line) for line in (out / "points.jsonl").read_text().splitlines()]
     by_id = {r["id"]: r for r in records}

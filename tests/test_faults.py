@@ -55,21 +55,44 @@ def rows(path: Path) -> int:
         return 0
 
 
-SWEEP = ["--sweep", "bucket_cap_mb", "--values", "0.25,1,5,25,100", "--model", "mlp",
-         "--steps", "10", "--max-steps", "10", "--rounds", "1", "--warmup-steps", "2",
-         "--profile-steps", "1", "--timeout-s", "30",
-         "--nproc-per-node", "2", "--no-report"]  # fmt: skip
+SWEEP = [
+    "--sweep",
+    "bucket_cap_mb",
+    "--values",
+    "0.25,1,5,25,100",
+    "--model",
+    "mlp",
+    "--steps",
+    "10",
+    "--max-steps",
+    "10",
+    "--rounds",
+    "1",
+    "--warmup-steps",
+    "2",
+    "--profile-steps",
+    "1",
+    "--timeout-s",
+    "30",
+    "--nproc-per-node",
+    "2",
+    "--no-report",
+]
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.timeout(400)
 def test_a_killed_rank_ends_the_job_loudly_and_resume_completes_it(tmp_path):
     out = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
         [sys.executable, "bench/run.py", *SWEEP, "--out", str(out)],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 150
         while rows(out / "results.csv") < 2:
@@ -92,16 +115,30 @@ def test_a_killed_rank_ends_the_job_loudly_and_resume_completes_it(tmp_path):
     lost = done[done["status"] == "error"]  # the point that was running, when rank 0 saw it
     assert len(lost) <= 1 and lost["error"].astype(str).str.contains("lost contact").all()
 
-    resumed = launch([sys.executable, "bench/run.py", *SWEEP, "--out", str(out), "--resume"],
-                     timeout=240)  # fmt: skip
+    resumed = launch(
+        [sys.executable, "bench/run.py", *SWEEP, "--out", str(out), "--resume"], timeout=240
+    )
     assert resumed.returncode == 0, resumed.stderr[-2000:] + resumed.stdout[-3000:]
     assert resumed.stdout.count("already done, skipped (--resume)") == len(finished)
     final = pd.read_csv(out / "results.csv")
     ok = final[final["status"] == "ok"]
     assert len(ok) == 10 and ok["point"].is_unique  # every point once, failed ones rerun
 
-    other = launch([sys.executable, "bench/run.py", *SWEEP[:-3], "--nproc-per-node", "2",
-                    "--steps", "3", "--out", str(out), "--resume"], timeout=60)  # fmt: skip
+    other = launch(
+        [
+            sys.executable,
+            "bench/run.py",
+            *SWEEP[:-3],
+            "--nproc-per-node",
+            "2",
+            "--steps",
+            "3",
+            "--out",
+            str(out),
+            "--resume",
+        ],
+        timeout=60,
+    )
     assert other.returncode == 2
     assert "was made with other settings: steps 10 (now 3)" in other.stderr
 
@@ -129,15 +166,18 @@ def mismatched_point(debug: bool) -> dict:
         return m
 
     strategies.STRATEGIES["mismatch"] = strategies.Strategy(
-        name="mismatch", description="test only",
+        name="mismatch",
+        description="test only",
         impls={"bad": strategies.Impl(name="bad", apply=apply, native=False)},
-        default_impls=("bad",), schedule="ddp",
-    )  # fmt: skip
+        default_impls=("bad",),
+        schedule="ddp",
+    )
     previous = dist.get_debug_level()
     dist.set_debug_level(dist.DebugLevel.DETAIL if debug else previous)
     try:
-        point = make_point("t", "mlp", 1, "bad", "mismatch", warmup_steps=1, steps=2,
-                           profile_steps=1)  # fmt: skip
+        point = make_point(
+            "t", "mlp", 1, "bad", "mismatch", warmup_steps=1, steps=2, profile_steps=1
+        )
         cfg = HarnessConfig(point_timeout_s=10.0)
         t0 = time.monotonic()
         row = run_point(point, pool_env(), cfg, Path("/tmp/unused-traces"))
@@ -148,6 +188,7 @@ def mismatched_point(debug: bool) -> dict:
         del strategies.STRATEGIES["mismatch"]
 
 
+@pytest.mark.ranks
 @pytest.mark.timeout(120)
 def test_debug_turns_mismatched_collectives_into_an_error_row(pool):
     row = pool(2).run(mismatched_point, True)[0]

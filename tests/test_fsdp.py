@@ -12,6 +12,8 @@ from parallel_kernels.models import MODELS, Transformer
 from parallel_kernels.step import unsynced
 from parallel_kernels.strategies import STRATEGIES
 
+pytestmark = pytest.mark.ranks
+
 CPU = torch.device("cpu")
 BATCH = 8
 
@@ -171,11 +173,17 @@ def test_gradient_accumulation_matches_single_process(pool, impl):
     results = pool(2).run(accumulating_worker, impl, steps, micro)
     expected_model, expected_losses = single_process(2, steps, micro)
     for res in results:
-        torch.testing.assert_close(torch.tensor(res["losses"]), torch.tensor(expected_losses),
-                                   rtol=1e-5, atol=1e-5)  # fmt: skip
+        torch.testing.assert_close(
+            torch.tensor(res["losses"]), torch.tensor(expected_losses), rtol=1e-5, atol=1e-5
+        )
         for name, p in expected_model.named_parameters():
-            torch.testing.assert_close(res["params"][name], p.detach(), rtol=1e-5, atol=1e-5,
-                                       msg=lambda m, n=name: f"{n}: {m}")  # fmt: skip
+            torch.testing.assert_close(
+                res["params"][name],
+                p.detach(),
+                rtol=1e-5,
+                atol=1e-5,
+                msg=lambda m, n=name: f"{n}: {m}",
+            )
 
 
 def hybrid_at_two() -> str:
@@ -309,9 +317,15 @@ def hybrid_without_mesh(root: str) -> list[dict]:
 
     rows = []
     for hybrid_mesh in (False, True):
-        point = make_point("sharding_strategy", "mlp", "HYBRID_SHARD", "native_fsdp1", "fsdp",
-                           world_size=4, knobs={"sharding_strategy": "HYBRID_SHARD",
-                                                "hybrid_mesh": hybrid_mesh})  # fmt: skip
+        point = make_point(
+            "sharding_strategy",
+            "mlp",
+            "HYBRID_SHARD",
+            "native_fsdp1",
+            "fsdp",
+            world_size=4,
+            knobs={"sharding_strategy": "HYBRID_SHARD", "hybrid_mesh": hybrid_mesh},
+        )
         rows.append(run_point(point, pool_env(), FAST, Path(root) / str(hybrid_mesh)))
     return rows
 
@@ -334,8 +348,14 @@ def fsdp_sweep_rows(root: str) -> list[dict]:
     rows = []
     for strategy in ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"):
         for impl in ("native", "native_fsdp1", "reference"):
-            point = make_point("sharding_strategy", "mlp", strategy, impl, "fsdp",
-                               knobs={"sharding_strategy": strategy})  # fmt: skip
+            point = make_point(
+                "sharding_strategy",
+                "mlp",
+                strategy,
+                impl,
+                "fsdp",
+                knobs={"sharding_strategy": strategy},
+            )
             rows.append(run_point(point, pool_env(), FAST, Path(root) / point.id))
     return rows
 
@@ -375,8 +395,9 @@ BF16_PARAM_ATOL = 1e-3
 
 
 def bf16_losses_follow_fp32(res: dict, expected_losses: list[float]) -> None:
-    torch.testing.assert_close(torch.tensor(res["losses"]), torch.tensor(expected_losses),
-                               rtol=0, atol=BF16_LOSS_ATOL)  # fmt: skip
+    torch.testing.assert_close(
+        torch.tensor(res["losses"]), torch.tensor(expected_losses), rtol=0, atol=BF16_LOSS_ATOL
+    )
 
 
 def bf16_params_follow_fp32(res: dict, expected_model) -> None:
@@ -421,12 +442,21 @@ def fsdp1_option_rows(root: str) -> list[dict]:
     from bench.runner.train.harness import run_point
     from tests.test_harness import QUICK_FAIL, make_point, pool_env
 
-    cases = [("native_fsdp1", {"cpu_offload": True}), ("native_fsdp1", {"auto_wrap": "size"}),
-             ("reference", {"cpu_offload": True})]  # fmt: skip
+    cases = [
+        ("native_fsdp1", {"cpu_offload": True}),
+        ("native_fsdp1", {"auto_wrap": "size"}),
+        ("reference", {"cpu_offload": True}),
+    ]
     rows = []
     for impl, extra in cases:
-        point = make_point("sharding_strategy", "wide_mlp", "FULL_SHARD", impl, "fsdp",
-                           knobs={"sharding_strategy": "FULL_SHARD", **extra})  # fmt: skip
+        point = make_point(
+            "sharding_strategy",
+            "wide_mlp",
+            "FULL_SHARD",
+            impl,
+            "fsdp",
+            knobs={"sharding_strategy": "FULL_SHARD", **extra},
+        )
         rows.append(run_point(point, pool_env(), QUICK_FAIL, Path(root) / f"{impl}{len(rows)}"))
     return rows
 

@@ -8,6 +8,7 @@ from bench.runner.plan.points import build_points
 from tests.test_harness import FAST, run_points
 
 
+@pytest.mark.unit
 def test_grad_accum_points():
     points = build_points("grad_accum", world_size=2, models="mlp", impls="native")
     assert [(p.value, p.knobs["grad_accum"], p.strategy) for p in points] == [
@@ -19,14 +20,23 @@ def test_grad_accum_points():
     assert fsdp[0].strategy == "fsdp" and fsdp[0].knobs["sharding_strategy"] == "FULL_SHARD"
 
 
+@pytest.mark.ranks
 @pytest.mark.timeout(300)
 def test_accumulation_syncs_once_per_optimiser_step(pool, tmp_path):
-    points = build_points("grad_accum", world_size=2, values="1,4", models="mlp",
-                          impls="native,reference")  # fmt: skip
-    points += build_points("grad_accum", world_size=2, values="4", models="mlp", strategy="fsdp",
-                           impls="native,native_fsdp1")  # fmt: skip
-    points += build_points("grad_accum", world_size=2, values="2", models="mlp", strategy="tp",
-                           impls="reference")  # fmt: skip
+    points = build_points(
+        "grad_accum", world_size=2, values="1,4", models="mlp", impls="native,reference"
+    )
+    points += build_points(
+        "grad_accum",
+        world_size=2,
+        values="4",
+        models="mlp",
+        strategy="fsdp",
+        impls="native,native_fsdp1",
+    )
+    points += build_points(
+        "grad_accum", world_size=2, values="2", models="mlp", strategy="tp", impls="reference"
+    )
     rows = pool(2).run(run_points, points, str(tmp_path), FAST)[0]
     by = {(r["strategy"], r["value"], r["impl"]): r for r in rows}
     for impl in ("native", "reference"):

@@ -15,34 +15,67 @@ from bench.hang.__main__ import main
 from bench.hang.dumps import DumpError
 from bench.hang.torch_view import first_problem
 
+pytestmark = pytest.mark.unit
+
 REPO = Path(__file__).resolve().parents[1]
 
 
-def call(seq: int, op: str = "all_reduce", shape=(1000,), line: int = 10, group: str = "0",
-         t: int | None = None, done: bool = True) -> dict:  # fmt: skip
+def call(
+    seq: int,
+    op: str = "all_reduce",
+    shape=(1000,),
+    line: int = 10,
+    group: str = "0",
+    t: int | None = None,
+    done: bool = True,
+) -> dict:
     desc = "default_pg" if group == "0" else "undefined"
     return {
-        "record_id": seq, "pg_id": int(group), "process_group": (group, desc),
-        "collective_seq_id": seq, "p2p_seq_id": 0, "op_id": seq,
-        "profiling_name": f"gloo:{op}", "time_created_ns": t if t is not None else seq * 1000,
-        "input_sizes": [list(shape)], "input_dtypes": ["Float"], "output_sizes": [list(shape)],
-        "output_dtypes": ["Float"], "state": "scheduled", "retired": done, "is_p2p": False,
-        "timeout_ms": 5000, "time_discovered_started_ns": None,
+        "record_id": seq,
+        "pg_id": int(group),
+        "process_group": (group, desc),
+        "collective_seq_id": seq,
+        "p2p_seq_id": 0,
+        "op_id": seq,
+        "profiling_name": f"gloo:{op}",
+        "time_created_ns": t if t is not None else seq * 1000,
+        "input_sizes": [list(shape)],
+        "input_dtypes": ["Float"],
+        "output_sizes": [list(shape)],
+        "output_dtypes": ["Float"],
+        "state": "scheduled",
+        "retired": done,
+        "is_p2p": False,
+        "timeout_ms": 5000,
+        "time_discovered_started_ns": None,
         "time_discovered_completed_ns": None,
-        "frames": [{"name": "all_reduce", "filename": "/x/site-packages/torch/distributed/c.py",
-                    "line": 1}, {"name": "step", "filename": "/job/train.py", "line": line}],
-    }  # fmt: skip
+        "frames": [
+            {
+                "name": "all_reduce",
+                "filename": "/x/site-packages/torch/distributed/c.py",
+                "line": 1,
+            },
+            {"name": "step", "filename": "/job/train.py", "line": line},
+        ],
+    }
 
 
-def write(folder: Path, rank: int, entries: list[dict], world: int = 2,
-          job: str | None = "job-1", stacks: dict | None = None) -> None:  # fmt: skip
+def write(
+    folder: Path,
+    rank: int,
+    entries: list[dict],
+    world: int = 2,
+    job: str | None = "job-1",
+    stacks: dict | None = None,
+) -> None:
     """Rank ``rank``'s dump as the suite writes it; ``job=None``: as torch writes it (no
     ``job``), and without ``stacks`` no stacks file beside it."""
     groups = {"0": {"name": "0", "desc": "default_pg", "ranks": str(list(range(world)))}}
     for e in entries:
         name = e["process_group"][0]
-        groups.setdefault(name, {"name": name, "desc": "undefined",
-                                 "ranks": str(list(range(world)))})  # fmt: skip
+        groups.setdefault(
+            name, {"name": name, "desc": "undefined", "ranks": str(list(range(world)))}
+        )
     rec = {"version": "2.10", "pg_config": groups, "pg_status": {}, "entries": entries}
     if job is not None:
         rec["job"] = job
@@ -57,8 +90,13 @@ def steps(n: int, **kw) -> list[dict]:
 
 
 def hang(argv) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "bench.hang", *map(str, argv)],
-                          capture_output=True, text=True, timeout=60, cwd=REPO)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "bench.hang", *map(str, argv)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
 
 
 def test_sizes_that_differ_are_a_disagreement_torch_finds_too(tmp_path):
@@ -67,9 +105,11 @@ def test_sizes_that_differ_are_a_disagreement_torch_finds_too(tmp_path):
     d = load(tmp_path)
     diag = diagnose(d)
     assert diag.kind == "disagree"
-    assert diag.line == ("ranks disagree at collective #3 (group default): rank 0 all_reduce "
-                         "[1000] float32 at train.py:42; rank 1 all_reduce [999] float32 at "
-                         "train.py:42")  # fmt: skip
+    assert diag.line == (
+        "ranks disagree at collective #3 (group default): rank 0 all_reduce "
+        "[1000] float32 at train.py:42; rank 1 all_reduce [999] float32 at "
+        "train.py:42"
+    )
     torch_says = first_problem(d)
     assert (torch_says.group, torch_says.seq) == ("0", diag.seq)
 
@@ -81,16 +121,28 @@ def test_a_skipped_call_of_equal_size_is_seen_by_its_line(tmp_path):
     write(tmp_path, 1, [call(1), call(2), call(3)])
     diag = diagnose(load(tmp_path))
     assert diag.kind == "skipped"
-    assert diag.line.startswith("rank 1 never issued all_reduce #2 (group default, 1,000 "
-                                "float32) that rank 0 issued at train.py:42")  # fmt: skip
+    assert diag.line.startswith(
+        "rank 1 never issued all_reduce #2 (group default, 1,000 "
+        "float32) that rank 0 issued at train.py:42"
+    )
     assert (diag.ranks, diag.seq, diag.where) == ((1,), 2, "train.py:42")
 
 
 def test_the_rank_that_never_arrived_is_named_with_its_own_code(tmp_path):
-    sleeping = {"reason": "watchdog", "error": "dumped by the watchdog: rank 0 failed",
-                "threads": [{"thread": "MainThread", "main": True, "frames": [
+    sleeping = {
+        "reason": "watchdog",
+        "error": "dumped by the watchdog: rank 0 failed",
+        "threads": [
+            {
+                "thread": "MainThread",
+                "main": True,
+                "frames": [
                     {"file": "/job/model.py", "line": 88, "name": "forward"},
-                    {"file": "/job/train.py", "line": 30, "name": "main"}]}]}  # fmt: skip
+                    {"file": "/job/train.py", "line": 30, "name": "main"},
+                ],
+            }
+        ],
+    }
     write(tmp_path, 0, steps(5, line=42))
     write(tmp_path, 1, steps(4, line=42), stacks=sleeping)
     diag = diagnose(load(tmp_path))
@@ -183,9 +235,11 @@ def test_a_call_skipped_across_groups_is_named_by_the_steps_before_not_by_time(t
         path.write_bytes(pickle.dumps(rec))
     diag = diagnose(load(tmp_path))
     assert diag.kind == "skipped", diag.line
-    assert diag.line.startswith("rank 1 skipped all_reduce #3 (group 1, 1,000 float32); rank 0 "
-                                "waits in it at train.py:51; rank 1 went on to all_reduce #3 "
-                                "(group default, 289 float32) at train.py:85")  # fmt: skip
+    assert diag.line.startswith(
+        "rank 1 skipped all_reduce #3 (group 1, 1,000 float32); rank 0 "
+        "waits in it at train.py:51; rank 1 went on to all_reduce #3 "
+        "(group default, 289 float32) at train.py:85"
+    )
 
 
 def test_two_groups_issued_in_a_different_order_are_a_cycle(tmp_path):
@@ -208,10 +262,20 @@ TORCH = "/x/site-packages/torch/distributed/distributed_c10d.py"
 
 def in_collective(line: int, error: str = "dumped by the watchdog: another rank failed") -> dict:
     """The stacks of a rank waiting in a collective issued at ``train.py:<line>``."""
-    return {"reason": "watchdog", "error": error, "threads": [
-        {"thread": "MainThread", "main": True, "frames": [
-            {"file": TORCH, "line": 1, "name": "all_reduce"},
-            {"file": "/job/train.py", "line": line, "name": "step"}]}]}  # fmt: skip
+    return {
+        "reason": "watchdog",
+        "error": error,
+        "threads": [
+            {
+                "thread": "MainThread",
+                "main": True,
+                "frames": [
+                    {"file": TORCH, "line": 1, "name": "all_reduce"},
+                    {"file": "/job/train.py", "line": line, "name": "step"},
+                ],
+            }
+        ],
+    }
 
 
 def records_in_order(entries: list[dict]) -> list[dict]:
@@ -231,93 +295,190 @@ def across_groups() -> list[list[dict]]:
     return [records_in_order(r0), records_in_order(r1)]
 
 
-RAISED = {"reason": "error", "error": "RuntimeError: bad batch on rank 1",
-          "raised_at": [{"file": "/job/data.py", "line": 7, "name": "load"},
-                        {"file": "/job/train.py", "line": 30, "name": "main"}],
-          "threads": [{"thread": "MainThread", "main": True, "frames": [
-              {"file": "/job/train.py", "line": 30, "name": "main"}]}]}  # fmt: skip
-SLEEPING = {"reason": "watchdog", "error": "dumped by the watchdog: rank 0 failed",
-            "threads": [{"thread": "MainThread", "main": True, "frames": [
+RAISED = {
+    "reason": "error",
+    "error": "RuntimeError: bad batch on rank 1",
+    "raised_at": [
+        {"file": "/job/data.py", "line": 7, "name": "load"},
+        {"file": "/job/train.py", "line": 30, "name": "main"},
+    ],
+    "threads": [
+        {
+            "thread": "MainThread",
+            "main": True,
+            "frames": [{"file": "/job/train.py", "line": 30, "name": "main"}],
+        }
+    ],
+}
+SLEEPING = {
+    "reason": "watchdog",
+    "error": "dumped by the watchdog: rank 0 failed",
+    "threads": [
+        {
+            "thread": "MainThread",
+            "main": True,
+            "frames": [
                 {"file": "/job/model.py", "line": 88, "name": "forward"},
-                {"file": "/job/train.py", "line": 30, "name": "main"}]}]}  # fmt: skip
+                {"file": "/job/train.py", "line": 30, "name": "main"},
+            ],
+        }
+    ],
+}
 CLOSED = in_collective(42, "RuntimeError: Connection closed by peer [127.0.0.1]:1234")
-LAST_CALL = ("rank 1 never issued all_reduce #3 (group default, 1,000 float32); rank 0 waits in "
-             "it at train.py:42; rank 1's last call was all_reduce #2 (group default, 1,000 "
-             "float32) at train.py:42")  # fmt: skip
-GONE = ("rank 2 left no dump, while ranks 0, 1, 3 wait in all_reduce #7 (group default, 1,000 "
-        "float32) at train.py:10, as in the step before: its process ended")  # fmt: skip
+LAST_CALL = (
+    "rank 1 never issued all_reduce #3 (group default, 1,000 float32); rank 0 waits in "
+    "it at train.py:42; rank 1's last call was all_reduce #2 (group default, 1,000 "
+    "float32) at train.py:42"
+)
+GONE = (
+    "rank 2 left no dump, while ranks 0, 1, 3 wait in all_reduce #7 (group default, 1,000 "
+    "float32) at train.py:10, as in the step before: its process ended"
+)
 
 KINDS = {
     "disagree": (
         [[*steps(2), call(3, line=42)], [*steps(2), call(3, shape=(999,), line=42)]],
-        [in_collective(42), in_collective(42)], 2,
-        ("disagree", "ranks disagree at collective #3 (group default): rank 0 all_reduce [1000] "
-                     "float32 at train.py:42; rank 1 all_reduce [999] float32 at train.py:42"),
-        None, ((1,), "0", 3, "all_reduce")),
+        [in_collective(42), in_collective(42)],
+        2,
+        (
+            "disagree",
+            "ranks disagree at collective #3 (group default): rank 0 all_reduce [1000] "
+            "float32 at train.py:42; rank 1 all_reduce [999] float32 at train.py:42",
+        ),
+        None,
+        ((1,), "0", 3, "all_reduce"),
+    ),
     "skipped": (
         [[call(1), call(2, line=42), call(3), call(4, done=False)], [call(1), call(2), call(3)]],
-        [in_collective(10), in_collective(10)], 2,
-        ("skipped", "rank 1 never issued all_reduce #2 (group default, 1,000 float32) that rank 0 "
-                    "issued at train.py:42: rank 1's calls from #2 on are the others' from #3 on"),
-        None, ((1,), "0", 2, "all_reduce")),
+        [in_collective(10), in_collective(10)],
+        2,
+        (
+            "skipped",
+            "rank 1 never issued all_reduce #2 (group default, 1,000 float32) that rank 0 "
+            "issued at train.py:42: rank 1's calls from #2 on are the others' from #3 on",
+        ),
+        None,
+        ((1,), "0", 2, "all_reduce"),
+    ),
     "skipped_across_groups": (
-        across_groups(), [in_collective(51), in_collective(85)], 2,
-        ("skipped", "rank 1 skipped all_reduce #3 (group 1, 1,000 float32); rank 0 waits in it "
-                    "at train.py:51; rank 1 went on to all_reduce #3 (group default, 289 "
-                    "float32) at train.py:85, which in every earlier step came right after the "
-                    "call at train.py:51"),
-        None, ((1,), "1", 3, "all_reduce")),
+        across_groups(),
+        [in_collective(51), in_collective(85)],
+        2,
+        (
+            "skipped",
+            "rank 1 skipped all_reduce #3 (group 1, 1,000 float32); rank 0 waits in it "
+            "at train.py:51; rank 1 went on to all_reduce #3 (group default, 289 "
+            "float32) at train.py:85, which in every earlier step came right after the "
+            "call at train.py:51",
+        ),
+        None,
+        ((1,), "1", 3, "all_reduce"),
+    ),
     "extra": (
         [steps(3), steps(3), [call(1), call(2, line=42), call(3), call(4)]],
-        [in_collective(10), in_collective(10), in_collective(10)], 3,
-        ("extra", "rank 2 issued all_reduce #2 (group default, 1,000 float32) at train.py:42 that "
-                  "the others never did: their calls from #2 on are rank 2's from #3 on"),
-        None, ((2,), "0", 2, "all_reduce")),
+        [in_collective(10), in_collective(10), in_collective(10)],
+        3,
+        (
+            "extra",
+            "rank 2 issued all_reduce #2 (group default, 1,000 float32) at train.py:42 that "
+            "the others never did: their calls from #2 on are rank 2's from #3 on",
+        ),
+        None,
+        ((2,), "0", 2, "all_reduce"),
+    ),
     "uneven": (
         [steps(3, line=42), [*steps(2, line=42), call(3, op="barrier", shape=(), line=60)]],
-        [in_collective(42), in_collective(60)], 2,
-        ("uneven", "rank 0 began another step (all_reduce #3 (group default, 1,000 float32) at "
-                   "train.py:42, as in the step before) that rank 1 never began (rank 1 is at "
-                   "barrier #3 at train.py:60)"),
-        None, ((1,), "0", 3, "all_reduce")),
+        [in_collective(42), in_collective(60)],
+        2,
+        (
+            "uneven",
+            "rank 0 began another step (all_reduce #3 (group default, 1,000 float32) at "
+            "train.py:42, as in the step before) that rank 1 never began (rank 1 is at "
+            "barrier #3 at train.py:60)",
+        ),
+        None,
+        ((1,), "0", 3, "all_reduce"),
+    ),
     "raised": (
-        [steps(3, line=42), steps(2, line=42)], [CLOSED, RAISED], 2,
-        ("raised", "rank 1 raised RuntimeError: bad batch on rank 1 at data.py:7, while rank 0 "
-                   "waited in all_reduce #3 (group default, 1,000 float32) at train.py:42"),
-        ("waits", LAST_CALL), ((1,), "0", 3, "all_reduce")),
+        [steps(3, line=42), steps(2, line=42)],
+        [CLOSED, RAISED],
+        2,
+        (
+            "raised",
+            "rank 1 raised RuntimeError: bad batch on rank 1 at data.py:7, while rank 0 "
+            "waited in all_reduce #3 (group default, 1,000 float32) at train.py:42",
+        ),
+        ("waits", LAST_CALL),
+        ((1,), "0", 3, "all_reduce"),
+    ),
     "own_code": (
-        [steps(3, line=42), steps(2, line=42)], [CLOSED, SLEEPING], 2,
-        ("own_code", "rank 1 is in its own code at model.py:88, while rank 0 waits in all_reduce "
-                     "#3 (group default, 1,000 float32) at train.py:42"),
-        ("waits", LAST_CALL), ((1,), "0", 3, "all_reduce")),
+        [steps(3, line=42), steps(2, line=42)],
+        [CLOSED, SLEEPING],
+        2,
+        (
+            "own_code",
+            "rank 1 is in its own code at model.py:88, while rank 0 waits in all_reduce "
+            "#3 (group default, 1,000 float32) at train.py:42",
+        ),
+        ("waits", LAST_CALL),
+        ((1,), "0", 3, "all_reduce"),
+    ),
     "waits": (
         [[*steps(3), call(4, shape=(1,), line=97, done=False)], steps(3)],
-        [CLOSED, in_collective(10)], 2,
-        ("waits", "rank 1 never issued all_reduce #4 (group default, 1 float32); rank 0 waits in "
-                  "it at train.py:97; rank 1's last call was all_reduce #3 (group default, 1,000 "
-                  "float32) at train.py:10"),
-        None, ((1,), "0", 4, "all_reduce")),
+        [CLOSED, in_collective(10)],
+        2,
+        (
+            "waits",
+            "rank 1 never issued all_reduce #4 (group default, 1 float32); rank 0 waits in "
+            "it at train.py:97; rank 1's last call was all_reduce #3 (group default, 1,000 "
+            "float32) at train.py:10",
+        ),
+        None,
+        ((1,), "0", 4, "all_reduce"),
+    ),
     "waits_for_a_rank_without_calls": (
-        [steps(1), []], [CLOSED, in_collective(10)], 2,
-        ("waits", "rank 1 never issued all_reduce #1 (group default, 1,000 float32); rank 0 waits "
-                  "in it at train.py:10; rank 1 issued no collective"),
-        None, ((1,), "0", 1, "all_reduce")),
+        [steps(1), []],
+        [CLOSED, in_collective(10)],
+        2,
+        (
+            "waits",
+            "rank 1 never issued all_reduce #1 (group default, 1,000 float32); rank 0 waits "
+            "in it at train.py:10; rank 1 issued no collective",
+        ),
+        None,
+        ((1,), "0", 1, "all_reduce"),
+    ),
     "cycle": (
         [[*steps(2), call(3, line=70, t=400)], [*steps(2), call(1, group="1", line=73, t=410)]],
-        [in_collective(70), in_collective(73)], 2,
-        ("cycle", "rank 1 never issued all_reduce #3 (group default, 1,000 float32); rank 0 "
-                  "waits in it at train.py:70; rank 1 waits in all_reduce #1 (group 1, 1,000 "
-                  "float32) at train.py:73, which rank 0 never issued: a deadlock across group 1 "
-                  "and group default"),
-        None, ((1,), "0", 3, "all_reduce")),
+        [in_collective(70), in_collective(73)],
+        2,
+        (
+            "cycle",
+            "rank 1 never issued all_reduce #3 (group default, 1,000 float32); rank 0 "
+            "waits in it at train.py:70; rank 1 waits in all_reduce #1 (group 1, 1,000 "
+            "float32) at train.py:73, which rank 0 never issued: a deadlock across group 1 "
+            "and group default",
+        ),
+        None,
+        ((1,), "0", 3, "all_reduce"),
+    ),
     "gone": (
-        [steps(7), steps(7), None, steps(7)], [CLOSED, CLOSED, None, CLOSED], 4,
-        ("gone", GONE), None, ((2,), "0", 7, "all_reduce")),
+        [steps(7), steps(7), None, steps(7)],
+        [CLOSED, CLOSED, None, CLOSED],
+        4,
+        ("gone", GONE),
+        None,
+        ((2,), "0", 7, "all_reduce"),
+    ),
     "none": (
-        [steps(3), steps(3)], [in_collective(10), in_collective(10)], 2,
+        [steps(3), steps(3)],
+        [in_collective(10), in_collective(10)],
+        2,
         ("none", "no hang in the dumps: every group's calls agree and no rank waits for another"),
-        None, ((), None, None, None)),
-}  # fmt: skip
+        None,
+        ((), None, None, None),
+    ),
+}
 
 
 @pytest.mark.parametrize("stacks", [True, False], ids=["suite_dumps", "torch_dumps"])
@@ -326,8 +487,14 @@ def test_each_kind_of_diagnosis_with_and_without_stacks(tmp_path, capsys, kind, 
     entries, rank_stacks, world, with_stacks, without, fields = KINDS[kind]
     for rank, (mine, st) in enumerate(zip(entries, rank_stacks, strict=True)):
         if mine is not None:
-            write(tmp_path, rank, mine, world=world, job="job-1" if stacks else None,
-                  stacks=st if stacks else None)  # fmt: skip
+            write(
+                tmp_path,
+                rank,
+                mine,
+                world=world,
+                job="job-1" if stacks else None,
+                stacks=st if stacks else None,
+            )
     d = load(tmp_path)
     assert all((r.stacks is not None) == stacks for r in d.ranks.values())
     diag = diagnose(d)

@@ -18,6 +18,8 @@ import pytest
 from bench.hang import load
 from bench.hang.torch_view import first_problem
 
+pytestmark = pytest.mark.e2e
+
 REPO = Path(__file__).resolve().parents[1]
 MODELS = REPO / "tests" / "data" / "models" / "deadlocks.py"
 TIMEOUT_S = 6
@@ -33,14 +35,44 @@ def line_of(marker: str) -> str:
 
 
 def sweep(out: Path, models: list[str]) -> tuple[subprocess.CompletedProcess, float]:
-    cmd = [sys.executable, "bench/run.py", "--sweep", "bucket_cap_mb", "--values", "25",
-           "--impl", "native", "--model", ",".join(f"{MODELS}:{m}" for m in models),
-           "--steps", "3", "--max-steps", "3", "--rounds", "1", "--warmup-steps", "1",
-           "--profile-steps", "1", "--timeout-s", str(TIMEOUT_S), "--nproc-per-node", "2",
-           "--out", str(out), "--no-report"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "bench/run.py",
+        "--sweep",
+        "bucket_cap_mb",
+        "--values",
+        "25",
+        "--impl",
+        "native",
+        "--model",
+        ",".join(f"{MODELS}:{m}" for m in models),
+        "--steps",
+        "3",
+        "--max-steps",
+        "3",
+        "--rounds",
+        "1",
+        "--warmup-steps",
+        "1",
+        "--profile-steps",
+        "1",
+        "--timeout-s",
+        str(TIMEOUT_S),
+        "--nproc-per-node",
+        "2",
+        "--out",
+        str(out),
+        "--no-report",
+    ]
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, cwd=REPO,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    proc = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     return proc, time.monotonic() - t0
 
 
@@ -55,7 +87,6 @@ def injected(tmp_path_factory):
     return rows, proc, seconds
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_each_deadlock_is_named_and_the_sweep_goes_on(injected):
     rows, proc, seconds = injected
@@ -68,12 +99,18 @@ def test_each_deadlock_is_named_and_the_sweep_goes_on(injected):
         assert Path(rows[case]["hang_dir"], "stacks_rank1.json").exists()
     diag = {case: rows[case]["diagnosis"] for case in CASES}
     # 1. a collective behind `if rank != 1`: rank 1 never issued the aux all-reduce
-    assert re.search(r"^rank 1 skipped all_reduce #3 \(group aux, 1,000 float32\); rank 0 "
-                     rf"waits in it at {line_of('SKIP')}", diag["skip"]), diag["skip"]  # fmt: skip
+    assert re.search(
+        r"^rank 1 skipped all_reduce #3 \(group aux, 1,000 float32\); rank 0 "
+        rf"waits in it at {line_of('SKIP')}",
+        diag["skip"],
+    ), diag["skip"]
     # 2. two collectives in a different order in one group: the first sequence number they differ
-    m = re.search(r"ranks disagree at collective #(\d+) \(group point\): rank 0 all_reduce "
-                  rf"\[1000\] float32 at {line_of('ORDER-0')}; rank 1 broadcast \[1000\] "
-                  rf"float32 at {line_of('ORDER-1')}", diag["order"])  # fmt: skip
+    m = re.search(
+        r"ranks disagree at collective #(\d+) \(group point\): rank 0 all_reduce "
+        rf"\[1000\] float32 at {line_of('ORDER-0')}; rank 1 broadcast \[1000\] "
+        rf"float32 at {line_of('ORDER-1')}",
+        diag["order"],
+    )
     assert m, diag["order"]
     # ... and across two groups: each waits in a call the other never issued
     assert "deadlock across group aux and group point" in diag["order_groups"]
@@ -86,13 +123,15 @@ def test_each_deadlock_is_named_and_the_sweep_goes_on(injected):
         diag["sleep"],
     ), diag["sleep"]
     # 5. an exception on one rank: the other stops waiting at once, with its message
-    assert re.search(rf"^rank 1 raised RuntimeError: injected failure on rank 1 at "
-                     rf"{line_of('RAISES')}", diag["raises"]), diag["raises"]  # fmt: skip
+    assert re.search(
+        rf"^rank 1 raised RuntimeError: injected failure on rank 1 at "
+        rf"{line_of('RAISES')}",
+        diag["raises"],
+    ), diag["raises"]
     assert rows["raises"]["error"] == "rank 1: RuntimeError: injected failure on rank 1"
     assert f"{rows['raises']['point']}: diagnosis: rank 1 raised" in proc.stdout
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_torch_analyser_agrees_where_it_finds_a_problem(injected):
     rows, _, _ = injected
@@ -109,7 +148,6 @@ def test_torch_analyser_agrees_where_it_finds_a_problem(injected):
     assert found >= 1  # the disagreement in one group at least
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_a_rank_aborted_by_gloo_ends_the_run_with_the_diagnosis(tmp_path):
     """3. sizes that differ: gloo aborts the rank that receives more than its tensor holds; the
@@ -129,22 +167,38 @@ def test_a_rank_aborted_by_gloo_ends_the_run_with_the_diagnosis(tmp_path):
 
 
 def uneven(tmp_path: Path, fix: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "TORCH_FR_DUMP_TEMP_FILE": str(tmp_path / fix / "fr_rank")}  # fmt: skip
-    cmd = [str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc-per-node",
-           "2", "examples/uneven_data.py", "--fix", fix, "--timeout-s", "5"]  # fmt: skip
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "TORCH_FR_DUMP_TEMP_FILE": str(tmp_path / fix / "fr_rank"),
+    }
+    cmd = [
+        str(Path(sys.executable).with_name("torchrun")),
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "examples/uneven_data.py",
+        "--fix",
+        fix,
+        "--timeout-s",
+        "5",
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_uneven_data_is_diagnosed_and_its_fixes_remove_the_hang(tmp_path):
     """6. a strided shard without padding or dropping: rank 0 runs a third step; the user's own
     script, run with the recorder's two variables and ``record_hangs()``, is diagnosed by
     ``python -m bench.hang``; DistributedSampler(drop_last=True) and DDP's Join remove it."""
     assert uneven(tmp_path, "none").returncode != 0
-    proc = subprocess.run([sys.executable, "-m", "bench.hang", str(tmp_path / "none"), "--torch"],
-                          capture_output=True, text=True, timeout=60, cwd=REPO)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.hang", str(tmp_path / "none"), "--torch"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stderr
     first = proc.stdout.splitlines()[0]
     assert re.search(
@@ -161,7 +215,6 @@ def test_uneven_data_is_diagnosed_and_its_fixes_remove_the_hang(tmp_path):
         assert done.stdout.count("done") == 2
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_the_report_shows_each_diagnosis_whole(injected, tmp_path):
     from bench.report.page import write_report

@@ -47,44 +47,60 @@ def line_of(marker: str) -> str:
 def expected(scenario: str) -> str:
     """The diagnosis of the scenario's pickles (what it names: rank, op, number, line)."""
     grad, after = line_of("GRAD"), line_of("AFTER-LOOP")
-    waits = ("rank 1 never issued all_reduce #{n} (group default, {size} float32); rank 0 waits "
-             "in it at {at}; rank 1's last call was all_reduce #{m} (group {g}, 289 float32) at "
-             "{last}")  # fmt: skip
+    waits = (
+        "rank 1 never issued all_reduce #{n} (group default, {size} float32); rank 0 waits "
+        "in it at {at}; rank 1's last call was all_reduce #{m} (group {g}, 289 float32) at "
+        "{last}"
+    )
     return {
         "after_loop": waits.format(n=4, size=1, at=after, m=3, g="default", last=grad),
         "p2p": waits.format(n=4, size=1, at=after, m=3, g="default", last=grad),
         "raises": waits.format(n=3, size=289, at=grad, m=2, g="default", last=grad),
-        "groups": waits.format(n=3, size=289, at=line_of("GROUPS-0"), m=1, g=1,
-                               last=line_of("GROUPS-1")),
+        "groups": waits.format(
+            n=3, size=289, at=line_of("GROUPS-0"), m=1, g=1, last=line_of("GROUPS-1")
+        ),
         "in_loop": f"rank 1 never issued all_reduce #3 (group default, 289 float32) that rank 0 "
-                   f"issued at {line_of('IN-LOOP')}: rank 1's calls from #3 on are the others' "
-                   f"from #4 on",
+        f"issued at {line_of('IN-LOOP')}: rank 1's calls from #3 on are the others' "
+        f"from #4 on",
         "sizes": f"ranks disagree at collective #2 (group default): rank 0 broadcast [999] "
-                 f"float32 at {line_of('SIZES')}; rank 1 broadcast [1000] float32 at "
-                 f"{line_of('SIZES')}",
+        f"float32 at {line_of('SIZES')}; rank 1 broadcast [1000] float32 at "
+        f"{line_of('SIZES')}",
         "order": f"ranks disagree at collective #3 (group default): rank 0 all_reduce [289] "
-                 f"float32 at {line_of('ORDER-0')}; rank 1 broadcast [289] float32 at "
-                 f"{line_of('ORDER-1')}",
+        f"float32 at {line_of('ORDER-0')}; rank 1 broadcast [289] float32 at "
+        f"{line_of('ORDER-1')}",
         "aborted": f"rank 1 left no dump, while rank 0 waits in all_reduce #3 (group default, "
-                   f"1,000 float32) at {line_of('ABORTED')}: its process ended, in that call or "
-                   f"before it",
+        f"1,000 float32) at {line_of('ABORTED')}: its process ended, in that call or "
+        f"before it",
         "gone": f"rank 1 left no dump, while rank 0 waits in all_reduce #3 (group default, 289 "
-                f"float32) at {grad}, as in the step before: its process ended",
+        f"float32) at {grad}, as in the step before: its process ended",
         "uneven": f"rank 0 began another step (all_reduce #3 (group default, 289 float32) at "
-                  f"{grad}, as in the step before) that rank 1 never began (rank 1 is at barrier "
-                  f"#3 at {line_of('BARRIER')})",
+        f"{grad}, as in the step before) that rank 1 never began (rank 1 is at barrier "
+        f"#3 at {line_of('BARRIER')})",
         "none": "no hang in the dumps: every group's calls agree and no rank waits for another",
-    }[scenario]  # fmt: skip
+    }[scenario]
 
 
+@pytest.mark.unit
 def test_the_data_holds_every_scenario():
-    assert set(SCENARIOS) == {"after_loop", "in_loop", "sizes", "aborted", "order", "gone",
-                              "raises", "uneven", "groups", "p2p", "none"}  # fmt: skip
+    assert set(SCENARIOS) == {
+        "after_loop",
+        "in_loop",
+        "sizes",
+        "aborted",
+        "order",
+        "gone",
+        "raises",
+        "uneven",
+        "groups",
+        "p2p",
+        "none",
+    }
     for s in SCENARIOS:
         for form in ("pickle", "json"):
             assert not list((DATA / s / form).glob("stacks_rank*")), (s, form)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_torch_dumps_of_a_users_script_are_diagnosed(scenario, capsys):
     d = load(DATA / scenario / "pickle")
@@ -101,6 +117,7 @@ def test_torch_dumps_of_a_users_script_are_diagnosed(scenario, capsys):
     assert lines[-1] == "torch's analyser could not read these dumps: KeyError: ('0', 0)"
 
 
+@pytest.mark.unit
 def test_the_collective_behind_if_rank_0_was_a_traceback_and_is_the_diagnosis():
     """The issue's case: ``if rank == 0: all_reduce(loss)`` after the loop, torch's own dumps;
     ``_call`` was handed a pandas row, whose ``.dtypes`` is the row's own dtype."""
@@ -118,34 +135,59 @@ def _no_lines(text: str) -> str:
     return re.sub(r"user_script\.py:\d+", "?", text)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("scenario", SAME_IN_JSON)
 def test_the_json_dumps_give_the_same_diagnosis(scenario):
     pk, js = (diagnose(load(DATA / scenario / form)) for form in ("pickle", "json"))
-    assert (js.kind, js.ranks, js.group, js.seq, js.op) == (pk.kind, pk.ranks, pk.group, pk.seq,
-                                                             pk.op)  # fmt: skip
+    assert (js.kind, js.ranks, js.group, js.seq, js.op) == (
+        pk.kind,
+        pk.ranks,
+        pk.group,
+        pk.seq,
+        pk.op,
+    )
     assert js.line == _no_lines(pk.line)  # torch's JSON holds no frames: no source line
 
 
+@pytest.mark.unit
 def test_json_dumps_without_lines_say_no_more_than_the_calls_do(capsys):
     """A skipped call of equal size, or a further step, is told by its line: the JSON form,
     without lines, says what the calls alone say."""
     in_loop = diagnose(load(DATA / "in_loop" / "json"))
-    assert in_loop.line.startswith("rank 1 never issued all_reduce #4 (group default, 289 "
-                                   "float32); rank 0 waits in it at ?")  # fmt: skip
+    assert in_loop.line.startswith(
+        "rank 1 never issued all_reduce #4 (group default, 289 float32); rank 0 waits in it at ?"
+    )
     uneven = diagnose(load(DATA / "uneven" / "json"))
-    assert uneven.line == ("ranks disagree at collective #3 (group default): rank 0 all_reduce "
-                           "[289] float32 at ?; rank 1 barrier [] at ?")  # fmt: skip
+    assert uneven.line == (
+        "ranks disagree at collective #3 (group default): rank 0 all_reduce "
+        "[289] float32 at ?; rank 1 barrier [] at ?"
+    )
     assert main([str(DATA / "uneven" / "json")]) == 0
     listing = capsys.readouterr().out.splitlines()[1]
-    assert listing.endswith("(no stacks in their entries, as in torch's JSON dumps: no source "
-                            "lines):")  # fmt: skip
+    assert listing.endswith(
+        "(no stacks in their entries, as in torch's JSON dumps: no source lines):"
+    )
 
 
+@pytest.mark.unit
 def test_torch_dumps_name_no_function():
     """What the safe reader relies on: torch's pickles hold dicts, lists, tuples, strings,
     numbers, nothing a reader would call."""
-    calls = {"GLOBAL", "STACK_GLOBAL", "REDUCE", "INST", "OBJ", "NEWOBJ", "NEWOBJ_EX", "BUILD",
-             "EXT1", "EXT2", "EXT4", "PERSID", "BINPERSID"}  # fmt: skip
+    calls = {
+        "GLOBAL",
+        "STACK_GLOBAL",
+        "REDUCE",
+        "INST",
+        "OBJ",
+        "NEWOBJ",
+        "NEWOBJ_EX",
+        "BUILD",
+        "EXT1",
+        "EXT2",
+        "EXT4",
+        "PERSID",
+        "BINPERSID",
+    }
     for path in sorted(DATA.glob("*/pickle/fr_rank*")):
         ops = {op.name for op, _, _ in pickletools.genops(path.read_bytes())}
         assert not ops & calls, (path, ops & calls)
@@ -166,6 +208,7 @@ def evil_dump(folder: Path, func, arg: str) -> Path:
     return path
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("how", ["os.system", "builtins.exec"])
 def test_a_crafted_dump_is_refused_and_runs_nothing(tmp_path, how):
     marker = tmp_path / "ran"
@@ -189,6 +232,7 @@ def test_a_crafted_dump_is_refused_and_runs_nothing(tmp_path, how):
     assert not marker.exists()
 
 
+@pytest.mark.unit
 def test_typed_lists_of_torchs_pickler_are_read_as_lists(tmp_path):
     """torch's TorchScript pickler writes typed lists through ``torch.jit._pickle``'s
     ``build_intlist``: admitted, read as the list (torch not asked)."""
@@ -213,11 +257,15 @@ def test_typed_lists_of_torchs_pickler_are_read_as_lists(tmp_path):
 def old_torch(entry: dict) -> dict:
     """The entry as the recorder's format 1.x (torch before 2.4) wrote it: ``seq_id``, no
     ``collective_seq_id``, ``p2p_seq_id``, ``is_p2p``, no dtypes."""
-    e = {k: v for k, v in entry.items() if k not in ("collective_seq_id", "p2p_seq_id", "is_p2p",
-                                                     "input_dtypes", "output_dtypes")}  # fmt: skip
+    e = {
+        k: v
+        for k, v in entry.items()
+        if k not in ("collective_seq_id", "p2p_seq_id", "is_p2p", "input_dtypes", "output_dtypes")
+    }
     return {**e, "seq_id": entry["collective_seq_id"]}
 
 
+@pytest.mark.unit
 def test_dumps_of_older_torch_that_name_seq_id_are_read(tmp_path):
     send = {**call(3), "profiling_name": "nccl:send 0->1"}
     recv = {**call(3), "profiling_name": "nccl:recv 1<-0"}
@@ -229,9 +277,11 @@ def test_dumps_of_older_torch_that_name_seq_id_are_read(tmp_path):
         (tmp_path / f"fr_rank{rank}").write_bytes(pickle.dumps({**rec, "version": "1.5"}))
     diag = diagnose(load(tmp_path))
     assert diag.kind == "disagree"
-    assert diag.line == ("ranks disagree at collective #4 (group default): rank 0 "
-                         "all_reduce [1000] at train.py:42; rank 1 all_reduce [999] at "
-                         "train.py:42")  # fmt: skip
+    assert diag.line == (
+        "ranks disagree at collective #4 (group default): rank 0 "
+        "all_reduce [1000] at train.py:42; rank 1 all_reduce [999] at "
+        "train.py:42"
+    )
     proc = hang([tmp_path, "--torch"])  # torch's analyser of today reads no 1.x entry
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[0] == diag.line
@@ -240,10 +290,16 @@ def test_dumps_of_older_torch_that_name_seq_id_are_read(tmp_path):
 
 def p2p(seq: int, op: str) -> dict:
     """A point-to-point entry as gloo would name it: no peer in its name."""
-    return {**call(seq), "is_p2p": True, "p2p_seq_id": seq, "collective_seq_id": 0,
-            "profiling_name": f"gloo:{op}"}  # fmt: skip
+    return {
+        **call(seq),
+        "is_p2p": True,
+        "p2p_seq_id": seq,
+        "collective_seq_id": 0,
+        "profiling_name": f"gloo:{op}",
+    }
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("case", ["empty_pg_config", "p2p"])
 def test_torch_analyser_failing_is_a_line_and_the_diagnosis_stands(tmp_path, case):
     if case == "p2p":
@@ -262,8 +318,10 @@ def test_torch_analyser_failing_is_a_line_and_the_diagnosis_stands(tmp_path, cas
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""
     lines = proc.stdout.splitlines()
-    assert lines[0].startswith("rank 1 never issued all_reduce #3 (group default, 1,000 "
-                               "float32); rank 0 waits in it at train.py:10")  # fmt: skip
+    assert lines[0].startswith(
+        "rank 1 never issued all_reduce #3 (group default, 1,000 "
+        "float32); rank 0 waits in it at train.py:10"
+    )
     assert lines[-1] == says
 
 
@@ -271,30 +329,49 @@ def _rewrite(path: Path, **changes) -> None:
     path.write_bytes(pickle.dumps({**pickle.loads(path.read_bytes()), **changes}))
 
 
-@pytest.mark.parametrize("case", ["no_seq", "no_group", "entries_no_list", "entry_no_table",
-                                  "pg_config", "stacks", "stacks_unreadable", "json_truncated",
-                                  "worlds"])  # fmt: skip
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "case",
+    [
+        "no_seq",
+        "no_group",
+        "entries_no_list",
+        "entry_no_table",
+        "pg_config",
+        "stacks",
+        "stacks_unreadable",
+        "json_truncated",
+        "worlds",
+    ],
+)
 def test_bad_dumps_are_one_line_naming_the_file(tmp_path, case):
     write(tmp_path, 0, steps(2), job=None)
     write(tmp_path, 1, steps(2), job=None, world=3 if case == "worlds" else 2)
     path = tmp_path / "fr_rank1"
     if case == "worlds":
-        said = (f"{tmp_path}: dumps of different jobs mixed: fr_rank0 (world 2) and fr_rank1 "
-                "(world 3)")  # fmt: skip
+        said = (
+            f"{tmp_path}: dumps of different jobs mixed: fr_rank0 (world 2) and fr_rank1 (world 3)"
+        )
     elif case == "no_group":
-        _rewrite(path, entries=[{k: v for k, v in e.items() if k != "process_group"}
-                                for e in steps(2)])  # fmt: skip
-        said = (f"{path}: entry 0 is not a flight-recorder entry (no process_group (name, "
-                "description))")  # fmt: skip
+        _rewrite(
+            path, entries=[{k: v for k, v in e.items() if k != "process_group"} for e in steps(2)]
+        )
+        said = (
+            f"{path}: entry 0 is not a flight-recorder entry (no process_group (name, description))"
+        )
     elif case == "stacks_unreadable":
         path = tmp_path / "stacks_rank1.json"
         path.write_text('{"rank": 1, ')
         said = f"{path}: unreadable stacks file (JSONDecodeError)"
     elif case == "no_seq":
-        _rewrite(path, entries=[{k: v for k, v in e.items() if k != "collective_seq_id"}
-                                for e in steps(2)])  # fmt: skip
-        said = (f"{path}: entry 0 is not a flight-recorder entry (no sequence number: neither "
-                "collective_seq_id nor seq_id)")  # fmt: skip
+        _rewrite(
+            path,
+            entries=[{k: v for k, v in e.items() if k != "collective_seq_id"} for e in steps(2)],
+        )
+        said = (
+            f"{path}: entry 0 is not a flight-recorder entry (no sequence number: neither "
+            "collective_seq_id nor seq_id)"
+        )
     elif case == "entries_no_list":
         _rewrite(path, entries={"a": 1})
         said = f"{path}: not a flight-recorder dump (no entries)"
@@ -317,6 +394,7 @@ def test_bad_dumps_are_one_line_naming_the_file(tmp_path, case):
     assert proc.stderr.splitlines() == [f"error: {said}"]
 
 
+@pytest.mark.unit
 def test_a_diagnosis_that_fails_is_one_line_naming_where(tmp_path, capsys, monkeypatch):
     """A bug of the diagnosis (here made on purpose) is one line on stderr naming the error and
     the suite's line it came from; each rank's calls still listed; exit 2."""
@@ -336,10 +414,13 @@ def test_a_diagnosis_that_fails_is_one_line_naming_where(tmp_path, capsys, monke
     assert re.fullmatch(
         rf"error: could not diagnose {re.escape(str(tmp_path))}: TypeError: 'numpy.dtypes."
         r"ObjectDType' object is not iterable \(at diagnose\.py:\d+: a bug of bench.hang; please "
-        r"report it with the dumps\)\n", out.err), out.err  # fmt: skip
+        r"report it with the dumps\)\n",
+        out.err,
+    ), out.err
     assert "rank 0: last calls all_reduce #3 (group 0) at train.py:10" in out.out
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(90)
 def test_a_users_script_run_now_is_diagnosed(tmp_path, capsys):
     """The scenario of the issue, made here: two ranks of ``user_script.py``, torch's dumps
@@ -353,6 +434,7 @@ def test_a_users_script_run_now_is_diagnosed(tmp_path, capsys):
         assert (out.out.splitlines()[0], out.err) == (line, "")
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(30)
 def test_the_generator_kills_what_outlives_its_bound(tmp_path, monkeypatch):
     """``launch`` bounds each rank and ends it: a rank that would hang forever is killed."""
@@ -372,23 +454,29 @@ def test_the_generator_kills_what_outlives_its_bound(tmp_path, monkeypatch):
     assert len(started) == 2 and all(p.poll() is not None for p in started)
 
 
+@pytest.mark.unit
 def test_dumps_without_collectives_say_so(tmp_path):
     write(tmp_path, 0, [p2p(1, "send")], world=3, job=None)
     write(tmp_path, 1, [p2p(1, "recv")], world=3, job=None)
     diag = diagnose(load(tmp_path))
-    assert (diag.kind, diag.line) == ("none", "no collective in the dumps: nothing to compare (no "
-                                              "dump from rank 2)")  # fmt: skip
+    assert (diag.kind, diag.line) == (
+        "none",
+        "no collective in the dumps: nothing to compare (no dump from rank 2)",
+    )
 
 
+@pytest.mark.unit
 def test_a_rank_without_dump_is_named_after_the_cause(tmp_path):
     write(tmp_path, 0, [*steps(2), call(3, line=42)], world=3, job=None)
     write(tmp_path, 1, [*steps(2), call(3, shape=(999,), line=42)], world=3, job=None)
     diag = diagnose(load(tmp_path))
     assert diag.kind == "disagree"
-    assert diag.line.endswith("rank 1 all_reduce [999] float32 at train.py:42 (no dump from "
-                              "rank 2)")  # fmt: skip
+    assert diag.line.endswith(
+        "rank 1 all_reduce [999] float32 at train.py:42 (no dump from rank 2)"
+    )
 
 
+@pytest.mark.unit
 def test_without_frames_a_skip_across_groups_reads_as_the_deadlock_the_calls_show(tmp_path):
     """The skip is told by the lines of the steps before (``tests/test_hang.py``): without them
     (torch's JSON form) each rank waits in a group where the other is behind."""

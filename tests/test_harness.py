@@ -17,6 +17,8 @@ from parallel_kernels.ddp import apply_reference_ddp
 from parallel_kernels.models import build_model, grad_bytes
 from parallel_kernels.strategies import STRATEGIES
 
+pytestmark = pytest.mark.ranks
+
 FAST = HarnessConfig(point_timeout_s=60.0)
 # A failure on one rank makes the others wait out this timeout: keep it short there.
 QUICK_FAIL = HarnessConfig(point_timeout_s=5.0)
@@ -37,12 +39,28 @@ def pool_env() -> DistEnv:
     )
 
 
-def make_point(sweep: str, model: str, value, impl: str, strategy: str, *, world_size: int = 2,
-               knobs: dict | None = None, **kwargs) -> PointRecord:  # fmt: skip
+def make_point(
+    sweep: str,
+    model: str,
+    value,
+    impl: str,
+    strategy: str,
+    *,
+    world_size: int = 2,
+    knobs: dict | None = None,
+    **kwargs,
+) -> PointRecord:
     """A resolved point of ``sweep`` at ``value`` (setting ``knobs``), with the tests' steps."""
-    return resolve_point(sweep=sweep, values={sweep: value}, model=model, strategy=strategy,
-                         impl=impl, knobs=knobs or {}, world_size=world_size,
-                         **{**FAST_STEPS, **kwargs})  # fmt: skip
+    return resolve_point(
+        sweep=sweep,
+        values={sweep: value},
+        model=model,
+        strategy=strategy,
+        impl=impl,
+        knobs=knobs or {},
+        world_size=world_size,
+        **{**FAST_STEPS, **kwargs},
+    )
 
 
 def point(model: str, impl: str, cap: float) -> PointRecord:
@@ -73,9 +91,20 @@ def test_rows_traces_and_overlap(pool, tmp_path):
         assert r["peak_mem_mb"] >= 0.95 * r["state_mb"], (r["peak_mem_mb"], r["state_mb"])
         assert np.isnan(r["peak_reserved_mb"])  # a CUDA figure
         assert r["data_ms"] > 0 and np.isfinite(r["trace_overhead_pct"])
-        print(impl, {k: round(r[k], 2) for k in ("peak_mem_mb", "state_mb", "data_ms",
-                                                   "trace_overhead_pct", "step_ms_median",
-                                                   "rank_skew_ms")})  # fmt: skip
+        print(
+            impl,
+            {
+                k: round(r[k], 2)
+                for k in (
+                    "peak_mem_mb",
+                    "state_mb",
+                    "data_ms",
+                    "trace_overhead_pct",
+                    "step_ms_median",
+                    "rank_skew_ms",
+                )
+            },
+        )
         written = (tmp_path / r["point"]).glob("*.pt.trace.json")
         traces = sorted(p.name.split(".")[0] for p in written)
         assert traces == ["rank0", "rank1"]

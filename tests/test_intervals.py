@@ -3,6 +3,8 @@ import pytest
 
 from bench.analysis import intervals as iv
 
+pytestmark = pytest.mark.unit
+
 
 def _mask(sets, n=200):
     m = np.zeros(n, dtype=bool)

@@ -72,7 +72,7 @@ def kill_the_launcher(argv: list[str], out: Path, after_rows: int) -> tuple[floa
                 os.kill(p, signal.SIGKILL)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.timeout(400)
 def test_ranks_leave_when_their_launcher_is_killed_and_resume_completes_the_run(tmp_path):
     out = tmp_path / "run"
@@ -96,7 +96,7 @@ def test_ranks_leave_when_their_launcher_is_killed_and_resume_completes_the_run(
     assert len(ok) == 2 and ok["point"].is_unique
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.timeout(300)
 def test_a_collective_sweep_leaves_with_its_launcher(tmp_path):
     out = tmp_path / "run"
@@ -128,6 +128,7 @@ time.sleep(120)  # a main thread that never reaches its next step (a long native
 """
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(60)
 def test_a_rank_that_cannot_end_its_point_writes_its_row_and_leaves(tmp_path):
     """The main thread stuck: after the grace the watch writes the point's error row itself
@@ -175,6 +176,7 @@ class LiveStore:
         return False
 
 
+@pytest.mark.unit
 def test_a_store_that_stops_answering_is_a_lost_launcher_after_two_misses():
     from bench.runner.faults.launcher import STORE_MISSES, lost
 

@@ -3,6 +3,10 @@ import-linter contracts in pyproject.toml, which `make test` runs."""
 
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.unit
+
 REPO = Path(__file__).resolve().parents[1]
 MAX_LINES = 400
 

@@ -7,6 +7,8 @@ import torch
 
 from bench.runner.measure.profiling import MemoryBaseline, step_memory
 
+pytestmark = pytest.mark.unit
+
 MB = 2**20
 CPU = torch.device("cpu")
 
@@ -29,9 +31,11 @@ def _measure(tmp_path, extra_mb: int, release: bool) -> tuple[float, int, int]:
         state["grad"] = None
 
     got = step_memory(
-        step, baseline=baseline, release=zero_grad if release else lambda: None,
+        step,
+        baseline=baseline,
+        release=zero_grad if release else lambda: None,
         scratch_dir=tmp_path,
-    )  # fmt: skip
+    )
     return got.peak_bytes, params.nbytes, 16 * MB
 
 

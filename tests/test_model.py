@@ -27,6 +27,8 @@ from parallel_kernels.fsdp_layout import zero_state_bytes
 from tests.kineto_writer import write_trace
 from tests.test_harness import make_point
 
+pytestmark = pytest.mark.unit
+
 SIZES = [1 << k for k in range(10, 27, 2)]  # 1 KiB .. 64 MiB
 
 
@@ -132,9 +134,17 @@ def test_a_fit_needs_two_sizes_and_ok_rows():
 
 
 def _all_reduce(times_s, sizes=SIZES, **extra) -> pd.DataFrame:
-    return pd.DataFrame({"collective": "all_reduce", "impl": "native", "world_size": 2,
-                         "size_bytes": sizes, "time_us": np.asarray(times_s) * 1e6,
-                         "status": "ok", **extra})  # fmt: skip
+    return pd.DataFrame(
+        {
+            "collective": "all_reduce",
+            "impl": "native",
+            "world_size": 2,
+            "size_bytes": sizes,
+            "time_us": np.asarray(times_s) * 1e6,
+            "status": "ok",
+            **extra,
+        }
+    )
 
 
 def test_r2_is_reported_on_the_fits_own_scale_log_time():
@@ -244,15 +254,25 @@ def test_a_predicted_times_interval_comes_from_the_refitted_pairs():
 def _collectives_run(folder: Path, world: int, rows: pd.DataFrame) -> Path:
     """A message_size run folder: meta.json, results.csv, and samples.csv from ``samples_ms``."""
     folder.mkdir()
-    meta = {"schema_version": "2.1", "kind": "collective", "sweep": "message_size",
-            "backend": "gloo", "host": "h", "device": "cpu", "world_size": world,
-            "collective_plan": {"dtype": "float32", "op": "sum"}}  # fmt: skip
+    meta = {
+        "schema_version": "2.1",
+        "kind": "collective",
+        "sweep": "message_size",
+        "backend": "gloo",
+        "host": "h",
+        "device": "cpu",
+        "world_size": world,
+        "collective_plan": {"dtype": "float32", "op": "sum"},
+    }
     (folder / "meta.json").write_text(json.dumps(meta))
     ids = zip(rows["collective"], rows["size_bytes"], rows["impl"], strict=True)
     rows = rows.assign(point=[f"{c}-{s}-{i}" for c, s, i in ids], round=1)
     rows.drop(columns="samples_ms").to_csv(folder / "results.csv", index=False)
-    samples = [(p, 1, k, ms) for p, x in zip(rows["point"], rows["samples_ms"], strict=True)
-               for k, ms in enumerate(x)]  # fmt: skip
+    samples = [
+        (p, 1, k, ms)
+        for p, x in zip(rows["point"], rows["samples_ms"], strict=True)
+        for k, ms in enumerate(x)
+    ]
     pd.DataFrame(samples, columns=["point", "round", "index", "ms"]).to_csv(
         folder / "samples.csv", index=False
     )
@@ -406,8 +426,15 @@ def test_tensor_parallel_all_reduces_sit_on_the_critical_path():
 def test_hybrid_shard_reduces_in_its_group_then_across_replicas():
     comm = fit_rows(synthetic("gloo", 50e-6, 1e-9, [2, 4]), backend="gloo")
     prof = ComputeProfile(forward_ms=10, backward_ms=20, after_ms=5)
-    record = make_point("sharding_strategy", "wide_mlp", "HYBRID_SHARD", "native", "fsdp",
-                        world_size=4, knobs={"sharding_strategy": "HYBRID_SHARD"})  # fmt: skip
+    record = make_point(
+        "sharding_strategy",
+        "wide_mlp",
+        "HYBRID_SHARD",
+        "native",
+        "fsdp",
+        world_size=4,
+        knobs={"sharding_strategy": "HYBRID_SHARD"},
+    )
     prog = fsdp(case_of(record), prof, comm)
     unit0 = 4 * (784 * 2048 + 2048)  # wide_mlp's first linear layer, fp32
     gathers = {op.name: op.ms for op in prog if isinstance(op, sch.Issue)}
@@ -539,8 +566,9 @@ def test_whatif_predicts_and_recommends():
         grad_bytes=(40, 81920, 16 << 20, 6 << 20),
     )
     point = make_point("bucket_cap_mb", "wide_mlp", 25.0, "native", "ddp")
-    table = predict_scales(prof, point=point, comm=LinkCosts(PRESETS["eth_25g"]),
-                           world_sizes=[8, 64])  # fmt: skip
+    table = predict_scales(
+        prof, point=point, comm=LinkCosts(PRESETS["eth_25g"]), world_sizes=[8, 64]
+    )
     assert set(table["world_size"]) == {8, 64}
     assert (table["scaling_efficiency_pct"] <= 100 + 1e-9).all()
     assert (table["step_ms"] >= 35 - 1e-9).all()
@@ -558,14 +586,16 @@ def test_whatif_predicts_and_recommends():
     rec = recommend(table)
     assert list(rec["family"]) == ["ddp", "fsdp", "ddp", "fsdp"]
     for r in rec.itertuples():
-        fam = table[(table["world_size"] == r.world_size)
-                    & table["choice"].str.startswith(r.family + " ")]  # fmt: skip
+        fam = table[
+            (table["world_size"] == r.world_size) & table["choice"].str.startswith(r.family + " ")
+        ]
         assert r.step_ms == fam["step_ms"].min()
         assert r.margin_ms == pytest.approx(r.default_step_ms - r.step_ms)
         assert math.isnan(r.margin_ms_low) and math.isnan(r.best_at_both_ends)
     # ten times faster computation: the same collectives, a tenth of the computation
-    fast = predict_scales(prof, point=point, comm=LinkCosts(PRESETS["eth_25g"]), world_sizes=[8],
-                          speedup=10)  # fmt: skip
+    fast = predict_scales(
+        prof, point=point, comm=LinkCosts(PRESETS["eth_25g"]), world_sizes=[8], speedup=10
+    )
     slow = table[table["world_size"] == 8].set_index("choice")
     fast = fast.set_index("choice")
     assert fast["comm_ms"].to_numpy() == pytest.approx(slow.loc[fast.index, "comm_ms"].to_numpy())
@@ -585,9 +615,18 @@ def test_recommend_on_a_table_with_known_answers():
         "fsdp NO_SHARD": (70, 60, 80),
     }
     table = pd.DataFrame(
-        [{"world_size": 8, "choice": c, "step_ms": m, "step_ms_low": lo, "step_ms_high": hi,
-          "state_mb_per_rank": 1.0} for c, (m, lo, hi) in steps.items()]
-    )  # fmt: skip
+        [
+            {
+                "world_size": 8,
+                "choice": c,
+                "step_ms": m,
+                "step_ms_low": lo,
+                "step_ms_high": hi,
+                "state_mb_per_rank": 1.0,
+            }
+            for c, (m, lo, hi) in steps.items()
+        ]
+    )
     ddp, fsdp_ = (r for _, r in recommend(table).iterrows())
     assert ddp["recommended"] == "ddp bucket_cap_mb=1" and ddp["margin_ms"] == 10
     assert ddp["margin_pct"] == pytest.approx(20)
@@ -601,8 +640,13 @@ def test_recommend_on_a_table_with_known_answers():
 
 def test_whatif_with_fitted_collectives_predicts_a_range():
     comm = fit_rows(synthetic("gloo", 200e-6, 2e-9, [2], iters=15, jitter=0.2), backend="gloo")
-    prof = ComputeProfile(forward_ms=10, backward_ms=20, after_ms=5, grad_ready_ms=(1, 8, 15, 20),
-                          grad_bytes=(40, 81920, 16 << 20, 6 << 20))  # fmt: skip
+    prof = ComputeProfile(
+        forward_ms=10,
+        backward_ms=20,
+        after_ms=5,
+        grad_ready_ms=(1, 8, 15, 20),
+        grad_bytes=(40, 81920, 16 << 20, 6 << 20),
+    )
     point = make_point("bucket_cap_mb", "wide_mlp", 25.0, "native", "ddp")
     table = predict_scales(prof, point=point, comm=comm, world_sizes=[2, 8], share=0.5)
     assert (table["step_ms_low"] <= table["step_ms"] + 1e-9).all()

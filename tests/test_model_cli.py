@@ -14,7 +14,7 @@ import pytest
 from bench.model.__main__ import main
 from tests.test_end_to_end import REPO, TORCHRUN, launch
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 COLLECTIVES = [
     "--sweep",
@@ -174,8 +174,16 @@ def test_whatif_recommends_with_its_assumptions(runs):
         "whatif", "--collectives", runs["coll"], "--compute", runs["train"], "--world-size", "4"
     )
     assert fitted.returncode == 0 and "# link: fitted gloo collectives" in fitted.stdout
-    ranged = model("whatif", "--collectives", runs["coll"], "--compute", runs["train"],
-                   "--world-size", "4,16", "--json")  # fmt: skip
+    ranged = model(
+        "whatif",
+        "--collectives",
+        runs["coll"],
+        "--compute",
+        runs["train"],
+        "--world-size",
+        "4,16",
+        "--json",
+    )
     assert ranged.returncode == 0, ranged.stderr
     for r in json.loads(ranged.stdout)["predictions"]:
         assert r["step_ms_low"] - 1e-9 <= r["step_ms"] <= r["step_ms_high"] + 1e-9, r

@@ -27,7 +27,10 @@ IFACE = "pbveth0"
 PORT = 29517
 # Where namespaces cannot be created the tests skip, saying why; under CI="true" that is a
 # failure (CI runs as root, and `make test` installs iproute2).
-pytestmark = pytest.mark.ci_needs("network namespaces (iproute2's `ip netns`, as root)")
+pytestmark = [
+    pytest.mark.ci_needs("network namespaces (iproute2's `ip netns`, as root)"),
+    pytest.mark.e2e,
+]
 
 
 def _ip(*args: str) -> subprocess.CompletedProcess:
@@ -71,26 +74,59 @@ def two_hosts():
 def node(i: int, args: list[str], limit: int = 200) -> subprocess.Popen:
     """torchrun for node ``i`` inside its namespace; node 0 hosts the rendezvous."""
     cmd = [
-        "ip", "netns", "exec", NODES[i], "timeout", "-k", "10", str(limit),
-        "env", f"GLOO_SOCKET_IFNAME={IFACE}", "OMP_NUM_THREADS=1",
+        "ip",
+        "netns",
+        "exec",
+        NODES[i],
+        "timeout",
+        "-k",
+        "10",
+        str(limit),
+        "env",
+        f"GLOO_SOCKET_IFNAME={IFACE}",
+        "OMP_NUM_THREADS=1",
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1",
-        str(TORCHRUN), "--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d",
-        f"--rdzv_endpoint={ADDRS[0]}:{PORT}", f"--local_addr={ADDRS[i]}",
+        str(TORCHRUN),
+        "--nnodes=2",
+        "--nproc_per_node=1",
+        "--rdzv_backend=c10d",
+        f"--rdzv_endpoint={ADDRS[0]}:{PORT}",
+        f"--local_addr={ADDRS[i]}",
         *(["--rdzv_conf=is_host=1"] if i == 0 else []),
-        "bench/run.py", *args,
-    ]  # fmt: skip
-    return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)  # fmt: skip
+        "bench/run.py",
+        *args,
+    ]
+    return subprocess.Popen(
+        cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def sweep(out: Path, values: str) -> list[str]:
-    return ["--sweep", "bucket_cap_mb", "--values", values, "--model", "mlp", "--steps", "5",
-            "--max-steps", "5", "--rounds", "1",
-            "--warmup-steps", "1", "--profile-steps", "1", "--timeout-s", "30",
-            "--out", str(out), "--no-report"]  # fmt: skip
+    return [
+        "--sweep",
+        "bucket_cap_mb",
+        "--values",
+        values,
+        "--model",
+        "mlp",
+        "--steps",
+        "5",
+        "--max-steps",
+        "5",
+        "--rounds",
+        "1",
+        "--warmup-steps",
+        "1",
+        "--profile-steps",
+        "1",
+        "--timeout-s",
+        "30",
+        "--out",
+        str(out),
+        "--no-report",
+    ]
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_two_node_sweep(two_hosts, tmp_path):
     out = tmp_path / "run"
@@ -108,7 +144,6 @@ def test_two_node_sweep(two_hosts, tmp_path):
     assert "results:" in outputs[0][0]
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_lost_node_ends_the_job_and_keeps_finished_points(two_hosts, tmp_path):
     out = tmp_path / "run"

@@ -16,7 +16,7 @@ import pytest
 import torch.distributed as dist
 
 from bench.runner.measure.timing import Budget
-from bench.runner.train import plain_check
+from bench.runner.train import plain_check, plain_compare
 from bench.runner.train.harness import Visit, run_point
 from parallel_kernels.strategies import STRATEGIES
 from tests.test_harness import FAST, make_point, pool_env, run_points
@@ -29,8 +29,9 @@ HAS_ACCELERATE = importlib.util.find_spec("accelerate") is not None
 
 def case(i: int, model: str, strategy: str, impl: str, *, world_size: int = 2, **knobs):
     """A point of its own id (``case=i``) with the tests' steps and a small batch."""
-    return make_point("case", model, i, impl, strategy, knobs=knobs, batch_size=8,
-                      world_size=world_size)  # fmt: skip
+    return make_point(
+        "case", model, i, impl, strategy, knobs=knobs, batch_size=8, world_size=world_size
+    )
 
 
 RIGHT = [
@@ -60,18 +61,23 @@ RIGHT = [
 def _torchrun_env() -> None:
     """What torchrun would have set: Accelerate reads it to know it is distributed (without
     it, each rank trains alone, which the replica check catches)."""
-    os.environ.update(RANK=str(dist.get_rank()), LOCAL_RANK=str(dist.get_rank()),
-                      WORLD_SIZE=str(dist.get_world_size()),
-                      LOCAL_WORLD_SIZE=str(dist.get_world_size()))  # fmt: skip
+    os.environ.update(
+        RANK=str(dist.get_rank()),
+        LOCAL_RANK=str(dist.get_rank()),
+        WORLD_SIZE=str(dist.get_world_size()),
+        LOCAL_WORLD_SIZE=str(dist.get_world_size()),
+    )
 
 
 def right_worker(root: str) -> list[tuple]:
     _torchrun_env()
     points = [case(i, m, s, impl, **k) for i, (m, s, impl, k) in enumerate(RIGHT)]
-    return [(r["point"], r["status"], r["error"], r.get("checked"))
-            for r in run_points(points, root)]  # fmt: skip
+    return [
+        (r["point"], r["status"], r["error"], r.get("checked")) for r in run_points(points, root)
+    ]
 
 
+@pytest.mark.ranks
 @pytest.mark.timeout(280)
 def test_the_suites_strategies_pass_the_check(pool, tmp_path):
     rows = pool(2).run(right_worker, str(tmp_path), timeout=270)[0]
@@ -110,6 +116,7 @@ def wrong_worker(root: str) -> list[dict]:
     return run_points(points, root)
 
 
+@pytest.mark.ranks
 @pytest.mark.timeout(200)
 def test_a_wrong_plan_unit_list_or_batch_is_the_points_error_row(pool, tmp_path):
     per_rank = pool(2).run(wrong_worker, str(tmp_path), timeout=190)
@@ -117,10 +124,12 @@ def test_a_wrong_plan_unit_list_or_batch_is_the_points_error_row(pool, tmp_path)
     plan_native, plan_reference, split, split_fsdp2, tied, batch_ddp, batch_fsdp, fine = rows
     for r in (plan_native, plan_reference):
         assert r["status"] == "error", r
-        assert r["error"].startswith("rank 0: PlainModelMismatch: checked against the plain "
-                                     "model (fp32 tolerance): loss "), r["error"]  # fmt: skip
-        assert r["error"].endswith("; tensor-parallel plan entries involved: blocks.*.up "
-                                   "colwise, blocks.*.down rowwise"), r["error"]  # fmt: skip
+        assert r["error"].startswith(
+            "rank 0: PlainModelMismatch: checked against the plain model (fp32 tolerance): loss "
+        ), r["error"]
+        assert r["error"].endswith(
+            "; tensor-parallel plan entries involved: blocks.*.up colwise, blocks.*.down rowwise"
+        ), r["error"]
         assert r["checked"] == "mismatch: see error"
     print(plan_native["error"])
     # the reference FSDP trains the split tie silently: the first step's loss is right, the
@@ -143,13 +152,16 @@ def test_a_wrong_plan_unit_list_or_batch_is_the_points_error_row(pool, tmp_path)
 
 def mesh_worker(root: str) -> list[dict]:
     four = {"world_size": 4, "tp_degree": 2}
-    points = [case(0, CUSTOM, "tp", "native", dp_shard=True, **four),
-              case(1, f"{MODELS}:gated_mlp", "tp", "reference", dp_shard=True, **four)]
+    points = [
+        case(0, CUSTOM, "tp", "native", dp_shard=True, **four),
+        case(1, f"{MODELS}:gated_mlp", "tp", "reference", dp_shard=True, **four),
+    ]
     for p in points:
         assert (p.dp_size, p.tp_size) == (2, 2)
     return run_points(points, root)
 
 
+@pytest.mark.ranks
 @pytest.mark.timeout(400)
 def test_a_two_dimensional_mesh_is_checked(pool, tmp_path):
     sharded, wrong = pool(4).run(mesh_worker, str(tmp_path), timeout=390)[0]
@@ -183,12 +195,16 @@ def cost_worker(root: str) -> dict:
         out["no_fit"] = run_point(point, pool_env(), FAST, Path(root, "c"))
     finally:
         plain_check._available_bytes = available
-    later = Visit(budget=Budget(min_steps=2, max_steps=2, max_s=math.inf, target_pct=0.0),
-                  round=2, profile=False)  # fmt: skip
+    later = Visit(
+        budget=Budget(min_steps=2, max_steps=2, max_s=math.inf, target_pct=0.0),
+        round=2,
+        profile=False,
+    )
     out["later"] = run_point(point, pool_env(), FAST, Path(root, "d"), visit=later)
     return out
 
 
+@pytest.mark.ranks
 @pytest.mark.timeout(150)
 def test_the_check_costs_one_plain_step_and_says_when_it_did_not_run(pool, tmp_path):
     got = pool(2).run(cost_worker, str(tmp_path), timeout=140)[0]
@@ -200,34 +216,39 @@ def test_the_check_costs_one_plain_step_and_says_when_it_did_not_run(pool, tmp_p
     assert plain == 2 * 2
     no_fit = got["no_fit"]
     assert no_fit["status"] == "ok"
-    assert no_fit["checked"].startswith("not checked: the plain model does not fit one device"
-                                        " (~0.0 GiB of parameters, gradients and AdamW state")
+    assert no_fit["checked"].startswith(
+        "not checked: the plain model does not fit one device"
+        " (~0.0 GiB of parameters, gradients and AdamW state"
+    )
     assert got["later"]["status"] == "ok" and "checked" not in got["later"]  # the runner carries
 
 
+@pytest.mark.unit
 def test_tolerances_and_messages():
     """Which tolerance a point gets, and a mismatch's message, without ranks."""
     from parallel_kernels.models import build_model
 
-    assert plain_check.tolerance_for(case(0, "mlp", "ddp", "native")) is plain_check.FP32
+    assert plain_compare.tolerance_for(case(0, "mlp", "ddp", "native")) is plain_compare.FP32
     bf16 = case(0, CUSTOM, "fsdp", "native", precision="bf16")
-    assert plain_check.tolerance_for(bf16) is plain_check.REDUCED
+    assert plain_compare.tolerance_for(bf16) is plain_compare.REDUCED
     fp16_hook = case(0, "mlp", "ddp", "reference", comm_hook="fp16")
-    assert plain_check.tolerance_for(fp16_hook) is plain_check.COMPRESSED
+    assert plain_compare.tolerance_for(fp16_hook) is plain_compare.COMPRESSED
     no_warmup = dataclasses.replace(case(0, "mlp", "ddp", "native"), warmup_steps=0)
-    assert plain_check.tolerance_for(no_warmup) == "not checked: no warm-up step to check"
+    assert plain_compare.tolerance_for(no_warmup) == "not checked: no warm-up step to check"
     model = build_model(f"{MODELS}:gated_mlp")
-    diffs = [plain_check.ParamDiff("blocks.1.down.weight", 2048, 700, 2e-3, 2.0)]
-    text = plain_check.mismatch((2.5, 2.0), diffs, plain_check.FP32, model)
-    assert text == ("checked against the plain model (fp32 tolerance): loss 2.5 vs 2 unsharded "
-                    "(rel 2.5e-01, tolerance 1e-04); first parameter that differs: "
-                    "blocks.1.down.weight, largest difference 2.0e-03 (2.0 x lr), 700 of 2,048 "
-                    "elements beyond tolerance; tensor-parallel plan entries involved: "
-                    "blocks.*.up colwise, blocks.*.down rowwise")  # fmt: skip
-    within = [plain_check.ParamDiff("w", 2048, 0, 1e-5, 0.01)]
-    assert plain_check.mismatch((2.0, 2.0), within, plain_check.FP32) is None
+    diffs = [plain_compare.ParamDiff("blocks.1.down.weight", 2048, 700, 2e-3, 2.0)]
+    text = plain_compare.mismatch((2.5, 2.0), diffs, plain_compare.FP32, model)
+    assert text == (
+        "checked against the plain model (fp32 tolerance): loss 2.5 vs 2 unsharded "
+        "(rel 2.5e-01, tolerance 1e-04); first parameter that differs: "
+        "blocks.1.down.weight, largest difference 2.0e-03 (2.0 x lr), 700 of 2,048 "
+        "elements beyond tolerance; tensor-parallel plan entries involved: "
+        "blocks.*.up colwise, blocks.*.down rowwise"
+    )
+    within = [plain_compare.ParamDiff("w", 2048, 0, 1e-5, 0.01)]
+    assert plain_compare.mismatch((2.0, 2.0), within, plain_compare.FP32) is None
     # the built-in transformer's plan names modules: read as patterns, each entry once
-    entries = plain_check.plan_entries(build_model("transformer"), ["blocks.2.fc2.weight"])
+    entries = plain_compare.plan_entries(build_model("transformer"), ["blocks.2.fc2.weight"])
     assert entries == ["blocks.*.fc1 colwise", "blocks.*.fc2 rowwise"]
     # the implementations' full-state functions are code, not facts a run folder records
     facts = STRATEGIES["tp"].impl("reference").facts()

@@ -5,6 +5,8 @@ import pytest
 from bench.runner.plan.points import build_points
 from tests.test_harness import FAST, run_points
 
+pytestmark = pytest.mark.ranks
+
 # After FAST's 10 AdamW steps (2 warm-up, 4 timed, 4 under the profiler) from the same start
 # and data, the bf16 loss stays within these fractions of the fp32 loss. Measured on the seed
 # MLP (torch 2.13 CPU): under autocast (DDP, Accelerate) 0.045 % (2.07675 against 2.07581; the
@@ -19,17 +21,25 @@ LOSS_TOLERANCE = {"ddp": AUTOCAST_TOLERANCE, "fsdp": BF16_POLICY_TOLERANCE}
 @pytest.mark.timeout(300)
 def test_bf16_trains_like_fp32_and_fsdp_halves_its_bytes(pool, tmp_path):
     points = build_points("precision", world_size=2, models="mlp", impls="native,reference")
-    points += build_points("precision", world_size=2, models="mlp", strategy="fsdp",
-                           impls="native,reference")  # fmt: skip
+    points += build_points(
+        "precision", world_size=2, models="mlp", strategy="fsdp", impls="native,reference"
+    )
     rows = pool(2).run(run_points, points, str(tmp_path), FAST)[0]
     by = {(r["strategy"], r["value"], r["impl"]): r for r in rows}
     for (strategy, value, impl), r in by.items():
         assert r["status"] == "ok", (strategy, value, impl, r["error"])
         fp32 = by[(strategy, "fp32", impl)]
-        print(f"{strategy} {impl} {value}: loss {r['loss']:.4f} (fp32 {fp32['loss']:.4f}), "
-              f"{r['comm_bytes_per_step']:.0f} B, {r['step_ms_median']:.1f} ms")  # fmt: skip
+        print(
+            f"{strategy} {impl} {value}: loss {r['loss']:.4f} (fp32 {fp32['loss']:.4f}), "
+            f"{r['comm_bytes_per_step']:.0f} B, {r['step_ms_median']:.1f} ms"
+        )
         assert abs(r["loss"] - fp32["loss"]) <= LOSS_TOLERANCE[strategy] * fp32["loss"], (
-            strategy, value, impl, r["loss"], fp32["loss"])  # fmt: skip
+            strategy,
+            value,
+            impl,
+            r["loss"],
+            fp32["loss"],
+        )
         if (strategy, impl) == ("fsdp", "reference"):  # it skips the first layer's re-gather
             assert r["comm_bytes_per_step"] < r["comm_bytes_expected"]
         else:
@@ -38,8 +48,10 @@ def test_bf16_trains_like_fp32_and_fsdp_halves_its_bytes(pool, tmp_path):
         # bf16 really ran: the loss moved, if only a little
         assert by[("ddp", "bf16", impl)]["loss"] != by[("ddp", "fp32", impl)]["loss"]
         # autocast computes in bf16, but DDP's gradients stay fp32: the same bytes
-        assert by[("ddp", "bf16", impl)]["comm_bytes_per_step"] == by[("ddp", "fp32", impl)][
-            "comm_bytes_per_step"]  # fmt: skip
+        assert (
+            by[("ddp", "bf16", impl)]["comm_bytes_per_step"]
+            == by[("ddp", "fp32", impl)]["comm_bytes_per_step"]
+        )
         # FSDP's policy gathers and reduces in bf16: half the bytes
         assert by[("fsdp", "bf16", impl)]["comm_bytes_per_step"] == pytest.approx(
             by[("fsdp", "fp32", impl)]["comm_bytes_per_step"] / 2, rel=1e-3

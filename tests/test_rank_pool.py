@@ -23,6 +23,7 @@ def die_on_rank_1(marker: str | None = None) -> int:
     return dist.get_rank()
 
 
+@pytest.mark.ranks
 @pytest.mark.timeout(120)
 def test_a_dead_rank_is_named_and_the_call_runs_once_more(monkeypatch, tmp_path):
     monkeypatch.setattr(RankPool, "reruns_left", 1)
@@ -65,6 +66,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(120)
 def test_the_ranks_leave_with_a_session_that_is_killed(tmp_path):
     """A test session killed (SIGKILL: no atexit, no fixture teardown) leaves no rank behind:
@@ -73,8 +75,12 @@ def test_the_ranks_leave_with_a_session_that_is_killed(tmp_path):
     import sys
 
     repo = Path(__file__).resolve().parents[1]
-    proc = subprocess.Popen([sys.executable, "-c", SESSION, str(repo)], stdout=subprocess.PIPE,
-                            text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SESSION, str(repo)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     try:
         ranks = [int(p) for p in proc.stdout.readline().split()]
         assert len(ranks) == 2 and all(_alive(p) for p in ranks), ranks

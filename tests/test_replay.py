@@ -17,6 +17,8 @@ import pytest
 
 from bench.analysis.sequence import job_sequence
 
+pytestmark = pytest.mark.e2e
+
 REPO = Path(__file__).resolve().parents[1]
 HTA = REPO / "tests" / "data" / "hta"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -25,14 +27,39 @@ WITHIN = 0.25
 
 
 def replay(args: list, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "bench.replay", *map(str, args)],
-                          capture_output=True, text=True, timeout=timeout, cwd=REPO, env=ENV)
+    return subprocess.run(
+        [sys.executable, "-m", "bench.replay", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        env=ENV,
+    )
 
 
 def _run(out: Path, args: list) -> None:
-    cmd = [sys.executable, "bench/run.py", *args, "--model", "wide_mlp", "--impl", "native",
-           "--steps", "3", "--max-steps", "3", "--rounds", "1", "--warmup-steps", "2",
-           "--profile-steps", "3", "--out", str(out), "--no-report"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "bench/run.py",
+        *args,
+        "--model",
+        "wide_mlp",
+        "--impl",
+        "native",
+        "--steps",
+        "3",
+        "--max-steps",
+        "3",
+        "--rounds",
+        "1",
+        "--warmup-steps",
+        "2",
+        "--profile-steps",
+        "3",
+        "--out",
+        str(out),
+        "--no-report",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, cwd=REPO, env=ENV)
     assert proc.returncode == 0, proc.stderr[-2000:]
 
@@ -43,11 +70,26 @@ def sweep(out: Path, strategy: str) -> dict[int, Path]:
     per world size, since the world-size sweep keeps the TP degree at its default, 1."""
     if strategy == "tp":
         for n in (2, 4):
-            _run(out / str(n), ["--sweep", "tp_degree", "--values", str(n),
-                                "--nproc-per-node", str(n)])  # fmt: skip
+            _run(
+                out / str(n),
+                ["--sweep", "tp_degree", "--values", str(n), "--nproc-per-node", str(n)],
+            )
         return {n: next((out / str(n) / "traces").glob(f"*tp_degree={n}-*")) for n in (2, 4)}
-    _run(out, ["--sweep", "world_size", "--values", "2,4", "--scaling", "weak", "--strategy",
-               strategy, "--nproc-per-node", "4"])  # fmt: skip
+    _run(
+        out,
+        [
+            "--sweep",
+            "world_size",
+            "--values",
+            "2,4",
+            "--scaling",
+            "weak",
+            "--strategy",
+            strategy,
+            "--nproc-per-node",
+            "4",
+        ],
+    )
     return {n: next((out / "traces").glob(f"*world_size={n}-*")) for n in (2, 4)}
 
 
@@ -57,11 +99,11 @@ def traced(tmp_path_factory):
     return {s: sweep(base / s, s) for s in ("ddp", "fsdp", "tp")}
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(1500)
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp", "tp"])
-def test_replaying_our_own_traces_matches_their_communication(traced, strategy, tmp_path,
-                                                              record_property):  # fmt: skip
+def test_replaying_our_own_traces_matches_their_communication(
+    traced, strategy, tmp_path, record_property
+):
     """Per strategy at 2 and 4 ranks: the replayed communication per step (the sum of each
     call's shortest duration across ranks, median over passes) against the traced transfer time
     (the same sum from the traces), printed. On this 2-core machine the traced calls are
@@ -77,8 +119,9 @@ def test_replaying_our_own_traces_matches_their_communication(traced, strategy, 
     for ranks in (2, 4):
         traces = traced[strategy][ranks]
         out = tmp_path / f"r{ranks}"
-        proc = replay([traces, "--nproc-per-node", ranks, "--reps", "5", "--out", out,
-                       "--no-report"])  # fmt: skip
+        proc = replay(
+            [traces, "--nproc-per-node", ranks, "--reps", "5", "--out", out, "--no-report"]
+        )
         assert proc.returncode == 0, proc.stderr[-2000:]
         df = pd.read_csv(out / "results.csv")
         calls = df[df["kind"] == "call"]
@@ -88,15 +131,16 @@ def test_replaying_our_own_traces_matches_their_communication(traced, strategy, 
         ratio = float((steps["time_us"] / steps["traced_us"]).median())
         figures[ranks] = ratio
         record_property(f"{strategy}_{ranks}_replayed_over_traced", ratio)
-    print(f"{strategy}: replayed / traced communication per step: "
-          + ", ".join(f"{r} ranks {v:.2f}" for r, v in figures.items()))  # fmt: skip
+    print(
+        f"{strategy}: replayed / traced communication per step: "
+        + ", ".join(f"{r} ranks {v:.2f}" for r, v in figures.items())
+    )
     assert all(0 < r < float("inf") for r in figures.values()), (strategy, figures)
     slower = {r: v for r, v in figures.items() if v > 1 + WITHIN}
     if slower:
         print(f"{strategy}: replayed more than {WITHIN:.0%} slower than traced at {slower}")
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_an_nccl_trace_replays_on_gloo_and_is_priced(tmp_path):
     """HTA's NCCL trace (rank 0 of 2): replayed on gloo at 2 ranks, assuming SPMD, its calls'
@@ -106,9 +150,27 @@ def test_an_nccl_trace_replays_on_gloo_and_is_priced(tmp_path):
     shutil.copy(HTA / "nccl_data.json.gz", traces)
     seq = job_sequence(traces, steps=1)
     out = tmp_path / "run"
-    proc = replay([traces, "--nproc-per-node", 2, "--steps", 1, "--reps", 1, "--warmup", 0,
-                   "--link", "ib_ndr,nvlink4", "--link", "alpha=5e-6,bw=25", "--out", out,
-                   "--reports-dir", tmp_path / "reports"])  # fmt: skip
+    proc = replay(
+        [
+            traces,
+            "--nproc-per-node",
+            2,
+            "--steps",
+            1,
+            "--reps",
+            1,
+            "--warmup",
+            0,
+            "--link",
+            "ib_ndr,nvlink4",
+            "--link",
+            "alpha=5e-6,bw=25",
+            "--out",
+            out,
+            "--reports-dir",
+            tmp_path / "reports",
+        ]
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "assumed" in proc.stdout  # the note on the ranks not traced
     df = pd.read_csv(out / "results.csv")
@@ -133,8 +195,20 @@ def test_pricing_alone_needs_no_ranks(tmp_path):
     traces.mkdir()
     shutil.copy(HTA / "nccl_data.json.gz", traces)
     fitted = REPO / "tests" / "data" / "runs" / "collectives2"
-    proc = replay([traces, "--impl", "none", "--link", "eth_100g", "--collectives", fitted,
-                   "--out", tmp_path / "run", "--no-report"])  # fmt: skip
+    proc = replay(
+        [
+            traces,
+            "--impl",
+            "none",
+            "--link",
+            "eth_100g",
+            "--collectives",
+            fitted,
+            "--out",
+            tmp_path / "run",
+            "--no-report",
+        ]
+    )
     assert proc.returncode == 0, proc.stderr
     df = pd.read_csv(tmp_path / "run" / "results.csv")
     assert set(df["source"]) == {"priced"}
@@ -144,8 +218,9 @@ def test_pricing_alone_needs_no_ranks(tmp_path):
     # the fitted run has no broadcast: those calls say so, the all-reduces are priced
     no_fit = calls[(calls["link"] != "eth_100g") & (calls["op"] == "broadcast")]
     assert len(no_fit) and no_fit["error"].str.contains("has no native broadcast").all()
-    both = calls[calls["op"] == "all_reduce"].pivot_table(index=["step", "index"],
-                                                         columns="link", values="time_us")
+    both = calls[calls["op"] == "all_reduce"].pivot_table(
+        index=["step", "index"], columns="link", values="time_us"
+    )
     # gloo on this machine is slower than 100 Gb/s Ethernet, call by call
     assert len(both) and (both[f"fitted:{fitted}"] > both["eth_100g"]).all()
     meta = json.loads((tmp_path / "run" / "meta.json").read_text())
@@ -159,12 +234,16 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, case):
     shutil.copy(HTA / "nccl_data.json.gz", traces)
     args, said = {
         "no_traces": ([tmp_path / "empty"], "empty"),
-        "unknown_link": ([traces, "--link", "carrier_pigeon", "--nproc-per-node", 2],
-                         "unknown link preset 'carrier_pigeon'"),
-        "too_few_ranks": ([traces, "--nproc-per-node", 1],
-                          "the traced calls span 2 ranks, 1 asked: launch at least 2"),
+        "unknown_link": (
+            [traces, "--link", "carrier_pigeon", "--nproc-per-node", 2],
+            "unknown link preset 'carrier_pigeon'",
+        ),
+        "too_few_ranks": (
+            [traces, "--nproc-per-node", 1],
+            "the traced calls span 2 ranks, 1 asked: launch at least 2",
+        ),
         "bad_impl": ([traces, "--impl", "fast", "--nproc-per-node", 2], "unknown --impl 'fast'"),
-    }[case]  # fmt: skip
+    }[case]
     if case == "no_traces":
         (tmp_path / "empty").mkdir()
     proc = replay(args, timeout=120)
@@ -180,23 +259,45 @@ def test_ranks_that_disagree_or_traces_without_collectives_are_one_line(tmp_path
         shutil.copy(HTA / f"sampled_rank-{r}.json.gz", pair)
     proc = replay([pair, "--nproc-per-node", 2], timeout=120)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    assert ("step 551, group 0, call #0: rank 0 all_to_all 384 int64, rank 1 all_to_all "
-            "339738624 uint8") in proc.stderr  # fmt: skip
+    assert (
+        "step 551, group 0, call #0: rank 0 all_to_all 384 int64, rank 1 all_to_all 339738624 uint8"
+    ) in proc.stderr
     quiet = tmp_path / "quiet"
     quiet.mkdir()
-    events = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1,
-               "tid": 1, "ts": 0.0, "dur": 100.0},
-              {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 1.0,
-               "dur": 50.0}]  # fmt: skip
+    events = [
+        {
+            "ph": "X",
+            "cat": "user_annotation",
+            "name": "ProfilerStep#1",
+            "pid": 1,
+            "tid": 1,
+            "ts": 0.0,
+            "dur": 100.0,
+        },
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": "aten::mm",
+            "pid": 1,
+            "tid": 1,
+            "ts": 1.0,
+            "dur": 50.0,
+        },
+    ]
     trace = quiet / "rank0.1.pt.trace.json"
-    trace.write_text(json.dumps({"traceEvents": events, "distributedInfo": {
-        "rank": 0, "world_size": 1, "backend": "gloo"}}))  # fmt: skip
+    trace.write_text(
+        json.dumps(
+            {
+                "traceEvents": events,
+                "distributedInfo": {"rank": 0, "world_size": 1, "backend": "gloo"},
+            }
+        )
+    )
     proc = replay([quiet, "--nproc-per-node", 1], timeout=120)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert f"{trace}: no collective call in the trace" in proc.stderr
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_a_call_the_backend_cannot_run_is_an_error_row_and_the_rest_replays(traced, tmp_path):
     """The DDP trace at 2 ranks with its first all-reduce made fp8 (as a job of fp8 gradients
@@ -207,8 +308,10 @@ def test_a_call_the_backend_cannot_run_is_an_error_row_and_the_rest_replays(trac
     for path in src.glob("*.pt.trace.json"):
         doc = json.loads(path.read_text())
         # the earliest (the file's order is not the calls' order)
-        first = min((e for e in doc["traceEvents"] if e.get("name") == "gloo:all_reduce"),
-                    key=lambda e: e["ts"])  # fmt: skip
+        first = min(
+            (e for e in doc["traceEvents"] if e.get("name") == "gloo:all_reduce"),
+            key=lambda e: e["ts"],
+        )
         first["args"]["Input type"] = ["c10::Float8_e4m3fn"]
         (edited / path.name).write_text(json.dumps(doc))
     out = tmp_path / "run"

@@ -12,10 +12,14 @@ from bench.report.page import write_report
 from tests.report_fixtures import make_training_run
 
 REPO = Path(__file__).resolve().parents[1]
-POINTS = {("wide_mlp", v, impl): ms for v, ms in ((1.0, 120.0), (25.0, 100.0), (100.0, 130.0))
-          for impl in ("native", "reference")}  # fmt: skip
+POINTS = {
+    ("wide_mlp", v, impl): ms
+    for v, ms in ((1.0, 120.0), (25.0, 100.0), (100.0, 130.0))
+    for impl in ("native", "reference")
+}
 
 
+@pytest.mark.e2e
 def test_report_shows_the_answer_figures_tables_and_how_to_dig(tmp_path):
     run = make_training_run(
         tmp_path / "run",
@@ -27,8 +31,11 @@ def test_report_shows_the_answer_figures_tables_and_how_to_dig(tmp_path):
     page = out.read_text()
     # the answer, with the default's cost over the best and its interval
     assert "best bucket_cap_mb=5 at" in page and "separable from every other value" in page
-    assert re.search(r"the default 25 takes x1\.2\d\d \[1\.\d\d, 1\.\d\d\] the time of "
-                     r"the best: slower", page)  # fmt: skip
+    assert re.search(
+        r"the default 25 takes x1\.2\d\d \[1\.\d\d, 1\.\d\d\] the time of "
+        r"the best: slower",
+        page,
+    )
     assert "<h2>Confidence</h2>" in page and "Noise floor" in page
     imgs = re.findall(r'<img alt="([^"]+)" src="data:image/png;base64,', page)
     assert len(imgs) == 3 and all(len(alt) > 30 for alt in imgs)  # described, not "figure"
@@ -40,6 +47,7 @@ def test_report_shows_the_answer_figures_tables_and_how_to_dig(tmp_path):
     assert "http://" not in page.replace("http://127", "") and "https://" not in page
 
 
+@pytest.mark.unit
 def test_comparison_finds_the_regression_and_nothing_else(tmp_path):
     old = make_training_run(tmp_path / "old", POINTS, seed=1)
     slower = {
@@ -71,6 +79,7 @@ def test_comparison_finds_the_regression_and_nothing_else(tmp_path):
     assert code == 1
 
 
+@pytest.mark.unit
 def test_a_tie_is_said_and_a_noise_floor_larger_than_the_effects_is_flagged(tmp_path):
     near = {
         ("wide_mlp", v, "native"): ms for v, ms in ((1.0, 100.0), (25.0, 100.5), (100.0, 101.0))
@@ -78,24 +87,36 @@ def test_a_tie_is_said_and_a_noise_floor_larger_than_the_effects_is_flagged(tmp_
     run = make_training_run(tmp_path / "run", near, visit_sd=0.03, floor_sd=0.15)
     page = write_report(run, tmp_path / "reports")[0].read_text()
     assert "tie: no value of bucket_cap_mb is separable from the fastest at 95 %" in page
-    assert re.search(r"<span class='flag'>\(every difference here, [\d.]+ % at most, is "
-                     r"smaller than the machine's noise floor of [\d.]+ %\)</span>", page)
-    assert re.search(r"the default 25 (takes x1\.0\d\d \[[\d.]+, [\d.]+\] the time of the best: "
-                     r"tied|is the fastest)", page)  # fmt: skip
+    assert re.search(
+        r"<span class='flag'>\(every difference here, [\d.]+ % at most, is "
+        r"smaller than the machine's noise floor of [\d.]+ %\)</span>",
+        page,
+    )
+    assert re.search(
+        r"the default 25 (takes x1\.0\d\d \[[\d.]+, [\d.]+\] the time of the best: "
+        r"tied|is the fastest)",
+        page,
+    )
 
 
+@pytest.mark.unit
 def test_resume_reads_back_every_round(tmp_path):
     from bench.runner.session.context import _resumed
 
     run = make_training_run(tmp_path / "run", POINTS, rounds=3, steps=7)
     skip, history, gaps = _resumed(run)
-    assert skip == {(f"wide_mlp-bucket_cap_mb={v:g}-{i}", r) for v in (1.0, 25.0, 100.0)
-                    for i in ("native", "reference") for r in (1, 2, 3)}  # fmt: skip
+    assert skip == {
+        (f"wide_mlp-bucket_cap_mb={v:g}-{i}", r)
+        for v in (1.0, 25.0, 100.0)
+        for i in ("native", "reference")
+        for r in (1, 2, 3)
+    }
     h = history["wide_mlp-bucket_cap_mb=25-native"]
     assert len(h.times) == 21 and len(h.medians) == 3 and h.row["rounds"] == 3
     assert h.row["compute_ms"] == pytest.approx(70.0) and gaps == 18
 
 
+@pytest.mark.e2e
 def test_report_command_rejects_a_folder_without_results(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "bench.report", str(tmp_path / "nothing")],
@@ -108,6 +129,7 @@ def test_report_command_rejects_a_folder_without_results(tmp_path):
     assert proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
 
 
+@pytest.mark.unit
 def test_tensor_parallel_report_draws_communication_against_the_analytical_figure(tmp_path):
     points, comm = {}, {}
     for degree, ms in ((1, 150.0), (2, 60.0), (4, 40.0)):

@@ -8,15 +8,24 @@ from matplotlib.axes import Axes
 
 from bench.report import figures
 
+pytestmark = pytest.mark.unit
+
 
 def test_the_stacked_bar_adds_up_to_the_step_window(monkeypatch):
     # a GPU point: 10 ms window = 5 compute + 1 exposed communication + 1.5 memcpy + 2.5 idle;
     # a CPU point: nothing but computation, communication and idle
-    ok = pd.DataFrame({
-        "model": "mlp", "value": [1.0, 25.0], "impl": "native",
-        "window_ms": [10.0, 8.0], "compute_ms": [5.0, 4.0], "overlap_ms": [2.0, 1.0],
-        "exposed_comm_ms": [1.0, 2.0], "idle_ms": [2.5, 2.0],
-    })  # fmt: skip
+    ok = pd.DataFrame(
+        {
+            "model": "mlp",
+            "value": [1.0, 25.0],
+            "impl": "native",
+            "window_ms": [10.0, 8.0],
+            "compute_ms": [5.0, 4.0],
+            "overlap_ms": [2.0, 1.0],
+            "exposed_comm_ms": [1.0, 2.0],
+            "idle_ms": [2.5, 2.0],
+        }
+    )
     drawn: dict[str, np.ndarray] = {}
     barh = Axes.barh
 

@@ -11,19 +11,31 @@ from bench.report.page import write_report
 from tests.report_fixtures import make_training_run
 from tests.test_report import POINTS
 
+pytestmark = pytest.mark.browser
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run",
-         "--disable-dev-shm-usage"]  # fmt: skip
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-dev-shm-usage",
+]
 SHOTS = Path(__file__).resolve().parents[1] / "reports"
 
 
 def needs_chromium(test):
     """Marks a test that drives headless Chromium: it skips, saying why, where Chromium is not
     installed, and under CI=true that skip is a failure (tests/conftest.py)."""
-    test = pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed and `make "
-                              "setup` could not install it (Debian package chromium needs "
-                              "apt-get as root)")(test)  # fmt: skip
+    test = pytest.mark.skipif(
+        CHROMIUM is None,
+        reason="Chromium is not installed and `make "
+        "setup` could not install it (Debian package chromium needs "
+        "apt-get as root)",
+    )(test)
     return pytest.mark.ci_needs("headless Chromium")(test)
 
 

@@ -59,20 +59,33 @@ def comparable(rec) -> dict:
     return d
 
 
+@pytest.mark.unit
 def test_renamed_rows_resolve_to_the_same_points_and_predictions():
     before = points(False)
     with renamed_rows():
         after = points(True)
         with pytest.raises(ValueError, match="unknown option 'bucket_cap_mb'"):
             build_points("grad_accum", world_size=2, options=["bucket_cap_mb=5"])
-        assert build_points("grad_accum", world_size=2, values="1", impls="reference",
-                            options=[f"{RENAMED['bucket_cap_mb']}=5"])[0].knobs[
-            "bucket_cap_mb"] == 5.0  # fmt: skip
+        assert (
+            build_points(
+                "grad_accum",
+                world_size=2,
+                values="1",
+                impls="reference",
+                options=[f"{RENAMED['bucket_cap_mb']}=5"],
+            )[0].knobs["bucket_cap_mb"]
+            == 5.0
+        )
     assert [comparable(p) for p in after] == [comparable(p) for p in before]
     assert after[0].impl_facts["overlap"] is False  # the renamed no-overlap row says so
     comm = fit_rows(synthetic("gloo", 50e-6, 1e-9, [2]), backend="gloo")
-    prof = ComputeProfile(forward_ms=10, backward_ms=20, after_ms=5,
-                          grad_ready_ms=(5, 12, 20), grad_bytes=(40, 4 << 20, 1 << 20))  # fmt: skip
+    prof = ComputeProfile(
+        forward_ms=10,
+        backward_ms=20,
+        after_ms=5,
+        grad_ready_ms=(5, 12, 20),
+        grad_bytes=(40, 4 << 20, 1 << 20),
+    )
     for old, new in zip(before, after, strict=True):
         m_old = simulate_case(case_of(old), prof, comm).metrics()
         m_new = simulate_case(case_of(new), prof, comm).metrics()
@@ -86,14 +99,21 @@ def run_renamed(root: str) -> list[dict]:
         return run_points(points(True), root, FAST)
 
 
+@pytest.mark.ranks
 @pytest.mark.timeout(240)
 def test_renamed_rows_measure_the_same(pool, tmp_path):
     old = pool(2).run(run_points, points(False), str(tmp_path / "old"), FAST)[0]
     new = pool(2).run(run_renamed, str(tmp_path / "new"))[0]
     for a, b in zip(old, new, strict=True):
         assert a["status"] == b["status"] == "ok", (a["error"], b["error"])
-        for key in ("comm_bytes_per_step", "comm_bytes_expected", "state_mb", "loss",
-                    "comm_calls_per_step", "params"):  # fmt: skip
+        for key in (
+            "comm_bytes_per_step",
+            "comm_bytes_expected",
+            "state_mb",
+            "loss",
+            "comm_calls_per_step",
+            "params",
+        ):
             assert a[key] == b[key], key
     # the renamed no-overlap implementation still all-reduces only after backward
     assert new[0]["overlap_pct"] < 3.0

@@ -24,9 +24,12 @@ RUNS = REPO / "tests" / "data" / "runs"
 BUCKET, COLLECTIVES = RUNS / "bucket2", RUNS / "collectives2"
 # What the running side is: with these unimportable, the reading side must still work.
 RUNNING_SIDE = (
-    "bench.runner", "parallel_kernels.strategies", "parallel_kernels.knobs",
-    "parallel_kernels.models", "parallel_kernels.collectives",
-)  # fmt: skip
+    "bench.runner",
+    "parallel_kernels.strategies",
+    "parallel_kernels.knobs",
+    "parallel_kernels.models",
+    "parallel_kernels.collectives",
+)
 
 READ_EVERYTHING = """
 import io, json, re, sys, contextlib
@@ -56,16 +59,18 @@ print(json.dumps(out, default=str))
 """
 
 
-def read_everything(tmp: Path, blocked: tuple[str, ...], run: Path = BUCKET,
-                    coll: Path = COLLECTIVES) -> dict:  # fmt: skip
-    code = READ_EVERYTHING.format(blocked=list(blocked), run=str(run), coll=str(coll),
-                                  tmp=str(tmp))  # fmt: skip
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=240, cwd=REPO)  # fmt: skip
+def read_everything(
+    tmp: Path, blocked: tuple[str, ...], run: Path = BUCKET, coll: Path = COLLECTIVES
+) -> dict:
+    code = READ_EVERYTHING.format(blocked=list(blocked), run=str(run), coll=str(coll), tmp=str(tmp))
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=240, cwd=REPO
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.splitlines()[-1])
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(300)
 def test_report_baseline_analysis_and_model_read_the_folder_without_the_running_side(tmp_path):
     normal = read_everything(tmp_path / "a", ())
@@ -82,20 +87,59 @@ def test_report_baseline_analysis_and_model_read_the_folder_without_the_running_
     assert normal["analysis"][0] == 0 and len(normal["analysis"][1]["ranks"]) == 2
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.timeout(400)
 def test_a_run_made_now_reads_the_same_without_the_running_side(tmp_path):
     """Today's code writes a run folder (and a collectives run of this machine); read with the
     running side unimportable, it gives what it gives with it."""
     run, coll = tmp_path / "bucket", tmp_path / "coll"
-    for args in (["--sweep", "message_size", "--collectives", "all_reduce,all_gather", "-b", "64K",
-                  "-e", "4M", "-f", "8", "-n", "5", "-w", "1", "--out", str(coll)],
-                 ["--sweep", "bucket_cap_mb", "--values", "1,25", "--model", "mlp", "--steps",
-                  "4", "--max-steps", "4", "--rounds", "1", "--warmup-steps", "1",
-                  "--profile-steps", "1", "--out", str(run)]):  # fmt: skip
-        proc = subprocess.run([sys.executable, "bench/run.py", *args, "--nproc-per-node", "2",
-                               "--no-report"], capture_output=True, text=True, timeout=200,
-                              cwd=REPO)  # fmt: skip
+    for args in (
+        [
+            "--sweep",
+            "message_size",
+            "--collectives",
+            "all_reduce,all_gather",
+            "-b",
+            "64K",
+            "-e",
+            "4M",
+            "-f",
+            "8",
+            "-n",
+            "5",
+            "-w",
+            "1",
+            "--out",
+            str(coll),
+        ],
+        [
+            "--sweep",
+            "bucket_cap_mb",
+            "--values",
+            "1,25",
+            "--model",
+            "mlp",
+            "--steps",
+            "4",
+            "--max-steps",
+            "4",
+            "--rounds",
+            "1",
+            "--warmup-steps",
+            "1",
+            "--profile-steps",
+            "1",
+            "--out",
+            str(run),
+        ],
+    ):
+        proc = subprocess.run(
+            [sys.executable, "bench/run.py", *args, "--nproc-per-node", "2", "--no-report"],
+            capture_output=True,
+            text=True,
+            timeout=200,
+            cwd=REPO,
+        )
         assert proc.returncode == 0, proc.stderr[-2000:]
     normal = read_everything(tmp_path / "a", (), run, coll)
     alone = read_everything(tmp_path / "b", RUNNING_SIDE, run, coll)
@@ -107,6 +151,7 @@ def test_a_run_made_now_reads_the_same_without_the_running_side(tmp_path):
     assert "has no native reduce_scatter" in normal["report"]
 
 
+@pytest.mark.unit
 def test_the_committed_run_is_read_with_its_points_records():
     run = read_run(BUCKET)
     assert run.meta["schema_version"].split(".")[0] == SCHEMA_VERSION.split(".")[0]
@@ -121,12 +166,14 @@ def test_the_committed_run_is_read_with_its_points_records():
     assert (run.samples["round"] == 1).all() and run.noise.empty
 
 
+@pytest.mark.unit
 def test_docs_list_the_column_table():
     text = (REPO / "docs" / "outputs.md").read_text()
     block = re.search(r"<!-- columns:start -->\n(.*)\n<!-- columns:end -->", text, re.S)
     assert block and block.group(1) == columns.docs_block()
 
 
+@pytest.mark.unit
 def test_the_writer_refuses_a_column_it_does_not_know(tmp_path):
     from bench.runfolder.folder import ResultsWriter
 
@@ -146,6 +193,7 @@ def _report(run: Path, capsys) -> tuple[int, str]:
     return code, capsys.readouterr().err
 
 
+@pytest.mark.unit
 def test_bad_run_folders_are_one_line_and_exit_2(tmp_path, capsys):
     run = _copy(tmp_path)
     (run / POINTS_FILE).unlink()
@@ -162,8 +210,10 @@ def test_bad_run_folders_are_one_line_and_exit_2(tmp_path, capsys):
     code, err = _report(run, capsys)
     assert code == 2 and "point record is incomplete" in err
 
-    for version, says in (("3.0", "newer than this parallel-bench reads"),
-                          ("1", "parallel-bench 0.1 reads it")):  # fmt: skip
+    for version, says in (
+        ("3.0", "newer than this parallel-bench reads"),
+        ("1", "parallel-bench 0.1 reads it"),
+    ):
         run = _copy(tmp_path / version)
         meta = json.loads((run / "meta.json").read_text())
         (run / "meta.json").write_text(json.dumps({**meta, "schema_version": version}))
@@ -174,6 +224,7 @@ def test_bad_run_folders_are_one_line_and_exit_2(tmp_path, capsys):
     assert code == 2 and "is not a run folder (no meta.json)" in err
 
 
+@pytest.mark.unit
 def test_a_minor_version_is_read(tmp_path):
     run = _copy(tmp_path)
     meta = json.loads((run / "meta.json").read_text())

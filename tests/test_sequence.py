@@ -30,6 +30,7 @@ HTA = REPO / "tests" / "data" / "hta"
 BUCKETS_MB = (1, 25, 100)  # wide_mlp has 40 MB of gradients: 3, 2 and 1 DDP buckets
 
 
+@pytest.mark.unit
 def test_nccl_calls_match_the_collectives_table_and_the_trace():
     trace = load_trace(HTA / "nccl_data.json.gz")
     seq = trace_sequence(trace)
@@ -45,10 +46,13 @@ def test_nccl_calls_match_the_collectives_table_and_the_trace():
     with gzip.open(HTA / "nccl_data.json.gz") as f:
         raw = json.load(f)["traceEvents"]
     rpc = sorted(
-        (e for e in raw if e.get("name") == "record_param_comms"
-         and e["args"]["Collective name"] != "wait"),
+        (
+            e
+            for e in raw
+            if e.get("name") == "record_param_comms" and e["args"]["Collective name"] != "wait"
+        ),
         key=lambda e: e["ts"],
-    )  # fmt: skip
+    )
     assert seq["count"].tolist() == [e["args"]["In msg nelems"] for e in rpc]
     assert seq["out_count"].tolist() == [e["args"]["Out msg nelems"] for e in rpc]
     assert (seq["group"] == "0").all() and seq["group_known"].all()
@@ -63,24 +67,41 @@ def test_nccl_calls_match_the_collectives_table_and_the_trace():
 # What the two sampled_rank traces hold, per step, read off their JSON: (op, count, dtype).
 SAMPLED = {
     0: {
-        551: [("all_to_all", 384, "int64"), ("all_to_all", 419430400, "uint8"),
-              ("all_reduce", 19618307, "float32"), ("all_reduce", 26955536, "float32"),
-              ("all_gather", 16777216, "int8")],
-        552: [("all_to_all", 419430400, "uint8"), ("all_to_all", 2846720, "int32"),
-              ("all_reduce", 26258430, "float32"), ("all_reduce", 5716654, "float32"),
-              ("all_gather", 16777216, "int8")],
+        551: [
+            ("all_to_all", 384, "int64"),
+            ("all_to_all", 419430400, "uint8"),
+            ("all_reduce", 19618307, "float32"),
+            ("all_reduce", 26955536, "float32"),
+            ("all_gather", 16777216, "int8"),
+        ],
+        552: [
+            ("all_to_all", 419430400, "uint8"),
+            ("all_to_all", 2846720, "int32"),
+            ("all_reduce", 26258430, "float32"),
+            ("all_reduce", 5716654, "float32"),
+            ("all_gather", 16777216, "int8"),
+        ],
     },
     1: {
-        551: [("all_to_all", 339738624, "uint8"), ("all_to_all", 2846720, "int32"),
-              ("all_reduce", 19618307, "float32"), ("all_reduce", 26258430, "float32"),
-              ("all_gather", 16777216, "int8")],
-        552: [("all_to_all", 384, "int64"), ("all_reduce", 19618307, "float32"),
-              ("all_to_all", 394073856, "uint8"), ("all_reduce", 5716654, "float32"),
-              ("all_gather", 16777216, "int8")],
+        551: [
+            ("all_to_all", 339738624, "uint8"),
+            ("all_to_all", 2846720, "int32"),
+            ("all_reduce", 19618307, "float32"),
+            ("all_reduce", 26258430, "float32"),
+            ("all_gather", 16777216, "int8"),
+        ],
+        552: [
+            ("all_to_all", 384, "int64"),
+            ("all_reduce", 19618307, "float32"),
+            ("all_to_all", 394073856, "uint8"),
+            ("all_reduce", 5716654, "float32"),
+            ("all_gather", 16777216, "int8"),
+        ],
     },
-}  # fmt: skip
+}
 
 
+@pytest.mark.unit
 def test_sampled_ranks_sequences_and_where_they_first_differ(tmp_path):
     """Old PyTorch: record_param_comms says nothing, the nccl:<op> annotation does; the
     _allgather_base calls have no record_param_comms at all and are kept. The two ranks of the
@@ -90,10 +111,12 @@ def test_sampled_ranks_sequences_and_where_they_first_differ(tmp_path):
         ignore_index=True,
     )
     got = {
-        r: {s: list(zip(g["op"], g["count"], g["dtype"], strict=True))
-            for s, g in sub.groupby("step")}
+        r: {
+            s: list(zip(g["op"], g["count"], g["dtype"], strict=True))
+            for s, g in sub.groupby("step")
+        }
         for r, sub in calls.groupby("rank")
-    }  # fmt: skip
+    }
     assert got == SAMPLED
     assert not calls["group_known"].any() and (calls["group_size"] == 128).all()
     assert set(calls["group_ranks"]) == {tuple(range(128))}
@@ -112,11 +135,32 @@ def ddp_sweep(tmp_path_factory):
     """One CPU/gloo DDP sweep of wide_mlp over bucket sizes, two ranks, two traced steps."""
     out = tmp_path_factory.mktemp("seq") / "run"
     cmd = [
-        sys.executable, "bench/run.py", "--sweep", "bucket_cap_mb",
-        "--values", ",".join(map(str, BUCKETS_MB)), "--model", "wide_mlp", "--impl", "native",
-        "--steps", "3", "--max-steps", "3", "--rounds", "1", "--warmup-steps", "1",
-        "--profile-steps", "2", "--nproc-per-node", "2", "--out", str(out), "--no-report",
-    ]  # fmt: skip
+        sys.executable,
+        "bench/run.py",
+        "--sweep",
+        "bucket_cap_mb",
+        "--values",
+        ",".join(map(str, BUCKETS_MB)),
+        "--model",
+        "wide_mlp",
+        "--impl",
+        "native",
+        "--steps",
+        "3",
+        "--max-steps",
+        "3",
+        "--rounds",
+        "1",
+        "--warmup-steps",
+        "1",
+        "--profile-steps",
+        "2",
+        "--nproc-per-node",
+        "2",
+        "--out",
+        str(out),
+        "--no-report",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -131,7 +175,7 @@ def ddp_buckets(cap_mb: float) -> list[int]:
     return [sum(params[i].numel() for i in g) for g in groups]
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.timeout(300)
 def test_gloo_ddp_issues_one_all_reduce_per_bucket(ddp_sweep):
     points = [json.loads(line) for line in (ddp_sweep / "points.jsonl").read_text().splitlines()]
@@ -156,12 +200,20 @@ def test_gloo_ddp_issues_one_all_reduce_per_bucket(ddp_sweep):
             assert calls["count"].tolist() == [params] * 4
 
 
+@pytest.mark.unit
 def test_first_disagreement_names_the_first_difference():
     def call(rank, index, op, count, dtype="float32", step=3, group="0"):
         return {
-            "rank": rank, "step": step, "index": index, "op": op, "dtype": dtype,
-            "count": count, "group": group, "group_ranks": (0, 1), "ts": float(index),
-        }  # fmt: skip
+            "rank": rank,
+            "step": step,
+            "index": index,
+            "op": op,
+            "dtype": dtype,
+            "count": count,
+            "group": group,
+            "group_ranks": (0, 1),
+            "ts": float(index),
+        }
 
     def first(calls):
         return first_disagreement(pd.DataFrame(calls))
@@ -187,6 +239,7 @@ def test_first_disagreement_names_the_first_difference():
     )
 
 
+@pytest.mark.unit
 def test_folder_errors_and_a_missing_rank(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -195,11 +248,25 @@ def test_folder_errors_and_a_missing_rank(tmp_path):
     quiet = tmp_path / "quiet"
     quiet.mkdir()
     events = [
-        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1,
-         "ts": 0.0, "dur": 100.0},
-        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 1.0,
-         "dur": 50.0},
-    ]  # fmt: skip
+        {
+            "ph": "X",
+            "cat": "user_annotation",
+            "name": "ProfilerStep#1",
+            "pid": 1,
+            "tid": 1,
+            "ts": 0.0,
+            "dur": 100.0,
+        },
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": "aten::mm",
+            "pid": 1,
+            "tid": 1,
+            "ts": 1.0,
+            "dur": 50.0,
+        },
+    ]
     meta = {"distributedInfo": {"rank": 0, "world_size": 1, "backend": "gloo"}}
     path = write_trace(quiet / "rank0.1.pt.trace.json", events, meta)
     with pytest.raises(SequenceError) as e:
@@ -216,6 +283,7 @@ def test_folder_errors_and_a_missing_rank(tmp_path):
     assert job_sequence(half, steps=5).steps == [4, 5, 6]
 
 
+@pytest.mark.unit
 def test_nccl_kernels_without_a_record_are_calls_of_unknown_size(tmp_path):
     """A kernel whose launch is in no record_param_comms nor nccl:<op> stands for itself: the
     replay must not skip it, though the trace says neither its size nor its group."""

@@ -26,7 +26,10 @@ from tests.slurm_cluster import Cluster, why_not
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "launch" / "slurm" / "sweep.sbatch"
 
-pytestmark = pytest.mark.ci_needs("a SLURM test cluster (munge and slurm packages, as root)")
+pytestmark = [
+    pytest.mark.ci_needs("a SLURM test cluster (munge and slurm packages, as root)"),
+    pytest.mark.slurm,
+]
 
 
 @pytest.fixture(scope="module")
@@ -41,21 +44,56 @@ def cluster(tmp_path_factory):
 
 def sweep_args(out: Path, values: str, steps: int) -> list[str]:
     n = str(steps)
-    return ["--sweep", "bucket_cap_mb", "--values", values, "--model", "mlp", "--impl",
-            "native", "--steps", n, "--max-steps", n, "--rounds", "1", "--warmup-steps", "1",
-            "--profile-steps", "1", "--out", str(out),
-            "--reports-dir", str(out.parent / "reports")]  # fmt: skip
+    return [
+        "--sweep",
+        "bucket_cap_mb",
+        "--values",
+        values,
+        "--model",
+        "mlp",
+        "--impl",
+        "native",
+        "--steps",
+        n,
+        "--max-steps",
+        n,
+        "--rounds",
+        "1",
+        "--warmup-steps",
+        "1",
+        "--profile-steps",
+        "1",
+        "--out",
+        str(out),
+        "--reports-dir",
+        str(out.parent / "reports"),
+    ]
 
 
-def submit(cluster: Cluster, log: Path, args: list[str], *, wait: bool = True,
-           extra_env: dict | None = None,
-           sbatch: list[str] = ()) -> tuple[str, int | None]:  # fmt: skip
+def submit(
+    cluster: Cluster,
+    log: Path,
+    args: list[str],
+    *,
+    wait: bool = True,
+    extra_env: dict | None = None,
+    sbatch: list[str] = (),
+) -> tuple[str, int | None]:
     """sbatch the script from the repository's root, this Python as the suite's, 2 ranks;
     return the job id and, with ``wait``, its exit code."""
     env = {"PYTHON": sys.executable, "NPROC": "2", "OMP_NUM_THREADS": "1", **(extra_env or {})}
     exports = ",".join(["ALL", *(f"{k}={v}" for k, v in env.items())])
-    cmd = ["sbatch", "--parsable", "--nodes=1", "--exclusive", f"--output={log}",
-           f"--export={exports}", *sbatch, str(SCRIPT), *args]  # fmt: skip
+    cmd = [
+        "sbatch",
+        "--parsable",
+        "--nodes=1",
+        "--exclusive",
+        f"--output={log}",
+        f"--export={exports}",
+        *sbatch,
+        str(SCRIPT),
+        *args,
+    ]
     proc = cluster.run(cmd, cwd=REPO)
     jid = proc.stdout.strip().splitlines()[0].split(";")[0]
     return jid, wait_job(cluster, jid) if wait else None
@@ -131,9 +169,13 @@ def test_the_time_limit_signal_ends_the_running_point_as_cancelled(cluster, tmp_
     30 to 90 s into the job: a 1-minute job's signal could come before torch had even started,
     and did once in CI."""
     out = tmp_path / "run"
-    jid, _ = submit(cluster, tmp_path / "job.out",
-                    [*sweep_args(out, "1,5", 100_000), "--no-report"], wait=False,
-                    sbatch=["--time=2", "--signal=TERM@30"])  # fmt: skip
+    jid, _ = submit(
+        cluster,
+        tmp_path / "job.out",
+        [*sweep_args(out, "1,5", 100_000), "--no-report"],
+        wait=False,
+        sbatch=["--time=2", "--signal=TERM@30"],
+    )
     wait_job(cluster, jid, 200)
     shown = cluster.run(["scontrol", "show", "job", jid]).stdout
     runtime = re.search(r"RunTime=(\d+):(\d+):(\d+)", shown).groups()

@@ -13,9 +13,16 @@ from bench.stats.intervals import half_width_pct, median_interval
 from bench.stats.ties import adjusted, versus_best
 
 
-def run_samples(rng, true_ms: dict[str, float], rounds: int, *, steps: int = 20,
-                round_sd: float = 0.03, visit_sd: float = 0.04,
-                step_sd: float = 0.05) -> pd.DataFrame:  # fmt: skip
+def run_samples(
+    rng,
+    true_ms: dict[str, float],
+    rounds: int,
+    *,
+    steps: int = 20,
+    round_sd: float = 0.03,
+    visit_sd: float = 0.04,
+    step_sd: float = 0.05,
+) -> pd.DataFrame:
     """A run as this machine makes it: whole rounds slower or faster, each visit of a point
     off by its own drift, and skewed step-to-step noise on top."""
     rows = []
@@ -28,6 +35,7 @@ def run_samples(rng, true_ms: dict[str, float], rounds: int, *, steps: int = 20,
     return pd.DataFrame(rows, columns=["point", "round", "index", "ms"])
 
 
+@pytest.mark.unit
 def test_median_interval_covers_the_median_95_percent_of_the_time():
     rng = np.random.default_rng(0)
     draws, n, hits = 2000, 30, 0
@@ -39,12 +47,14 @@ def test_median_interval_covers_the_median_95_percent_of_the_time():
     assert 0.94 <= hits / draws <= 0.98
 
 
+@pytest.mark.unit
 def test_too_few_samples_have_no_interval():
     assert all(math.isnan(v) for v in median_interval([1, 2, 3, 4, 5]))
     assert half_width_pct([1, 2, 3]) == math.inf
     assert half_width_pct([10.0] * 8) == 0.0
 
 
+@pytest.mark.unit
 def test_the_interval_of_a_ratio_covers_the_true_ratio_with_rounds_drifting():
     rng = np.random.default_rng(1)
     truth = {"a": 100.0, "b": 110.0, "c": 125.0, "d": 100.0}
@@ -56,6 +66,7 @@ def test_the_interval_of_a_ratio_covers_the_true_ratio_with_rounds_drifting():
     assert 0.92 <= hits / draws <= 0.98
 
 
+@pytest.mark.unit
 def test_step_intervals_alone_would_claim_too_much():
     """Why rounds: the same configuration visited twice differs by its visits' drift, which
     its steps' interval cannot see; one round with the noise floor, or rounds, say tied."""
@@ -70,6 +81,7 @@ def test_step_intervals_alone_would_claim_too_much():
     assert false_steps > 30 and false_rounds <= 10
 
 
+@pytest.mark.unit
 def test_a_and_a_are_tied_and_a_known_effect_is_separated():
     rng = np.random.default_rng(3)
     aa_ties, found = 0, 0
@@ -81,9 +93,12 @@ def test_a_and_a_are_tied_and_a_known_effect_is_separated():
     assert aa_ties >= 0.95 * 200 and found >= 0.95 * 200
 
 
+@pytest.mark.unit
 def test_versus_best_corrects_for_the_number_of_comparisons():
-    e = {k: Estimate(math.log(ms), 0.0004, 20.0, 3, "run")
-         for k, ms in {"a": 100.0, "b": 103.0, "c": 110.0, "d": 140.0}.items()}  # fmt: skip
+    e = {
+        k: Estimate(math.log(ms), 0.0004, 20.0, 3, "run")
+        for k, ms in {"a": 100.0, "b": 103.0, "c": 110.0, "d": 140.0}.items()
+    }
     v = versus_best(e)
     assert v.best == "a" and v.confidence == pytest.approx(adjusted(0.95, 3))
     assert v.tied == ["a", "b"] and v.ratios["d"].ratio == pytest.approx(1.4)
@@ -91,6 +106,7 @@ def test_versus_best_corrects_for_the_number_of_comparisons():
     assert ratio(e["c"], e["a"]).separable and not ratio(e["b"], e["a"]).separable
 
 
+@pytest.mark.unit
 def test_paired_ratio_cancels_what_drifts_between_rounds():
     drift = np.array([1.0, 1.3, 0.8, 1.1, 0.9])
     r = paired_ratio(1.2 * drift * (1 + 0.01 * np.array([1, -1, 0, 1, -1])), drift)
@@ -98,6 +114,7 @@ def test_paired_ratio_cancels_what_drifts_between_rounds():
     assert paired_ratio([1.0, 1.0], [1.0, 1.0]).ratio == 1.0
 
 
+@pytest.mark.unit
 def test_one_round_uses_the_noise_floor():
     rng = np.random.default_rng(4)
     s = run_samples(rng, {"a": 100.0, "b": 100.0}, rounds=1, steps=40)
@@ -108,17 +125,26 @@ def test_one_round_uses_the_noise_floor():
     assert noise_floor_pct(noise) == pytest.approx(100 * np.std(np.log(floor), ddof=1))
 
 
+@pytest.mark.unit
 def test_verdicts_name_the_ties_and_the_default_cost():
     rng = np.random.default_rng(5)
     truth = {"m-1": 100.0, "m-5": 101.0, "m-25": 130.0}
     samples = run_samples(rng, truth, rounds=4, visit_sd=0.01, round_sd=0.02)
-    results = pd.DataFrame({"point": list(truth), "value": [1.0, 5.0, 25.0], "model": "m",
-                            "impl": "native", "status": "ok"})  # fmt: skip
+    results = pd.DataFrame(
+        {
+            "point": list(truth),
+            "value": [1.0, 5.0, 25.0],
+            "model": "m",
+            "impl": "native",
+            "status": "ok",
+        }
+    )
     v = verdicts(results, samples, None, {"value": 25.0}).iloc[0]
     assert v["best"] in (1.0, 5.0) and sorted(v["tied"]) == [1.0, 5.0]
     assert not v["default_tied"] and v["default_low"] > 1.1 and v["default_high"] < 1.5
 
 
+@pytest.mark.unit
 def test_a_point_whose_rounds_disagree_is_flagged():
     rng = np.random.default_rng(6)
     s = run_samples(rng, {f"p{i}": 100.0 for i in range(8)}, rounds=4, visit_sd=0.01)
@@ -156,6 +182,7 @@ def adaptive_cases() -> list[tuple[int, str]]:
     return out
 
 
+@pytest.mark.ranks
 @pytest.mark.timeout(120)
 def test_adaptive_timing_stops_at_the_target_or_the_budget_on_every_rank_alike(pool):
     per_rank = pool(2).run(adaptive_cases)

@@ -30,6 +30,8 @@ from tests.rank_pool import free_port
 from tests.test_harness import FAST, point, run_points
 from tests.test_report_browser import CHROMIUM, FLAGS, needs_chromium
 
+pytestmark = pytest.mark.browser
+
 GSTATIC = "www.gstatic.com"
 
 

@@ -40,25 +40,53 @@ POINT = "wide_mlp-bucket_cap_mb={}-{}"
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("timeline") / "run"
-    cmd = [sys.executable, "bench/run.py", "--sweep", "bucket_cap_mb", "--values", "1,100",
-           "--model", "wide_mlp", "--impl", "native,reference,reference_nooverlap", "--steps",
-           "3", "--max-steps", "3", "--rounds", "1", "--warmup-steps", "1", "--profile-steps",
-           "2", "--nproc-per-node", "2", "--out", str(out), "--no-report"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "bench/run.py",
+        "--sweep",
+        "bucket_cap_mb",
+        "--values",
+        "1,100",
+        "--model",
+        "wide_mlp",
+        "--impl",
+        "native,reference,reference_nooverlap",
+        "--steps",
+        "3",
+        "--max-steps",
+        "3",
+        "--rounds",
+        "1",
+        "--warmup-steps",
+        "1",
+        "--profile-steps",
+        "2",
+        "--nproc-per-node",
+        "2",
+        "--out",
+        str(out),
+        "--no-report",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return out
 
 
 def report(*args, timeout=180) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "bench.report", *map(str, args)],
-                          capture_output=True, text=True, timeout=timeout, cwd=REPO)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "bench.report", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+    )
 
 
 def timeline(run: Path, point: str):
     return step_timeline(load_trace_dir(run / "traces" / point).traces)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.timeout(600)
 def test_communication_sits_inside_backward_with_overlap_and_after_it_without(run):
     on = timeline(run, POINT.format(1, "reference"))
@@ -91,7 +119,7 @@ def test_communication_sits_inside_backward_with_overlap_and_after_it_without(ru
     assert (wait.groupby("rank").apply(lambda w: (w["end_ms"] - w["start_ms"]).sum()) > 1).all()
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.timeout(600)
 def test_the_diff_of_1mb_and_100mb_buckets_shows_several_all_reduces_become_one(run, tmp_path):
     a, b = POINT.format(1, "native"), POINT.format(100, "native")
@@ -99,8 +127,9 @@ def test_the_diff_of_1mb_and_100mb_buckets_shows_several_all_reduces_become_one(
     assert proc.returncode == 0, proc.stderr
     page = (tmp_path / f"{run.name}-diff.html").read_text()
     assert page.count("<img") == 1 and "What changed" in page
-    table = trace_diff(load_trace_dir(run / "traces" / a).traces,
-                       load_trace_dir(run / "traces" / b).traces)  # fmt: skip
+    table = trace_diff(
+        load_trace_dir(run / "traces" / a).traces, load_trace_dir(run / "traces" / b).traces
+    )
     ar = table[(table["kind"] == "collective") & (table["name"] == "all_reduce")].iloc[0]
     assert ar["count_a"] > 1 and ar["count_b"] == 1, ar
     assert ar["bytes_a"] == pytest.approx(ar["bytes_b"]) and ar["bytes_change"] == 0, ar
@@ -109,7 +138,7 @@ def test_the_diff_of_1mb_and_100mb_buckets_shows_several_all_reduces_become_one(
     assert "Optimizer.step#AdamW.step" in set(ops["name"]), ops["name"].tolist()
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @needs_chromium
 @pytest.mark.timeout(600)
 def test_the_report_with_every_timeline_renders_in_chromium(run, tmp_path):
@@ -117,17 +146,27 @@ def test_the_report_with_every_timeline_renders_in_chromium(run, tmp_path):
     assert proc.returncode == 0, proc.stderr
     page = tmp_path / f"{run.name}.html"
     html = page.read_text()
-    section = html[html.index("<h2>Step timelines</h2>"):]
+    section = html[html.index("<h2>Step timelines</h2>") :]
     assert section.count("<figcaption>wide_mlp, ") == 3  # a figure per implementation
-    dom = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}",
-                          "--virtual-time-budget=10000", "--dump-dom", page.resolve().as_uri()],
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    dom = subprocess.run(
+        [
+            CHROMIUM,
+            *FLAGS,
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--virtual-time-budget=10000",
+            "--dump-dom",
+            page.resolve().as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     figures = re.search(r'data-figures="(\d+)/(\d+)"', dom.stdout)
     assert figures, dom.stdout[-2000:]
     assert figures.group(1) == figures.group(2) and int(figures.group(2)) >= 3, figures.group(0)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.timeout(600)
 def test_points_that_cannot_be_drawn_are_one_line_or_a_note(run, tmp_path, capsys):
     copy = tmp_path / "run"
@@ -136,24 +175,28 @@ def test_points_that_cannot_be_drawn_are_one_line_or_a_note(run, tmp_path, capsy
     stepless = copy / "traces" / POINT.format(100, "native")
     for path in stepless.glob("*.pt.trace.json"):  # a trace with no profiler step
         doc = json.loads(path.read_text())
-        doc["traceEvents"] = [e for e in doc["traceEvents"]
-                              if not str(e.get("name", "")).startswith("ProfilerStep")]  # fmt: skip
+        doc["traceEvents"] = [
+            e for e in doc["traceEvents"] if not str(e.get("name", "")).startswith("ProfilerStep")
+        ]
         path.write_text(json.dumps(doc))
     for args, said in [
         (["--diff", "nope", POINT.format(1, "reference")], "has no point 'nope'"),
         (["--diff", POINT.format(1, "native"), POINT.format(1, "reference")], "no traces"),
-        (["--diff", POINT.format(100, "native"), POINT.format(1, "reference")],
-         "no profiler step is in every rank's trace"),
+        (
+            ["--diff", POINT.format(100, "native"), POINT.format(1, "reference")],
+            "no profiler step is in every rank's trace",
+        ),
         (["--view", "nope"], "has no point 'nope'"),
         (["--view", POINT.format(1, "native")], "no traces"),
-    ]:  # fmt: skip
+    ]:
         # main() in this process (a launch costs seconds); the first also as a real process
         code = report_main([str(a) for a in (copy, *args, "--reports-dir", tmp_path / "r")])
         err = capsys.readouterr().err
         assert code == 2 and len(err.strip().splitlines()) == 1, err
         assert said in err, err
-    proc = report(copy, "--diff", "nope", POINT.format(1, "reference"), "--reports-dir",
-                  tmp_path / "r")  # fmt: skip
+    proc = report(
+        copy, "--diff", "nope", POINT.format(1, "reference"), "--reports-dir", tmp_path / "r"
+    )
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "has no point 'nope'" in proc.stderr, proc.stderr
     proc = report(copy, "--timelines", "all", "--reports-dir", tmp_path / "r")
@@ -161,11 +204,11 @@ def test_points_that_cannot_be_drawn_are_one_line_or_a_note(run, tmp_path, capsy
     page = (tmp_path / "r" / "run.html").read_text()
     notes = re.findall(r"<p class='note'>([^<]*)</p>", page)
     assert any("no traces" in n for n in notes) and any("no profiler step" in n for n in notes)
-    section = page[page.index("<h2>Step timelines</h2>"):]
+    section = page[page.index("<h2>Step timelines</h2>") :]
     assert section.count("<img") == 3  # native's two points are notes; the rest drawn
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @needs_chromium
 @pytest.mark.timeout(600)
 def test_the_offline_trace_view_draws_every_event_of_every_rank(run, tmp_path):
@@ -181,15 +224,26 @@ def test_the_offline_trace_view_draws_every_event_of_every_rank(run, tmp_path):
     assert len(data["start"]) == events
     labels = [lane["label"] for lane in data["lanes"]]
     assert {lab.split(" thread")[0] for lab in labels} == {"rank 0", "rank 1"}, labels
-    dom = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}",
-                          "--virtual-time-budget=10000", "--dump-dom", page.resolve().as_uri()],
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    dom = subprocess.run(
+        [
+            CHROMIUM,
+            *FLAGS,
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--virtual-time-budget=10000",
+            "--dump-dom",
+            page.resolve().as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     drawn = re.search(r'data-drawn="(\d+)"', dom.stdout)
     total = re.search(r'data-events="(\d+)"', dom.stdout)
     assert drawn and total, dom.stdout[-1500:]
     assert int(drawn.group(1)) == int(total.group(1)) == events  # the whole trace, every event
 
 
+@pytest.mark.unit
 def test_a_gpu_nccl_timeline_has_kernels_and_calls_with_bytes():
     """HolisticTraceAnalysis's two ranks of an NCCL job: device lanes, calls with bytes."""
     traces = [load_trace(p) for p in sorted(glob.glob(str(REPO / "tests/data/hta/sampled_*")))]
@@ -204,6 +258,7 @@ def test_a_gpu_nccl_timeline_has_kernels_and_calls_with_bytes():
         assert (bars["end_ms"] >= bars["start_ms"]).all()
 
 
+@pytest.mark.unit
 def test_calls_in_flight_together_get_their_own_rows():
     starts, ends = np.array([0.0, 1.0, 2.0, 5.0]), np.array([3.0, 4.0, 2.5, 6.0])
     assert _rows(starts, ends) == [0, 1, 2, 0]

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+pytestmark = pytest.mark.ranks
+
 OFFSET_S = 1000.0  # rank 1's clock runs this far ahead of rank 0's (injected)
 SLEEP_S = 0.02
 

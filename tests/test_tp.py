@@ -86,6 +86,7 @@ def compare_layers(res: dict) -> None:
 LAYER_CASES = [(2, 2), (4, 2), (4, 4)]
 
 
+@pytest.mark.ranks
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("model_name", ["mlp", "transformer"])
 @pytest.mark.parametrize("world,degree", LAYER_CASES)
@@ -96,6 +97,7 @@ def test_tp_layers_match_dense(pool, world, degree, model_name):
             assert res["plan"], "nothing was split"
 
 
+@pytest.mark.ranks
 @pytest.mark.timeout(120)
 def test_the_seed_naive_layer_is_caught(pool):
     """Its input gradient is partial, so the comparison with the dense model fails."""
@@ -156,6 +158,7 @@ def single_process(dp_size: int, steps: int, clip=None):
 TRAIN_CASES = [(2, 2, False), (4, 4, False), (4, 2, False), (4, 2, True), (4, 1, False)]
 
 
+@pytest.mark.ranks
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("impl", ["reference", "naive", "native"])
 @pytest.mark.parametrize("world,degree,dp_shard", TRAIN_CASES)
@@ -169,10 +172,12 @@ def test_tp_training_matches_single_process(pool, impl, world, degree, dp_shard)
             torch.tensor(res["losses"]), torch.tensor(losses), rtol=1e-5, atol=1e-5
         )
         for name, p in model.named_parameters():
-            torch.testing.assert_close(res["params"][name], p.detach(), rtol=1e-4, atol=1e-5,
-                                       msg=name)  # fmt: skip
+            torch.testing.assert_close(
+                res["params"][name], p.detach(), rtol=1e-4, atol=1e-5, msg=name
+            )
 
 
+@pytest.mark.ranks
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("impl", ["reference", "native"])
 @pytest.mark.parametrize("world,degree", [(2, 2), (4, 2)])
@@ -185,25 +190,29 @@ def test_tp_gradient_clipping_matches_single_process(pool, impl, world, degree):
             torch.tensor(res["losses"]), torch.tensor(losses), rtol=1e-5, atol=1e-5
         )
         for name, p in model.named_parameters():
-            torch.testing.assert_close(res["params"][name], p.detach(), rtol=1e-4, atol=1e-5,
-                                       msg=name)  # fmt: skip
+            torch.testing.assert_close(
+                res["params"][name], p.detach(), rtol=1e-4, atol=1e-5, msg=name
+            )
 
 
 def bad_degree_worker(degree: int) -> str:
     try:
-        STRATEGIES["tp"].apply("reference", tiny_transformer(), group=None, device=CPU,
-                               tp_degree=degree)  # fmt: skip
+        STRATEGIES["tp"].apply(
+            "reference", tiny_transformer(), group=None, device=CPU, tp_degree=degree
+        )
     except ValueError as e:
         return str(e)
     return "no error"
 
 
+@pytest.mark.ranks
 @pytest.mark.timeout(120)
 def test_bad_degrees_are_refused_before_any_group(pool):
     # 3 does not divide 4 ranks; on 4 ranks a model with 2 heads cannot split them 4 ways
     assert "does not divide the world size 4" in pool(4).run(bad_degree_worker, 3)[0]
 
 
+@pytest.mark.unit
 def test_plans_and_analytical_communication():
     model = Transformer()  # dim 256, 4 blocks, 4 heads
     plan = tp.tp_plan(model)
@@ -211,8 +220,10 @@ def test_plans_and_analytical_communication():
     # Megatron: per block two all-reduces forward (proj, fc2) and two backward (shared f on
     # ln1, f of fc1), each of b*s*h elements
     b_s = 8 * 64
-    assert tp.comm_elements(model, plan, b_s, 2) == {"all_reduce": 4 * 4 * b_s * 256,
-                                                     "all_gather": 0.0}  # fmt: skip
+    assert tp.comm_elements(model, plan, b_s, 2) == {
+        "all_reduce": 4 * 4 * b_s * 256,
+        "all_gather": 0.0,
+    }
     naive = tp.naive_plan(model, 2)
     el = tp.comm_elements(model, naive, b_s, 2)
     assert el["all_reduce"] + el["all_gather"] > 4 * 4 * b_s * 256
@@ -237,6 +248,7 @@ def tp_point(model: str, impl: str, value, **knobs):
     return make_point("mesh", model, value, impl, "tp", world_size=4, knobs=knobs)
 
 
+@pytest.mark.ranks
 @pytest.mark.timeout(300)
 def test_harness_counts_tp_communication_as_predicted(pool, tmp_path):
     """Bytes per step read from the traces equal the analytical figure: Megatron pairs, the
@@ -263,5 +275,7 @@ def test_harness_counts_tp_communication_as_predicted(pool, tmp_path):
             expected -= 4 * (784 * 128 + 128) / 2
         assert measured == pytest.approx(expected, rel=1e-6), (value, impl)
         assert r["state_mb"] == pytest.approx(r["state_mb_expected"], rel=1e-6)
-    assert by[("ddp_tp2", "naive")]["comm_bytes_per_step"] > by[("ddp_tp2", "reference")][
-        "comm_bytes_per_step"]  # fmt: skip
+    assert (
+        by[("ddp_tp2", "naive")]["comm_bytes_per_step"]
+        > by[("ddp_tp2", "reference")]["comm_bytes_per_step"]
+    )

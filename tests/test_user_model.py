@@ -27,6 +27,7 @@ def no_torchrun(monkeypatch):
         monkeypatch.delenv(var, raising=False)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "model,message",
     [
@@ -51,6 +52,7 @@ def test_a_wrong_model_is_one_line_and_exit_2(model, message, capsys, no_torchru
     assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 
+@pytest.mark.unit
 def test_the_example_builds_the_same_weights_and_batches():
     a, b = build_model(EXAMPLE, seed=3), build_model(EXAMPLE, seed=3)
     for (name, p), q in zip(a.named_parameters(), b.parameters(), strict=True):
@@ -62,9 +64,17 @@ def test_the_example_builds_the_same_weights_and_batches():
 
 
 def _point(sweep: str, strategy: str, impl: str, knobs: dict, model: str = EXAMPLE):
-    return resolve_point(sweep=sweep, values={sweep: next(iter(knobs.values()))}, model=model,
-                         strategy=strategy, impl=impl, knobs=knobs, world_size=2,
-                         batch_size=8, **FAST_STEPS)  # fmt: skip
+    return resolve_point(
+        sweep=sweep,
+        values={sweep: next(iter(knobs.values()))},
+        model=model,
+        strategy=strategy,
+        impl=impl,
+        knobs=knobs,
+        world_size=2,
+        batch_size=8,
+        **FAST_STEPS,
+    )
 
 
 def example_points(root: str) -> list[dict]:
@@ -83,6 +93,7 @@ def example_points(root: str) -> list[dict]:
     return [run_point(p, pool_env(), FAST, Path(root) / p.id) for p in points]
 
 
+@pytest.mark.ranks
 @pytest.mark.timeout(300)
 def test_the_example_runs_every_strategy_and_a_missing_fact_is_named(pool, tmp_path):
     rows = pool(2).run(example_points, str(tmp_path))[0]
@@ -102,6 +113,7 @@ def test_the_example_runs_every_strategy_and_a_missing_fact_is_named(pool, tmp_p
     assert hybrid["status"] == "error" and "HYBRID_SHARD needs" in hybrid["error"]
 
 
+@pytest.mark.unit
 def test_a_dict_batch_and_a_model_that_returns_its_own_loss():
     """Hugging Face's shape: ``model(**inputs).loss``, no loss function, no targets."""
 
@@ -153,6 +165,7 @@ def odd_points(root: str) -> list[dict]:
     return [run_point(p, pool_env(), FAST, Path(root) / p.id) for p in points]
 
 
+@pytest.mark.ranks
 @pytest.mark.timeout(300)
 def test_a_model_with_every_kind_of_parameter_and_buffer_runs_every_strategy(pool, tmp_path):
     """0-dim and frozen parameters, tied weights, a ModuleDict and a ParameterList, integer,
@@ -175,6 +188,7 @@ def test_a_model_with_every_kind_of_parameter_and_buffer_runs_every_strategy(poo
     assert tp_ref == pytest.approx(tp, rel=1e-4)
 
 
+@pytest.mark.e2e
 def test_a_batch_that_is_not_inputs_and_targets_is_one_line_and_exit_2(capsys, no_torchrun):
     with pytest.raises(SystemExit) as exc:
         main(["--sweep", "bucket_cap_mb", "--model", f"{ODD}:returns_a_dict_batch"])

@@ -8,15 +8,27 @@ from bench.runner.plan.points import build_points
 from tests.test_harness import FAST, run_points
 
 
+@pytest.mark.unit
 def test_points_cover_world_sizes_and_both_scalings():
     points = build_points("world_size", world_size=4, models="mlp", impls="native")
     assert [(p.world_size, p.scaling, p.global_batch) for p in points] == [
-        (1, "weak", None), (2, "weak", None), (4, "weak", None),
-        (1, "strong", 256), (2, "strong", 256), (4, "strong", 256),
-    ]  # fmt: skip
+        (1, "weak", None),
+        (2, "weak", None),
+        (4, "weak", None),
+        (1, "strong", 256),
+        (2, "strong", 256),
+        (4, "strong", 256),
+    ]
     assert points[0].id == "mlp-world_size=1-weak-ddp-native" and points[0].strategy == "ddp"
-    tp = build_points("world_size", world_size=4, values="2,4", strategy="tp",
-                      options=["tp_degree=2"], scaling="strong", batch_size=8)  # fmt: skip
+    tp = build_points(
+        "world_size",
+        world_size=4,
+        values="2,4",
+        strategy="tp",
+        options=["tp_degree=2"],
+        scaling="strong",
+        batch_size=8,
+    )
     layouts = {(p.world_size, p.knobs["tp_degree"], p.global_batch) for p in tp}
     assert layouts == {(2, 2, 32), (4, 2, 32)}
     with pytest.raises(ValueError, match="world size 8 is larger than the 4 ranks launched"):
@@ -27,31 +39,58 @@ def test_points_cover_world_sizes_and_both_scalings():
         build_points("bucket_cap_mb", world_size=2, strategy="fsdp")
 
 
+@pytest.mark.unit
 def test_scaling_efficiency_against_the_smallest_world_size():
-    df = pd.DataFrame({
-        "model": "m", "impl": "native", "strategy": "ddp", "status": "ok",
-        "scaling": ["weak"] * 3 + ["strong"] * 3, "world_size": [1, 2, 4] * 2,
-        "samples_per_s": [100.0, 180.0, 300.0, 100.0, 200.0, 400.0],
-    })  # fmt: skip
+    df = pd.DataFrame(
+        {
+            "model": "m",
+            "impl": "native",
+            "strategy": "ddp",
+            "status": "ok",
+            "scaling": ["weak"] * 3 + ["strong"] * 3,
+            "world_size": [1, 2, 4] * 2,
+            "samples_per_s": [100.0, 180.0, 300.0, 100.0, 200.0, 400.0],
+        }
+    )
     out = scaling_efficiency(df)
     assert out["efficiency_pct"].round(6).tolist() == [100.0, 90.0, 75.0, 100.0, 100.0, 100.0]
     assert out["ideal_speedup"].tolist() == [1.0, 2.0, 4.0] * 2
 
 
+@pytest.mark.ranks
 @pytest.mark.timeout(300)
 def test_points_on_part_of_the_ranks(pool, tmp_path):
     """At 4 launched ranks, DDP at 1 and 2 ranks (weak and strong), FSDP and TP x DP meshes on
     2 ranks while ranks 2 and 3 wait, then a 4-rank point: each row is measured on its own
     ranks, with its own batch, and moves the bytes its world size implies."""
     points = build_points(
-        "world_size", world_size=4, values="1,2", models="mlp", impls="native,reference",
+        "world_size",
+        world_size=4,
+        values="1,2",
+        models="mlp",
+        impls="native,reference",
         batch_size=16,
-    )  # fmt: skip
-    points += build_points("world_size", world_size=4, values="2", models="mlp",
-                           strategy="fsdp", scaling="weak", batch_size=16)  # fmt: skip
-    points += build_points("world_size", world_size=4, values="2,4", models="mlp",
-                           strategy="tp", options=["tp_degree=2"], impls="native,reference",
-                           scaling="weak", batch_size=16)  # fmt: skip
+    )
+    points += build_points(
+        "world_size",
+        world_size=4,
+        values="2",
+        models="mlp",
+        strategy="fsdp",
+        scaling="weak",
+        batch_size=16,
+    )
+    points += build_points(
+        "world_size",
+        world_size=4,
+        values="2,4",
+        models="mlp",
+        strategy="tp",
+        options=["tp_degree=2"],
+        impls="native,reference",
+        scaling="weak",
+        batch_size=16,
+    )
     rows = pool(4).run(run_points, points, str(tmp_path), FAST, timeout=280)[0]
     for p, r in zip(points, rows, strict=True):
         assert r["status"] == "ok", (p.id, r["error"])

@@ -59,6 +59,7 @@ def same(a, b) -> bool:
     return a is b is None or (torch.is_tensor(a) and torch.equal(a, b))
 
 
+@pytest.mark.unit
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("name", zoo(*TINY))
 def test_tiny_builds_makes_deterministic_batches_and_learns(name):
@@ -67,8 +68,9 @@ def test_tiny_builds_makes_deterministic_batches_and_learns(name):
     model = build_model(name, seed=0)
     assert 100_000 < param_count(model) < 2_000_000  # seconds on a CPU, yet every layer kind
     again = build_model(name, seed=0)
-    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), again.parameters(),
-                                                 strict=True))  # fmt: skip
+    assert all(
+        torch.equal(a, b) for a, b in zip(model.parameters(), again.parameters(), strict=True)
+    )
     assert not torch.equal(next(build_model(name, seed=1).parameters()), next(model.parameters()))
     assert same(wl.batch(8, 3), wl.batch(8, 3))
     assert not same(wl.batch(8, 3)[0], wl.batch(8, 4)[0])
@@ -84,13 +86,13 @@ def test_tiny_builds_makes_deterministic_batches_and_learns(name):
         loss = apply_loss(wl, model, batch)
         assert torch.isfinite(loss) and loss.ndim == 0
         loss.backward()
-        assert all(p.grad is not None and torch.isfinite(p.grad).all()
-                   for p in model.parameters())  # fmt: skip
+        assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.95 * losses[0], losses
 
 
+@pytest.mark.unit
 def test_resnet50_is_the_papers_network():
     with torch.device("meta"):
         model = ResNet()
@@ -104,6 +106,7 @@ def test_resnet50_is_the_papers_network():
     assert isinstance(model.stages[1][1].shortcut, nn.Identity)  # identity where shapes match
 
 
+@pytest.mark.unit
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
     "name,params",
@@ -119,6 +122,7 @@ def test_real_sizes_have_their_published_shapes(name, params):
     assert param_count(model) == params
 
 
+@pytest.mark.unit
 @needs_hf
 def test_llama_1b_has_llama_3_2_1bs_norm_epsilon():
     with torch.device("meta"):
@@ -128,6 +132,7 @@ def test_llama_1b_has_llama_3_2_1bs_norm_epsilon():
     assert model.model.norm.variance_epsilon == 1e-5
 
 
+@pytest.mark.unit
 def test_resnet_tiny_trains_on_one_sample_per_replica():
     """Batch normalisation needs more than one value per channel: at 64 x 64 the last stage is
     2 x 2, so a replica's single image still has four (at 32 x 32 it had one, and raised)."""
@@ -140,6 +145,7 @@ def test_resnet_tiny_trains_on_one_sample_per_replica():
     assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in model.parameters())
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "name,known",
     [
@@ -154,6 +160,7 @@ def test_unknown_size_names_the_known_ones(name, known):
         workload(name)
 
 
+@pytest.mark.unit
 def test_without_transformers_a_zoo_language_model_is_one_line(monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)  # what a missing package raises
     with pytest.raises(ValueError, match=r"need transformers>=5.*pip install '\.\[models\]'"):
@@ -161,18 +168,30 @@ def test_without_transformers_a_zoo_language_model_is_one_line(monkeypatch):
     assert ZOO["resnet"]("tiny").name == "resnet:tiny"  # the CNN needs none
 
 
+@pytest.mark.e2e
 def test_importing_the_suite_imports_no_transformers():
-    code = ("import sys, parallel_kernels.models, parallel_kernels.zoo; "
-            "print('transformers' in sys.modules)")  # fmt: skip
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
-                         timeout=120, check=True)  # fmt: skip
+    code = (
+        "import sys, parallel_kernels.models, parallel_kernels.zoo; "
+        "print('transformers' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     assert out.stdout.strip() == "False", out
 
 
 # per layer: attention q, k, v column-wise, its output row-wise; the MLP's first layer(s)
 # column-wise (Llama's gate and up, BERT's intermediate), its last row-wise
-@pytest.mark.parametrize("name,columns", [pytest.param("llama:tiny", 5, marks=NEEDS_HF),
-                                          pytest.param("bert:tiny", 4, marks=NEEDS_HF)])
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "name,columns",
+    [pytest.param("llama:tiny", 5, marks=NEEDS_HF), pytest.param("bert:tiny", 4, marks=NEEDS_HF)],
+)
 def test_tp_plans_name_real_modules_in_megatron_pairs(name, columns):
     model = build_model(name)
     plan = expand_plan(model, workload(name).tp_plan)
@@ -183,11 +202,13 @@ def test_tp_plans_name_real_modules_in_megatron_pairs(name, columns):
     assert all(isinstance(modules[n], nn.Linear) for n in plan)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", zoo("gpt2:tiny", "resnet:tiny"))
 def test_models_without_a_split_give_no_tp_plan(name):
     assert workload(name).tp_plan is None  # a TP point is then an error row naming tp_plan
 
 
+@pytest.mark.unit
 @needs_hf
 def test_llama_tiny_is_a_workload_of_the_suite():
     wl = workload("llama:tiny")
@@ -275,15 +296,17 @@ def data_parallel_worker(name: str) -> dict:
     out = {}
     for impl in STRATEGIES["ddp"].default_impls:
         # a different start on every rank: DDP's start-up broadcast must make them equal
-        model = STRATEGIES["ddp"].apply(impl, build_model(name, seed=rank), group=None,
-                                        device=CPU, bucket_cap_mb=0.25)  # fmt: skip
+        model = STRATEGIES["ddp"].apply(
+            impl, build_model(name, seed=rank), group=None, device=CPU, bucket_cap_mb=0.25
+        )
         losses = mean_over_ranks(sgd_steps(name, model, batches))
         names = [n for n, _ in build_model(name).named_parameters()]
         params = dict(zip(names, [p.detach() for p in model.parameters()], strict=True))
         out[("ddp", impl)] = {"losses": losses, "params": params}
     for impl in STRATEGIES["fsdp"].default_impls:
-        model = STRATEGIES["fsdp"].apply(impl, build_model(name, seed=0), group=None, device=CPU,
-                                         sharding_strategy="FULL_SHARD")  # fmt: skip
+        model = STRATEGIES["fsdp"].apply(
+            impl, build_model(name, seed=0), group=None, device=CPU, sharding_strategy="FULL_SHARD"
+        )
         losses = mean_over_ranks(sgd_steps(name, model, batches))
         full = STRATEGIES["fsdp"].replicated(model)  # a collective: on every rank
         if hasattr(model, "full_state_dict"):  # the reference: one flat vector per unit
@@ -297,14 +320,20 @@ def data_parallel_worker(name: str) -> dict:
 
 
 def assert_trains_as_one_process(got: dict, model: nn.Module, losses: list[float], what: str):
-    torch.testing.assert_close(torch.tensor(got["losses"]), torch.tensor(losses), rtol=1e-5,
-                               atol=1e-5, msg=lambda m: f"{what} losses: {m}")  # fmt: skip
+    torch.testing.assert_close(
+        torch.tensor(got["losses"]),
+        torch.tensor(losses),
+        rtol=1e-5,
+        atol=1e-5,
+        msg=lambda m: f"{what} losses: {m}",
+    )
     want = dict(model.named_parameters(remove_duplicate=False))  # a tied one under each name
     unique = {n for n, _ in model.named_parameters()}
     assert unique <= got["params"].keys() <= want.keys(), what
     for k, g in got["params"].items():
-        torch.testing.assert_close(g, want[k].detach(), rtol=1e-4, atol=1e-5,
-                                   msg=lambda m, k=k: f"{what} {k}: {m}")  # fmt: skip
+        torch.testing.assert_close(
+            g, want[k].detach(), rtol=1e-4, atol=1e-5, msg=lambda m, k=k: f"{what} {k}: {m}"
+        )
 
 
 _RESULTS: dict = {}
@@ -326,31 +355,41 @@ def data_parallel_cases() -> list:
             for impl in STRATEGIES[strategy].default_impls:
                 # gpt2 and llama tie the head to the embedding: one parameter, two names
                 marks = [] if name.startswith("resnet") else list(NEEDS_HF)
-                cases.append(pytest.param(name, strategy, impl, marks=marks,
-                                          id=f"{name}-{strategy}-{impl}"))  # fmt: skip
+                cases.append(
+                    pytest.param(name, strategy, impl, marks=marks, id=f"{name}-{strategy}-{impl}")
+                )
     return cases
 
 
+@pytest.mark.ranks
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("name,strategy,impl", data_parallel_cases())
 def test_ddp_and_fsdp_train_as_one_process(pool, name, strategy, impl):
     results, model, losses = data_parallel_results(pool, name)
     for rank, res in enumerate(results):
-        assert_trains_as_one_process(res[(strategy, impl)], model, losses,
-                                     f"{strategy} {impl} rank {rank}")  # fmt: skip
+        assert_trains_as_one_process(
+            res[(strategy, impl)], model, losses, f"{strategy} {impl} rank {rank}"
+        )
 
 
 def tp_worker(name: str, degree: int) -> dict:
     out = {}
     for impl in ("native", "reference"):
-        model = STRATEGIES["tp"].apply(impl, build_model(name, seed=0), group=None, device=CPU,
-                                       tp_degree=degree, dp_shard=False)  # fmt: skip
+        model = STRATEGIES["tp"].apply(
+            impl,
+            build_model(name, seed=0),
+            group=None,
+            device=CPU,
+            tp_degree=degree,
+            dp_shard=False,
+        )
         batches = rank_batches(name, model.dp_size, model.dp_rank)
         losses = mean_over_ranks(sgd_steps(name, model, batches))
         out[impl] = {"losses": losses, "params": model.full_state(), "dp": model.dp_size}
     return out
 
 
+@pytest.mark.ranks
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("name", zoo("llama:tiny", "bert:tiny"))
 @pytest.mark.parametrize("world,degree", [(2, 2), (4, 4), (4, 2)])
@@ -367,19 +406,35 @@ def zoo_harness_rows(root: str) -> list[dict]:
     from tests.test_harness import make_point, run_points
 
     points = [
-        make_point("sharding_strategy", "llama:tiny", "FULL_SHARD", "native", "fsdp",
-                   knobs={"sharding_strategy": "FULL_SHARD", "activation_checkpointing": "on"},
-                   batch_size=8),
-        make_point("mesh", "bert:tiny", "tp2", "reference", "tp", knobs={"tp_degree": 2},
-                   batch_size=8),
-        make_point("bucket_cap_mb", "resnet:tiny", 1.0, "reference", "ddp",
-                   knobs={"bucket_cap_mb": 1.0}, batch_size=8),
-        make_point("mesh", "gpt2:tiny", "tp2", "native", "tp", knobs={"tp_degree": 2},
-                   batch_size=8),
-    ]  # fmt: skip
+        make_point(
+            "sharding_strategy",
+            "llama:tiny",
+            "FULL_SHARD",
+            "native",
+            "fsdp",
+            knobs={"sharding_strategy": "FULL_SHARD", "activation_checkpointing": "on"},
+            batch_size=8,
+        ),
+        make_point(
+            "mesh", "bert:tiny", "tp2", "reference", "tp", knobs={"tp_degree": 2}, batch_size=8
+        ),
+        make_point(
+            "bucket_cap_mb",
+            "resnet:tiny",
+            1.0,
+            "reference",
+            "ddp",
+            knobs={"bucket_cap_mb": 1.0},
+            batch_size=8,
+        ),
+        make_point(
+            "mesh", "gpt2:tiny", "tp2", "native", "tp", knobs={"tp_degree": 2}, batch_size=8
+        ),
+    ]
     return run_points(points, root)
 
 
+@pytest.mark.ranks
 @needs_hf
 @pytest.mark.timeout(300)
 def test_zoo_models_run_through_the_harness(pool, tmp_path):

@@ -55,8 +55,9 @@ class GateFailure(AssertionError):
     pass
 
 
-def measure(gate: Gate, pool, rounds: int = 5, slow_s: float = 0.0,
-            seed: int = 0) -> dict[str, list[float]]:  # fmt: skip
+def measure(
+    gate: Gate, pool, rounds: int = 5, slow_s: float = 0.0, seed: int = 0
+) -> dict[str, list[float]]:
     """Each implementation's figure per interleaved round: busbw (GB/s) for a collective,
     seconds per step for training. Each round times both in a fresh seeded random order, so
     that going first (colder caches, a neighbour's burst) falls on either. ``slow_s`` slows the
@@ -73,6 +74,18 @@ def measure(gate: Gate, pool, rounds: int = 5, slow_s: float = 0.0,
                 r = pool.run(workloads.train_step, gate.args[0], impl, gate.iters, slow_s)[0]
                 figures[impl].append(r["seconds"])
     return figures
+
+
+def native_seconds(gate: Gate, pool) -> float:
+    """The native kernel's seconds per call (or per step) now, on the slowest rank."""
+    if gate.kind == "collective":
+        name, nbytes = gate.args
+        return max(
+            r["seconds"] for r in pool.run(workloads.collective, name, "native", nbytes, gate.iters)
+        )
+    return max(
+        r["seconds"] for r in pool.run(workloads.train_step, gate.args[0], "native", gate.iters)
+    )
 
 
 def more(figures: dict[str, list[float]], extra: dict[str, list[float]]) -> dict:

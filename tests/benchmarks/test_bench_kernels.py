@@ -9,6 +9,8 @@ from parallel_kernels.collectives import COLLECTIVES
 from tests.benchmarks import workloads
 from tests.benchmarks.conftest import run_on_pool
 
+pytestmark = pytest.mark.bench
+
 SIZES = {"64KiB": 64 << 10, "16MiB": 16 << 20}
 
 
@@ -27,9 +29,16 @@ def test_collective(benchmark, ranks, name, size, impl):
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize(
     "workload,impl",
-    [("ddp", "native"), ("ddp", "reference"), ("fsdp", "native"), ("fsdp", "reference"),
-     ("tp", "native"), ("tp", "reference"), ("tp", "naive")],
-)  # fmt: skip
+    [
+        ("ddp", "native"),
+        ("ddp", "reference"),
+        ("fsdp", "native"),
+        ("fsdp", "reference"),
+        ("tp", "native"),
+        ("tp", "reference"),
+        ("tp", "naive"),
+    ],
+)
 def test_training_step(benchmark, ranks, workload, impl):
     benchmark.group = f"train step {workload}"
     strategy, options, _, model = workloads.TRAINING[workload]

@@ -14,6 +14,8 @@ from bench.analysis.folder import analyse, load_trace_dir
 from bench.report.page import write_report
 from tests.report_fixtures import make_training_run
 
+pytestmark = pytest.mark.bench
+
 HTA = Path(__file__).resolve().parents[1] / "data" / "hta"
 REPO = Path(__file__).resolve().parents[2]
 # Seconds added to each analyser round: the regression test below slows it on purpose.
@@ -51,8 +53,11 @@ def test_analyse_trace_folder(benchmark, tmp_path):
 
 def test_report_of_a_100_point_sweep(benchmark, tmp_path):
     benchmark.group = "report"
-    points = {("wide_mlp", float(v), impl): 100.0 + v % 7
-              for v in range(1, 51) for impl in ("native", "reference")}  # fmt: skip
+    points = {
+        ("wide_mlp", float(v), impl): 100.0 + v % 7
+        for v in range(1, 51)
+        for impl in ("native", "reference")
+    }
     run = make_training_run(tmp_path / "run", points)
     out = benchmark.pedantic(
         lambda: write_report(run, tmp_path / "reports")[0], rounds=3, warmup_rounds=0
@@ -99,15 +104,23 @@ def test_autosave_then_compare_fails_on_a_regression(tmp_path):
     """pytest-benchmark as its users drive it: save a baseline, compare against it, and fail
     when the median regresses by more than 15 % (here: the analyser slowed by 100 ms)."""
     storage = f"file://{tmp_path / 'store'}"
-    base = [sys.executable, "-m", "pytest", "-q",
-            f"{Path(__file__).relative_to(REPO)}::test_analyse_one_trace[sampled_rank-0.json.gz]",
-            "--benchmark-enable", f"--benchmark-storage={storage}",
-            "--benchmark-min-rounds=3", "--benchmark-max-time=0.2"]  # fmt: skip
+    base = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        f"{Path(__file__).relative_to(REPO)}::test_analyse_one_trace[sampled_rank-0.json.gz]",
+        "--benchmark-enable",
+        f"--benchmark-storage={storage}",
+        "--benchmark-min-rounds=3",
+        "--benchmark-max-time=0.2",
+    ]
 
     def pytest_run(*extra, slow="0"):
         env = {**os.environ, "PARALLEL_BENCH_SLOW_ANALYSER_S": slow}
-        return subprocess.run([*base, *extra], cwd=REPO, env=env, capture_output=True,
-                              text=True, timeout=200)  # fmt: skip
+        return subprocess.run(
+            [*base, *extra], cwd=REPO, env=env, capture_output=True, text=True, timeout=200
+        )
 
     saved = pytest_run("--benchmark-autosave")
     assert saved.returncode == 0, saved.stdout[-2000:]

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.bench
+
 REPO = Path(__file__).resolve().parents[2]
 GOAL, GATE = 1.02, 1.25
 
@@ -45,7 +47,6 @@ def gate(f: dict) -> None:
     )
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(700)
 def test_recorder_costs_no_measurable_time(figures, record_property):
     f = figures
@@ -59,7 +60,6 @@ def test_recorder_costs_no_measurable_time(figures, record_property):
     gate(f)
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(700)
 def test_the_gate_fails_on_a_recorder_that_doubles_a_step(figures):
     slow = figures["slow"]

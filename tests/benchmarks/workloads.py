@@ -112,8 +112,7 @@ def train_step(workload: str, impl: str, iters: int, slow_s: float = 0.0) -> dic
     _, step, first, last = _LIVE[key]
     slowest, _ = timed_steps(_slowed(step, impl, slow_s), iters, device=CPU, group=None)
     # the loss of the first step the model took, and of its latest: the steps timed train it
-    return {"seconds": float(np.median(slowest)) / 1e3, "first_loss": first,
-            "loss": float(last[0])}  # fmt: skip
+    return {"seconds": float(np.median(slowest)) / 1e3, "first_loss": first, "loss": float(last[0])}
 
 
 def release() -> None:

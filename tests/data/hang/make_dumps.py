@@ -20,8 +20,19 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
 SCRIPT = HERE / "user_script.py"
-SCENARIOS = ("after_loop", "in_loop", "sizes", "aborted", "order", "gone", "raises", "uneven",
-             "groups", "p2p", "none")  # fmt: skip
+SCENARIOS = (
+    "after_loop",
+    "in_loop",
+    "sizes",
+    "aborted",
+    "order",
+    "gone",
+    "raises",
+    "uneven",
+    "groups",
+    "p2p",
+    "none",
+)
 RANK_TIMEOUT_S = 60  # a rank that outlives this is killed (its collective timeout is 2 s)
 
 
@@ -35,14 +46,27 @@ def launch(scenario: str, out: Path, timeout_s: float = 2.0) -> list[subprocess.
     """Run the scenario's two ranks; their dumps in ``out/pickle`` and ``out/json``."""
     (out / "pickle").mkdir(parents=True, exist_ok=True)
     (out / "json").mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(free_port()), "TORCH_FR_BUFFER_SIZE": "2000",
-           "TORCH_FR_DUMP_TEMP_FILE": str(out / "pickle" / "fr_rank"),
-           "FR_JSON_DUMP_PREFIX": str(out / "json" / "fr_rank"),
-           "SCRIPT_TIMEOUT_S": str(timeout_s)}  # fmt: skip
-    procs = [subprocess.Popen([sys.executable, str(SCRIPT), scenario], env={**env, "RANK": str(r)},
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in (0, 1)]  # fmt: skip
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "TORCH_FR_BUFFER_SIZE": "2000",
+        "TORCH_FR_DUMP_TEMP_FILE": str(out / "pickle" / "fr_rank"),
+        "FR_JSON_DUMP_PREFIX": str(out / "json" / "fr_rank"),
+        "SCRIPT_TIMEOUT_S": str(timeout_s),
+    }
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(SCRIPT), scenario],
+            env={**env, "RANK": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in (0, 1)
+    ]
     done = []
     try:
         for p in procs:
@@ -71,8 +95,12 @@ def main(argv: list[str]) -> int:
             dest = HERE / scenario
             shutil.rmtree(dest, ignore_errors=True)
             keep(Path(tmp), dest)
-        said = "; ".join(p.stdout.strip().splitlines()[-1] if p.stdout.strip() else
-                         f"rank {r}: exit {p.returncode}" for r, p in enumerate(ranks))  # fmt: skip
+        said = "; ".join(
+            p.stdout.strip().splitlines()[-1]
+            if p.stdout.strip()
+            else f"rank {r}: exit {p.returncode}"
+            for r, p in enumerate(ranks)
+        )
         print(f"{scenario}: {said}")
     return 0
 

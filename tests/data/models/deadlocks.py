@@ -38,8 +38,9 @@ class Faulty(nn.Module):
     def _aux_group(self) -> dist.ProcessGroup:
         if self.aux is None:  # every rank's first real forward: all create it, in step
             group = point_group()
-            self.aux = dist.new_group(dist.get_process_group_ranks(group),
-                                      timeout=timeout_of(group), group_desc="aux")  # fmt: skip
+            self.aux = dist.new_group(
+                dist.get_process_group_ranks(group), timeout=timeout_of(group), group_desc="aux"
+            )
         return self.aux
 
     def _none(self, rank: int, call: int) -> None:
@@ -93,8 +94,12 @@ def _batch(n: int, seed: int):
 
 
 def _workload(fault: str) -> Workload:
-    return Workload(name=f"deadlock_{fault}", build=lambda: Faulty(fault), batch=_batch,
-                    loss=nn.functional.mse_loss)  # fmt: skip
+    return Workload(
+        name=f"deadlock_{fault}",
+        build=lambda: Faulty(fault),
+        batch=_batch,
+        loss=nn.functional.mse_loss,
+    )
 
 
 def none() -> Workload:

@@ -84,22 +84,39 @@ def loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 
 def gated_mlp() -> Workload:
-    return Workload(name="gated_mlp", build=Tagger, batch=batch, loss=loss,
-                    tokens_per_sample=SEQ, fsdp_units=(GatedBlock,),
-                    tp_plan={"blocks.*.up": "colwise", "blocks.*.down": "rowwise"})  # fmt: skip
+    return Workload(
+        name="gated_mlp",
+        build=Tagger,
+        batch=batch,
+        loss=loss,
+        tokens_per_sample=SEQ,
+        fsdp_units=(GatedBlock,),
+        tp_plan={"blocks.*.up": "colwise", "blocks.*.down": "rowwise"},
+    )
 
 
 def swiglu() -> Workload:
-    return Workload(name="swiglu", build=lambda: Tagger(SwiGLUBlock), batch=batch, loss=loss,
-                    tokens_per_sample=SEQ, fsdp_units=(SwiGLUBlock,),
-                    tp_plan={"blocks.*.gate": "colwise", "blocks.*.up": "colwise",
-                             "blocks.*.down": "rowwise"})  # fmt: skip
+    return Workload(
+        name="swiglu",
+        build=lambda: Tagger(SwiGLUBlock),
+        batch=batch,
+        loss=loss,
+        tokens_per_sample=SEQ,
+        fsdp_units=(SwiGLUBlock,),
+        tp_plan={"blocks.*.gate": "colwise", "blocks.*.up": "colwise", "blocks.*.down": "rowwise"},
+    )
 
 
 def tied() -> Workload:
     """Head tied to the embedding, the blocks FSDP's units: right (the root holds both)."""
-    return Workload(name="tied", build=lambda: Tagger(SwiGLUBlock, tied=True), batch=batch,
-                    loss=loss, tokens_per_sample=SEQ, fsdp_units=(SwiGLUBlock,))  # fmt: skip
+    return Workload(
+        name="tied",
+        build=lambda: Tagger(SwiGLUBlock, tied=True),
+        batch=batch,
+        loss=loss,
+        tokens_per_sample=SEQ,
+        fsdp_units=(SwiGLUBlock,),
+    )
 
 
 def tied_split() -> Workload:
