@@ -13,8 +13,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from parallel_kernels.facts import torch_dtype
+
 ACCELERATE_PRECISION = {"none": "no", "bf16": "bf16", "fp16": "fp16"}
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def check_precision(mixed_precision: str) -> None:
@@ -64,5 +65,5 @@ def autocast_forward(model: nn.Module, device: torch.device, mixed_precision: st
     that plain DDP can be compared with the same arithmetic."""
     check_precision(mixed_precision)
     if mixed_precision != "none":
-        model.forward = _autocast_fp32_out(model.forward, device, DTYPES[mixed_precision])
+        model.forward = _autocast_fp32_out(model.forward, device, torch_dtype(mixed_precision))
     return model

@@ -41,6 +41,7 @@ import torch.distributed as dist
 
 from parallel_kernels import algorithms as alg
 from parallel_kernels import broadcasts
+from parallel_kernels.facts import BUS_FACTORS
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "max": dist.ReduceOp.MAX}
@@ -264,7 +265,7 @@ COLLECTIVES: dict[str, Collective] = {
         Collective(
             name="all_reduce",
             ops=("sum", "avg", "max"),
-            busbw_factor=lambda n: 2 * (n - 1) / n,
+            busbw_factor=BUS_FACTORS["all_reduce"],
             in_count=lambda c, n: c,
             out_count=lambda c, n: c,
             in_place_only=True,
@@ -276,7 +277,7 @@ COLLECTIVES: dict[str, Collective] = {
         Collective(
             name="broadcast",
             ops=("none",),
-            busbw_factor=lambda n: 1.0,
+            busbw_factor=BUS_FACTORS["broadcast"],
             in_count=lambda c, n: c,
             out_count=lambda c, n: c,
             in_place_only=True,
@@ -288,7 +289,7 @@ COLLECTIVES: dict[str, Collective] = {
         Collective(
             name="all_gather",
             ops=("none",),
-            busbw_factor=lambda n: (n - 1) / n,
+            busbw_factor=BUS_FACTORS["all_gather"],
             in_count=lambda c, n: c // n,
             out_count=lambda c, n: c,
             in_place_only=False,
@@ -301,7 +302,7 @@ COLLECTIVES: dict[str, Collective] = {
         Collective(
             name="reduce_scatter",
             ops=("sum", "avg", "max"),
-            busbw_factor=lambda n: (n - 1) / n,
+            busbw_factor=BUS_FACTORS["reduce_scatter"],
             in_count=lambda c, n: c,
             out_count=lambda c, n: c // n,
             in_place_only=False,
@@ -314,7 +315,7 @@ COLLECTIVES: dict[str, Collective] = {
         Collective(
             name="all_to_all",
             ops=("none",),
-            busbw_factor=lambda n: (n - 1) / n,
+            busbw_factor=BUS_FACTORS["all_to_all"],
             in_count=lambda c, n: c,
             out_count=lambda c, n: c,
             in_place_only=False,

@@ -40,6 +40,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.profiler import record_function
 
 from parallel_kernels.accelerate_ddp import autocast_forward
+from parallel_kernels.facts import torch_dtype
 from parallel_kernels.knobs import COMM_HOOKS
 
 MB = 2**20
@@ -317,7 +318,7 @@ def apply_reference_ddp(
     _check_hook(comm_hook)
     if comm_hook.startswith("powersgd"):
         raise ValueError("PowerSGD is implemented by native DDP only (comm_hook=powersgd*)")
-    compress = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(comm_hook)
+    compress = torch_dtype(comm_hook) if comm_hook in ("fp16", "bf16") else None
     return ReferenceDDP(
         model, group=group, bucket_cap_mb=bucket_cap_mb, overlap=overlap, compress=compress
     )

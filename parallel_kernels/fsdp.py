@@ -11,6 +11,7 @@ import torch.distributed as dist
 from torch import nn
 
 from parallel_kernels.dims import MeshDims
+from parallel_kernels.facts import torch_dtype
 from parallel_kernels.fsdp_layout import (
     STRATEGIES,
     fsdp_comm_bytes,
@@ -27,7 +28,7 @@ def _check_strategy(strategy: str) -> None:
         raise ValueError(f"unknown sharding strategy {strategy!r} (known: {', '.join(STRATEGIES)})")
 
 
-PRECISIONS = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+PRECISIONS = ("none", "bf16", "fp16")  # FSDP's mixed precision: its param and reduce dtype
 
 
 def _precision(mixed_precision: str) -> torch.dtype | None:
@@ -35,7 +36,7 @@ def _precision(mixed_precision: str) -> torch.dtype | None:
         raise ValueError(
             f"unknown mixed precision {mixed_precision!r} (known: {', '.join(PRECISIONS)})"
         )
-    return PRECISIONS[mixed_precision]
+    return torch_dtype(mixed_precision)
 
 
 def apply_reference_fsdp(

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from bench.analysis.trace import STEP, Trace, prepared
+from parallel_kernels.facts import BUS_FACTORS  # nccl-tests' bus factors
 
 CALL_COLUMNS = ["rank", "step", "collective", "name", "ts", "dur", "nbytes", "seq"]
 SUMMARY_COLUMNS = [
@@ -44,30 +45,15 @@ STRAGGLER_COLUMNS = [
 
 _NCCL_KERNEL = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+)")
 _CAMEL = re.compile(r"(?<!^)(?=[A-Z])")
-# Bus bandwidth factor per collective, as nccl-tests defines it (doc/PERFORMANCE.md; the
-# alltoall and sendrecv tests' own factors for those two). A collective missing here has no
-# busbw (NaN, its name in the row), never a guessed factor: NCCL runs all-to-all, gather,
-# scatter and point-to-point alike as SendRecv kernels, whose name does not say which.
-BUSBW_FACTOR = {
-    "all_reduce": lambda n: 2 * (n - 1) / n,
-    "all_gather": lambda n: (n - 1) / n,
-    "reduce_scatter": lambda n: (n - 1) / n,
-    "all_to_all": lambda n: (n - 1) / n,
-    "alltoall": lambda n: (n - 1) / n,
-    "broadcast": lambda n: 1.0,
-    "reduce": lambda n: 1.0,
-    "send": lambda n: 1.0,  # gloo's point-to-point spans: one tensor, one way
-    "recv": lambda n: 1.0,
-}
 
 
 def busbw_gbps(op: str, size_bytes: float, n: int, time_us: float) -> float:
     """nccl-tests' bus bandwidth (GB/s) of ``size_bytes`` (its S) moved by ``op`` over ``n``
     ranks in ``time_us``: algbw x the bus factor; NaN for an op without a factor or a time that
     is not positive."""
-    if op not in BUSBW_FACTOR or not np.isfinite(time_us) or time_us <= 0:
+    if op not in BUS_FACTORS or not np.isfinite(time_us) or time_us <= 0:
         return np.nan
-    return size_bytes / (time_us * 1e-6) / 1e9 * BUSBW_FACTOR[op](n)
+    return size_bytes / (time_us * 1e-6) / 1e9 * BUS_FACTORS[op](n)
 
 
 def collective_type(name: str) -> str:
@@ -115,7 +101,7 @@ def wait_split(calls: pd.DataFrame) -> pd.DataFrame:
 def collective_summary(calls: pd.DataFrame, world_size: int) -> pd.DataFrame:
     """Per rank and collective: calls, bytes, total and median time, algbw and busbw (GB/s, over
     the summed time) with the factor between them, and the wait/transfer split. A collective
-    whose factor ``BUSBW_FACTOR`` does not know (``send_recv``, ``gather`` ...) has NaN for
+    whose factor ``BUS_FACTORS`` does not know (``send_recv``, ``gather`` ...) has NaN for
     both."""
     if calls.empty:
         return pd.DataFrame(columns=SUMMARY_COLUMNS)
@@ -125,7 +111,7 @@ def collective_summary(calls: pd.DataFrame, world_size: int) -> pd.DataFrame:
         # algbw over S as nccl-tests sizes it: all-gather's S is the output, n x the input.
         size = nbytes * (world_size if coll == "all_gather" else 1)
         algbw = size / (total * 1e-6) / 1e9 if total > 0 else np.nan
-        factor = BUSBW_FACTOR[coll](world_size) if coll in BUSBW_FACTOR else np.nan
+        factor = BUS_FACTORS[coll](world_size) if coll in BUS_FACTORS else np.nan
         wait = g["wait_us"].sum(min_count=1)
         rows.append(
             {

@@ -26,8 +26,11 @@ from parallel_kernels.collectives import CHECKED_DTYPES, COLLECTIVES, count_wron
 
 def registry_count(op: str, count: int, group_size: int) -> int:
     """The registry sizes a collective by nccl-tests' count (all-gather: its output); a trace
-    gives each rank's input (elements, or bytes for nccl-tests' S)."""
-    return count * group_size if op == "all_gather" else count
+    gives each rank's input (elements, or bytes for nccl-tests' S): the count whose input is
+    ``count``, by the registry row's own ``in_count`` (an op it lacks: as given)."""
+    coll = COLLECTIVES.get(op)
+    n = max(1, group_size)
+    return count if coll is None else count * n // coll.in_count(n, n)
 
 
 def why_not(row: dict) -> str:

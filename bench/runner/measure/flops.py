@@ -45,15 +45,10 @@ from torch.utils.flop_counter import FlopCounterMode
 from bench.runfolder import peaks
 from bench.runfolder.points import PointRecord
 from bench.runner.session.distenv import synchronize
+from parallel_kernels.facts import torch_dtype
 from parallel_kernels.models import workload
 from parallel_kernels.workload import Workload, to_device
 
-DTYPES = {
-    "fp32": torch.float32,
-    "tf32": torch.float32,
-    "bf16": torch.bfloat16,
-    "fp16": torch.float16,
-}
 MATMUL_REPS = 10  # timed matmuls per size after a warm-up one; the fastest is the peak
 MATMUL_BUDGET_S = 1.0  # timed seconds per size at most: a slow precision (fp16 on a CPU) ends early
 # Square matmul sizes, best of all: on CPUs the rate still grows past 1024 (here 1024^3 reached
@@ -246,7 +241,7 @@ def _matmul_s(device: torch.device, precision: str, n: int) -> float:
     ``MATMUL_BUDGET_S`` of timed matmuls at most."""
     gen = torch.Generator(device=device).manual_seed(0)  # random data: constant data runs
     a, b = (
-        torch.randn(n, n, device=device, generator=gen).to(DTYPES[precision]) for _ in range(2)
+        torch.randn(n, n, device=device, generator=gen).to(torch_dtype(precision)) for _ in range(2)
     )  # faster on GPUs (less power drawn)
     best, spent = math.inf, 0.0
     with _matmuls_in(precision, device):

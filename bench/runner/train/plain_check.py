@@ -37,6 +37,7 @@ from bench.runner.train.plain_compare import (
     tolerance_for,
 )
 from bench.runner.train.step import Trainer
+from parallel_kernels.facts import torch_dtype
 from parallel_kernels.models import build_model, workload
 from parallel_kernels.strategies import STRATEGIES
 
@@ -103,9 +104,7 @@ def _autocast(point: PointRecord, device: torch.device):
     precision = point.knobs.get("precision", "fp32")
     if precision == "fp32":
         return torch.autocast(device.type, enabled=False)
-    return torch.autocast(
-        device.type, dtype={"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
-    )
+    return torch.autocast(device.type, dtype=torch_dtype(precision))
 
 
 def plain_step(trainer: Trainer, *, seed: int, lr: float, clip: float | None):

@@ -14,6 +14,7 @@ from bench.runfolder.points import PointRecord
 from bench.runner.session.distenv import DistEnv
 from bench.runner.train.data import Batches
 from parallel_kernels.checkpointing import checkpoint_blocks
+from parallel_kernels.facts import torch_dtype
 from parallel_kernels.mesh import data_parallel_coords
 from parallel_kernels.models import build_model, workload
 from parallel_kernels.step import clip_grad_norm, unsynced
@@ -26,7 +27,7 @@ def autocast_for(point: PointRecord, device: torch.device):
     A dtype the device cannot compute in is refused."""
     if point.autocast is None:
         return contextlib.nullcontext
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[point.autocast]
+    dtype = torch_dtype(point.autocast)
     if device.type == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
         raise ValueError(f"{torch.cuda.get_device_name(device)} cannot compute in bf16")
     return lambda: torch.autocast(device.type, dtype=dtype)
