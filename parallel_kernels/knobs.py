@@ -105,14 +105,14 @@ KNOBS: dict[str, Knob] = {
         ),
         Knob(
             name="comm_hook",
-            description="DDP gradient compression hook",
+            description="gradient compression: none, fp16, bf16, powersgd, powersgd2",
             parse=one_of(COMM_HOOKS, "a comm hook"),
             default="none",
             strategies=("ddp",),
         ),
         Knob(
             name="sharding_strategy",
-            description="FSDP sharding strategy (ZeRO stage)",
+            description="FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD (ZeRO stages)",
             parse=one_of(SHARDING_STRATEGIES, "a sharding strategy", upper=True),
             default="FULL_SHARD",
             strategies=("fsdp",),
@@ -126,14 +126,14 @@ KNOBS: dict[str, Knob] = {
         ),
         Knob(
             name="mixed_precision",
-            description="the strategy's own mixed-precision policy",
+            description="the strategy's own mixed-precision policy: none, bf16, fp16",
             parse=one_of(MIXED_PRECISIONS, "a mixed precision"),
             default="none",
             strategies=("fsdp", "accelerate"),
         ),
         Knob(
             name="auto_wrap",
-            description="FSDP1 auto-wrap policy: module (units) or size",
+            description="auto-wrap policy: module (each block) or size",
             parse=one_of(("module", "size"), "an auto-wrap policy"),
             default="module",
             strategies=("fsdp",),
@@ -141,7 +141,7 @@ KNOBS: dict[str, Knob] = {
         ),
         Knob(
             name="cpu_offload",
-            description="FSDP1 parameters kept on the host",
+            description="parameters kept on the host",
             parse=boolean,
             default=False,
             strategies=("fsdp",),
@@ -149,7 +149,7 @@ KNOBS: dict[str, Knob] = {
         ),
         Knob(
             name="hybrid_mesh",
-            description="FSDP1 HYBRID_SHARD given an explicit 2-D mesh",
+            description="HYBRID_SHARD given an explicit 2-D mesh",
             parse=boolean,
             default=True,
             strategies=("fsdp",),
@@ -157,14 +157,14 @@ KNOBS: dict[str, Knob] = {
         ),
         Knob(
             name="tp_degree",
-            description="tensor-parallel degree (the rest data parallel)",
+            description="tensor-parallel degree (the rest of the ranks data parallel)",
             parse=positive_int,
             default=1,
             strategies=("tp",),
         ),
         Knob(
             name="dp_shard",
-            description="TP: the data-parallel dimension shards (FSDP)",
+            description="the data-parallel dimension shards (FSDP) instead of replicating (DDP)",
             parse=boolean,
             default=False,
             strategies=("tp",),
@@ -178,7 +178,7 @@ KNOBS: dict[str, Knob] = {
         ),
         Knob(
             name="grad_accum",
-            description="micro-batches per optimiser step (sync on the last)",
+            description="micro-batches per optimiser step (gradients synchronised on the last)",
             parse=positive_int,
             default=1,
         ),
@@ -206,3 +206,22 @@ def by_param(param: str) -> Knob:
 
 def strategy_knobs(strategy: str) -> list[Knob]:
     return [k for k in KNOBS.values() if k.strategies is not None and strategy in k.strategies]
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return "-" if value is None else str(value)
+
+
+def docs_table() -> str:
+    """The knob table as docs/sweeps.md lists it (a test keeps the two equal)."""
+    lines = ["| knob | default | applies to | meaning |", "|---|---|---|---|"]
+    for k in KNOBS.values():
+        where = ", ".join(k.strategies) if k.strategies else "the training step"
+        if k.impls:
+            where += f" ({', '.join(f'`{i}`' for i in k.impls)} only)"
+        lines.append(f"| `{k.name}` | {_cell(k.default)} | {where} | {k.description} |")
+    return "\n".join(lines)

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from parallel_kernels import knobs
+
 pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,3 +44,9 @@ def test_every_link_between_pages_lands():
             elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
                 broken.append(f"{page.name}: {target} (no such heading)")
     assert len(PAGES) > 10 and broken == []
+
+
+def test_the_knob_table_in_the_docs_is_made_from_the_knob_rows():
+    text = (REPO / "docs" / "sweeps.md").read_text()
+    block = re.search(r"<!-- knobs:start[^>]*-->\n(.*)\n<!-- knobs:end -->", text, re.S)
+    assert block and block.group(1) == knobs.docs_table()
