@@ -506,3 +506,18 @@ def test_each_kind_of_diagnosis_with_and_without_stacks(tmp_path, capsys, kind, 
     out = capsys.readouterr()
     assert out.out.splitlines()[0] == diag.line
     assert out.err == ""
+
+
+def test_a_scatter_whose_input_only_the_root_holds_is_no_disagreement(tmp_path):
+    """dist.scatter: the root passes the list, the others none; every rank's output alike."""
+    root = call(2, op="scatter", shape=(1000,))
+    root["input_sizes"] = [[2, 1000]]
+    other = call(2, op="scatter", shape=(1000,))
+    other["input_sizes"], other["input_dtypes"] = [], []
+    write(tmp_path, 0, [call(1), root, call(3)])
+    write(tmp_path, 1, [call(1), other, call(3)])
+    assert diagnose(load(tmp_path)).kind == "none"
+    # the same calls with outputs that differ do disagree
+    other["output_sizes"] = [[999]]
+    write(tmp_path, 1, [call(1), other, call(3)])
+    assert diagnose(load(tmp_path)).kind == "disagree"

@@ -131,6 +131,7 @@ def test_a_wrong_plan_unit_list_or_batch_is_the_points_error_row(pool, tmp_path)
             "; tensor-parallel plan entries involved: blocks.*.up colwise, blocks.*.down rowwise"
         ), r["error"]
         assert r["checked"] == "mismatch: see error"
+        assert not r.get("diagnosis"), r["diagnosis"]  # an agreed verdict: no hang to diagnose
     print(plan_native["error"])
     # the reference FSDP trains the split tie silently: the first step's loss is right, the
     # parameters are not

@@ -88,6 +88,9 @@ def code(frame: dict | None) -> str:
 
 # The point-to-point ops, by name: what older dumps, without ``is_p2p``, say them by.
 _P2P = ("send", "recv")
+# Rooted collectives whose input only the root holds (the others pass none): every rank's
+# output is what they issue alike, so such a call is described by its output.
+_ROOT_ONLY_INPUT = ("scatter",)
 
 
 def _op(e: dict) -> str:
@@ -110,8 +113,9 @@ def calls(d: Dumps) -> pd.DataFrame:
             if e.get("is_p2p", op in _P2P):
                 continue
             frame = own_frame(e.get("frames") or [])
-            shapes = tuple(tuple(s) for s in e.get("input_sizes") or [])
-            dtypes = tuple(DTYPES.get(t, t) for t in e.get("input_dtypes") or [])
+            side = "output" if op in _ROOT_ONLY_INPUT else "input"
+            shapes = tuple(tuple(s) for s in e.get(f"{side}_sizes") or [])
+            dtypes = tuple(DTYPES.get(t, t) for t in e.get(f"{side}_dtypes") or [])
             numel = sum(int(pd.Series(s).prod()) if s else 1 for s in shapes)
             rows.append(
                 {

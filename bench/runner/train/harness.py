@@ -335,7 +335,9 @@ def _row(point: PointRecord, env: DistEnv, trace_dir: Path, gathered: list, hang
             error=root_cause(errors),
             checked=plain_check.checked_of_failed(errors, said),
         )
-        if env.is_main:
+        # a mismatch with the plain model is every rank's agreed verdict after its
+        # collectives completed: no hang to diagnose
+        if env.is_main and not plain_check.is_mismatch(errors):
             row.update(diagnosis(hangs))
     else:
         row.update(status="ok", error="")

@@ -207,10 +207,15 @@ def check(
     return summary((got, want), diffs, tol)
 
 
+def is_mismatch(errors: list[str | None]) -> bool:
+    """Whether a failed point's ranks failed the check against the plain model."""
+    return any(e and e.startswith(PlainModelMismatch.__name__) for e in errors)
+
+
 def checked_of_failed(errors: list[str | None], said: list[str | None]) -> str:
     """A failed point's ``checked`` from its ranks' errors and what their check said: a
     mismatch, what the check said before the point failed later, or that it failed first."""
-    if any(e and e.startswith(PlainModelMismatch.__name__) for e in errors):
+    if is_mismatch(errors):
         return "mismatch: see error"
     return next(
         (c for c in said if c is not None), "not checked: the point failed before its check"
