@@ -174,6 +174,15 @@ def test_docs_list_the_column_table():
 
 
 @pytest.mark.unit
+def test_each_table_gives_its_report_columns_one_place_each():
+    for table in (columns.TRAINING, columns.COLLECTIVE, columns.REPLAY):
+        places = [c.report for c in table if c.report]
+        assert sorted(places) == list(range(1, len(places) + 1)), places
+        names = [c.name for c in table]
+        assert len(names) == len(set(names))
+
+
+@pytest.mark.unit
 def test_the_writer_refuses_a_column_it_does_not_know(tmp_path):
     from bench.runfolder.folder import ResultsWriter
 
