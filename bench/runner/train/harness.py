@@ -32,7 +32,7 @@ from bench.runner.measure.profiling import (
 )
 from bench.runner.measure.timing import Budget, adaptive_steps, common_clock
 from bench.runner.session.distenv import DistEnv, synchronize
-from bench.runner.train import plain_check
+from bench.runner.train import plain_check, plain_compare
 from bench.runner.train.figures import Timed, aggregate, point_columns, visit_figures
 from bench.runner.train.replicas import check_replicas_agree
 from bench.runner.train.step import build_trainer
@@ -232,7 +232,7 @@ def _warm_up(
             gc.collect()  # the plain model and the gathered copy go before anything is measured
             reset_peak_rss()  # the peak of the timed steps, not of the extra plain step
     if checked is None and visit.profile:
-        checked = plain_check.tolerance_for(point)  # no warm-up step: it says why
+        checked = plain_compare.tolerance_for(point)  # no warm-up step: it says why
     return checked
 
 
