@@ -174,12 +174,15 @@ def test_docs_list_the_column_table():
 
 
 @pytest.mark.unit
-def test_each_table_gives_its_report_columns_one_place_each():
+def test_each_table_gives_its_report_and_console_columns_one_place_each():
     for table in (columns.TRAINING, columns.COLLECTIVE, columns.REPLAY):
-        places = [c.report for c in table if c.report]
-        assert sorted(places) == list(range(1, len(places) + 1)), places
+        for where in ("report", "console"):
+            places = [getattr(c, where) for c in table if getattr(c, where)]
+            assert sorted(places) == list(range(1, len(places) + 1)), (where, places)
         names = [c.name for c in table]
         assert len(names) == len(set(names))
+    # the console's closing table is the column table's, in its order
+    assert columns.console_columns(columns.TRAINING)[:3] == ["model", "value", "value2"]
 
 
 @pytest.mark.unit

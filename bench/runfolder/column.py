@@ -15,26 +15,23 @@ DERIVED = "derived"  # computed from other aggregated columns
 READER = "reader"  # computed by the reading side; never written to results.csv
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Column:
     name: str
-    unit: str
-    ranks: str
-    contract: bool  # part of the data contract (in its order) or an extra
+    ranks: str  # how the ranks' figures become the point's (above)
     meaning: str
+    unit: str = ""
+    contract: bool = False  # part of the data contract (in its order), else an extra
     report: int = 0  # position in the report's table of every point (0: not shown)
+    console: int = 0  # position in the table the console prints at a sweep's end (0: not shown)
 
     @property
     def written(self) -> bool:
         return self.ranks != READER
 
 
-def col(name, unit, ranks, contract, meaning, report=0) -> Column:
-    return Column(name, unit, ranks, contract, meaning, report)
-
-
 # Where every row ran, in each table.
 RAN_ON = (
-    col("backend", "", POINT, False, "gloo or nccl"),
-    col("device", "", POINT, False, "cpu or cuda"),
+    Column(name="backend", ranks=POINT, meaning="gloo or nccl"),
+    Column(name="device", ranks=POINT, meaning="cpu or cuda"),
 )

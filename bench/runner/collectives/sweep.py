@@ -18,7 +18,6 @@ on rank 0) so that busbw can be read against them.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import math
 import time
@@ -35,6 +34,7 @@ from bench.runner.collectives.table import UNSUPPORTED, footer, header, print_li
 from bench.runner.faults import watchdog
 from bench.runner.faults.root_cause import root_cause
 from bench.runner.measure.timing import Budget, adaptive_steps, common_clock, timed_steps
+from bench.runner.plan.config import RunConfig
 from bench.runner.session.context import finish_run, start_run
 from bench.runner.session.distenv import DistEnv, rank0_print, synchronize
 from bench.stats.intervals import median_interval
@@ -173,8 +173,8 @@ def _measure(
     }
 
 
-def _new_group(args) -> dist.ProcessGroup:
-    return dist.new_group(timeout=datetime.timedelta(seconds=args.point_timeout))
+def _new_group(config: RunConfig) -> dist.ProcessGroup:
+    return dist.new_group(timeout=datetime.timedelta(seconds=config.point_timeout))
 
 
 # Out of place, then in place, as nccl-tests times them; a placement the collective has no
@@ -247,7 +247,7 @@ def _error_writer(ctx, point: str, name: str, impl: str, size: int, in_place: bo
         return None
     return lambda why: ctx.write(
         {
-            "sweep": ctx.args.sweep,
+            "sweep": ctx.config.sweep,
             "collective": name,
             "impl": impl,
             "inplace": in_place,
@@ -260,8 +260,8 @@ def _error_writer(ctx, point: str, name: str, impl: str, size: int, in_place: bo
     )
 
 
-def run_collective_sweep(args: argparse.Namespace, plan: CollectivePlan, argv: list[str]) -> int:
-    ctx = start_run(args, argv, columns.written(columns.COLLECTIVE))
+def run_collective_sweep(config: RunConfig, plan: CollectivePlan) -> int:
+    ctx = start_run(config, columns.written(columns.COLLECTIVE))
     env = ctx.env
     limits = measure_limits(env, min(max(plan.sizes), 64 << 20))
     rank0_print(
@@ -281,14 +281,13 @@ def run_collective_sweep(args: argparse.Namespace, plan: CollectivePlan, argv: l
         op = plan.op if plan.op in coll.ops else "none"
         header(ctx, coll, op, plan)
         # Implementations alternate size by size, so machine drift hits them alike.
-        groups = {impl: _new_group(args) for impl in plan.impls}
+        groups = {impl: _new_group(config) for impl in plan.impls}
         for size in plan.sizes:
             count = coll.align(size // itemsize, env.world_size)
             for impl in plan.impls:
                 rows = [
                     _visit(
                         ctx,
-                        args,
                         plan,
                         coll,
                         op,
@@ -310,7 +309,6 @@ def run_collective_sweep(args: argparse.Namespace, plan: CollectivePlan, argv: l
 
 def _visit(
     ctx,
-    args,
     plan: CollectivePlan,
     coll,
     op: str,
@@ -339,13 +337,13 @@ def _visit(
         ctx.env,
         groups[impl],
         limits,
-        args.sweep,
+        ctx.config.sweep,
         point,
         in_place=in_place,
     )
     if failed:  # the group may hold a half-done collective: start a fresh one
         dist.destroy_process_group(groups[impl])
-        groups[impl] = _new_group(args)
+        groups[impl] = _new_group(ctx.config)
     watchdog.write_row(lambda row=row: ctx.write(row))
     watchdog.point_done()
     return row

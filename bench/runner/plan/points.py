@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from bench.runfolder.points import PointRecord
+from bench.runner.plan.config import DEFAULTS
 from bench.runner.plan.sweeps import SWEEPS, Sweep, parse_list, sweep_names
 from parallel_kernels.fsdp_layout import fsdp_units, unit_params
 from parallel_kernels.knobs import KNOBS, by_param, positive_int, step_knobs
@@ -140,10 +141,10 @@ def resolve_point(
     swept_defaults: dict[str, Any] | None = None,
     scaling: str | None = None,
     global_batch: int | None = None,
-    batch_size: int = 64,
-    steps: int = 20,
-    warmup_steps: int = 5,
-    profile_steps: int = 3,
+    batch_size: int = DEFAULTS.batch_size,
+    steps: int = DEFAULTS.steps,
+    warmup_steps: int = DEFAULTS.warmup_steps,
+    profile_steps: int = DEFAULTS.profile_steps,
     id_suffix: str = "",
 ) -> PointRecord:
     """One point, resolved: ``values`` maps each swept axis to its value here, ``knobs`` the
@@ -264,10 +265,10 @@ def build_points(
     options: list[str] | None = None,
     strategy: str | None = None,
     scaling: str | None = None,
-    batch_size: int = 64,
-    steps: int = 20,
-    warmup_steps: int = 5,
-    profile_steps: int = 3,
+    batch_size: int = DEFAULTS.batch_size,
+    steps: int = DEFAULTS.steps,
+    warmup_steps: int = DEFAULTS.warmup_steps,
+    profile_steps: int = DEFAULTS.profile_steps,
 ) -> list[PointRecord]:
     """Every point of a sweep (or of a grid of two), implementations interleaved per value (so
     drift hits each alike). ``world_size``: the ranks launched, what values are checked

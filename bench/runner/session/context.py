@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -32,6 +31,7 @@ from bench.runfolder.folder import (
 )
 from bench.runfolder.points import POINTS_FILE, PointRecord, RunFolderError, write_points
 from bench.runner.faults import launcher
+from bench.runner.plan.config import RunConfig
 from bench.runner.plan.sweeps import SWEEPS, sweep_names
 from bench.runner.session.distenv import DistEnv, fail, init_distributed
 from bench.runner.session.scheduler import jobs_so_far, slurm_job
@@ -58,7 +58,7 @@ class History:
 
 @dataclass
 class RunContext:
-    args: argparse.Namespace
+    config: RunConfig
     env: DistEnv
     run_dir: Path
     skip: set  # (point, round) of visits already done (--resume); collectives: point ids
@@ -82,41 +82,9 @@ class RunContext:
             self.noise.append(row)
 
 
-# What makes two launches the same run: --resume refuses a run made with other values of these.
-SETTINGS = (
-    "sweep",
-    "values",
-    "values2",
-    "model",
-    "impl",
-    "option",
-    "strategy",
-    "scaling",
-    "batch_size",
-    "steps",
-    "max_steps",
-    "max_point_s",
-    "target_ci_pct",
-    "rounds",
-    "seed",
-    "warmup_steps",
-    "profile_steps",
-    "clip_grad_norm",
-    "backend",
-    "min_bytes",
-    "max_bytes",
-    "factor",
-    "iters",
-    "warmup_iters",
-    "check",
-    "dtype",
-    "op",
-    "collectives",
-)
-
-
-def resume_problem(run_dir: Path, args: argparse.Namespace, world_size: int | None) -> str | None:
-    """Why ``run_dir`` cannot be resumed with these arguments, or None."""
+def resume_problem(run_dir: Path, config: RunConfig, world_size: int | None) -> str | None:
+    """Why ``run_dir`` cannot be resumed with this configuration, or None: another value of
+    a setting that makes the run (``RunConfig``'s ``same_run`` fields), or another world."""
     meta_path = run_dir / "meta.json"
     if not meta_path.exists():
         return f"--resume: {run_dir} is not a run folder (no meta.json)"
@@ -131,8 +99,8 @@ def resume_problem(run_dir: Path, args: argparse.Namespace, world_size: int | No
     except RunFolderError as e:
         return f"--resume: {e}"
     then = meta.get("config", {})
-    now = json.loads(json.dumps({k: getattr(args, k, None) for k in SETTINGS}, default=str))
-    diffs = [f"{k} {then.get(k)!r} (now {now[k]!r})" for k in SETTINGS if then.get(k) != now[k]]
+    now = config.run_settings()
+    diffs = [f"{k} {then.get(k)!r} (now {v!r})" for k, v in now.items() if then.get(k) != v]
     if world_size is not None and meta.get("world_size") not in (None, world_size):
         diffs.append(f"world size {meta['world_size']} (now {world_size})")
     if diffs:
@@ -143,18 +111,19 @@ def resume_problem(run_dir: Path, args: argparse.Namespace, world_size: int | No
     return None
 
 
-def _prepare_run_dir(args: argparse.Namespace, world_size: int) -> tuple[Path | None, str | None]:
+def _prepare_run_dir(config: RunConfig, world_size: int) -> tuple[Path | None, str | None]:
     """Rank 0 only: pick the folder, refuse to overwrite finished results, or to resume a run
     made with other settings."""
-    run_dir = args.out if args.out is not None else default_run_dir(Path("results"), args.sweep)
+    c = config
+    run_dir = c.out if c.out is not None else default_run_dir(Path("results"), c.sweep)
     finished = has_results(run_dir)
-    if finished and not args.resume:
+    if finished and not c.resume:
         return None, (
             f"{run_dir} already holds results: pass --resume to continue it, or "
             f"choose another --out"
         )
-    if args.resume:
-        problem = resume_problem(run_dir, args, world_size)
+    if c.resume:
+        problem = resume_problem(run_dir, c, world_size)
         if problem:
             return None, problem
     try:
@@ -164,17 +133,8 @@ def _prepare_run_dir(args: argparse.Namespace, world_size: int) -> tuple[Path | 
     return run_dir, None
 
 
-def _plain(v):
-    """A setting as JSON holds it: paths (and lists of them) as strings."""
-    if isinstance(v, Path):
-        return str(v)
-    if isinstance(v, list):
-        return [_plain(x) for x in v]
-    return v
-
-
-def _meta(args, argv, env: DistEnv, run_dir: Path) -> dict:
-    sweeps = [SWEEPS[n] for n in sweep_names(args.sweep)]
+def _meta(config: RunConfig, env: DistEnv, run_dir: Path) -> dict:
+    sweeps = [SWEEPS[n] for n in sweep_names(config.sweep)]
     job = slurm_job()
     return {
         "schema_version": SCHEMA_VERSION,
@@ -182,8 +142,8 @@ def _meta(args, argv, env: DistEnv, run_dir: Path) -> dict:
         "kind": sweeps[0].kind,
         "tradeoff": any(s.tradeoff for s in sweeps),
         "run_id": run_dir.name,
-        "sweep": args.sweep,
-        "argv": argv,
+        "sweep": config.sweep,
+        "argv": list(config.argv),
         "torch_version": torch.__version__,
         "python": platform.python_version(),
         "backend": env.backend,
@@ -202,11 +162,11 @@ def _meta(args, argv, env: DistEnv, run_dir: Path) -> dict:
         "git_commit": git_commit(REPO),
         "start_time": utc_now(),
         "end_time": None,
-        "config": {k: _plain(v) for k, v in vars(args).items()},
+        "config": config.settings(),
         # the batch job this launch ran in (None outside SLURM), and every job that worked on
         # this folder (a resubmitted or requeued job continues it with --resume)
         "slurm": job,
-        "slurm_jobs": jobs_so_far(_previous_meta(run_dir) if args.resume else None, job),
+        "slurm_jobs": jobs_so_far(_previous_meta(run_dir) if config.resume else None, job),
     }
 
 
@@ -218,8 +178,7 @@ def _previous_meta(run_dir: Path) -> dict | None:
 
 
 def start_run(
-    args: argparse.Namespace,
-    argv: list[str],
+    config: RunConfig,
     columns: list[str],
     points: list[PointRecord] | None = None,
 ) -> RunContext:
@@ -228,26 +187,26 @@ def start_run(
     # The default group only carries start-up and per-point agreement: it must outwait any
     # point's own timeout, and ranks that sit out a world-size point wait on it for the whole
     # point.
-    env = init_distributed(backend=args.backend, timeout_s=max(900.0, 3 * args.point_timeout))
+    env = init_distributed(backend=config.backend, timeout_s=max(900.0, 3 * config.point_timeout))
     launcher.watch(env.rank)  # a rank whose launcher dies without a word leaves too
     decision: list = [None]
     if env.is_main:
-        decision = [_prepare_run_dir(args, env.world_size)]
+        decision = [_prepare_run_dir(config, env.world_size)]
     dist.broadcast_object_list(decision, group_src=0)
     run_dir, error = decision[0]
     if error:
         dist.destroy_process_group()
         fail(error)
-    ctx = RunContext(args=args, env=env, run_dir=run_dir, skip=set())
+    ctx = RunContext(config=config, env=env, run_dir=run_dir, skip=set())
     if env.is_main:
-        ctx.meta = _meta(args, argv, env, run_dir)
+        ctx.meta = _meta(config, env, run_dir)
         write_meta(run_dir / "meta.json", ctx.meta)
         if points is not None:
             write_points(run_dir / POINTS_FILE, points)
         ctx.writer = ResultsWriter(run_dir / "results.csv", columns)
         ctx.samples = SamplesWriter(run_dir / "samples.csv")
         ctx.noise = ResultsWriter(run_dir / "noise.csv", NOISE_COLUMNS)
-        if args.resume:
+        if config.resume:
             ctx.skip, ctx.history, ctx.gaps_done = _resumed(run_dir)
     shared = [(ctx.skip, ctx.history, ctx.gaps_done)]
     dist.broadcast_object_list(shared, group_src=0)
@@ -287,14 +246,15 @@ def finish_run(ctx: RunContext, summary: Callable[[Run], str]) -> int:
         from bench.report.tb_scalars import write_sweep_scalars
 
         try:
-            write_sweep_scalars(ctx.run_dir, ctx.args.sweep, df)
+            write_sweep_scalars(ctx.run_dir, ctx.config.sweep, df)
         except Exception as e:  # noqa: BLE001  (scalars are a convenience: say why, go on)
             print(f"TensorBoard scalars not written: {type(e).__name__}: {e}", file=sys.stderr)
         report_path = None
-        if not ctx.args.no_report:
+        if not ctx.config.no_report:
             try:
+                predict_with = list(ctx.config.predict_with or ()) or None
                 report_path, _ = write_report(
-                    ctx.run_dir, ctx.args.reports_dir, collectives=ctx.args.predict_with
+                    ctx.run_dir, ctx.config.reports_dir, collectives=predict_with
                 )
             except Exception as e:  # noqa: BLE001  (results are safe; say why there is no report)
                 print(f"report not written: {type(e).__name__}: {e}", file=sys.stderr)

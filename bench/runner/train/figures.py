@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from bench.runfolder import columns
+from bench.runfolder.column import MAX, MEAN
 from bench.runfolder.points import PointRecord
 from bench.runner.measure import flops
 from bench.runner.measure.profiling import peak_rss_bytes
@@ -86,7 +87,7 @@ def aggregate(per_rank: list[dict]) -> dict:
     ratios are made again from the averages."""
     ranks = [r for r in per_rank if r]
     out = dict(ranks[0])
-    for how, reduce in ((columns.MEAN, np.nanmean), (columns.MAX, np.nanmax)):
+    for how, reduce in ((MEAN, np.nanmean), (MAX, np.nanmax)):
         for key in columns.by_ranks(columns.TRAINING, how):
             if key not in out:  # a visit that was not profiled: the runner carries them over
                 continue

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
 
 import numpy as np
 
-from bench.analysis.scaling import scaling_efficiency
 from bench.runfolder import columns
 from bench.runfolder.folder import Run, write_meta
 from bench.runfolder.points import PointRecord
@@ -17,6 +15,7 @@ from bench.runner.faults import watchdog
 from bench.runner.faults.hangs import diagnosis
 from bench.runner.measure.noise import NoiseFloor
 from bench.runner.measure.timing import Budget
+from bench.runner.plan.config import RunConfig
 from bench.runner.session.context import History, finish_run, start_run
 from bench.runner.session.distenv import rank0_print
 from bench.runner.train.figures import point_columns
@@ -24,45 +23,10 @@ from bench.runner.train.harness import HarnessConfig, LostRanksError, Visit, run
 
 
 def _summary(run: Run) -> str:
-    """The points (the best per model and implementation starred, values tied with it marked
-    =), then each group's answer with its confidence."""
-    # The reading side's claims, imported once the sweep is done (as the report is).
-    from bench.report.mfu import mfu_note
-    from bench.report.page import best_and_tied, headline_text, training_claims
+    # The reading side's answers, imported once the sweep is done (as the report is).
+    from bench.report.answers import console_summary
 
-    df, found = training_claims(run)
-    df = scaling_efficiency(df)
-    best, tied = best_and_tied(df[df["status"] == "ok"], found)
-    df["best"] = ["*" if i in best else "=" if i in tied else "" for i in df.index]
-    df["comm_MB"] = df["comm_bytes_per_step"] / 1e6
-    cols = [
-        "model",
-        "value",
-        "value2",
-        "scaling",
-        "impl",
-        "status",
-        "best",
-        "typical_ms",
-        "typical_ms_low",
-        "typical_ms_high",
-        "rounds",
-        "samples_per_s",
-        "mfu_pct",
-        "comm_calls_per_step",
-        "comm_MB",
-        "overlap_pct",
-        "exposed_comm_ms",
-        "peak_mem_mb",
-        "efficiency_pct",
-    ]
-    df = df.dropna(axis=1, how="all")  # e.g. scaling columns outside world-size sweeps
-    table = df[[c for c in cols if c in df]].to_string(index=False, float_format="{:.2f}".format)
-    return (
-        f"{table}\n(* best per model and implementation, = tied with it at 95 %; typical_ms: "
-        f"geometric mean of the rounds' medians, with its 95 % interval{mfu_note(df)})\n\n"
-        + headline_text(run, df, found)
-    )
+    return console_summary(run)
 
 
 def lost_ranks(ctx, point: PointRecord, e: LostRanksError) -> None:
@@ -91,16 +55,17 @@ def round_orders(points: list[PointRecord], rounds: int, seed: int) -> list[list
     return [[points[i] for i in rng.permutation(len(points))] for _ in range(rounds)]
 
 
-def visit_budget(args: argparse.Namespace, history: History, rounds_left: int) -> Budget:
+def visit_budget(config: RunConfig, history: History, rounds_left: int) -> Budget:
     """This visit's share of the point's budget: what is left, split over the rounds left,
     and never less than ``--steps``."""
-    steps_left = args.max_steps - len(history.times)
-    seconds_left = args.max_point_s - sum(history.times) / 1e3
+    c = config
+    steps_left = c.max_steps - len(history.times)
+    seconds_left = c.max_point_s - sum(history.times) / 1e3
     return Budget(
-        min_steps=args.steps,
-        max_steps=max(args.steps, steps_left // rounds_left),
+        min_steps=c.steps,
+        max_steps=max(c.steps, steps_left // rounds_left),
         max_s=max(0.0, seconds_left / rounds_left),
-        target_pct=args.target_ci_pct,
+        target_pct=c.target_ci_pct,
     )
 
 
@@ -109,9 +74,9 @@ def _visit(
 ) -> None:
     """One visit of ``point`` in round ``r``: run, merge with the point's earlier rounds, write
     the row (its figures pooled over every round so far) and this visit's samples."""
-    args, env = ctx.args, ctx.env
+    env = ctx.env
     visit = Visit(
-        budget=visit_budget(args, history, rounds - r + 1),
+        budget=visit_budget(ctx.config, history, rounds - r + 1),
         round=r,
         prior_times=tuple(history.times),
         prior_skew=tuple(history.skew),
@@ -157,17 +122,17 @@ def _visit(
             rank0_print(f"{label}: diagnosis: {row['diagnosis']}")
 
 
-def run_sweep(args: argparse.Namespace, points: list[PointRecord], argv: list[str]) -> int:
-    ctx = start_run(args, argv, columns.written(columns.TRAINING), points=points)
-    env = ctx.env
+def run_sweep(config: RunConfig, points: list[PointRecord]) -> int:
+    ctx = start_run(config, columns.written(columns.TRAINING), points=points)
+    env, rounds = ctx.env, config.rounds
     watchdog.install()  # a rank stuck in its own code is interrupted when its point failed
-    cfg = HarnessConfig(point_timeout_s=args.point_timeout, clip_grad_norm=args.clip_grad_norm)
-    orders = round_orders(points, args.rounds, args.seed)
+    cfg = HarnessConfig(point_timeout_s=config.point_timeout, clip_grad_norm=config.clip_grad_norm)
+    orders = round_orders(points, rounds, config.seed)
     if env.is_main:
         ctx.meta["round_orders"] = [[p.id for p in order] for order in orders]
         write_meta(ctx.run_dir / "meta.json", ctx.meta)
     rank0_print(
-        f"sweep {args.sweep}: {len(points)} points x {args.rounds} round(s), world size "
+        f"sweep {config.sweep}: {len(points)} points x {rounds} round(s), world size "
         f"{env.world_size}, {env.backend} on {env.device.type}, results in {ctx.run_dir}"
     )
     floor = NoiseFloor(env)
@@ -175,7 +140,7 @@ def run_sweep(args: argparse.Namespace, points: list[PointRecord], argv: list[st
     for r, order in enumerate(orders, 1):
         after = ""
         for i, point in enumerate(order, 1):
-            label = f"[round {r}/{args.rounds} {i}/{len(order)}] {point.id}"
+            label = f"[round {r}/{rounds} {i}/{len(order)}] {point.id}"
             if (point.id, r) in ctx.skip:
                 rank0_print(f"{label}: already done, skipped (--resume)")
                 continue
@@ -193,6 +158,6 @@ def run_sweep(args: argparse.Namespace, points: list[PointRecord], argv: list[st
                     ),
                 )
             history = ctx.history.setdefault(point.id, History())
-            _visit(ctx, cfg, point, r, args.rounds, history, label)
+            _visit(ctx, cfg, point, r, rounds, history, label)
             after = point.id
     return finish_run(ctx, _summary)

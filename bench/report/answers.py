@@ -1,0 +1,113 @@
+"""A training sweep's answers, from the run folder: each point's typical time and interval, the
+verdict per model and implementation, the headline in words, and the table the console prints
+when the sweep ends (its columns the column table's ``console`` places). The HTML page and the
+console read them alike."""
+
+from __future__ import annotations
+
+import html
+import re
+
+import pandas as pd
+
+from bench.analysis.confidence import families, point_intervals, run_estimates, verdicts
+from bench.analysis.scaling import scaling_efficiency
+from bench.report import claims
+from bench.report.mfu import mfu_note
+from bench.runfolder import columns
+from bench.runfolder.folder import Run
+from bench.runfolder.points import PointRecord
+from bench.stats.estimates import ratio
+
+
+def swept_axes(points: dict[str, PointRecord]) -> tuple[dict, str | None]:
+    """(swept axis -> its knob's default, the grid's second axis or None), from the record."""
+    first = next(iter(points.values()), None)
+    if first is None:
+        return {}, None
+    return first.swept_defaults, first.swept[1] if len(first.swept) > 1 else None
+
+
+def training_claims(run: Run) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(results with each point's typical time and interval, the verdict per group)."""
+    df = run.results
+    ok = df[df["status"] == "ok"] if len(df) else df
+    samples = run.samples[run.samples["point"].isin(ok["point"])] if len(ok) else run.samples
+    est = run_estimates(samples, run.noise, families(ok))  # once, for the table and the claims
+    intervals = point_intervals(est)
+    if len(df) and len(intervals):
+        df = df.merge(intervals.drop(columns="rounds"), on="point", how="left")
+    defaults, _ = swept_axes(run.points)
+    sweep = run.meta.get("sweep", "?").split(",")[0]
+    found = verdicts(df, run.samples, run.noise, {"value": defaults.get(sweep)}, est)
+    return df, found
+
+
+def headline(run: Run, df: pd.DataFrame, found: pd.DataFrame) -> str:
+    ok = df[df["status"] == "ok"]
+    if "efficiency_pct" in ok and ok["efficiency_pct"].notna().any():
+        return _scaling_headline(ok, run_estimates(run.samples, run.noise, families(ok)))
+    _, second = swept_axes(run.points)
+    rounds = int(df["rounds"].max()) if "rounds" in df and df["rounds"].notna().any() else 1
+    return claims.headline(found, run.meta.get("sweep", "?").split(",")[0], second, rounds)
+
+
+def headline_text(run: Run, df: pd.DataFrame, found: pd.DataFrame) -> str:
+    """The headline as console text: a line per group."""
+    text = headline(run, df, found).replace("<br>", "\n")
+    return html.unescape(re.sub(r"<[^>]+>", "", text))
+
+
+def _scaling_headline(ok: pd.DataFrame, est: dict) -> str:
+    """Per model, implementation and scaling mode: throughput and efficiency at the largest
+    world size, against the smallest, the efficiency with its 95 % interval (efficiency is
+    proportional to the smallest size's step time over the largest's: their ratio's)."""
+    lines = []
+    for (model, impl, scaling), g in ok.groupby(["model", "impl", "scaling"], sort=False):
+        top, base = g.loc[g["world_size"].idxmax()], g.loc[g["world_size"].idxmin()]
+        span = ""
+        if top["point"] in est and base["point"] in est and top["point"] != base["point"]:
+            r = ratio(est[base["point"]], est[top["point"]])
+            if pd.notna(r.low) and pd.notna(r.high):
+                eff = top["efficiency_pct"]
+                span = f" [{eff * r.low / r.ratio:.0f}, {eff * r.high / r.ratio:.0f}]"
+        lines.append(
+            f"<b>{html.escape(str(model))}</b>, {html.escape(str(impl))}, {scaling} scaling: "
+            f"<b>{top['efficiency_pct']:.0f} % efficiency</b>{span} at {top['world_size']:g} ranks "
+            f"({top['samples_per_s']:.0f} samples/s; {base['samples_per_s']:.0f} at "
+            f"{base['world_size']:g}, ideal {base['samples_per_s'] * top['ideal_speedup']:.0f})"
+        )
+    return "<br>".join(lines)
+
+
+def best_and_tied(ok: pd.DataFrame, found: pd.DataFrame) -> tuple[set, set]:
+    """Row labels of each group's best point, and of the points tied with it."""
+    best, tied = set(), set()
+    for v in found.itertuples():
+        sel = (ok["model"] == v.model) & (ok["impl"] == v.impl)
+        if v.value2 is not None and "value2" in ok:
+            sel &= ok["value2"] == v.value2
+        for i, value in ok.loc[sel, "value"].items():
+            if value == v.best:
+                best.add(i)
+            elif value in v.tied:
+                tied.add(i)
+    return best, tied
+
+
+def console_summary(run: Run) -> str:
+    """The points (the best per model and implementation starred, values tied with it marked
+    =), then each group's answer with its confidence."""
+    df, found = training_claims(run)
+    df = scaling_efficiency(df)
+    best, tied = best_and_tied(df[df["status"] == "ok"], found)
+    df["best"] = ["*" if i in best else "=" if i in tied else "" for i in df.index]
+    df["comm_MB"] = df["comm_bytes_per_step"] / 1e6
+    df = df.dropna(axis=1, how="all")  # e.g. scaling columns outside world-size sweeps
+    cols = [c for c in columns.console_columns(columns.TRAINING) if c in df]
+    table = df[cols].to_string(index=False, float_format="{:.2f}".format)
+    return (
+        f"{table}\n(* best per model and implementation, = tied with it at 95 %; typical_ms: "
+        f"geometric mean of the rounds' medians, with its 95 % interval{mfu_note(df)})\n\n"
+        + headline_text(run, df, found)
+    )

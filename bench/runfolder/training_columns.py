@@ -1,0 +1,373 @@
+"""The training sweeps' columns (results.csv), one ``Column`` row each; ``columns.py`` gathers
+the tables and what is made from them."""
+
+from __future__ import annotations
+
+from bench.runfolder.column import DERIVED, MAX, MEAN, POINT, RAN_ON, TIMED, Column
+from bench.runfolder.training_read import READ
+
+TRAINING: tuple[Column, ...] = (
+    Column(
+        name="sweep",
+        ranks=POINT,
+        contract=True,
+        meaning="the sweep's name (a grid's knobs joined by commas)",
+    ),
+    Column(
+        name="value",
+        ranks=POINT,
+        contract=True,
+        meaning="the swept value (a grid's first knob)",
+        report=2,
+        console=2,
+    ),
+    Column(
+        name="impl",
+        ranks=POINT,
+        contract=True,
+        meaning="implementation: native (PyTorch's) or ours",
+        report=5,
+        console=5,
+    ),
+    Column(name="strategy", ranks=POINT, contract=True, meaning="ddp, fsdp, tp or accelerate"),
+    Column(
+        name="world_size",
+        unit="ranks",
+        ranks=POINT,
+        contract=True,
+        meaning="ranks the point ran on",
+    ),
+    Column(
+        name="status",
+        ranks=POINT,
+        contract=True,
+        meaning="ok, or error (the row keeps its error text)",
+        report=6,
+        console=6,
+    ),
+    Column(
+        name="error",
+        ranks=POINT,
+        contract=True,
+        meaning="why the point failed: the first rank's own error",
+    ),
+    Column(
+        name="diagnosis",
+        ranks=POINT,
+        meaning="a failed point's one-line diagnosis from its ranks' "
+        "flight records and stacks (python -m bench.hang)",
+    ),
+    Column(
+        name="hang_dir",
+        ranks=POINT,
+        meaning="where the failed point's ranks left their flight records and stacks",
+    ),
+    Column(
+        name="step_ms_median",
+        unit="ms",
+        ranks=TIMED,
+        contract=True,
+        meaning="median step time: first rank's start to last rank's end, on a common clock",
+    ),
+    Column(name="step_ms_min", unit="ms", ranks=TIMED, contract=True, meaning="fastest timed step"),
+    Column(name="step_ms_max", unit="ms", ranks=TIMED, contract=True, meaning="slowest timed step"),
+    Column(
+        name="samples_per_s",
+        unit="1/s",
+        ranks=DERIVED,
+        contract=True,
+        meaning="samples of all replicas per second: every timed step's samples over their "
+        "total time",
+        report=11,
+        console=12,
+    ),
+    Column(
+        name="compute_ms",
+        unit="ms",
+        ranks=MEAN,
+        contract=True,
+        meaning="computation per traced step",
+        report=13,
+    ),
+    Column(
+        name="comm_ms",
+        unit="ms",
+        ranks=MEAN,
+        contract=True,
+        meaning="communication (union of collectives) per step",
+        report=14,
+    ),
+    Column(
+        name="overlap_ms",
+        unit="ms",
+        ranks=MEAN,
+        contract=True,
+        meaning="communication hidden under computation per step",
+    ),
+    Column(
+        name="exposed_comm_ms",
+        unit="ms",
+        ranks=MEAN,
+        contract=True,
+        meaning="communication not hidden per step",
+        report=16,
+        console=17,
+    ),
+    Column(
+        name="idle_ms",
+        unit="ms",
+        ranks=MEAN,
+        contract=True,
+        meaning="neither computing nor communicating per step",
+        report=17,
+    ),
+    Column(
+        name="compute_comm_ratio",
+        ranks=DERIVED,
+        contract=True,
+        meaning="compute_ms / comm_ms",
+        report=18,
+    ),
+    Column(
+        name="overlap_pct",
+        unit="%",
+        ranks=DERIVED,
+        contract=True,
+        meaning="overlap_ms / comm_ms",
+        report=15,
+        console=16,
+    ),
+    Column(
+        name="gpu_util_pct",
+        unit="%",
+        ranks=MEAN,
+        contract=True,
+        meaning="GPU busy share of the step (empty on CPU)",
+        report=20,
+    ),
+    Column(
+        name="peak_mem_mb",
+        unit="MiB",
+        ranks=MAX,
+        contract=True,
+        meaning="most memory live at once in a measured step, above "
+        "what the process held before the point (CUDA allocator, or CPU heap)",
+        report=24,
+        console=18,
+    ),
+    Column(
+        name="comm_bytes_per_step",
+        unit="B",
+        ranks=MEAN,
+        contract=True,
+        meaning="collective payload per step (traces)",
+        report=22,
+    ),
+    Column(name="model", ranks=POINT, meaning="the model trained", report=1, console=1),
+    Column(name="point", ranks=POINT, meaning="the point's id: its traces are in traces/<point>/"),
+    *RAN_ON,
+    Column(
+        name="window_ms",
+        unit="ms",
+        ranks=MEAN,
+        meaning="traced step window (the breakdown's whole)",
+    ),
+    Column(
+        name="comm_bytes_expected",
+        unit="B",
+        ranks=POINT,
+        meaning="analytical payload per step",
+        report=23,
+    ),
+    Column(
+        name="state_mb",
+        unit="MiB",
+        ranks=MAX,
+        meaning="parameters, gradients and optimiser state held",
+    ),
+    Column(
+        name="state_mb_expected", unit="MiB", ranks=POINT, meaning="the ZeRO accounting of state_mb"
+    ),
+    Column(name="param_mb", unit="MiB", ranks=MAX, meaning="parameter bytes held by a rank"),
+    Column(name="grad_mb", unit="MiB", ranks=MAX, meaning="gradient bytes held by a rank"),
+    Column(name="optim_mb", unit="MiB", ranks=MAX, meaning="optimiser-state bytes held by a rank"),
+    Column(
+        name="peak_rss_mb",
+        unit="MiB",
+        ranks=MAX,
+        meaning="peak resident memory of a rank's process",
+    ),
+    Column(
+        name="cpu_busy_pct",
+        unit="%",
+        ranks=MEAN,
+        meaning="CPU traces: main thread computing or a collective in flight, share of the step",
+    ),
+    Column(
+        name="nvml_util_pct",
+        unit="%",
+        ranks=MEAN,
+        meaning="NVML's GPU utilisation, read between timed steps",
+    ),
+    Column(
+        name="peak_reserved_mb",
+        unit="MiB",
+        ranks=MAX,
+        meaning="CUDA: most memory the caching allocator held "
+        "in the measured step, above the point's start (fragmentation included; NaN on CPU)",
+    ),
+    Column(
+        name="data_ms",
+        unit="ms",
+        ranks=MAX,
+        meaning="loading a step's batches onto the device, median, timed apart (not in step_ms)",
+    ),
+    Column(
+        name="trace_overhead_pct",
+        unit="%",
+        ranks=MEAN,
+        meaning="a traced step's time over an untraced one's, "
+        "minus 1: what tracing adds to the breakdown's steps",
+        report=27,
+    ),
+    Column(name="params", ranks=POINT, meaning="parameters of the plain model"),
+    Column(name="grad_bytes", unit="B", ranks=POINT, meaning="gradient bytes of the plain model"),
+    Column(
+        name="comm_calls_per_step",
+        ranks=MEAN,
+        meaning="collective calls per step",
+        report=21,
+        console=14,
+    ),
+    Column(
+        name="step_ms_ci_low",
+        unit="ms",
+        ranks=TIMED,
+        meaning="95 % interval of step_ms_median, low end (order statistics: distribution-free)",
+    ),
+    Column(
+        name="step_ms_ci_high",
+        unit="ms",
+        ranks=TIMED,
+        meaning="95 % interval of step_ms_median, high end",
+    ),
+    Column(name="steps", ranks=TIMED, meaning="timed steps, every round so far"),
+    Column(
+        name="stop",
+        ranks=POINT,
+        meaning="what ended this visit's timing: target (the interval is "
+        "tight enough), max_steps or max_point_s (the budget)",
+    ),
+    Column(
+        name="round",
+        ranks=POINT,
+        meaning="the round of this visit: a point has a row per round, the last ok one is "
+        "its answer",
+    ),
+    Column(
+        name="rounds",
+        ranks=POINT,
+        meaning="rounds pooled in this row's figures",
+        report=26,
+        console=11,
+    ),
+    Column(
+        name="round_spread_pct",
+        unit="%",
+        ranks=TIMED,
+        meaning="largest over smallest round median, minus 1: drift between rounds",
+    ),
+    Column(name="loss", ranks=POINT, meaning="loss of the last step", report=25),
+    Column(
+        name="checked",
+        ranks=POINT,
+        meaning="the point's first step against the plain model (same "
+        "seed, global batch, optimiser): ok (tolerance, figures), not checked: why, or mismatch "
+        "(the error says where)",
+    ),
+    Column(name="step_ms_p10", unit="ms", ranks=TIMED, meaning="10th percentile step time"),
+    Column(name="step_ms_p90", unit="ms", ranks=TIMED, meaning="90th percentile step time"),
+    Column(
+        name="rank_skew_ms",
+        unit="ms",
+        ranks=TIMED,
+        meaning="median over steps of the last rank's end minus the first rank's end "
+        "(common clock)",
+    ),
+    Column(
+        name="scaling",
+        ranks=POINT,
+        meaning="world-size sweeps: weak or strong",
+        report=4,
+        console=4,
+    ),
+    Column(name="global_batch", ranks=POINT, meaning="strong scaling: the global batch"),
+    Column(name="batch_per_replica", ranks=POINT, meaning="samples per replica and micro-batch"),
+    Column(name="grad_accum", ranks=POINT, meaning="micro-batches per optimiser step"),
+    Column(
+        name="comm_bytes_per_sample",
+        unit="B",
+        ranks=DERIVED,
+        meaning="comm_bytes_per_step per sample",
+    ),
+    Column(name="trace_dir", ranks=POINT, meaning="where the point's traces were written"),
+    Column(
+        name="value2",
+        ranks=POINT,
+        meaning="a grid's second value (empty outside grids)",
+        report=3,
+        console=3,
+    ),
+    Column(
+        name="flops_per_step",
+        unit="FLOP",
+        ranks=POINT,
+        meaning="model FLOPs of one optimiser step per rank: "
+        "forward and backward of every replica's micro-batches over the step's ranks (no "
+        "recomputation, no optimiser)",
+    ),
+    Column(
+        name="flops_source",
+        ranks=POINT,
+        meaning="counted (FlopCounterMode on the plain model), "
+        "workload (its flops_per_sample; with the count's ratio where 3x apart), or uncounted: "
+        "why",
+    ),
+    Column(
+        name="tflops_per_s",
+        unit="TFLOP/s",
+        ranks=DERIVED,
+        meaning="flops_per_step over the timed steps' mean time",
+    ),
+    Column(
+        name="peak_tflops",
+        unit="TFLOP/s",
+        ranks=MEAN,
+        meaning="the peak mfu_pct is against: the GPU's "
+        "datasheet dense peak at the point's precision where known, else peak_tflops_measured",
+    ),
+    Column(
+        name="peak_source",
+        ranks=POINT,
+        meaning="which peak: datasheet (GPU, precision, datasheet) or "
+        "measured, an fp32 point's shares of FLOPs in TF32; 'impossible peak' first where the "
+        "model computed faster than it",
+    ),
+    Column(
+        name="peak_tflops_measured",
+        unit="TFLOP/s",
+        ranks=MEAN,
+        meaning="this machine's best rate over a few "
+        "square matmul sizes in the point's precision, timed by every rank at once",
+    ),
+    Column(
+        name="mfu_pct",
+        unit="%",
+        ranks=DERIVED,
+        meaning="model FLOPs utilisation: tflops_per_s / peak_tflops "
+        "(PaLM, appendix B); empty where it would exceed 100 % (the peak cannot be right)",
+        report=12,
+        console=13,
+    ),
+    *READ,
+)
