@@ -41,7 +41,11 @@ from torch.profiler import record_function
 
 from parallel_kernels.accelerate_ddp import autocast_forward
 from parallel_kernels.facts import torch_dtype
-from parallel_kernels.knobs import COMM_HOOKS
+from parallel_kernels.knobs import COMM_HOOKS, KNOBS
+
+# The knob row holds the default (DistributedDataParallel's own, 25 MB); the wrappers here take
+# it from there, so that it is written once.
+BUCKET_CAP_MB = KNOBS["bucket_cap_mb"].default
 
 MB = 2**20
 
@@ -106,7 +110,7 @@ class ReferenceDDP(nn.Module):
         module: nn.Module,
         *,
         group: dist.ProcessGroup | None = None,
-        bucket_cap_mb: float = 25.0,
+        bucket_cap_mb: float = BUCKET_CAP_MB,
         overlap: bool = True,
         compress: torch.dtype | None = None,
     ) -> None:
@@ -268,18 +272,25 @@ def apply_native_ddp(
     *,
     group: dist.ProcessGroup | None,
     device: torch.device,
-    bucket_cap_mb: float = 25.0,
+    bucket_cap_mb: float = BUCKET_CAP_MB,
     comm_hook: str = "none",
+    **ddp_options,
 ) -> nn.Module:
     """DistributedDataParallel, with one of PyTorch's communication hooks: fp16/bf16
-    compression (``default_hooks``) or PowerSGD of rank 1 or 2 with error feedback."""
+    compression (``default_hooks``) or PowerSGD of rank 1 or 2 with error feedback. Any other
+    keyword is DistributedDataParallel's own: a knob row of the ``ddp`` strategy that names
+    one of its arguments reaches it with no other code (docs/extending.md)."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 
     _check_hook(comm_hook)
     device_ids = [device.index] if device.type == "cuda" else None
     ddp = DistributedDataParallel(
-        model, process_group=group, device_ids=device_ids, bucket_cap_mb=bucket_cap_mb
+        model,
+        process_group=group,
+        device_ids=device_ids,
+        bucket_cap_mb=bucket_cap_mb,
+        **ddp_options,
     )
     if comm_hook in ("fp16", "bf16"):
         hook = getattr(default_hooks, f"{comm_hook}_compress_hook")
@@ -308,7 +319,7 @@ def apply_reference_ddp(
     *,
     group: dist.ProcessGroup | None,
     device: torch.device,
-    bucket_cap_mb: float = 25.0,
+    bucket_cap_mb: float = BUCKET_CAP_MB,
     overlap: bool = True,
     comm_hook: str = "none",
 ) -> nn.Module:

@@ -8,7 +8,8 @@ import pandas as pd
 import pytest
 
 from bench.analysis import breakdown as analysis
-from bench.analysis.collectives import collective_summary, collective_type, wait_split
+from bench.analysis.collectives import collective_summary, wait_split
+from parallel_kernels.facts import op_name
 
 pytestmark = pytest.mark.unit
 
@@ -268,7 +269,7 @@ def test_busbw_only_where_the_collective_s_factor_is_known():
         {
             "rank": 0,
             "step": 1,
-            "collective": [collective_type(n) for n in names],
+            "collective": [op_name(n) for n in names],
             "name": names,
             "ts": [0.0, 10.0, 20.0, 30.0],
             "dur": 1000.0,

@@ -48,3 +48,42 @@ def test_the_facts_and_the_analysis_import_without_torch():
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60
     )
     assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.unit
+def test_a_traces_bytes_scale_to_nccl_tests_size_as_the_registry_counts():
+    for name, coll in COLLECTIVES.items():
+        for n in (2, 4, 8):
+            count = 64 * n
+            assert facts.size_per_input(name, n) == count // coll.in_count(count, n), (name, n)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "spelling,name",
+    [
+        ("gloo:all_reduce", "all_reduce"),  # ProcessGroupGloo's span
+        ("gloo:all_gather", "all_gather"),
+        ("nccl:_all_gather_base", "all_gather"),  # ProcessGroupNCCL's
+        ("nccl:all_to_all", "all_to_all"),
+        ("c10d::allreduce_", "all_reduce"),  # c10d's op
+        ("allgather_into_tensor_coalesced", "all_gather"),
+        ("_reduce_scatter_base", "reduce_scatter"),
+        ("alltoall_base", "all_to_all"),
+        ("recvAnysource", "recv"),
+        ("ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long)", "all_reduce"),
+        ("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL", "reduce_scatter"),
+        ("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclDevComm*)", "send_recv"),
+        ("gloo:something_new", "something_new"),  # unknown: its name, without the prefix
+        ("wait", "wait"),
+    ],
+)
+def test_every_spelling_of_an_op_has_one_name(spelling, name):
+    assert facts.op_name(spelling) == name
+    assert facts.op_name(name) == name  # a name is its own spelling
+
+
+@pytest.mark.unit
+def test_the_registrys_names_are_their_own_spellings():
+    for name in (*COLLECTIVES, *facts.BUS_FACTORS, *facts.POINT_TO_POINT, *facts.S_PER_INPUT):
+        assert facts.op_name(name) == name

@@ -10,14 +10,13 @@ the slowest rank ("wait").
 
 from __future__ import annotations
 
-import re
 import warnings
 
 import numpy as np
 import pandas as pd
 
 from bench.analysis.trace import STEP, Trace, prepared
-from parallel_kernels.facts import BUS_FACTORS  # nccl-tests' bus factors
+from parallel_kernels.facts import BUS_FACTORS, op_name, size_per_input  # the ops' facts
 
 CALL_COLUMNS = ["rank", "step", "collective", "name", "ts", "dur", "nbytes", "seq"]
 SUMMARY_COLUMNS = [
@@ -43,9 +42,6 @@ STRAGGLER_COLUMNS = [
     "slowest_wait_us",
 ]
 
-_NCCL_KERNEL = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+)")
-_CAMEL = re.compile(r"(?<!^)(?=[A-Z])")
-
 
 def busbw_gbps(op: str, size_bytes: float, n: int, time_us: float) -> float:
     """nccl-tests' bus bandwidth (GB/s) of ``size_bytes`` (its S) moved by ``op`` over ``n``
@@ -54,17 +50,6 @@ def busbw_gbps(op: str, size_bytes: float, n: int, time_us: float) -> float:
     if op not in BUS_FACTORS or not np.isfinite(time_us) or time_us <= 0:
         return np.nan
     return size_bytes / (time_us * 1e-6) / 1e9 * BUS_FACTORS[op](n)
-
-
-def collective_type(name: str) -> str:
-    """``gloo:all_reduce`` -> all_reduce; ``ncclDevKernel_AllReduce_Sum_f32_RING_LL`` ->
-    all_reduce; ``ncclKernel_SendRecv`` -> send_recv."""
-    if name.startswith("gloo:"):
-        return name[5:]
-    m = _NCCL_KERNEL.search(name)
-    if m:
-        return _CAMEL.sub("_", m.group(1)).lower()
-    return name
 
 
 def collective_calls(trace: Trace) -> pd.DataFrame:
@@ -76,7 +61,7 @@ def collective_calls(trace: Trace) -> pd.DataFrame:
     if comm.empty:
         return pd.DataFrame(columns=CALL_COLUMNS)
     comm["name"] = comm["name"].astype(str)
-    comm["collective"] = comm["name"].map(collective_type)
+    comm["collective"] = comm["name"].map(op_name)
     comm["rank"] = trace.rank
     comm = comm.sort_values("ts")
     comm["seq"] = comm.groupby("collective").cumcount()
@@ -109,7 +94,7 @@ def collective_summary(calls: pd.DataFrame, world_size: int) -> pd.DataFrame:
     for (rank, coll), g in calls.groupby(["rank", "collective"], sort=True):
         total, nbytes = g["dur"].sum(), g["nbytes"].sum(min_count=1)
         # algbw over S as nccl-tests sizes it: all-gather's S is the output, n x the input.
-        size = nbytes * (world_size if coll == "all_gather" else 1)
+        size = nbytes * size_per_input(coll, world_size)
         algbw = size / (total * 1e-6) / 1e9 if total > 0 else np.nan
         factor = BUS_FACTORS[coll](world_size) if coll in BUS_FACTORS else np.nan
         wait = g["wait_us"].sum(min_count=1)

@@ -27,13 +27,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from bench.analysis.collectives import collective_type
 from bench.analysis.dtypes import ITEM_BYTES, TORCH_DTYPE
 from bench.analysis.folder import load_trace_dir
 from bench.analysis.reader import TraceError
 from bench.analysis.sequence_groups import gloo_group
 from bench.analysis.sequence_groups import span as _span
 from bench.analysis.trace import Trace, common_steps, name_matches, prepared, step_windows
+from parallel_kernels.facts import POINT_TO_POINT, op_name
 
 SEQUENCE_COLUMNS = [
     "rank",
@@ -52,28 +52,6 @@ SEQUENCE_COLUMNS = [
     "ts",
 ]
 
-# Names of the same operation, once lower-cased, stripped of "nccl:"/"gloo:" and of everything
-# but letters, and of the words for variants that move the same data (base, coalesced, into
-# tensor): ProcessGroupNCCL's and ProcessGroupGloo's names, c10d's op names, NCCL's kernels.
-_VARIANT = re.compile(r"coalesced|intotensor|tensor|base|sparse")
-_OPS = {
-    "allreduce": "all_reduce",
-    "broadcast": "broadcast",
-    "allgather": "all_gather",
-    "reducescatter": "reduce_scatter",
-    "alltoall": "all_to_all",
-    "alltoallv": "all_to_all",
-    "barrier": "barrier",
-    "send": "send",
-    "recv": "recv",
-    "recvanysource": "recv",
-    "reduce": "reduce",
-    "gather": "gather",
-    "scatter": "scatter",
-}
-# Point-to-point calls: the two ranks of a pair issue different ops by design, and the trace
-# does not say the peer, so they are not compared across ranks.
-P2P = ("send", "recv")
 _RPC = re.compile(r"^record_param_comms$")
 _NCCL_ANNOTATION = re.compile(r"^nccl:")
 
@@ -82,16 +60,8 @@ class SequenceError(ValueError):
     """A folder whose communication sequence cannot be extracted; one line, naming it."""
 
 
-def canonical_op(name: str) -> str:
-    """``allreduce``, ``gloo:all_reduce``, ``nccl:_all_gather_base``,
-    ``allgather_into_tensor_coalesced`` ... -> all_reduce, all_gather ...; a name it does not
-    know is returned as it is (``wait``, ``send_recv``)."""
-    key = _VARIANT.sub("", re.sub(r"[^a-z]", "", name.lower().rpartition(":")[2]))
-    return _OPS.get(key, name)
-
-
 def _op_of(name) -> str | None:
-    return None if pd.isna(name) else canonical_op(str(name))
+    return None if pd.isna(name) else op_name(str(name))
 
 
 def _ranks(text, start, stride, size) -> tuple:
@@ -187,8 +157,8 @@ def _gpu_call(ev: pd.DataFrame, src: dict, kernel, launch) -> dict:
     if call is None:
         call = int(launch) if pd.notna(launch) else kernel
     op = _op_of(ev.at[rpc, "comm_name"]) if rpc is not None else None
-    op = op or (canonical_op(str(ev.at[ann, "name"])) if ann is not None else None)
-    op = op or canonical_op(collective_type(str(ev.at[kernel, "name"])))
+    op = op or (op_name(str(ev.at[ann, "name"])) if ann is not None else None)
+    op = op or op_name(str(ev.at[kernel, "name"]))
     count, dtype = np.nan, None
     for s in (rpc, ann):
         if s is not None and pd.notna(ev.at[s, "comm_count"]):
@@ -211,7 +181,7 @@ def _cpu_calls(ev: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(
         {
             "step": comm["step"],
-            "op": comm["name"].astype(str).map(canonical_op),
+            "op": comm["name"].astype(str).map(op_name),
             "raw_dtype": comm["comm_dtype"],
             "count": comm["comm_count"],
             "out_count": np.nan,
@@ -262,7 +232,9 @@ def first_disagreement(calls: pd.DataFrame) -> str | None:
     """Where the ranks' calls first differ: per step and group, each rank's list of (op, count,
     dtype) in order must be the same (point-to-point calls aside: the two ranks of a pair issue
     send and recv). None when they agree."""
-    c = calls[~calls["op"].isin(P2P)].sort_values(["step", "rank", "index"], kind="stable")
+    c = calls[~calls["op"].isin(POINT_TO_POINT)].sort_values(
+        ["step", "rank", "index"], kind="stable"
+    )
     ranks_read = set(c["rank"])
     for (step, group), g in c.groupby(["step", "group"], sort=True):
         members = sorted(ranks_read & set(g["group_ranks"].iloc[0])) or sorted(ranks_read)
@@ -388,7 +360,7 @@ def _group_notes(calls: pd.DataFrame, backend: str | None, world: int, notes: li
             f"group {group}: the trace lists only some of its ranks (Kineto cuts "
             "the list at 30, and they are not evenly spaced)"
         )
-    p2p = int(calls["op"].isin(P2P).sum())
+    p2p = int(calls["op"].isin(POINT_TO_POINT).sum())
     if p2p:
         notes.append(
             f"{p2p} point-to-point calls (send/recv): the trace does not say the "

@@ -29,7 +29,6 @@ import pandas as pd
 
 from bench.analysis import intervals as iv
 from bench.analysis.breakdown import cpu_compute
-from bench.analysis.collectives import collective_type
 from bench.analysis.trace import (
     Trace,
     common_steps,
@@ -40,6 +39,7 @@ from bench.analysis.trace import (
     step_windows,
 )
 from bench.console import human_bytes
+from parallel_kernels.facts import op_name
 
 TIMELINE_COLUMNS = ["rank", "step", "lane", "start_ms", "end_ms", "label", "op", "bytes"]
 LANES = ("phase", "compute", "comm", "wait", "idle")
@@ -114,7 +114,7 @@ def _rank_bars(trace: Trace, step: int) -> tuple[list[dict], float, float]:
     for name, s, d, nbytes in zip(
         calls["name"], calls["ts"], calls["dur"], calls["nbytes"], strict=True
     ):
-        op = collective_type(str(name))
+        op = op_name(str(name))
         size = float(nbytes) if pd.notna(nbytes) else np.nan
         label = f"{op} {human_bytes(size)}" if np.isfinite(size) else op
         bars.append(

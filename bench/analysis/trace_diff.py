@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from bench.analysis.collectives import collective_type
 from bench.analysis.trace import Trace, common_steps, host_steps, nesting_depth, prepared
+from parallel_kernels.facts import op_name
 
 DIFF_COLUMNS = [
     "kind",
@@ -50,7 +50,7 @@ def _parts(trace: Trace, steps: list[int]) -> pd.DataFrame:
     ev = prepared(trace)
     ev = ev[ev["step"].isin(steps)]
     comm = ev[ev["kind"] == "comm"].assign(kind_="collective")
-    comm["name_"] = comm["name"].astype(str).map(collective_type)
+    comm["name_"] = comm["name"].astype(str).map(op_name)
     ops = _top_level(ev).assign(kind_="operator")
     ops["name_"] = ops["name"].astype(str)
     frames = [comm, ops]

@@ -10,6 +10,7 @@ import re
 import pandas as pd
 
 from bench.hang.dumps import Dumps, seq_id
+from parallel_kernels.facts import POINT_TO_POINT, ROOT_ONLY_INPUT, op_name
 
 # A frame of torch itself (its distributed package, autograd, nn): the line that matters is
 # the first one outside it, the user's or the suite's.
@@ -86,16 +87,10 @@ def code(frame: dict | None) -> str:
     return text.split("  # ")[0]  # the code, not its comment
 
 
-# The point-to-point ops, by name: what older dumps, without ``is_p2p``, say them by.
-_P2P = ("send", "recv")
-# Rooted collectives whose input only the root holds (the others pass none): every rank's
-# output is what they issue alike, so such a call is described by its output.
-_ROOT_ONLY_INPUT = ("scatter",)
-
-
 def _op(e: dict) -> str:
-    """``gloo:all_reduce`` -> ``all_reduce``; ``nccl:send 0->1`` -> ``send``."""
-    return str(e.get("profiling_name", "?")).split(":")[-1].split(" ")[0]
+    """The entry's op by its one name (``parallel_kernels.facts.op_name``): ``gloo:all_reduce``
+    -> all_reduce; ``nccl:send 0->1`` -> send; ``nccl:_allgather_base`` -> all_gather."""
+    return op_name(str(e.get("profiling_name", "?")).split(" ")[0])
 
 
 def has_stacks(entry: dict) -> bool:
@@ -110,10 +105,10 @@ def calls(d: Dumps) -> pd.DataFrame:
     for rank, dump in d.ranks.items():
         for e in dump.record["entries"]:
             op = _op(e)
-            if e.get("is_p2p", op in _P2P):
+            if e.get("is_p2p", op in POINT_TO_POINT):  # older dumps have no is_p2p
                 continue
             frame = own_frame(e.get("frames") or [])
-            side = "output" if op in _ROOT_ONLY_INPUT else "input"
+            side = "output" if op in ROOT_ONLY_INPUT else "input"
             shapes = tuple(tuple(s) for s in e.get(f"{side}_sizes") or [])
             dtypes = tuple(DTYPES.get(t, t) for t in e.get(f"{side}_dtypes") or [])
             numel = sum(int(pd.Series(s).prod()) if s else 1 for s in shapes)

@@ -98,6 +98,11 @@ ALGORITHMS: dict[str, dict[str, Algorithm]] = {
     },
 }
 COLLECTIVES = tuple(ALGORITHMS["gloo"])
+# The algorithms a backend's tuner also chooses from, per collective (NCCL: all-reduce by ring or
+# double binary tree, whichever is faster at the size); a link's cost is the fastest of them.
+ALTERNATIVES: dict[str, dict[str, tuple[Algorithm, ...]]] = {
+    "nccl": {"all_reduce": (TREE_ALL_REDUCE,)},
+}
 
 
 def algorithm(backend: str, collective: str) -> Algorithm:

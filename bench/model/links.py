@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bench.model.comm import ALGORITHMS, TREE_ALL_REDUCE
+from bench.model.comm import ALGORITHMS, ALTERNATIVES
 
 
 @dataclass(frozen=True)
@@ -91,10 +91,8 @@ class LinkCosts:
     def time(self, collective: str, nbytes: float, n: int, impl: str = "native") -> float:
         del impl
         a, b, g = self.link.alpha_s, self.link.beta_s_per_byte, self.link.gamma_s_per_byte
-        t = ALGORITHMS["nccl"][collective].time(nbytes, n, a, b, g)
-        if collective == "all_reduce":
-            t = min(t, TREE_ALL_REDUCE.time(nbytes, n, a, b, g))
-        return t
+        choices = (ALGORITHMS["nccl"][collective], *ALTERNATIVES["nccl"].get(collective, ()))
+        return min(alg.time(nbytes, n, a, b, g) for alg in choices)
 
     def interval_ends(self) -> None:
         """No interval: a link's figures are given, not measured."""

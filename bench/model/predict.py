@@ -27,6 +27,7 @@ from bench.model import schedule as sch
 from bench.model.comm import CommModel
 from bench.model.compute import ComputeProfile, from_traces, point_traces, pooled
 from bench.runfolder.points import PointRecord
+from parallel_kernels.facts import size_per_input
 from parallel_kernels.fsdp_layout import shard_group_size
 
 MB = 2**20
@@ -160,7 +161,7 @@ def tp(case: Case, prof: ComputeProfile, comm: CommModel, n: int | None = None) 
     fwd, bwd = [], []
     for collective, phase, elements in calls:
         # nccl-tests' S: an all-gather's whole output (the traces count its input, 1/n of it)
-        nbytes = 4 * elements * (tp_n if collective == "all_gather" else 1)
+        nbytes = 4 * elements * size_per_input(collective, tp_n)
         (fwd if phase == "forward" else bwd).append(1e3 * comm.time(collective, nbytes, tp_n))
     kw = {}
     if dp_n > 1:

@@ -53,7 +53,7 @@ def _worker(job: str, rank: int, world: int, port: int, args: dict, inbox, outbo
     import torch
     import torch.distributed as dist
 
-    from parallel_kernels.ddp import apply_native_ddp
+    from parallel_kernels.ddp import BUCKET_CAP_MB, apply_native_ddp
     from parallel_kernels.models import build_model, workload
 
     parent = os.getppid()
@@ -69,7 +69,7 @@ def _worker(job: str, rank: int, world: int, port: int, args: dict, inbox, outbo
             build_model(args["model"]),
             group=None,
             device=torch.device("cpu"),
-            bucket_cap_mb=args["bucket_cap_mb"],
+            bucket_cap_mb=args["bucket_cap_mb"] or BUCKET_CAP_MB,
         )
         opt = torch.optim.SGD(model.parameters(), lr=1e-3)
         inputs, targets = wl.batch(args["batch"], rank)
@@ -176,7 +176,7 @@ def measure(
     model: str = "wide_mlp",
     ranks: int = 2,
     batch: int = 32,
-    bucket_cap_mb: float = 25.0,
+    bucket_cap_mb: float | None = None,  # None: the knob's default
     warmup: int = 3,
     slow_pct: float = 0.0,
     seed: int = 0,

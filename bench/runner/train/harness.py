@@ -35,7 +35,7 @@ from bench.runner.session.distenv import DistEnv, synchronize
 from bench.runner.train import plain_check, plain_compare
 from bench.runner.train.figures import Timed, aggregate, point_columns, visit_figures
 from bench.runner.train.replicas import check_replicas_agree
-from bench.runner.train.step import build_trainer
+from bench.runner.train.step import LR, build_trainer
 from parallel_kernels.groups import mesh_lines, prepare
 from parallel_kernels.strategies import STRATEGIES
 
@@ -47,7 +47,7 @@ class HarnessConfig:
 
     profile_wait: int = 1
     profile_warmup: int = 1
-    lr: float = 1e-3
+    lr: float = LR
     seed: int = 0
     point_timeout_s: float = 120.0
     clip_grad_norm: float | None = None  # clip the gradient's global norm before each step

@@ -20,6 +20,9 @@ from parallel_kernels.models import build_model, workload
 from parallel_kernels.step import clip_grad_norm, unsynced
 from parallel_kernels.strategies import STRATEGIES
 
+# The AdamW learning rate every point trains with (the harness takes it from here).
+LR = 1e-3
+
 
 def autocast_for(point: PointRecord, device: torch.device):
     """A context factory: the forward under ``torch.autocast`` when the record says so (a
@@ -99,7 +102,7 @@ def build_trainer(
     group: dist.ProcessGroup | None,
     *,
     seed: int = 0,
-    lr: float = 1e-3,
+    lr: float = LR,
     clip: float | None = None,
 ) -> Trainer:
     """The point's model built, wrapped by its strategy's implementation, and fed its data."""
