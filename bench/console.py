@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import sys
 import time
 
@@ -54,3 +55,23 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.4g} {unit}"
         n /= 1024
     return str(n)
+
+
+# Durations as the command lines take and print them (--budget 10m; "about 32 min left").
+_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str) -> float:
+    """``90``, ``90s``, ``10m``, ``1.5h`` -> seconds (positive)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([smh]?)\s*", str(text).lower())
+    if not m or float(m.group(1)) <= 0:
+        raise ValueError(f"{text!r} is not a duration (e.g. 90s, 10m, 1h)")
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+def human_duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"

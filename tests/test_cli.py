@@ -116,6 +116,9 @@ def run_main(args, capsys) -> tuple[int, str]:
             ["--sweep", "mesh", "--option", "tp_degree=2", "--nproc-per-node", "4"],
             "use --values",
         ),
+        (["--sweep", "bucket_cap_mb", "--budget", "0"], "'0' is not a duration"),
+        (["--sweep", "bucket_cap_mb", "--budget", "ten minutes"], "is not a duration"),
+        (["--sweep", "message_size", "--budget", "10m"], "--budget is for training sweeps"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, message, capsys):

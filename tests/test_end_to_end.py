@@ -299,3 +299,22 @@ def test_a_grid_of_two_knobs_is_one_row_per_combination(tmp_path):
     html = (reports / "grid.html").read_text()
     assert "one panel per model and precision" in html
     assert "precision=bf16" in html  # the headline per precision
+
+
+@pytest.mark.timeout(300)
+def test_a_budget_measures_every_point_once_and_says_what_it_left_out(tmp_path):
+    """--budget: the first round runs whole, the later rounds' visits that do not fit are not
+    run and are named; the sweep says how long it will take, and each line its time left."""
+    out = tmp_path / "run"
+    cmd = [sys.executable, "bench/run.py", "--nproc-per-node", "2", *SMALL, "--impl", "native"]
+    cmd += ["--rounds", "3", "--budget", "1s", "--out", str(out), "--no-report"]  # last wins
+    proc = launch(cmd, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    df = pd.read_csv(out / "results.csv")
+    assert len(df) == 2 and set(df["round"]) == {1} and (df["status"] == "ok").all()
+    assert proc.stdout.count(": not run: the budget (1 s) is spent") == 4
+    assert re.search(r"sweep: about \d+ s in all \(6 visits", proc.stdout), proc.stdout
+    assert "drops the later rounds' visits that no longer fit" in proc.stdout
+    assert re.search(r"\[round 1/3 1/2\] .*: ok, .*, about \d+ s left\)", proc.stdout)
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["budget_s"] == 1.0 and len(meta["visits_not_run"]) == 4

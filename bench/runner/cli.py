@@ -39,6 +39,8 @@ def resolved_rounds(config: RunConfig, collective: bool) -> int:
     warmup = c.warmup_iters if collective else c.warmup_steps
     if c.max_steps < warmup:
         raise ValueError(f"--max-steps {c.max_steps} is smaller than the warm-up ({warmup} steps)")
+    if collective and c.budget_s is not None:
+        raise ValueError("--budget is for training sweeps (message_size: -n, --max-steps)")
     if collective and c.rounds is not None:
         raise ValueError(
             "--rounds is for training sweeps: message_size repeats sizes adaptively (-n, "

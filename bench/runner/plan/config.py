@@ -56,6 +56,7 @@ class RunConfig:
     max_point_s: float = _same_run(8.0)
     rounds: int | None = _same_run()
     seed: int = _same_run(0)
+    budget_s: float | None = None  # the whole sweep's wall time (--budget), None: unbounded
     # how the job runs
     profile_steps: int = _same_run(3)
     point_timeout: float = 300.0

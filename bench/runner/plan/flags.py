@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bench.console import fail
+from bench.console import fail, parse_duration
 from bench.runner.plan.config import DEFAULT_ROUNDS, DEFAULTS, RunConfig
 from bench.runner.plan.sweeps import SWEEPS
 from parallel_kernels.collectives import COLLECTIVES, DTYPES
@@ -47,6 +47,13 @@ def _positive_float(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be positive")
     return value
+
+
+def _duration(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -161,6 +168,15 @@ def _confidence(p: argparse.ArgumentParser) -> None:
         f"(default {DEFAULT_ROUNDS})",
     )
     r.add_argument("--seed", type=int, help=f"seed of the rounds' orders (default {D.seed})")
+    r.add_argument(
+        "--budget",
+        dest="budget_s",
+        type=_duration,
+        metavar="TIME",
+        help="training sweeps: the whole sweep's wall time, e.g. 10m: every point is visited "
+        "once, later rounds' visits run while they fit, and each visit's timing shrinks to its "
+        "share (default: none)",
+    )
 
 
 def _job(p: argparse.ArgumentParser) -> None:

@@ -7,7 +7,9 @@ import sys
 import time
 
 import numpy as np
+import torch.distributed as dist
 
+from bench.console import human_duration
 from bench.runfolder import columns
 from bench.runfolder.folder import Run, write_meta
 from bench.runfolder.points import PointRecord
@@ -18,6 +20,7 @@ from bench.runner.measure.timing import Budget
 from bench.runner.plan.config import RunConfig
 from bench.runner.session.context import History, finish_run, start_run
 from bench.runner.session.distenv import rank0_print
+from bench.runner.train.eta import SweepClock
 from bench.runner.train.figures import point_columns
 from bench.runner.train.harness import HarnessConfig, LostRanksError, Visit, run_point
 
@@ -55,35 +58,27 @@ def round_orders(points: list[PointRecord], rounds: int, seed: int) -> list[list
     return [[points[i] for i in rng.permutation(len(points))] for _ in range(rounds)]
 
 
-def visit_budget(config: RunConfig, history: History, rounds_left: int) -> Budget:
+def visit_budget(
+    config: RunConfig, history: History, rounds_left: int, cap_s: float | None = None
+) -> Budget:
     """This visit's share of the point's budget: what is left, split over the rounds left,
-    and never less than ``--steps``."""
+    and never less than ``--steps``; ``cap_s``: the sweep's budget's share (``eta``)."""
     c = config
     steps_left = c.max_steps - len(history.times)
-    seconds_left = c.max_point_s - sum(history.times) / 1e3
+    seconds_left = max(0.0, (c.max_point_s - sum(history.times) / 1e3) / rounds_left)
     return Budget(
         min_steps=c.steps,
         max_steps=max(c.steps, steps_left // rounds_left),
-        max_s=max(0.0, seconds_left / rounds_left),
+        max_s=seconds_left if cap_s is None else min(seconds_left, cap_s),
         target_pct=c.target_ci_pct,
     )
 
 
-def _visit(
-    ctx, cfg: HarnessConfig, point: PointRecord, r: int, rounds: int, history: History, label: str
-) -> None:
-    """One visit of ``point`` in round ``r``: run, merge with the point's earlier rounds, write
-    the row (its figures pooled over every round so far) and this visit's samples."""
-    env = ctx.env
-    visit = Visit(
-        budget=visit_budget(ctx.config, history, rounds - r + 1),
-        round=r,
-        prior_times=tuple(history.times),
-        prior_skew=tuple(history.skew),
-        prior_medians=tuple(history.medians),
-        profile=history.row is None,
-    )
-    t0 = time.perf_counter()
+def _visit(ctx, cfg: HarnessConfig, point: PointRecord, visit: Visit, label: str) -> dict:
+    """One visit of ``point``: run, merge with the point's earlier rounds, write the row (its
+    figures pooled over every round so far) and this visit's samples; the row, as written."""
+    env, r = ctx.env, visit.round
+    history = ctx.history.setdefault(point.id, History())
 
     def lost(why: str) -> None:  # the rank must leave before the point ends (its launcher lost)
         ctx.write({**point_columns(point), "round": r, "status": "error", "error": why})
@@ -107,19 +102,58 @@ def _visit(
         if history.row is not None:  # not profiled again: the first visit's trace figures
             row = {**history.row, **row}
         history.row = {k: v for k, v in row.items() if k != "samples_ms"}
+    written = dict(row)
     watchdog.write_row(lambda: ctx.write(row))
     watchdog.point_done()
-    if row["status"] == "ok":
-        rank0_print(
-            f"{label}: ok, step {row['step_ms_median']:.1f} ms median "
-            f"[{row['step_ms_ci_low']:.1f}, {row['step_ms_ci_high']:.1f}] over "
-            f"{row['steps']} steps (stop: {row['stop']}), overlap {row['overlap_pct']:.0f} % "
-            f"({time.perf_counter() - t0:.1f} s)"
-        )
-    else:
+    return written
+
+
+def _say(label: str, row: dict, seconds: float, left: float | None) -> None:
+    """The visit's line: its step time and interval, and how long the sweep has left."""
+    if row["status"] != "ok":
         rank0_print(f"{label}: error: {row['error']}")
         if row.get("diagnosis"):
             rank0_print(f"{label}: diagnosis: {row['diagnosis']}")
+        return
+    eta = f", about {human_duration(left)} left" if left else ""
+    rank0_print(
+        f"{label}: ok, step {row['step_ms_median']:.1f} ms median "
+        f"[{row['step_ms_ci_low']:.1f}, {row['step_ms_ci_high']:.1f}] over "
+        f"{row['steps']} steps (stop: {row['stop']}), overlap {row['overlap_pct']:.0f} % "
+        f"({seconds:.1f} s{eta})"
+    )
+
+
+def _agreed(ctx, clock: SweepClock, point: PointRecord, r: int) -> tuple[bool, float | None]:
+    """Rank 0's decision for this visit under the budget (whether it runs, its timed seconds'
+    cap), the same on every rank: the ranks' clocks differ, their steps' budgets must not."""
+    decision = [(clock.fits(point.id, r), clock.timed_cap(point.id, r))]
+    if clock.budget_s is not None:
+        dist.broadcast_object_list(decision, group_src=0)
+    return decision[0]
+
+
+def _noise_gap(ctx, floor: NoiseFloor, point: PointRecord, gap: int, r: int, after: str) -> None:
+    """The noise floor timed in the gap before a visit (a peer gone here is a lost rank)."""
+    try:
+        ctx.write_noise({"gap": gap, "round": r, "after": after, **floor.measure()})
+    except Exception as e:  # noqa: BLE001  (a peer gone between points: say so)
+        lost_ranks(
+            ctx,
+            point,
+            LostRanksError(
+                f"point {point.id}: lost contact with the other ranks before the point, "
+                f"timing the noise floor ({type(e).__name__}: "
+                f"{str(e).splitlines()[0][:300]})"
+            ),
+        )
+
+
+def _not_run(ctx, clock: SweepClock, point: PointRecord, r: int, label: str) -> None:
+    clock.visits.remove((point.id, r))
+    rank0_print(f"{label}: not run: the budget ({human_duration(clock.budget_s)}) is spent")
+    if ctx.env.is_main:
+        ctx.meta.setdefault("visits_not_run", []).append([point.id, r])
 
 
 def run_sweep(config: RunConfig, points: list[PointRecord]) -> int:
@@ -130,7 +164,10 @@ def run_sweep(config: RunConfig, points: list[PointRecord]) -> int:
     orders = round_orders(points, rounds, config.seed)
     if env.is_main:
         ctx.meta["round_orders"] = [[p.id for p in order] for order in orders]
+        ctx.meta["budget_s"] = config.budget_s
         write_meta(ctx.run_dir / "meta.json", ctx.meta)
+    todo = [(p.id, r) for r, o in enumerate(orders, 1) for p in o if (p.id, r) not in ctx.skip]
+    clock = SweepClock(visits=todo, budget_s=config.budget_s)
     rank0_print(
         f"sweep {config.sweep}: {len(points)} points x {rounds} round(s), world size "
         f"{env.world_size}, {env.backend} on {env.device.type}, results in {ctx.run_dir}"
@@ -144,20 +181,39 @@ def run_sweep(config: RunConfig, points: list[PointRecord]) -> int:
             if (point.id, r) in ctx.skip:
                 rank0_print(f"{label}: already done, skipped (--resume)")
                 continue
-            gap += 1
-            try:
-                ctx.write_noise({"gap": gap, "round": r, "after": after, **floor.measure()})
-            except Exception as e:  # noqa: BLE001  (a peer gone between points: say so)
-                lost_ranks(
-                    ctx,
-                    point,
-                    LostRanksError(
-                        f"point {point.id}: lost contact with the other ranks before the point, "
-                        f"timing the noise floor ({type(e).__name__}: "
-                        f"{str(e).splitlines()[0][:300]})"
-                    ),
-                )
+            go, cap = _agreed(ctx, clock, point, r)
+            if not go:
+                _not_run(ctx, clock, point, r, label)
+                continue
+            t0, gap = time.perf_counter(), gap + 1
+            _noise_gap(ctx, floor, point, gap, r, after)
             history = ctx.history.setdefault(point.id, History())
-            _visit(ctx, cfg, point, r, rounds, history, label)
+            visit = Visit(
+                budget=visit_budget(config, history, rounds - r + 1, cap),
+                round=r,
+                prior_times=tuple(history.times),
+                prior_skew=tuple(history.skew),
+                prior_medians=tuple(history.medians),
+                profile=history.row is None,
+            )
+            row = _visit(ctx, cfg, point, visit, label)
+            seconds = time.perf_counter() - t0
+            clock.done(point.id, r, seconds, sum(row.get("samples_ms") or ()) / 1e3)
+            _say(label, row, seconds, clock.left())
+            if len(clock.spent) == 1 and len(clock.visits) > 1:
+                rank0_print(_forecast(clock, config.budget_s))
             after = point.id
     return finish_run(ctx, _summary)
+
+
+def _forecast(clock: SweepClock, budget_s: float | None) -> str:
+    """Said once, after the first visit: how long the whole sweep should take."""
+    total = clock.elapsed() + (clock.left() or 0.0)
+    text = f"sweep: about {human_duration(total)} in all ({len(clock.visits)} visits"
+    text += f", the first {human_duration(clock.elapsed())}, tracing included)"
+    if budget_s is not None and total > budget_s:
+        text += (
+            f"; the budget, {human_duration(budget_s)}, drops the later rounds' visits that "
+            "no longer fit"
+        )
+    return text

@@ -1,0 +1,73 @@
+"""How long a sweep will take, said from its first visits, and its time budget (``--budget``).
+
+A visit's wall time (build, warm-up, the check against the plain model, timed steps, the traced
+steps on the first visit) is what the sweep is made of. Each point's own visits say its cost;
+a point not yet visited is costed as the mean of those that were, and a later round of a point
+as its last round did (a first visit also traces, so it is dearer than the ones after it).
+
+The budget is shared out so that every point is measured before any point is measured again:
+the first round runs whole (a point never visited has no answer at all), and a later round's
+visit runs only if what it is expected to take still fits. What is left over is split over the
+visits left, capping each one's timed seconds, so that the rounds still to come all get theirs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SweepClock:
+    """The visits of a sweep, in order ((point id, round) pairs), and what each one took."""
+
+    visits: list[tuple[str, int]]
+    budget_s: float | None = None
+    spent: dict[tuple[str, int], float] = field(default_factory=dict)
+    # seconds of each visit that were not timed steps (build, warm-up, check, traces)
+    overhead: dict[tuple[str, int], float] = field(default_factory=dict)
+
+    def done(self, point: str, r: int, seconds: float, timed_s: float = 0.0) -> None:
+        self.spent[(point, r)] = seconds
+        self.overhead[(point, r)] = max(0.0, seconds - timed_s)
+
+    def elapsed(self) -> float:
+        return sum(self.spent.values())
+
+    def expected(self, point: str, r: int) -> float | None:
+        """What visit (point, r) should take: the point's latest visit (its first visit
+        traces, so a later round costs as the last one did), else the mean first visit of the
+        points visited; None before any visit."""
+        mine = [s for (p, q), s in self.spent.items() if p == point and q < r]
+        if mine:
+            return mine[-1]
+        firsts = [s for (p, q), s in self.spent.items() if q == 1] or list(self.spent.values())
+        return sum(firsts) / len(firsts) if firsts else None
+
+    def left(self) -> float | None:
+        """Seconds the visits not yet made should take (None before any visit)."""
+        todo = [v for v in self.visits if v not in self.spent]
+        guesses = [self.expected(p, r) for p, r in todo]
+        if any(g is None for g in guesses):
+            return None
+        return float(sum(guesses))
+
+    def fits(self, point: str, r: int) -> bool:
+        """Whether visit (point, r) runs under the budget: every first-round visit does; a
+        later one if what it should take fits in what is left."""
+        if self.budget_s is None or r == 1:
+            return True
+        guess = self.expected(point, r) or 0.0
+        return self.elapsed() + guess <= self.budget_s
+
+    def timed_cap(self, point: str, r: int) -> float | None:
+        """Seconds visit (point, r) may spend on timed steps under the budget: its share of
+        what is left (split over the visits left) less what the visit costs besides timing,
+        as the point's last visit (or the mean visit) did. None: no budget."""
+        if self.budget_s is None:
+            return None
+        todo = [v for v in self.visits if v not in self.spent]
+        share = (self.budget_s - self.elapsed()) / max(1, len(todo))
+        mine = [s for (p, q), s in self.overhead.items() if p == point and q < r]
+        every = list(self.overhead.values())
+        fixed = mine[-1] if mine else (sum(every) / len(every) if every else 0.0)
+        return max(0.0, share - fixed)

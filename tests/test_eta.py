@@ -1,0 +1,55 @@
+"""A sweep's time, said and bounded (bench/runner/train/eta.py): the forecast from the first
+visits, the budget shared so that every point is measured before any is measured again."""
+
+import pytest
+
+from bench.console import human_duration, parse_duration
+from bench.runner.train.eta import SweepClock
+
+pytestmark = pytest.mark.unit
+
+VISITS = [(p, r) for r in (1, 2, 3) for p in ("a", "b", "c")]
+
+
+def test_durations_read_and_print_as_a_user_writes_them():
+    assert [parse_duration(t) for t in ("90", "90s", "10m", "1.5h", " 2M ")] == [
+        90,
+        90,
+        600,
+        5400,
+        120,
+    ]
+    for bad in ("", "0", "-5m", "10 minutes", "m", "1d"):
+        with pytest.raises(ValueError, match="is not a duration"):
+            parse_duration(bad)
+    assert [human_duration(s) for s in (12, 600, 7200)] == ["12 s", "10 min", "2.0 h"]
+
+
+def test_the_time_left_is_each_points_own_cost_and_the_mean_for_the_others():
+    clock = SweepClock(visits=list(VISITS))
+    assert clock.left() is None  # nothing to go by yet
+    clock.done("a", 1, 10.0, timed_s=4.0)  # a first visit traces: dearer
+    assert clock.left() == pytest.approx(8 * 10.0)
+    clock.done("b", 1, 20.0)
+    clock.done("c", 1, 30.0)
+    clock.done("a", 2, 6.0)
+    # a's third round as its second did; b's and c's later rounds as their first did
+    assert clock.left() == pytest.approx(6.0 + 20 + 30 + 20 + 30)
+
+
+def test_a_budget_runs_the_first_round_whole_then_what_fits_and_shares_the_rest():
+    clock = SweepClock(visits=list(VISITS), budget_s=100.0)
+    assert clock.timed_cap("a", 1) == pytest.approx(100 / 9)  # nothing known of its overhead
+    for p, s in (("a", 30.0), ("b", 30.0), ("c", 30.0)):
+        assert clock.fits(p, 1)
+        clock.done(p, 1, s, timed_s=10.0)
+    assert clock.fits("a", 1)  # a first-round visit always runs: no point goes unmeasured
+    assert not clock.fits("a", 2)  # 90 s spent, a takes 30: over 100
+    unbounded = SweepClock(visits=list(VISITS))
+    unbounded.done("a", 1, 500.0)
+    assert unbounded.fits("a", 2) and unbounded.timed_cap("a", 2) is None
+    # what is left (10 s over 6 visits) less a's 20 s of overhead: no timing beyond the minimum
+    assert clock.timed_cap("a", 2) == 0.0
+    roomy = SweepClock(visits=list(VISITS), budget_s=1000.0)
+    roomy.done("a", 1, 30.0, timed_s=10.0)
+    assert roomy.timed_cap("a", 2) == pytest.approx((1000 - 30) / 8 - 20)
