@@ -12,6 +12,7 @@ import pytest
 
 from bench.runfolder import columns
 from bench.runfolder.folder import read_run
+from bench.runfolder.verdicts import read_verdicts
 
 pytestmark = pytest.mark.e2e
 
@@ -111,6 +112,11 @@ def test_sweep_writes_the_data_contract_and_resumes(tmp_path):
     samples = pd.read_csv(out / "samples.csv")  # every timed step, for comparisons
     assert samples.groupby("point").size().to_dict() == dict.fromkeys(df["point"], 6)
     assert (samples.groupby(["point", "round"]).size() == 3).all()
+    verdicts = read_verdicts(out)  # the answers, machine-readable
+    assert sorted(verdicts["impl"]) == ["native", "reference"] and set(verdicts["model"]) == {"mlp"}
+    assert set(verdicts["best"].astype(str)) <= {"0.25", "5"} and set(verdicts["method"]) == {
+        "rounds"
+    }
     assert (df["comm_bytes_per_step"] == df["grad_bytes"]).all()
     assert (df["comm_bytes_expected"] == df["grad_bytes"]).all()
     for point in df["point"]:

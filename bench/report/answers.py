@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import html
 import re
+import sys
 
+import numpy as np
 import pandas as pd
 
 from bench.analysis.confidence import families, point_intervals, run_estimates, verdicts
@@ -17,6 +19,7 @@ from bench.report.mfu import mfu_note
 from bench.runfolder import columns
 from bench.runfolder.folder import Run
 from bench.runfolder.points import PointRecord
+from bench.runfolder.verdicts import TIED_SEP, VERDICTS_COLUMNS, write_verdicts
 from bench.stats.estimates import ratio
 
 
@@ -95,10 +98,93 @@ def best_and_tied(ok: pd.DataFrame, found: pd.DataFrame) -> tuple[set, set]:
     return best, tied
 
 
-def console_summary(run: Run) -> str:
+def verdict_table(found: pd.DataFrame) -> pd.DataFrame:
+    """The verdicts as ``verdicts.csv`` holds them (``runfolder.verdicts``): values as text,
+    the tied ones joined, and the method they came from."""
+
+    def text(v) -> str:  # numbers as the point ids write them (25, 0.25), whatever the dtype
+        if v is None or (isinstance(v, float) and pd.isna(v)):
+            return ""
+        if isinstance(v, int | float | np.number) and not isinstance(v, bool):
+            return f"{float(v):g}"
+        return str(v)
+
+    rows = [
+        {
+            **{k: getattr(v, k) for k in VERDICTS_COLUMNS if hasattr(v, k)},
+            "best": text(v.best),
+            "default": text(v.default),
+            "value2": text(v.value2),
+            "tied": TIED_SEP.join(text(t) for t in v.tied),
+            "method": "rounds",
+            "cycles": None,
+        }
+        for v in found.itertuples()
+    ]
+    return pd.DataFrame(rows, columns=VERDICTS_COLUMNS)
+
+
+def close_training_run(run: Run) -> str:
+    """At a training sweep's end: ``verdicts.csv`` written, and the console's closing text."""
+    df, found = training_claims(run)
+    try:
+        write_verdicts(run.path, verdict_table(found))
+    except OSError as e:  # the results are safe; say why the verdicts are not
+        print(f"verdicts.csv not written: {e}", file=sys.stderr)
+    return console_summary(run, df, found)
+
+
+ANSWERS_TABLE = [
+    "model",
+    "impl",
+    "value2",
+    "best_old",
+    "best_new",
+    "answer",
+    "cost_old",
+    "cost_new",
+]
+
+
+def _cost(r: pd.Series, side: str) -> str:
+    ratio, lo, hi = (r.get(f"default_{k}_{side}") for k in ("ratio", "low", "high"))
+    if ratio is None or pd.isna(ratio):
+        return ""
+    span = f" [{lo:.2f}, {hi:.2f}]" if pd.notna(lo) and pd.notna(hi) else ""
+    return f"x{ratio:.3f}{span}"
+
+
+def answers_then_and_now(old: pd.DataFrame | None, new: pd.DataFrame | None):
+    """Per model and implementation in both runs' ``verdicts.csv``: the best value then and now,
+    whether the answer held (the same best, or each within the other's ties) or moved, and the
+    default's cost in each. None where either run has no verdicts."""
+    if old is None or new is None or old.empty or new.empty:
+        return None
+    keys = ["model", "impl", "value2"]
+    both = old.fillna({"value2": ""}).merge(
+        new.fillna({"value2": ""}), on=keys, suffixes=("_old", "_new")
+    )
+    if both.empty:
+        return None
+
+    def answer(r: pd.Series) -> str:
+        if r["best_old"] == r["best_new"]:
+            return "held"
+        if r["best_new"] in r["tied_old"] or r["best_old"] in r["tied_new"]:
+            return "held (tied)"
+        return "moved"
+
+    both["answer"] = both.apply(answer, axis=1)
+    both["cost_old"] = both.apply(_cost, axis=1, side="old")
+    both["cost_new"] = both.apply(_cost, axis=1, side="new")
+    return both[ANSWERS_TABLE]
+
+
+def console_summary(run: Run, df: pd.DataFrame | None = None, found=None) -> str:
     """The points (the best per model and implementation starred, values tied with it marked
     =), then each group's answer with its confidence."""
-    df, found = training_claims(run)
+    if df is None or found is None:
+        df, found = training_claims(run)
     df = scaling_efficiency(df)
     best, tied = best_and_tied(df[df["status"] == "ok"], found)
     df["best"] = ["*" if i in best else "=" if i in tied else "" for i in df.index]

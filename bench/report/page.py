@@ -15,7 +15,14 @@ import pandas as pd
 from bench.analysis.scaling import scaling_efficiency
 from bench.report import claims
 from bench.report import figures as figs
-from bench.report.answers import best_and_tied, headline, swept_axes, training_claims
+from bench.report.answers import (
+    ANSWERS_TABLE,
+    answers_then_and_now,
+    best_and_tied,
+    headline,
+    swept_axes,
+    training_claims,
+)
 from bench.report.collective_figures import busbw_figure
 from bench.report.compare import TIED, compare
 from bench.report.definitions_section import definitions_sections
@@ -28,6 +35,7 @@ from bench.report.timeline_section import timeline_sections
 from bench.runfolder import columns
 from bench.runfolder.folder import Run, RunFolderError, ours_and_native, read_run
 from bench.runfolder.placement import cost_rows
+from bench.runfolder.verdicts import read_verdicts
 
 TRAINING_TABLE = columns.report_columns(columns.TRAINING)
 COLLECTIVE_TABLE = columns.report_columns(columns.COLLECTIVE)
@@ -183,7 +191,7 @@ def _collective_sections(meta: dict, df: pd.DataFrame) -> list[str]:
     return parts
 
 
-def _comparison_sections(cmp: pd.DataFrame, baseline: Path) -> list[str]:
+def _comparison_sections(cmp: pd.DataFrame, baseline: Path, held=None) -> list[str]:
     if cmp.empty:
         return [
             f"<h2>Compared with {html.escape(baseline.name)}</h2><p>No point ran in both runs.</p>"
@@ -198,7 +206,7 @@ def _comparison_sections(cmp: pd.DataFrame, baseline: Path) -> list[str]:
     )
     if n_reg:
         summary = f"<span class='flag'>{n_reg} regression(s).</span> " + summary
-    return [
+    parts = [
         f"<h2>Compared with {html.escape(baseline.name)}</h2>",
         f"<p>{summary}</p>",
         figs.comparison_figure(cmp),
@@ -208,6 +216,24 @@ def _comparison_sections(cmp: pd.DataFrame, baseline: Path) -> list[str]:
             "Per point: baseline and new typical time (ms), "
             "ratio new / baseline with its interval, p-value, verdict",
             cell_class=lambda r, c: "flag" if c == "verdict" and r["regression"] else "",
+        ),
+    ]
+    return parts + _answers_section(held)
+
+
+def _answers_section(held: pd.DataFrame | None) -> list[str]:
+    """Both runs' verdicts.csv side by side: did the best value hold?"""
+    if held is None:
+        return []
+    return [
+        "<h3>The answers, then and now</h3>",
+        html_table(
+            held,
+            ANSWERS_TABLE,
+            "Per model and implementation, from both runs' verdicts.csv: the best value in the "
+            "baseline and now, whether the answer held (the same best, or each within the "
+            "other's ties at 95 %) or moved, and the default's cost over the best in each",
+            cell_class=lambda r, c: "flag" if c == "answer" and r["answer"] == "moved" else "",
         ),
     ]
 
@@ -307,7 +333,8 @@ def write_report(
             new_noise=run.noise,
             old_noise=old.noise,
         )
-        comparison = (cmp, Path(baseline))
+        held = answers_then_and_now(read_verdicts(old.path), read_verdicts(run.path))
+        comparison = (cmp, Path(baseline), held)
     reports_dir.mkdir(parents=True, exist_ok=True)
     out = reports_dir / f"{run.path.name}.html"
     out.write_text(render(run, comparison, collectives, timelines, definitions))

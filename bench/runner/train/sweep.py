@@ -27,9 +27,9 @@ from bench.runner.train.harness import HarnessConfig, LostRanksError, Visit, run
 
 def _summary(run: Run) -> str:
     # The reading side's answers, imported once the sweep is done (as the report is).
-    from bench.report.answers import console_summary
+    from bench.report.answers import close_training_run
 
-    return console_summary(run)
+    return close_training_run(run)  # verdicts.csv written, and the console's closing text
 
 
 def lost_ranks(ctx, point: PointRecord, e: LostRanksError) -> None:
