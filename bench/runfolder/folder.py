@@ -30,7 +30,7 @@ import pandas as pd
 from bench.runfolder.columns import NOISE_COLUMNS, SAMPLE_COLUMNS
 from bench.runfolder.points import POINTS_FILE, PointRecord, RunFolderError, read_points
 
-SCHEMA_VERSION = "2.4"
+SCHEMA_VERSION = "2.5"
 
 
 def utc_now() -> str:
