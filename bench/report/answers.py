@@ -156,7 +156,7 @@ def _cost(r: pd.Series, side: str) -> str:
 
 def answers_then_and_now(old: pd.DataFrame | None, new: pd.DataFrame | None):
     """Per model and implementation in both runs' ``verdicts.csv``: the best value then and now,
-    whether the answer held (the same best, or each within the other's ties) or moved, and the
+    whether the answer held (the same best, or one within the other's ties) or moved, and the
     default's cost in each. None where either run has no verdicts."""
     if old is None or new is None or old.empty or new.empty:
         return None

@@ -231,7 +231,7 @@ def _answers_section(held: pd.DataFrame | None) -> list[str]:
             held,
             ANSWERS_TABLE,
             "Per model and implementation, from both runs' verdicts.csv: the best value in the "
-            "baseline and now, whether the answer held (the same best, or each within the "
+            "baseline and now, whether the answer held (the same best, or one within the "
             "other's ties at 95 %) or moved, and the default's cost over the best in each",
             cell_class=lambda r, c: "flag" if c == "answer" and r["answer"] == "moved" else "",
         ),
