@@ -180,11 +180,9 @@ def answers_then_and_now(old: pd.DataFrame | None, new: pd.DataFrame | None):
     return both[ANSWERS_TABLE]
 
 
-def console_summary(run: Run, df: pd.DataFrame | None = None, found=None) -> str:
+def console_summary(run: Run, df: pd.DataFrame, found: pd.DataFrame) -> str:
     """The points (the best per model and implementation starred, values tied with it marked
-    =), then each group's answer with its confidence."""
-    if df is None or found is None:
-        df, found = training_claims(run)
+    =), then each group's answer with its confidence; ``df``, ``found``: ``training_claims``."""
     df = scaling_efficiency(df)
     best, tied = best_and_tied(df[df["status"] == "ok"], found)
     df["best"] = ["*" if i in best else "=" if i in tied else "" for i in df.index]

@@ -74,11 +74,13 @@ def visit_budget(
     )
 
 
-def _visit(ctx, cfg: HarnessConfig, point: PointRecord, visit: Visit, label: str) -> dict:
-    """One visit of ``point``: run, merge with the point's earlier rounds, write the row (its
-    figures pooled over every round so far) and this visit's samples; the row, as written."""
+def _visit(
+    ctx, cfg: HarnessConfig, point: PointRecord, visit: Visit, history: History, label: str
+) -> tuple[dict, float]:
+    """One visit of ``point``: run, merge with the point's earlier rounds (``history``), write
+    the row (its figures pooled over every round so far) and this visit's samples; the row
+    and the seconds its timed steps took."""
     env, r = ctx.env, visit.round
-    history = ctx.history.setdefault(point.id, History())
 
     def lost(why: str) -> None:  # the rank must leave before the point ends (its launcher lost)
         ctx.write({**point_columns(point), "round": r, "status": "error", "error": why})
@@ -102,10 +104,10 @@ def _visit(ctx, cfg: HarnessConfig, point: PointRecord, visit: Visit, label: str
         if history.row is not None:  # not profiled again: the first visit's trace figures
             row = {**history.row, **row}
         history.row = {k: v for k, v in row.items() if k != "samples_ms"}
-    written = dict(row)
+    timed_s = sum(row.get("samples_ms") or ()) / 1e3  # before the write takes the samples
     watchdog.write_row(lambda: ctx.write(row))
     watchdog.point_done()
-    return written
+    return row, timed_s
 
 
 def _say(label: str, row: dict, seconds: float, left: float | None) -> None:
@@ -196,9 +198,9 @@ def run_sweep(config: RunConfig, points: list[PointRecord]) -> int:
                 prior_medians=tuple(history.medians),
                 profile=history.row is None,
             )
-            row = _visit(ctx, cfg, point, visit, label)
+            row, timed_s = _visit(ctx, cfg, point, visit, history, label)
             seconds = time.perf_counter() - t0
-            clock.done(point.id, r, seconds, sum(row.get("samples_ms") or ()) / 1e3)
+            clock.done(point.id, r, seconds, timed_s)
             _say(label, row, seconds, clock.left())
             if len(clock.spent) == 1 and len(clock.visits) > 1:
                 rank0_print(_forecast(clock, config.budget_s))
