@@ -53,7 +53,7 @@ def test_sweep_writes_the_data_contract_and_resumes(tmp_path):
     """Two rounds of two values and two implementations: a row per visit, the samples of each
     round, the noise floor between visits, the answers on the console; resume skips them."""
     out, reports = tmp_path / "run", tmp_path / "reports"
-    rounds = ["--rounds", "2", "--max-steps", "6"]  # 3 timed steps in each of 2 rounds
+    rounds = ["--rounds", "2", "--max-steps", "6", "--interleave", "off"]  # 3 steps a round
     cmd = [
         str(TORCHRUN),
         "--standalone",
@@ -313,7 +313,8 @@ def test_a_budget_measures_every_point_once_and_says_what_it_left_out(tmp_path):
     run and are named; the sweep says how long it will take, and each line its time left."""
     out = tmp_path / "run"
     cmd = [sys.executable, "bench/run.py", "--nproc-per-node", "2", *SMALL, "--impl", "native"]
-    cmd += ["--rounds", "3", "--budget", "1s", "--out", str(out), "--no-report"]  # last wins
+    cmd += ["--rounds", "3", "--budget", "1s", "--interleave", "off"]  # last wins
+    cmd += ["--out", str(out), "--no-report"]
     proc = launch(cmd, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     df = pd.read_csv(out / "results.csv")
@@ -324,3 +325,31 @@ def test_a_budget_measures_every_point_once_and_says_what_it_left_out(tmp_path):
     assert re.search(r"\[round 1/3 1/2\] .*: ok, .*, about \d+ s left\)", proc.stdout)
     meta = json.loads((out / "meta.json").read_text())
     assert meta["budget_s"] == 1.0 and len(meta["visits_not_run"]) == 4
+
+
+@pytest.mark.timeout(300)
+def test_an_interleaved_sweep_pairs_its_candidates_and_says_so(tmp_path):
+    """--interleave on: one model's candidates timed in cycles, a row each with its cycles,
+    samples indexed by cycle, paired verdicts in verdicts.csv, the report and the console."""
+    out, reports = tmp_path / "run", tmp_path / "reports"
+    cmd = [sys.executable, "bench/run.py", "--nproc-per-node", "2", *SMALL, "--impl", "native"]
+    cmd += ["--values", "1,25", "--steps", "6", "--max-steps", "40", "--max-point-s", "4"]
+    cmd += ["--interleave", "on", "--out", str(out), "--reports-dir", str(reports)]
+    proc = launch(cmd, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "2 points interleaved in 1 cohort(s), 0 points x 1 round(s)" in proc.stdout
+    run = read_run(out)
+    df = run.results
+    assert len(df) == 2 and (df["status"] == "ok").all() and (df["method"] == "paired").all()
+    n = int(df["cycles"].iloc[0])
+    assert 6 <= n <= 40 and (df["cycles"] == n).all() and (df["steps"] == n).all()
+    assert set(df["stop"]) <= {"decided", "max_steps", "max_point_s"}
+    assert df["alone_ms"].gt(0).all() and df["interleave_cost_pct"].notna().all()
+    per_point = run.samples.groupby("point")["index"].apply(sorted)
+    assert all(idx == list(range(n)) for idx in per_point)  # sample i: cycle i
+    assert [set(c) for c in run.meta["interleaved"]] == [set(df["point"])]
+    v = read_verdicts(out).iloc[0]
+    assert v["method"] == "paired" and v["cycles"] == n
+    assert f"paired over {n} cycles" in proc.stdout
+    html = (reports / "run.html").read_text()
+    assert "2 point(s) were interleaved" in html and f"paired over {n} cycles" in html

@@ -56,6 +56,8 @@ def rows(path: Path) -> int:
 
 
 SWEEP = [
+    "--interleave",  # rows visit by visit: a killed rank keeps what finished
+    "off",
     "--sweep",
     "bucket_cap_mb",
     "--values",

@@ -52,6 +52,8 @@ def sweep(out: Path, models: list[str]) -> tuple[subprocess.CompletedProcess, fl
         "3",
         "--rounds",
         "1",
+        "--interleave",  # the points in their order, each one's outcome its own
+        "off",
         "--warmup-steps",
         "1",
         "--profile-steps",

@@ -59,6 +59,8 @@ def sweep_args(out: Path, values: str, steps: int) -> list[str]:
         n,
         "--rounds",
         "1",
+        "--interleave",  # rows visit by visit: a cancelled job keeps what finished
+        "off",
         "--warmup-steps",
         "1",
         "--profile-steps",

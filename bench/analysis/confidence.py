@@ -23,6 +23,7 @@ from bench.stats.estimates import (
     round_medians,
 )
 from bench.stats.intervals import CONFIDENCE
+from bench.stats.paired import DECIDED, look_confidence, versus_best_paired
 from bench.stats.ties import versus_best
 
 INTERVAL_COLUMNS = ["point", "typical_ms", "typical_ms_low", "typical_ms_high", "rounds"]
@@ -43,6 +44,8 @@ VERDICT_COLUMNS = [
     "span_pct",
     "floor_pct",
     "within_floor",
+    "method",  # rounds (the points' estimates) or paired (per-cycle ratios, interleaved)
+    "cycles",  # paired: the cycles every candidate of the group was timed in
 ]
 # A point's rounds disagree when their spread is this unlikely under the other points' (F test).
 DISAGREE_P = 0.01
@@ -122,7 +125,8 @@ def verdicts(
         if not cands:
             continue
         value_of = dict(zip(g["point"], g["value"], strict=True))
-        v = versus_best(cands, CONFIDENCE)
+        cycles = _cycles(g, samples)
+        v = _paired(g, cycles) if cycles else versus_best(cands, CONFIDENCE)
         default = defaults.get("value")
         default_point = next((p for p, val in value_of.items() if _same(val, default)), None)
         r = v.ratios.get(default_point) if default_point else None
@@ -133,7 +137,7 @@ def verdicts(
                 "impl": key[1],
                 "value2": key[2] if grid else None,
                 "best": value_of[v.best],
-                "best_ms": cands[v.best].value,
+                "best_ms": _typical(v, cands, cycles),
                 "tied": [value_of[p] for p in v.tied],
                 "n_values": len(cands),
                 "default": default if default_point else None,
@@ -146,9 +150,38 @@ def verdicts(
                 "floor_pct": floor,
                 # every difference in the group is smaller than the machine's own wander
                 "within_floor": bool(math.isfinite(floor) and 100 * (span - 1) < floor),
+                "method": "paired" if cycles else "rounds",
+                "cycles": v.cycles if cycles else None,
             }
         )
     return pd.DataFrame(rows, columns=VERDICT_COLUMNS)
+
+
+def _cycles(group: pd.DataFrame, samples: pd.DataFrame) -> dict[str, list[float]] | None:
+    """Each point's step per cycle (its samples in index order) where every point of the
+    group was timed interleaved, in one cohort: their sample i share a cycle. None otherwise
+    (rounds, or a folder from before interleaving: no ``method``)."""
+    if len(group) < 2 or "method" not in group or not (group["method"] == "paired").all():
+        return None
+    if "cohort" in group and group["cohort"].nunique(dropna=False) > 1:  # resumed: no pairs
+        return None
+    mine = samples[samples["point"].isin(group["point"])].sort_values("index")
+    return {p: mine.loc[mine["point"] == p, "ms"].tolist() for p in group["point"]}
+
+
+def _paired(group: pd.DataFrame, cycles: dict[str, list[float]]):
+    """The paired verdict at the confidence of the look the cycles stopped at: an interim
+    one where they stopped decided, else the last (``bench.stats.paired``)."""
+    n = min(len(t) for t in cycles.values())
+    early = "stop" in group and bool((group["stop"] == DECIDED).all())
+    return versus_best_paired(cycles, look_confidence(n, early, CONFIDENCE))
+
+
+def _typical(v, cands: dict[str, Estimate], cycles) -> float:
+    """The best's typical step: the median of its cycles (paired), else its estimate."""
+    if cycles:
+        return float(np.median(cycles[v.best]))
+    return cands[v.best].value
 
 
 def _same(a, b) -> bool:

@@ -116,8 +116,6 @@ def verdict_table(found: pd.DataFrame) -> pd.DataFrame:
             "default": text(v.default),
             "value2": text(v.value2),
             "tied": TIED_SEP.join(text(t) for t in v.tied),
-            "method": "rounds",
-            "cycles": None,
         }
         for v in found.itertuples()
     ]

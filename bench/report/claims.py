@@ -69,7 +69,9 @@ def headline(verdicts: pd.DataFrame, knob: str, second: str | None, rounds: int)
     confidence = "95 %" + (" with rounds' drift" if rounds > 1 else "")
     lines = []
     for _, v in verdicts.iterrows():
-        line = html.escape(verdict_line(v, knob, second, confidence))
+        paired = v.get("method") == "paired"
+        said = f"95 %, paired over {int(v['cycles'])} cycles" if paired else confidence
+        line = html.escape(verdict_line(v, knob, second, said))
         if v["within_floor"]:
             line += (
                 f" <span class='flag'>(every difference here, {v['span_pct']:.1f} % at most, is "
@@ -77,6 +79,32 @@ def headline(verdicts: pd.DataFrame, knob: str, second: str | None, rounds: int)
             )
         lines.append(line)
     return "<br>".join(lines)
+
+
+def _interleaved(results: pd.DataFrame) -> list[str]:
+    """What the interleaved points were, how their cycles ended and what interleaving cost."""
+    if "method" not in results:
+        return []
+    paired = results[(results["method"] == "paired") & (results["status"] == "ok")]
+    if paired.empty:
+        return []
+    stops = ", ".join(f"{k} {v}" for k, v in paired["stop"].value_counts().items())
+    cost = paired["interleave_cost_pct"].dropna()
+    spread = (
+        f"median {cost.median():+.1f} %, from {cost.min():+.1f} to {cost.max():+.1f} %"
+        if len(cost)
+        else "not measured"
+    )
+    return [
+        f"<p>{len(paired)} point(s) were interleaved: each model's candidates built together "
+        "and timed in cycles, one step of each per cycle in a fresh random order, "
+        f"{int(paired['cycles'].max())} cycles at most (stopped: {stops}; decided: every "
+        "comparison with the best excludes 1 or lies within the tie band). Their verdicts "
+        "come from the per-cycle ratios of each candidate to the best: the median with its "
+        "distribution-free interval, so that drift and load that fall on a whole cycle "
+        "cancel. What interleaving changed in a point's step (interleaved over alone): "
+        f"{spread}.</p>"
+    ]
 
 
 def confidence_section(
@@ -101,6 +129,7 @@ def confidence_section(
         f"(--max-steps {cfg.get('max_steps', '?')}, --max-point-s "
         f"{cfg.get('max_point_s', '?')}).</p>",
     ]
+    parts += _interleaved(results)
     if math.isfinite(floor):
         parts.append(
             f"<p>Noise floor: a fixed reference workload timed between points ({len(noise)} "

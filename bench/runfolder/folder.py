@@ -12,6 +12,10 @@ Schema versions (major.minor; a reader reads its own major and any minor):
   pooled over that point's rounds so far: a point's answer is its last ok row. samples.csv
   names each sample's round; noise.csv holds the reference workload timed between points.
   A 2.0 folder reads as one round without a noise floor.
+- 2.6: interleaved cohorts. results.csv's ``method`` (rounds or paired), ``cohort``, ``cycles``,
+  ``alone_ms`` and ``interleave_cost_pct``; a paired point's samples are indexed by cycle (its
+  cohort's sample i were timed in the same cycle); meta.json's ``interleaved``. A folder
+  without ``method`` reads as rounds.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import pandas as pd
 from bench.runfolder.columns import NOISE_COLUMNS, SAMPLE_COLUMNS
 from bench.runfolder.points import POINTS_FILE, PointRecord, RunFolderError, read_points
 
-SCHEMA_VERSION = "2.5"
+SCHEMA_VERSION = "2.6"
 
 
 def utc_now() -> str:

@@ -256,7 +256,18 @@ TRAINING: tuple[Column, ...] = (
         name="stop",
         ranks=POINT,
         meaning="what ended this visit's timing: target (the interval is "
-        "tight enough), max_steps or max_point_s (the budget)",
+        "tight enough), decided (interleaved: every comparison with the best answered), "
+        "max_steps or max_point_s (the budget)",
+    ),
+    Column(name="method", ranks=POINT, meaning="rounds, or paired: interleaved in a cohort"),
+    Column(name="cohort", ranks=POINT, meaning="paired: its cohort (samples pair within one)"),
+    Column(name="cycles", ranks=POINT, meaning="paired: its cohort's cycles (a sample each)"),
+    Column(name="alone_ms", unit="ms", ranks=TIMED, meaning="paired: median step timed alone"),
+    Column(
+        name="interleave_cost_pct",
+        unit="%",
+        ranks=TIMED,
+        meaning="paired: its median step interleaved over alone, minus 1 (caches, allocator)",
     ),
     Column(
         name="round",

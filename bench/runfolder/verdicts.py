@@ -26,7 +26,7 @@ VERDICTS_COLUMNS = [
     "default_low",
     "default_high",
     "default_tied",
-    "method",  # rounds: the rounds' medians against each other
+    "method",  # rounds: the rounds' medians against each other; paired: per-cycle ratios
     "cycles",  # paired comparisons: the cycles timed (empty for rounds)
     "floor_pct",  # the machine's noise floor, % (the run's noise.csv)
 ]

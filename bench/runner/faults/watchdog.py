@@ -116,12 +116,13 @@ def point_started(write_error: Callable[[str], None] | None = None) -> None:
     IN_POINT.set()
 
 
-def write_row(write: Callable[[], None]) -> None:
-    """Write the running point's row (``write()``) unless ``end_now`` wrote its error row."""
+def write_row(write: Callable[[], None], last: bool = True) -> None:
+    """Write the running point's row (``write()``) unless ``end_now`` wrote its error row.
+    ``last=False``: one of an interleaved cohort's rows, more to come."""
     with _ENDING.lock:
         if not _ENDING.written:
             write()
-            _ENDING.written = True
+            _ENDING.written = last
 
 
 def end_now() -> None:

@@ -20,6 +20,8 @@ from bench.runfolder.points import PointRecord
 # Training sweeps repeat every point this many rounds; the message-size sweep once (it repeats
 # sizes adaptively instead).
 DEFAULT_ROUNDS = 3
+# --interleave: always (where the candidates can share the launch), where their state fits, never
+INTERLEAVE = ("on", "auto", "off")
 
 
 def _same_run(default: Any = None) -> Any:
@@ -57,6 +59,9 @@ class RunConfig:
     rounds: int | None = _same_run()
     seed: int = _same_run(0)
     budget_s: float | None = None  # the whole sweep's wall time (--budget), None: unbounded
+    # candidates of one model timed in cycles within the launch (auto: where their state fits)
+    interleave: str = _same_run("auto")
+    tie_band_pct: float = _same_run(3.0)  # a paired ratio within +-this % is a decided tie
     # how the job runs
     profile_steps: int = _same_run(3)
     point_timeout: float = 300.0

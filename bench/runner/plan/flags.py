@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 
 from bench.console import fail, parse_duration
-from bench.runner.plan.config import DEFAULT_ROUNDS, DEFAULTS, RunConfig
+from bench.runner.plan.config import DEFAULT_ROUNDS, DEFAULTS, INTERLEAVE, RunConfig
 from bench.runner.plan.sweeps import SWEEPS
 from parallel_kernels.collectives import COLLECTIVES, DTYPES
 
@@ -168,6 +168,22 @@ def _confidence(p: argparse.ArgumentParser) -> None:
         f"(default {DEFAULT_ROUNDS})",
     )
     r.add_argument("--seed", type=int, help=f"seed of the rounds' orders (default {D.seed})")
+    r.add_argument(
+        "--interleave",
+        choices=INTERLEAVE,
+        help="training sweeps: build the candidates of one model together and time them in "
+        "cycles, one step of each per cycle in a random order, compared pair by pair; auto: "
+        "where their state fits in half the free memory, else rounds (default "
+        f"{D.interleave})",
+    )
+    r.add_argument(
+        "--tie-band",
+        dest="tie_band_pct",
+        type=_positive_float,
+        metavar="PCT",
+        help="interleaved cycles stop once every comparison with the best excludes 1 or lies "
+        f"within +-PCT %% (a tie; default {D.tie_band_pct:g})",
+    )
     r.add_argument(
         "--budget",
         dest="budget_s",

@@ -70,7 +70,7 @@ class Visit:
 PROGRESS_S = 10.0  # a long visit says how far it is at most this often
 
 
-def _every(seconds: float, fn: Callable) -> Callable:
+def every(seconds: float, fn: Callable) -> Callable:
     """``fn``, called at most once per ``seconds`` (the first call waits that long too)."""
     last = [time.monotonic()]
 
@@ -115,12 +115,12 @@ def _train_and_measure(
 
     if visit.profile:  # a point's first visit; later ones only say when they finish
         progress("warm-up")
-    checked = seen["checked"] = _warm_up(point, env, cfg, visit, group, trainer, step)
+    checked = seen["checked"] = warm_up(point, env, cfg, visit, group, trainer, step)
     timed = _timed_steps(env, visit, group, trainer, step, progress)
     metrics: dict = {}
     if visit.profile:
         progress("profiling")
-        metrics = _profiled(point, env, cfg, trainer, step, trace_dir, baseline, timed.times)
+        metrics = profiled(point, env, cfg, trainer, step, trace_dir, baseline, timed.times)
     check_replicas_agree(STRATEGIES[point.strategy].replicated(trainer.wrapped), group)
     if checked is not None:  # a later visit's row carries the first visit's (the runner)
         metrics["checked"] = checked
@@ -159,12 +159,12 @@ def _timed_steps(
         group=group,
         clock=clock,
         between=between,
-        on_chunk=_every(PROGRESS_S, lambda n, w: progress(f"{n} timed steps, median +-{w:.1f} %")),
+        on_chunk=every(PROGRESS_S, lambda n, w: progress(f"{n} timed steps, median +-{w:.1f} %")),
     )
     return Timed(times, skew, stop, float(np.median(data_ms)), nvml.mean_pct)
 
 
-def _profiled(
+def profiled(
     point: PointRecord,
     env: DistEnv,
     cfg: HarnessConfig,
@@ -203,7 +203,7 @@ def _profiled(
     return metrics
 
 
-def _warm_up(
+def warm_up(
     point: PointRecord,
     env: DistEnv,
     cfg: HarnessConfig,
@@ -257,7 +257,7 @@ def run_point(
     if k > env.world_size:
         raise ValueError(f"point {point.id} needs {k} ranks, {env.world_size} were launched")
     members = list(range(k))
-    group = _point_group(point, env, cfg, members)
+    group = new_point_group(point, env, cfg, members)
     metrics, error = None, None
     hangs = hang_dir(trace_dir)
     seen: dict = {}  # what the point got to before it failed: its check against the plain model
@@ -290,10 +290,10 @@ def run_point(
     if env.rank in members and group is not None:
         dist.destroy_process_group(group)
     gc.collect()
-    return _row(point, env, trace_dir, gathered[:k], hangs)
+    return point_row(point, env, trace_dir, gathered[:k], hangs)
 
 
-def _point_group(
+def new_point_group(
     point: PointRecord, env: DistEnv, cfg: HarnessConfig, members: list[int]
 ) -> dist.ProcessGroup | None:
     """The point's own process group (None on a rank outside it). Every rank takes part in
@@ -318,7 +318,9 @@ def _point_group(
     return group
 
 
-def _row(point: PointRecord, env: DistEnv, trace_dir: Path, gathered: list, hangs: Path) -> dict:
+def point_row(
+    point: PointRecord, env: DistEnv, trace_dir: Path, gathered: list, hangs: Path
+) -> dict:
     """The point's row from its members' (metrics, error, checked): its figures, or its root
     cause and, on rank 0, the diagnosis of the dumps its ranks left."""
     row = {

@@ -20,9 +20,11 @@ from bench.runner.measure.timing import Budget
 from bench.runner.plan.config import RunConfig
 from bench.runner.session.context import History, finish_run, start_run
 from bench.runner.session.distenv import rank0_print
+from bench.runner.train.cohort import free_bytes, split_cohorts
 from bench.runner.train.eta import SweepClock
 from bench.runner.train.figures import point_columns
 from bench.runner.train.harness import HarnessConfig, LostRanksError, Visit, run_point
+from bench.runner.train.interleave import CycleBudget, run_cohort
 
 
 def _summary(run: Run) -> str:
@@ -98,6 +100,7 @@ def _visit(
     except LostRanksError as e:
         lost_ranks(ctx, point, e)
     row["round"] = r
+    row["method"] = "rounds"
     skew = row.pop("skew_ms", None)
     if row["status"] == "ok":
         history.add(row["samples_ms"], skew)
@@ -158,22 +161,83 @@ def _not_run(ctx, clock: SweepClock, point: PointRecord, r: int, label: str) -> 
         ctx.meta.setdefault("visits_not_run", []).append([point.id, r])
 
 
+def _plan(ctx, config: RunConfig, points: list[PointRecord]):
+    """Rank 0's split into interleaved cohorts and points for rounds, the same on every rank
+    (the ranks' free memory differs; their plan must not)."""
+    env = ctx.env
+    plan = [None]
+    if env.is_main:
+        cohorts, rest, note = split_cohorts(points, config, env, free_bytes(env.device))
+        plan = [([[p.id for p in c] for c in cohorts], note)]
+    dist.broadcast_object_list(plan, group_src=0)
+    ids, note = plan[0]
+    by_id = {p.id: p for p in points}
+    # a cohort resumed with one candidate left is timed in rounds (nothing to pair it with);
+    # its finished candidates are done
+    live = [[by_id[i] for i in c if (i, 1) not in ctx.skip] for c in ids]
+    lone = [c[0] for c in live if len(c) == 1]
+    together = {i for c in ids for i in c}
+    rest = [p for p in points if p.id not in together] + lone
+    return [c for c in live if len(c) > 1], rest, note
+
+
+def _run_cohorts(ctx, cfg: HarnessConfig, cohorts, clock: SweepClock) -> None:
+    """Each cohort's candidates interleaved in cycles, their rows written as they finish."""
+    config = ctx.config
+    for i, cohort in enumerate(cohorts, 1):
+        label = f"[interleaved {i}/{len(cohorts)}] {cohort[0].model}"
+        caps = [_agreed(ctx, clock, p, 1)[1] for p in cohort]
+        max_s = len(cohort) * config.max_point_s
+        if all(cap is not None for cap in caps):
+            max_s = min(max_s, sum(caps))
+        budget = CycleBudget(
+            min_cycles=config.steps,
+            max_cycles=config.max_steps,
+            max_s=max_s,
+            band_pct=config.tie_band_pct,
+            seed=config.seed + i,
+        )
+        t0 = time.perf_counter()
+        name = f"{ctx.meta.get('start_time', '')}/{i}"  # this launch's cohort i (a resume's differ)
+        try:
+            rows = run_cohort(
+                ctx, cfg, cohort, budget, lambda m, a=label: rank0_print(f"{a}: {m}"), cohort=name
+            )
+        except LostRanksError as e:
+            lost_ranks(ctx, cohort[0], e)
+        seconds = (time.perf_counter() - t0) / len(cohort)
+        for row in rows:
+            timed_s = sum(row.get("samples_ms") or ()) / 1e3
+            clock.done(row["point"], 1, seconds, timed_s)
+            _say(f"{label} {row['point']}", row, seconds, clock.left())
+        if i == 1 and len(clock.visits) > len(clock.spent):
+            rank0_print(_forecast(clock, config.budget_s))
+
+
 def run_sweep(config: RunConfig, points: list[PointRecord]) -> int:
     ctx = start_run(config, columns.written(columns.TRAINING), points=points)
     env, rounds = ctx.env, config.rounds
     watchdog.install()  # a rank stuck in its own code is interrupted when its point failed
     cfg = HarnessConfig(point_timeout_s=config.point_timeout, clip_grad_norm=config.clip_grad_norm)
+    cohorts, points, note = _plan(ctx, config, points)
     orders = round_orders(points, rounds, config.seed)
     if env.is_main:
         ctx.meta["round_orders"] = [[p.id for p in order] for order in orders]
+        ctx.meta["interleaved"] = [[p.id for p in c] for c in cohorts]
         ctx.meta["budget_s"] = config.budget_s
         write_meta(ctx.run_dir / "meta.json", ctx.meta)
-    todo = [(p.id, r) for r, o in enumerate(orders, 1) for p in o if (p.id, r) not in ctx.skip]
+    todo = [(p.id, 1) for c in cohorts for p in c]
+    todo += [(p.id, r) for r, o in enumerate(orders, 1) for p in o if (p.id, r) not in ctx.skip]
     clock = SweepClock(visits=todo, budget_s=config.budget_s)
+    together = f"{sum(map(len, cohorts))} points interleaved in {len(cohorts)} cohort(s), "
     rank0_print(
-        f"sweep {config.sweep}: {len(points)} points x {rounds} round(s), world size "
-        f"{env.world_size}, {env.backend} on {env.device.type}, results in {ctx.run_dir}"
+        f"sweep {config.sweep}: {together if cohorts else ''}{len(points)} points x {rounds} "
+        f"round(s), world size {env.world_size}, {env.backend} on {env.device.type}, results "
+        f"in {ctx.run_dir}"
     )
+    if note:
+        rank0_print(note)
+    _run_cohorts(ctx, cfg, cohorts, clock)
     floor = NoiseFloor(env)
     gap = ctx.gaps_done
     for r, order in enumerate(orders, 1):

@@ -1,0 +1,95 @@
+"""Comparisons with the best from interleaved cycles, and when they are decided.
+
+Candidates timed in cycles (one step of each per cycle, in a fresh random order: ``bench/runner/
+train/interleave.py``) are compared pair by pair: a candidate's per-cycle ratio to the best's
+step of the same cycle, whose median and distribution-free interval
+``estimates.paired_median_ratio`` gives. Drift and a neighbour's load fall on both steps of a
+cycle alike and cancel in the ratio (the randomised multiple interleaved trials of Abedi and
+Brecht, ICPE 2017; "duet" benchmarking, Bulej et al., ICPE 2020). The best is the candidate
+with the lowest median step; the k - 1 comparisons with it share one confidence through
+Bonferroni's correction, as ``ties.versus_best`` does for rounds.
+
+A comparison is decided when its interval excludes 1 (faster or slower, at the confidence) or
+lies inside the tie band (equal to within ``band_pct``): the interleaved runner stops its
+cycles when every comparison is decided.
+
+Looking at the cycles as they come and stopping at the first interval that excludes 1 would
+claim far more than 5 % of false differences (an A/A pair here was "separated" at 1.157
+[1.002, 1.240] after 17 cycles). So the runner looks only at cycles 8, 16, 32, ... (group
+sequential testing, Jennison and Turnbull, *Group Sequential Methods*, 2000), and the error
+is spent by Bonferroni's union bound: the interim look j spends alpha / 2^(j+2) (1/4, 1/8,
+... of it: never more than half in all), the last look, where the budget ends, the other
+half. A verdict reached at an interim look is stated at that look's confidence; one at the
+budget's end at 1 - alpha / 2 (97.5 % for 95 %): the price of being able to stop early.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from bench.stats.estimates import Ratio, paired_median_ratio
+from bench.stats.intervals import CONFIDENCE
+from bench.stats.ties import adjusted
+
+# Two candidates whose ratio's interval lies within +-TIE_BAND_PCT % are called equal: a
+# difference that small is not worth a decision (``--tie-band``).
+TIE_BAND_PCT = 3.0
+DECIDED = "decided"  # results.csv's ``stop`` of cycles that ended at an interim look
+FIRST_LOOK = 8  # the first interim look, in cycles; then each at twice the last
+
+
+def interim_look(n: int) -> int | None:
+    """Which interim look cycle ``n`` is (0 at FIRST_LOOK, 1 at twice it, ...), or None."""
+    j, at = 0, FIRST_LOOK
+    while at < n:
+        j, at = j + 1, at * 2
+    return j if at == n else None
+
+
+def look_confidence(n: int, early: bool, confidence: float = CONFIDENCE) -> float:
+    """The confidence of the verdicts at cycle ``n``: an interim look's (``early``: the cycles
+    stopped there, decided) or the last look's, where the budget ended."""
+    alpha = 1 - confidence
+    j = interim_look(n) if early else None
+    return 1 - (alpha / 2 ** (j + 2) if j is not None else alpha / 2)
+
+
+@dataclass(frozen=True)
+class PairedVerdict:
+    best: str
+    tied: list[str]  # the best and every candidate whose interval reaches 1
+    ratios: dict[str, Ratio]  # candidate -> its per-cycle ratio to the best (the best: absent)
+    confidence: float  # each interval's, after the correction
+    undecided: list[str]  # candidates whose interval neither excludes 1 nor lies in the band
+    cycles: int  # the cycles every candidate was timed in
+
+
+def decided(r: Ratio, band_pct: float = TIE_BAND_PCT) -> bool:
+    """Whether ``r`` answers its question: its interval excludes 1, or lies in the tie band."""
+    if not (math.isfinite(r.low) and math.isfinite(r.high)):
+        return False
+    band = 1 + band_pct / 100
+    return r.separable or (r.low >= 1 / band and r.high <= band)
+
+
+def versus_best_paired(
+    cycles: dict[str, list[float] | np.ndarray],
+    confidence: float = CONFIDENCE,
+    band_pct: float = TIE_BAND_PCT,
+) -> PairedVerdict:
+    """The best of ``cycles`` (candidate -> its step time in each cycle, cycle i of every
+    candidate timed together), the candidates tied with it and each one's ratio to it. Only
+    the cycles every candidate has are paired (a candidate that failed part-way has fewer)."""
+    if not cycles:
+        raise ValueError("no candidates to compare")
+    n = min(len(t) for t in cycles.values())
+    times = {k: np.asarray(t, dtype=float)[:n] for k, t in cycles.items()}
+    best = min(times, key=lambda k: float(np.median(times[k])) if n else math.inf)
+    each = adjusted(confidence, len(times) - 1)
+    ratios = {k: paired_median_ratio(t, times[best], each) for k, t in times.items() if k != best}
+    tied = [best] + [k for k, r in ratios.items() if not r.separable]
+    undecided = [k for k, r in ratios.items() if not decided(r, band_pct)]
+    return PairedVerdict(best, tied, ratios, each, undecided, n)

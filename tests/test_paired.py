@@ -1,0 +1,160 @@
+"""Paired verdicts from interleaved cycles, on synthetic cycles with known answers, and which
+points are interleaved."""
+
+import math
+import socket
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from bench.analysis.confidence import verdicts
+from bench.runner.plan.config import RunConfig
+from bench.runner.plan.points import build_points
+from bench.runner.session.distenv import DistEnv
+from bench.runner.train.cohort import split_cohorts, state_bytes
+from bench.stats.estimates import Ratio
+from bench.stats.paired import decided, interim_look, look_confidence, versus_best_paired
+
+pytestmark = pytest.mark.unit
+
+
+def cycles(rng, true_ms: dict[str, float], n: int, *, drift_sd=0.3, step_sd=0.03) -> dict:
+    """Cycles as a loaded machine makes them: each cycle's speed off by a large common drift
+    (a neighbour's load, which falls on every candidate of the cycle), each step by its own
+    small noise."""
+    common = np.exp(rng.normal(0, drift_sd, n))
+    return {k: ms * common * np.exp(rng.normal(0, step_sd, n)) for k, ms in true_ms.items()}
+
+
+def test_drift_cancels_in_the_pairs_a_and_a_tie_and_five_percent_is_found():
+    rng = np.random.default_rng(0)
+    aa, found = 0, 0
+    for _ in range(200):
+        aa += len(versus_best_paired(cycles(rng, {"a": 100.0, "a2": 100.0}, 40)).tied) == 2
+        v = versus_best_paired(cycles(rng, {"a": 100.0, "slow": 105.0}, 40))
+        found += v.best == "a" and v.tied == ["a"]
+    # the drift (30 % per cycle) is ten times the effect: unpaired, nothing would be separable
+    assert aa >= 0.95 * 200 and found >= 0.9 * 200
+
+
+def test_the_comparisons_share_their_confidence_and_unequal_lengths_pair_what_they_share():
+    rng = np.random.default_rng(1)
+    c = cycles(rng, {"a": 100.0, "b": 100.0, "c": 100.0}, 30)
+    c["c"] = c["c"][:20]  # a candidate that failed after 20 cycles
+    v = versus_best_paired(c)
+    assert v.cycles == 20 and v.confidence == pytest.approx(1 - 0.05 / 2)
+    assert versus_best_paired({"only": [1.0, 2.0]}).tied == ["only"]
+    with pytest.raises(ValueError, match="no candidates"):
+        versus_best_paired({})
+
+
+def test_a_comparison_is_decided_when_it_excludes_one_or_lies_in_the_tie_band():
+    def r(low, high):
+        return Ratio(1.0, low, high, 0.5, 0.95)
+
+    assert decided(r(1.01, 1.2)) and decided(r(0.8, 0.99))  # faster or slower
+    assert decided(r(0.98, 1.02)) and not decided(r(0.98, 1.02), band_pct=1.0)  # a tie
+    assert not decided(r(0.9, 1.1)) and not decided(r(math.nan, math.nan))  # not yet
+    # few cycles have no interval at all, so the cycles go on
+    assert versus_best_paired({"a": [1.0] * 3, "b": [1.0] * 3}).undecided == ["b"]
+
+
+def test_the_verdict_of_an_interleaved_group_is_paired():
+    rng = np.random.default_rng(2)
+    c = cycles(rng, {"m-1": 100.0, "m-25": 104.0, "m-5": 100.0}, 60, drift_sd=0.4)
+    samples = pd.DataFrame(
+        [(p, 1, i, ms) for p, t in c.items() for i, ms in enumerate(t)],
+        columns=["point", "round", "index", "ms"],
+    ).sample(frac=1.0, random_state=0)  # the reader pairs by cycle index, not by file order
+    results = pd.DataFrame(
+        {
+            "point": list(c),
+            "value": [1.0, 25.0, 5.0],
+            "model": "m",
+            "impl": "native",
+            "status": "ok",
+            "method": "paired",
+        }
+    )
+    v = verdicts(results, samples, None, {"value": 25.0}).iloc[0]
+    assert v["method"] == "paired" and v["cycles"] == 60
+    assert 25.0 not in v["tied"] and 1.02 < v["default_low"] < 1.04 < v["default_high"] < 1.07
+    # the same samples read as rounds (one round each): the drift hides the 4 %
+    rounds = verdicts(results.drop(columns="method"), samples, None, {"value": 25.0}).iloc[0]
+    assert rounds["method"] == "rounds" and 25.0 in rounds["tied"]
+
+
+def env(world_size: int = 2) -> DistEnv:
+    return DistEnv(
+        rank=0,
+        world_size=world_size,
+        local_rank=0,
+        local_world_size=world_size,
+        backend="gloo",
+        device=torch.device("cpu"),
+        host=socket.gethostname(),
+        nnodes=1,
+    )
+
+
+def test_one_models_points_at_one_world_size_are_interleaved_where_they_fit():
+    points = build_points("bucket_cap_mb", world_size=2, models="mlp,wide_mlp", impls="native")
+    on = RunConfig(interleave="on")
+    cohorts, rest, note = split_cohorts(points, on, env(), free=None)
+    assert [{p.model for p in c} for c in cohorts] == [{"mlp"}, {"wide_mlp"}] and not rest
+    assert sum(map(len, cohorts)) == len(points) and note is None
+    off = split_cohorts(points, RunConfig(interleave="off"), env(), free=10**12)
+    assert off == ([], points, None)
+    # auto: wide_mlp's candidates together need more than half of what is free
+    mlp = sum(state_bytes(p) for p in points if p.model == "mlp")
+    wide = sum(state_bytes(p) for p in points if p.model == "wide_mlp")
+    free = int(2 * 2 * (mlp + wide) / 2)  # per rank: half of it, over the host's two ranks
+    cohorts, rest, note = split_cohorts(points, RunConfig(interleave="auto"), env(), free)
+    assert [c[0].model for c in cohorts] == ["mlp"]
+    assert {p.model for p in rest} == {"wide_mlp"}
+    assert note.startswith("interleave: wide_mlp run in rounds")
+    # a world-size sweep's points cannot share one launch's ranks
+    sizes = build_points("world_size", world_size=4, values="2,4", models="mlp")
+    assert split_cohorts(sizes, on, env(4), None)[0] == [[p for p in sizes if p.world_size == 4]]
+
+
+def test_the_looks_are_at_8_16_32_and_spend_at_most_the_error_asked():
+    assert [interim_look(n) for n in (7, 8, 12, 16, 32, 33, 64)] == [None, 0, None, 1, 2, None, 3]
+    assert look_confidence(8, early=True) == pytest.approx(1 - 0.05 / 4)
+    assert look_confidence(16, early=True) == pytest.approx(1 - 0.05 / 8)
+    assert look_confidence(60, early=False) == look_confidence(16, early=False) == 0.975
+    # every interim look together and the last one: within the 5 % asked (the union bound)
+    assert sum(1 - look_confidence(8 * 2**j, True) for j in range(30)) + 0.025 <= 0.05
+
+
+def sequential(times: dict, max_cycles: int = 60, min_cycles: int = 10):
+    """The runner's rule on given cycles: a look at 8, 16, 32 (from ``min_cycles``), stop
+    there when every comparison is decided; else the verdict at the budget's end."""
+    for n in range(1, max_cycles + 1):
+        if interim_look(n) is not None and n >= min_cycles:
+            v = versus_best_paired({k: t[:n] for k, t in times.items()}, look_confidence(n, True))
+            if not v.undecided:
+                return v
+    return versus_best_paired(times, look_confidence(max_cycles, False))
+
+
+def test_stopping_at_the_looks_keeps_false_differences_rare_and_finds_a_real_one():
+    """Peeking after every cycle and stopping at the first separation would claim many false
+    differences; the looks' spending keeps A/A within its 5 %, with heavy-tailed noise."""
+    rng = np.random.default_rng(7)
+    false, found, peeked = 0, 0, 0
+    for _ in range(150):
+        aa = {k: 100 * np.exp(rng.standard_t(3, 60) * 0.06) for k in ("a", "a2")}
+        false += len(sequential(aa).tied) == 1
+        peeked += any(  # the naive rule: any cycle's 95 % interval excluding 1
+            len(versus_best_paired({k: t[:n] for k, t in aa.items()}).tied) == 1
+            for n in range(6, 61, 3)
+        )
+        eff = {"a": 100 * np.exp(rng.standard_t(3, 60) * 0.03)}
+        eff["slow"] = 106 * np.exp(rng.standard_t(3, 60) * 0.03)
+        v = sequential(eff)
+        found += v.best == "a" and v.tied == ["a"]
+    assert false <= 0.05 * 150 and peeked >= 2 * max(false, 5)
+    assert found >= 0.9 * 150
