@@ -120,7 +120,7 @@ def test_replaying_our_own_traces_matches_their_communication(
         traces = traced[strategy][ranks]
         out = tmp_path / f"r{ranks}"
         proc = replay(
-            [traces, "--nproc-per-node", ranks, "--reps", "5", "--out", out, "--no-report"]
+            [traces, "--nproc-per-node", ranks, "--reps", "3", "--out", out, "--no-report"]
         )
         assert proc.returncode == 0, proc.stderr[-2000:]
         df = pd.read_csv(out / "results.csv")

@@ -124,8 +124,9 @@ def confidence_section(
         "statistics plus the noise floor. Tied values cannot be separated from the best at "
         "95 % over the group's comparisons together (Bonferroni).</p>",
         f"<p>{rounds} round(s), each in a new random order; timing stopped at the target "
-        f"(+-{cfg.get('target_ci_pct', '?')} %) for {stops.get('target', 0)} point(s), at the "
-        f"budget for {sum(v for k, v in stops.items() if k != 'target')} "
+        f"(+-{cfg.get('target_ci_pct', '?')} %, or interleaved: decided) for "
+        f"{stops.get('target', 0) + stops.get('decided', 0)} point(s), at the budget for "
+        f"{sum(v for k, v in stops.items() if k not in ('target', 'decided'))} "
         f"(--max-steps {cfg.get('max_steps', '?')}, --max-point-s "
         f"{cfg.get('max_point_s', '?')}).</p>",
     ]

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.runfolder.points import PointRecord
+from bench.stats.paired import TIE_BAND_PCT
 
 # Training sweeps repeat every point this many rounds; the message-size sweep once (it repeats
 # sizes adaptively instead).
@@ -61,7 +62,7 @@ class RunConfig:
     budget_s: float | None = None  # the whole sweep's wall time (--budget), None: unbounded
     # candidates of one model timed in cycles within the launch (auto: where their state fits)
     interleave: str = _same_run("auto")
-    tie_band_pct: float = _same_run(3.0)  # a paired ratio within +-this % is a decided tie
+    tie_band_pct: float = _same_run(TIE_BAND_PCT)  # a paired interval within +-this %: a tie
     # how the job runs
     profile_steps: int = _same_run(3)
     point_timeout: float = 300.0

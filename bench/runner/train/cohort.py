@@ -47,7 +47,7 @@ def split_cohorts(
     points: list[PointRecord], config: RunConfig, env: DistEnv, free: int | None
 ) -> tuple[list[list[PointRecord]], list[PointRecord], str | None]:
     """(cohorts to interleave, points for rounds, a line to say once when auto fell back).
-    ``free``: bytes free per host (``free_bytes``), shared by the host's ranks."""
+    ``free``: bytes free on rank 0's device (``free_bytes``)."""
     if config.interleave == "off":
         return [], list(points), None
     together: dict[str, list[PointRecord]] = {}
@@ -57,7 +57,10 @@ def split_cohorts(
     cohorts = [c for c in together.values() if len(c) > 1]
     note = None
     if config.interleave == "auto" and cohorts and free is not None:
-        per_rank = free * SHARE_OF_FREE / (1 if env.device.type == "cuda" else env.local_world_size)
+        # a GPU of its own per rank under NCCL; the host's memory, or one GPU under gloo-cuda,
+        # shared by the host's ranks
+        own = env.device.type == "cuda" and env.backend == "nccl"
+        per_rank = free * SHARE_OF_FREE / (1 if own else env.local_world_size)
         fit = [c for c in cohorts if sum(state_bytes(p) for p in c) <= per_rank]
         if len(fit) < len(cohorts):
             left = [c[0].model for c in cohorts if c not in fit]

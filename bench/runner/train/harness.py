@@ -70,7 +70,7 @@ class Visit:
 PROGRESS_S = 10.0  # a long visit says how far it is at most this often
 
 
-def every(seconds: float, fn: Callable) -> Callable:
+def _every(seconds: float, fn: Callable) -> Callable:
     """``fn``, called at most once per ``seconds`` (the first call waits that long too)."""
     last = [time.monotonic()]
 
@@ -159,7 +159,7 @@ def _timed_steps(
         group=group,
         clock=clock,
         between=between,
-        on_chunk=every(PROGRESS_S, lambda n, w: progress(f"{n} timed steps, median +-{w:.1f} %")),
+        on_chunk=_every(PROGRESS_S, lambda n, w: progress(f"{n} timed steps, median +-{w:.1f} %")),
     )
     return Timed(times, skew, stop, float(np.median(data_ms)), nvml.mean_pct)
 
