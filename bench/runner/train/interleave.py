@@ -56,6 +56,9 @@ from parallel_kernels.groups import set_point_group
 from parallel_kernels.strategies import STRATEGIES
 
 ALONE_STEPS = 3  # each candidate's step timed alone after its warm-up (the interference)
+# A candidate's one visit, as the harness's pieces see it: round 1, first (warm-up checked
+# against the plain model), no earlier samples; its budget is the cycles' (``CycleBudget``).
+ONE_VISIT = Visit(budget=Budget(min_steps=1, max_steps=1, max_s=0.0, target_pct=0.0))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -122,8 +125,7 @@ def _prepare(c: Candidate, env: DistEnv, cfg: HarnessConfig) -> dict:
     c.trainer = build_trainer(
         c.point, env, c.group, seed=cfg.seed, lr=cfg.lr, clip=cfg.clip_grad_norm
     )
-    first = Visit(budget=Budget(min_steps=1, max_steps=1, max_s=0.0, target_pct=0.0))
-    c.checked = warm_up(c.point, env, cfg, first, c.group, c.trainer, c.step)
+    c.checked = warm_up(c.point, env, cfg, ONE_VISIT, c.group, c.trainer, c.step)
     c.clock = common_clock(c.group, env.device)
     alone, _ = timed_steps(
         c.step, ALONE_STEPS, device=env.device, group=c.group, clock=c.clock, between=c.fetch
@@ -243,9 +245,8 @@ def _finish(c: Candidate, env: DistEnv, cfg: HarnessConfig, stop: str, cycles: i
     check_replicas_agree(STRATEGIES[c.point.strategy].replicated(c.trainer.wrapped), c.group)
     if c.checked is not None:
         metrics["checked"] = c.checked
-    visit = Visit(budget=Budget(min_steps=1, max_steps=1, max_s=0.0, target_pct=0.0))
     timed = Timed(times, np.array(c.skew), stop, float(np.median(c.data_ms)), float("nan"))
-    metrics.update(visit_figures(c.point, visit, c.trainer, timed))
+    metrics.update(visit_figures(c.point, ONE_VISIT, c.trainer, timed))
     metrics.update(flops.figures(c.point, env.device, float(times.mean()) / 1e3, c.peak))
     alone = float(np.median(c.alone))
     metrics.update(
