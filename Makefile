@@ -44,12 +44,19 @@ system:
 	echo "could not install$$missing (apt-get as root): tests that need it skip (fail if CI=true)"
 
 # Benchmarks run once each here (--benchmark-disable) and the reference/native gate measures
-# for real; `make bench` gives the benchmarks their rounds and statistics.
+# for real; `make bench` gives the benchmarks their rounds and statistics. The suite is bound by
+# the CPU (about 2,100 CPU-seconds here) and a serial run leaves a third of 2 cores idle while
+# tests wait on signals, time limits and launches, so TEST_WORKERS pytest-xdist workers share it,
+# a file to a worker (its module fixtures launch once); the tests marked serial (timing that
+# reads the scheduler) run after, alone. TEST_WORKERS=0 runs everything in one process.
+TEST_WORKERS ?= 2
 test: $(BIN)/.installed system
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest --benchmark-disable
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest --benchmark-disable -n $(TEST_WORKERS) \
+	  --dist loadfile -m "not serial"
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest --benchmark-disable -m serial
 
 # The unit tier alone (tests/conftest.py's tiers): the inner loop, a few minutes.
 test-fast: $(BIN)/.installed
