@@ -1,6 +1,7 @@
 """Facts every side needs, once, torch-free: the one name of each collective however a trace
 spells it, the bus factor of each, how its nccl-tests size relates to the bytes a trace records,
-which are point-to-point, and the dtype each precision name computes in.
+which are point-to-point, the dtype each precision name computes in, and the dtypes' spellings
+in traces and flight records with their sizes.
 
 The registry (``collectives.py``), the trace analysis, the cost model's report and the replay
 all read these; the analysis may import this module alone of ``parallel_kernels`` (its layer
@@ -97,6 +98,56 @@ PRECISION_DTYPES: dict[str, str | None] = {
     "fp16": "float16",
     "none": None,
 }
+
+
+# The dtypes of a trace and a flight record: how they are spelled, torch's names, their sizes.
+# The trace's dtype spellings -> torch's names: record_param_comms' ``dtype`` is c10's
+# ScalarType name (c10/core/ScalarType.h), ``Input type`` the C++ type record_shapes prints.
+TORCH_DTYPE = {
+    "Float": "float32",
+    "float": "float32",
+    "Double": "float64",
+    "double": "float64",
+    "Half": "float16",
+    "c10::Half": "float16",
+    "BFloat16": "bfloat16",
+    "c10::BFloat16": "bfloat16",
+    "Long": "int64",
+    "long int": "int64",
+    "long": "int64",
+    "Int": "int32",
+    "int": "int32",
+    "Short": "int16",
+    "short int": "int16",
+    "short": "int16",
+    "Char": "int8",
+    "signed char": "int8",
+    "Byte": "uint8",
+    "unsigned char": "uint8",
+    "Bool": "bool",
+    "bool": "bool",
+    "Float8_e4m3fn": "float8_e4m3fn",
+    "c10::Float8_e4m3fn": "float8_e4m3fn",
+    "Float8_e5m2": "float8_e5m2",
+    "c10::Float8_e5m2": "float8_e5m2",
+}
+ITEM_BYTES = {
+    "float32": 4,
+    "float64": 8,
+    "float16": 2,
+    "bfloat16": 2,
+    "int64": 8,
+    "int32": 4,
+    "int16": 2,
+    "int8": 1,
+    "uint8": 1,
+    "bool": 1,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+}
+# Bytes per element for the dtype spellings of record_shapes ("Input type") and of
+# record_param_comms ("dtype"), from the two tables above.
+DTYPE_BYTES = {spelled: ITEM_BYTES[name] for spelled, name in TORCH_DTYPE.items()}
 
 
 def torch_dtype(precision: str):

@@ -27,13 +27,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from bench.analysis.dtypes import ITEM_BYTES, TORCH_DTYPE
 from bench.analysis.folder import load_trace_dir
 from bench.analysis.reader import TraceError
 from bench.analysis.sequence_groups import gloo_group
 from bench.analysis.sequence_groups import span as _span
 from bench.analysis.trace import Trace, common_steps, name_matches, prepared, step_windows
-from parallel_kernels.facts import POINT_TO_POINT, op_name
+from parallel_kernels.facts import ITEM_BYTES, POINT_TO_POINT, TORCH_DTYPE, op_name
 
 SEQUENCE_COLUMNS = [
     "rank",

@@ -8,7 +8,7 @@ import json
 import msgspec
 import numpy as np
 
-from bench.analysis.dtypes import DTYPE_BYTES
+from parallel_kernels.facts import DTYPE_BYTES
 
 
 # gc=False: decoded JSON holds no cycles (msgspec docs: Structs, Disabling Garbage Collection)

@@ -10,7 +10,7 @@ import re
 import pandas as pd
 
 from bench.hang.dumps import Dumps, seq_id
-from parallel_kernels.facts import POINT_TO_POINT, ROOT_ONLY_INPUT, op_name
+from parallel_kernels.facts import POINT_TO_POINT, ROOT_ONLY_INPUT, TORCH_DTYPE, op_name
 
 # A frame of torch itself (its distributed package, autograd, nn): the line that matters is
 # the first one outside it, the user's or the suite's.
@@ -18,19 +18,6 @@ _TORCH_FRAME = re.compile(
     r"[/\\](?:site|dist)-packages[/\\]torch[/\\]|[/\\]torch[/\\](?:distributed|nn|autograd|_tensor)"
 )
 _TORCH_DIST_FRAME = re.compile(r"[/\\]torch[/\\]distributed[/\\]")
-
-DTYPES = {
-    "Float": "float32",
-    "Double": "float64",
-    "Half": "float16",
-    "BFloat16": "bfloat16",
-    "Long": "int64",
-    "Int": "int32",
-    "Short": "int16",
-    "Char": "int8",
-    "Byte": "uint8",
-    "Bool": "bool",
-}
 
 # Errors that only say a peer stopped answering: the cause is elsewhere.
 _COMM_FAILURES = (
@@ -110,7 +97,7 @@ def calls(d: Dumps) -> pd.DataFrame:
             frame = own_frame(e.get("frames") or [])
             side = "output" if op in ROOT_ONLY_INPUT else "input"
             shapes = tuple(tuple(s) for s in e.get(f"{side}_sizes") or [])
-            dtypes = tuple(DTYPES.get(t, t) for t in e.get(f"{side}_dtypes") or [])
+            dtypes = tuple(TORCH_DTYPE.get(t, t) for t in e.get(f"{side}_dtypes") or [])
             numel = sum(int(pd.Series(s).prod()) if s else 1 for s in shapes)
             rows.append(
                 {
