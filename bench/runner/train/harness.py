@@ -121,6 +121,23 @@ def _train_and_measure(
     if visit.profile:
         progress("profiling")
         metrics = profiled(point, env, cfg, trainer, step, trace_dir, baseline, timed.times)
+    return visit_metrics(point, env, visit, group, trainer, timed, peak, checked, metrics)
+
+
+def visit_metrics(
+    point: PointRecord,
+    env: DistEnv,
+    visit: Visit,
+    group,
+    trainer,
+    timed: Timed,
+    peak,
+    checked: str | None,
+    metrics: dict,
+) -> dict:
+    """A visit's ``metrics`` (its profile's, if any) completed after its timed steps: the
+    replicas checked to agree, the plain check's word, the timed figures and the FLOPs. Every
+    visit ends here, in rounds and interleaved, so that their rows hold the same figures."""
     check_replicas_agree(STRATEGIES[point.strategy].replicated(trainer.wrapped), group)
     if checked is not None:  # a later visit's row carries the first visit's (the runner)
         metrics["checked"] = checked

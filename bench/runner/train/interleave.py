@@ -39,7 +39,7 @@ from bench.runner.measure.timing import (
     timed_steps,
 )
 from bench.runner.session.distenv import DistEnv, synchronize
-from bench.runner.train.figures import Timed, point_columns, visit_figures
+from bench.runner.train.figures import Timed, point_columns
 from bench.runner.train.harness import (
     HarnessConfig,
     LostRanksError,
@@ -47,13 +47,12 @@ from bench.runner.train.harness import (
     new_point_group,
     point_row,
     profiled,
+    visit_metrics,
     warm_up,
 )
-from bench.runner.train.replicas import check_replicas_agree
 from bench.runner.train.step import build_trainer
 from bench.stats.paired import DECIDED, interim_look, look_confidence, versus_best_paired
 from parallel_kernels.groups import set_point_group
-from parallel_kernels.strategies import STRATEGIES
 
 ALONE_STEPS = 3  # each candidate's step timed alone after its warm-up (the interference)
 # A candidate's one visit, as the harness's pieces see it: round 1, first (warm-up checked
@@ -242,12 +241,10 @@ def _finish(c: Candidate, env: DistEnv, cfg: HarnessConfig, stop: str, cycles: i
     times = np.array(c.times)
     reset_peak_rss()  # its traced steps' peak (the candidates built before it still held)
     metrics = profiled(c.point, env, cfg, c.trainer, c.step, c.trace_dir, c.baseline, times)
-    check_replicas_agree(STRATEGIES[c.point.strategy].replicated(c.trainer.wrapped), c.group)
-    if c.checked is not None:
-        metrics["checked"] = c.checked
     timed = Timed(times, np.array(c.skew), stop, float(np.median(c.data_ms)), float("nan"))
-    metrics.update(visit_figures(c.point, ONE_VISIT, c.trainer, timed))
-    metrics.update(flops.figures(c.point, env.device, float(times.mean()) / 1e3, c.peak))
+    metrics = visit_metrics(
+        c.point, env, ONE_VISIT, c.group, c.trainer, timed, c.peak, c.checked, metrics
+    )
     alone = float(np.median(c.alone))
     metrics.update(
         method="paired",
