@@ -23,6 +23,7 @@ from bench.runner.faults import watchdog
 from bench.runner.faults.hangs import diagnosis, hang_dir, run_watched
 from bench.runner.faults.root_cause import root_cause
 from bench.runner.measure import flops
+from bench.runner.measure.collector import settled
 from bench.runner.measure.nvml import NvmlSampler
 from bench.runner.measure.profiling import (
     MemoryBaseline,
@@ -253,6 +254,7 @@ def warm_up(
     return checked
 
 
+@settled()  # the point's collections walk only what it made
 def run_point(
     point: PointRecord,
     env: DistEnv,

@@ -29,6 +29,7 @@ from bench.runfolder.points import PointRecord
 from bench.runner.faults import watchdog
 from bench.runner.faults.hangs import hang_dir, run_watched
 from bench.runner.measure import flops
+from bench.runner.measure.collector import settled
 from bench.runner.measure.profiling import MemoryBaseline, reset_peak_rss
 from bench.runner.measure.timing import (
     MAX_SECONDS,
@@ -314,6 +315,7 @@ def _finish_all(ctx, cfg: HarnessConfig, alive: list[Candidate], stop: str, n: i
     return rows
 
 
+@settled()  # the cohort's collections walk only what it made
 def run_cohort(
     ctx,
     cfg: HarnessConfig,
