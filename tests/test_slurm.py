@@ -42,7 +42,11 @@ def cluster(tmp_path_factory):
     c.stop()
 
 
-def sweep_args(out: Path, values: str, steps: int) -> list[str]:
+# A point that waits for the signal instead of computing until it comes.
+IDLE = str(REPO / "tests" / "data" / "models" / "idle_model.py") + ":idle"
+
+
+def sweep_args(out: Path, values: str, steps: int, model: str = "mlp") -> list[str]:
     n = str(steps)
     return [
         "--sweep",
@@ -50,7 +54,7 @@ def sweep_args(out: Path, values: str, steps: int) -> list[str]:
         "--values",
         values,
         "--model",
-        "mlp",
+        model,
         "--impl",
         "native",
         "--steps",
@@ -174,7 +178,7 @@ def test_the_time_limit_signal_ends_the_running_point_as_cancelled(cluster, tmp_
     jid, _ = submit(
         cluster,
         tmp_path / "job.out",
-        [*sweep_args(out, "1,5", 100_000), "--no-report"],
+        [*sweep_args(out, "1,5", 100_000, IDLE), "--no-report"],
         wait=False,
         sbatch=["--time=2", "--signal=TERM@30"],
     )
