@@ -16,6 +16,8 @@ import pandas as pd
 import pytest
 
 from bench.analysis.sequence import job_sequence
+from bench.replay.__main__ import main as replay_main
+from bench.runner.session.distenv import TORCHRUN_VARS
 
 pytestmark = pytest.mark.e2e
 
@@ -53,9 +55,9 @@ def _run(out: Path, args: list) -> None:
         "--rounds",
         "1",
         "--warmup-steps",
-        "2",
+        "1",
         "--profile-steps",
-        "3",
+        "2",
         "--out",
         str(out),
         "--no-report",
@@ -227,8 +229,26 @@ def test_pricing_alone_needs_no_ranks(tmp_path):
     assert meta["kind"] == "replay" and meta["assumed_spmd"]
 
 
+def one_line(args: list, capsys) -> str:
+    """``main(args)`` in this process (its imports paid once, not per case): exit 2 and one
+    line on stderr, which it returns. ``test_a_real_process_says_it_in_one_line`` runs one
+    case as its own process, traceback-free."""
+    with pytest.raises(SystemExit) as exc:
+        replay_main([str(a) for a in args])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2, err
+    assert len(err.strip().splitlines()) == 1, err
+    return err
+
+
+@pytest.fixture
+def no_torchrun(monkeypatch):
+    for var in TORCHRUN_VARS:
+        monkeypatch.delenv(var, raising=False)
+
+
 @pytest.mark.parametrize("case", ["no_traces", "unknown_link", "too_few_ranks", "bad_impl"])
-def test_bad_input_is_one_line_and_exit_2(tmp_path, case):
+def test_bad_input_is_one_line_and_exit_2(tmp_path, case, capsys, no_torchrun):
     traces = tmp_path / "nccl"
     traces.mkdir()
     shutil.copy(HTA / "nccl_data.json.gz", traces)
@@ -246,22 +266,27 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, case):
     }[case]
     if case == "no_traces":
         (tmp_path / "empty").mkdir()
-    proc = replay(args, timeout=120)
+    assert said in one_line(args, capsys)
+
+
+def test_a_real_process_says_it_in_one_line(tmp_path):
+    (tmp_path / "empty").mkdir()
+    proc = replay([tmp_path / "empty"], timeout=120)
     assert proc.returncode == 2, proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    assert said in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert "empty" in proc.stderr
 
 
-def test_ranks_that_disagree_or_traces_without_collectives_are_one_line(tmp_path):
+def test_ranks_that_disagree_or_traces_without_collectives_are_one_line(
+    tmp_path, capsys, no_torchrun
+):
     pair = tmp_path / "pair"
     pair.mkdir()
     for r in (0, 1):
         shutil.copy(HTA / f"sampled_rank-{r}.json.gz", pair)
-    proc = replay([pair, "--nproc-per-node", 2], timeout=120)
-    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert (
         "step 551, group 0, call #0: rank 0 all_to_all 384 int64, rank 1 all_to_all 339738624 uint8"
-    ) in proc.stderr
+    ) in one_line([pair, "--nproc-per-node", 2], capsys)
     quiet = tmp_path / "quiet"
     quiet.mkdir()
     events = [
@@ -293,9 +318,8 @@ def test_ranks_that_disagree_or_traces_without_collectives_are_one_line(tmp_path
             }
         )
     )
-    proc = replay([quiet, "--nproc-per-node", 1], timeout=120)
-    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    assert f"{trace}: no collective call in the trace" in proc.stderr
+    err = one_line([quiet, "--nproc-per-node", 1], capsys)
+    assert f"{trace}: no collective call in the trace" in err
 
 
 @pytest.mark.timeout(400)

@@ -31,9 +31,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-import scipy.stats
 
-from bench.stats.intervals import CONFIDENCE, log_se
+from bench.stats.intervals import CONFIDENCE, log_se, scipy_stats
 
 
 @dataclass(frozen=True)
@@ -55,7 +54,7 @@ class Estimate:
     def interval(self, confidence: float = CONFIDENCE) -> tuple[float, float]:
         if not (math.isfinite(self.var) and self.df > 0):
             return math.nan, math.nan
-        half = scipy.stats.t.ppf(0.5 + confidence / 2, self.df) * math.sqrt(self.var)
+        half = scipy_stats().t.ppf(0.5 + confidence / 2, self.df) * math.sqrt(self.var)
         return math.exp(self.log - half), math.exp(self.log + half)
 
 
@@ -128,7 +127,7 @@ def outlying_rounds(logs: pd.DataFrame, p_value: float = 0.01) -> dict[str, floa
         if not others > 0:
             continue
         own = float((resid[i] ** 2).sum()) / (r - 1)
-        prob = float(scipy.stats.f.sf(own / others, r - 1, (p - 2) * (r - 1)))
+        prob = float(scipy_stats().f.sf(own / others, r - 1, (p - 2) * (r - 1)))
         if prob < p_value:
             out[str(point)] = prob
     return out
@@ -218,8 +217,8 @@ def ratio(a: Estimate, b: Estimate, confidence: float = CONFIDENCE) -> Ratio:
     if var == 0:
         return Ratio(r, r, r, 1.0 if d == 0 else 0.0, confidence)
     df, se = _df(a, b), math.sqrt(var)
-    half = scipy.stats.t.ppf(0.5 + confidence / 2, df) * se
-    p = float(2 * scipy.stats.t.sf(abs(d) / se, df))
+    half = scipy_stats().t.ppf(0.5 + confidence / 2, df) * se
+    p = float(2 * scipy_stats().t.sf(abs(d) / se, df))
     return Ratio(r, math.exp(d - half), math.exp(d + half), p, confidence)
 
 
@@ -246,6 +245,6 @@ def paired_median_ratio(a, b, confidence: float = CONFIDENCE) -> Ratio:
     r = r[np.isfinite(r)]
     if len(r) == 0:
         return Ratio(math.nan, math.nan, math.nan, math.nan, confidence)
-    test = scipy.stats.quantile_test(r, q=1.0, p=0.5)
+    test = scipy_stats().quantile_test(r, q=1.0, p=0.5)
     ci = test.confidence_interval(confidence)
     return Ratio(float(np.median(r)), float(ci.low), float(ci.high), float(test.pvalue), confidence)

@@ -14,9 +14,16 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import scipy.stats
 
 CONFIDENCE = 0.95
+
+
+def scipy_stats():
+    """scipy.stats, imported on first use: its import costs 0.7 CPU-s here, which a launcher,
+    a replay's ranks or a reader that never makes an interval need not pay."""
+    import scipy.stats
+
+    return scipy.stats
 
 
 def median_interval(samples, confidence: float = CONFIDENCE) -> tuple[float, float]:
@@ -26,7 +33,8 @@ def median_interval(samples, confidence: float = CONFIDENCE) -> tuple[float, flo
     x = x[np.isfinite(x)]
     if len(x) < 2:
         return math.nan, math.nan
-    ci = scipy.stats.quantile_test(x, q=float(np.median(x)), p=0.5).confidence_interval(confidence)
+    test = scipy_stats().quantile_test(x, q=float(np.median(x)), p=0.5)
+    ci = test.confidence_interval(confidence)
     return float(ci.low), float(ci.high)
 
 
@@ -52,5 +60,5 @@ def log_se(samples, confidence: float = CONFIDENCE) -> float:
     lo, hi = median_interval(samples, confidence)
     if not (math.isfinite(lo) and math.isfinite(hi)) or not lo > 0:
         return math.inf
-    z = scipy.stats.norm.ppf(0.5 + confidence / 2)
+    z = scipy_stats().norm.ppf(0.5 + confidence / 2)
     return (math.log(hi) - math.log(lo)) / (2 * z)
