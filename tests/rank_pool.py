@@ -17,6 +17,7 @@ passed. A second death in one session fails the call (``tests/test_rank_pool.py`
 from __future__ import annotations
 
 import faulthandler
+import io
 import multiprocessing as mp
 import os
 import queue
@@ -71,10 +72,28 @@ def _worker(
             break
         fn, args, kwargs = task
         try:
-            results.put((rank, True, fn(*args, **kwargs)))
+            results.put((rank, True, _pack(fn(*args, **kwargs))))
         except BaseException:  # noqa: BLE001  (report everything, SystemExit included)
             results.put((rank, False, traceback.format_exc()))
     dist.destroy_process_group()
+
+
+def _pack(value: Any) -> bytes:
+    """A rank's result as ``torch.save`` bytes. A tensor put on a multiprocessing queue as it is
+    travels as a shared-memory file descriptor (torch.multiprocessing's reductions), held open
+    as long as the received tensor lives: the zoo tests' cached parameters held 1,400 of them in
+    one session, and a later ``select`` refused a descriptor numbered past 1023."""
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(value, buf)
+    return buf.getvalue()
+
+
+def _unpack(data: bytes) -> Any:
+    import torch
+
+    return torch.load(io.BytesIO(data), weights_only=False)
 
 
 class RankDied(RuntimeError):
@@ -141,7 +160,7 @@ class RankPool:
                 if time.monotonic() >= deadline:
                     break
                 continue
-            (results if ok else errors)[rank] = value
+            (results if ok else errors)[rank] = _unpack(value) if ok else value
         if errors or len(results) < self.world_size:
             dead = self._dead(results, errors)  # before close() kills the ranks still waiting
             self.close(force=True)

@@ -92,3 +92,21 @@ def test_the_ranks_leave_with_a_session_that_is_killed(tmp_path):
         assert not any(_alive(p) for p in ranks), f"ranks {ranks} outlived the session"
     finally:
         proc.kill()
+
+
+def many_tensors(n: int) -> list:
+    import torch
+
+    return [torch.full((64,), float(i)) for i in range(n)]
+
+
+@pytest.mark.ranks
+@pytest.mark.timeout(120)
+def test_tensors_come_back_without_holding_a_descriptor_each(pool):
+    """A rank's tensors reach the test as plain copies: sent over the queue as they are, each
+    would keep a shared-memory file descriptor open for as long as the test held it."""
+    before = len(os.listdir("/proc/self/fd"))
+    results = pool(2).run(many_tensors, 200)
+    held = len(os.listdir("/proc/self/fd")) - before
+    assert [float(t[0]) for t in results[1]] == [float(i) for i in range(200)]
+    assert held < 20, f"{held} descriptors held by {2 * 200} tensors"

@@ -167,7 +167,11 @@ class Chromium:
     def _read(self, deadline: float) -> dict:
         while b"\0" not in self._buf:
             left = deadline - time.monotonic()
-            if left <= 0 or not select.select([self._r], [], [], left)[0]:
+            # poll, not select: select refuses a descriptor numbered past 1023, and a
+            # worker that has run many launches before this test may hand out one
+            waiter = select.poll()
+            waiter.register(self._r, select.POLLIN)
+            if left <= 0 or not waiter.poll(left * 1e3):
                 raise TimeoutError("Chromium did not answer over the DevTools pipe")
             chunk = os.read(self._r, 1 << 20)
             if not chunk:

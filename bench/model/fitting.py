@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy import optimize, stats
 
 OUTLIER_FACTOR = 4.0  # a size this many times further off than the median one is set aside
 
@@ -39,6 +38,8 @@ def nonneg_lstsq(X: np.ndarray, y: np.ndarray) -> np.ndarray:
     (alpha's and beta's columns differ by some nine orders of magnitude)."""
     norm = np.linalg.norm(X, axis=0)
     norm[norm == 0] = 1.0
+    from scipy import optimize  # on first use: a replay's ranks import this module, never fit
+
     c, _ = optimize.nnls(X / norm, y)
     return c / norm
 
@@ -78,6 +79,8 @@ def refit_intervals(
         times[:, held] = medians.reshape(-1, len(held)) * scale
         coefs = np.array([fit_relative(X, row, s)[0] for row in times])
         return coefs.T.reshape(2, *batch)
+
+    from scipy import stats  # on first use, as above
 
     res = stats.bootstrap(
         data,
