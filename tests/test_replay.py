@@ -1,9 +1,9 @@
 """``python -m bench.replay``: a traced job's communication replayed here, priced elsewhere.
 
-Real launches: this suite's own DDP, FSDP and TP traces at 2 and 4 ranks replayed on the same
-machine (the replayed communication per step against the traced transfer time), HTA's NCCL
-trace replayed on gloo at 2 ranks, and the bad inputs (one line, exit 2; an error row where
-the rest can go on)."""
+This suite's own DDP, FSDP and TP traces at 2 and 4 ranks, traced and replayed on the session's
+rank pool (the harness and the command's replay, without a launch each); the command itself
+launched on HTA's NCCL trace (replayed on gloo at 2 ranks) and on our DDP trace with a call the
+backend refuses (an error row where the rest goes on); the bad inputs (one line, exit 2)."""
 
 import json
 import os
@@ -16,10 +16,11 @@ import pandas as pd
 import pytest
 
 from bench.analysis.sequence import job_sequence
+from bench.replay.__main__ import build_parser, prepare
 from bench.replay.__main__ import main as replay_main
+from bench.replay.run import replay_on
 from bench.runner.session.distenv import TORCHRUN_VARS
-
-pytestmark = pytest.mark.e2e
+from tests.test_harness import make_point, pool_env, run_points
 
 REPO = Path(__file__).resolve().parents[1]
 HTA = REPO / "tests" / "data" / "hta"
@@ -39,72 +40,46 @@ def replay(args: list, timeout: float = 300) -> subprocess.CompletedProcess:
     )
 
 
-def _run(out: Path, args: list) -> None:
-    cmd = [
-        sys.executable,
-        "bench/run.py",
-        *args,
-        "--model",
-        "wide_mlp",
-        "--impl",
-        "native",
-        "--steps",
-        "3",
-        "--max-steps",
-        "3",
-        "--rounds",
-        "1",
-        "--warmup-steps",
-        "1",
-        "--profile-steps",
-        "2",
-        "--out",
-        str(out),
-        "--no-report",
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, cwd=REPO, env=ENV)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+# The traced points: DDP and FSDP at 2 and 4 ranks (ranks 0-1 of the 4 for the 2-rank ones, as a
+# world-size sweep runs them), pure tensor parallelism (the TP degree = the point's world) at 2
+# and 4.
+TRACED = [("ddp", 2), ("ddp", 4), ("fsdp", 2), ("fsdp", 4), ("tp", 2), ("tp", 4)]
 
 
-def sweep(out: Path, strategy: str) -> dict[int, Path]:
-    """``strategy``'s traces at 2 and 4 ranks: {ranks: trace folder}. DDP and FSDP from one
-    world-size sweep on 4 ranks; TP from a pure tensor-parallel point (TP degree = the world)
-    per world size, since the world-size sweep keeps the TP degree at its default, 1."""
-    if strategy == "tp":
-        for n in (2, 4):
-            _run(
-                out / str(n),
-                ["--sweep", "tp_degree", "--values", str(n), "--nproc-per-node", str(n)],
-            )
-        return {n: next((out / str(n) / "traces").glob(f"*tp_degree={n}-*")) for n in (2, 4)}
-    _run(
-        out,
-        [
-            "--sweep",
-            "world_size",
-            "--values",
-            "2,4",
-            "--scaling",
-            "weak",
-            "--strategy",
-            strategy,
-            "--nproc-per-node",
-            "4",
-        ],
-    )
-    return {n: next((out / "traces").glob(f"*world_size={n}-*")) for n in (2, 4)}
+def traced_worker(root: str) -> dict:
+    """On the 4-rank pool, through the harness as a sweep runs a point (two traced steps):
+    {(strategy, ranks): trace folder}."""
+    out = {}
+    for i, (strategy, n) in enumerate(TRACED):
+        knobs = {"tp_degree": n} if strategy == "tp" else {}
+        point = make_point("traced", "wide_mlp", i, "native", strategy, world_size=n, knobs=knobs)
+        row = run_points([point], root)[0]
+        assert row["status"] == "ok", row["error"]
+        out[(strategy, n)] = str(Path(root) / point.id)
+    return out
+
+
+def replay_worker(traces: str, out: str) -> None:
+    """``python -m bench.replay TRACES --reps 3`` on the pool's ranks (its command's own
+    path, less the launch: ``test_a_call_the_backend_cannot_run...`` launches it)."""
+    argv = [traces, "--reps", "3", "--out", out, "--no-report"]
+    args = build_parser().parse_args(argv)
+    seq, costs = prepare(args)
+    replay_on(args, argv, seq, costs, pool_env())
 
 
 @pytest.fixture(scope="module")
-def traced(tmp_path_factory):
-    base = tmp_path_factory.mktemp("traced")
-    return {s: sweep(base / s, s) for s in ("ddp", "fsdp", "tp")}
+def traced(pool, tmp_path_factory):
+    root = tmp_path_factory.mktemp("traced")
+    found = pool(4).run(traced_worker, str(root), timeout=400)[0]
+    return {s: {n: Path(found[(s, n)]) for n in (2, 4)} for s in ("ddp", "fsdp", "tp")}
 
 
-@pytest.mark.timeout(1500)
+@pytest.mark.ranks
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp", "tp"])
 def test_replaying_our_own_traces_matches_their_communication(
-    traced, strategy, tmp_path, record_property
+    pool, traced, strategy, tmp_path, record_property
 ):
     """Per strategy at 2 and 4 ranks: the replayed communication per step (the sum of each
     call's shortest duration across ranks, median over passes) against the traced transfer time
@@ -119,15 +94,11 @@ def test_replaying_our_own_traces_matches_their_communication(
     sweep beside it)."""
     figures = {}
     for ranks in (2, 4):
-        traces = traced[strategy][ranks]
         out = tmp_path / f"r{ranks}"
-        proc = replay(
-            [traces, "--nproc-per-node", ranks, "--reps", "3", "--out", out, "--no-report"]
-        )
-        assert proc.returncode == 0, proc.stderr[-2000:]
+        pool(ranks).run(replay_worker, str(traced[strategy][ranks]), str(out), timeout=300)
         df = pd.read_csv(out / "results.csv")
         calls = df[df["kind"] == "call"]
-        assert (calls["status"] == "ok").all(), calls["error"].dropna().tolist()
+        assert len(calls) and (calls["status"] == "ok").all(), calls["error"].dropna().tolist()
         assert (calls["wrong"] == 0).all()
         steps = df[df["kind"] == "step"]
         ratio = float((steps["time_us"] / steps["traced_us"]).median())
@@ -143,6 +114,7 @@ def test_replaying_our_own_traces_matches_their_communication(
         print(f"{strategy}: replayed more than {WITHIN:.0%} slower than traced at {slower}")
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(300)
 def test_an_nccl_trace_replays_on_gloo_and_is_priced(tmp_path):
     """HTA's NCCL trace (rank 0 of 2): replayed on gloo at 2 ranks, assuming SPMD, its calls'
@@ -190,6 +162,7 @@ def test_an_nccl_trace_replays_on_gloo_and_is_priced(tmp_path):
     assert "<h2>Replayed communication</h2>" in page
 
 
+@pytest.mark.e2e
 def test_pricing_alone_needs_no_ranks(tmp_path):
     """A link and this machine's fitted collectives (a committed 2-rank message_size run):
     each call priced, without launching."""
@@ -247,6 +220,7 @@ def no_torchrun(monkeypatch):
         monkeypatch.delenv(var, raising=False)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("case", ["no_traces", "unknown_link", "too_few_ranks", "bad_impl"])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, case, capsys, no_torchrun):
     traces = tmp_path / "nccl"
@@ -269,6 +243,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, case, capsys, no_torchrun):
     assert said in one_line(args, capsys)
 
 
+@pytest.mark.e2e
 def test_a_real_process_says_it_in_one_line(tmp_path):
     (tmp_path / "empty").mkdir()
     proc = replay([tmp_path / "empty"], timeout=120)
@@ -277,6 +252,7 @@ def test_a_real_process_says_it_in_one_line(tmp_path):
     assert "empty" in proc.stderr
 
 
+@pytest.mark.unit
 def test_ranks_that_disagree_or_traces_without_collectives_are_one_line(
     tmp_path, capsys, no_torchrun
 ):
@@ -322,6 +298,7 @@ def test_ranks_that_disagree_or_traces_without_collectives_are_one_line(
     assert f"{trace}: no collective call in the trace" in err
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(400)
 def test_a_call_the_backend_cannot_run_is_an_error_row_and_the_rest_replays(traced, tmp_path):
     """The DDP trace at 2 ranks with its first all-reduce made fp8 (as a job of fp8 gradients

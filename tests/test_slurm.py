@@ -135,15 +135,22 @@ def test_a_cancelled_job_keeps_its_rows_and_a_resubmitted_one_finishes_the_run(c
     out = tmp_path / "run"
     args = [*sweep_args(out, "1,5,25", 300), "--no-report"]
     jid, _ = submit(cluster, tmp_path / "job1.out", args, wait=False)
-    results = out / "results.csv"
+    results, log = out / "results.csv", tmp_path / "job1.out"
     end = time.monotonic() + 80
     while time.monotonic() < end:  # cancel once a point is done and the next one runs
-        if results.exists() and len(pd.read_csv(results)) >= 1:
-            time.sleep(1.0)  # the next point has started: its warm-up and steps take longer
+        # the second point's warm-up begun (a fixed second after the first row was once still
+        # between the points on a loaded machine: no point was running to cancel)
+        said = log.read_text(errors="replace") if log.exists() else ""
+        if (
+            results.exists()
+            and len(pd.read_csv(results)) >= 1
+            and re.search(r" 2/3\] .*: warm-up", said)
+        ):
+            time.sleep(0.5)  # into its steps: 300 of them outlast the cancel
             break
-        time.sleep(0.5)
+        time.sleep(0.3)
     else:
-        pytest.fail("no point finished within 80 s: " + (tmp_path / "job1.out").read_text()[-2000:])
+        pytest.fail("no point finished within 80 s: " + log.read_text()[-2000:])
     cluster.run(["scancel", jid])
     wait_job(cluster, jid, 60)
     assert "JobState=CANCELLED" in cluster.run(["scontrol", "show", "job", jid]).stdout

@@ -77,7 +77,7 @@ def _impls(text: str) -> list[str]:
     return impls
 
 
-def _prepare(args):
+def prepare(args):
     """Everything checked before any rank starts: (sequence, costs); one line and exit 2."""
     from bench.analysis.sequence import SequenceError, job_sequence
     from bench.replay.price import fitted, parse_links
@@ -104,7 +104,7 @@ def _prepare(args):
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    seq, costs = _prepare(args)
+    seq, costs = prepare(args)
     from bench.replay import run
 
     if not args.impls:

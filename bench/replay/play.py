@@ -61,13 +61,18 @@ class Groups:
 
     def renew(self) -> None:
         """Fresh groups (after a call failed: its group may be broken)."""
-        for ranks, g in self.groups.items():
-            if dist.get_rank() in ranks:  # a rank outside a group holds no group to destroy
-                dist.destroy_process_group(g)
+        self.release()
         self.groups = {
             ranks: dist.new_group(list(ranks), timeout=self.timeout, group_desc="replay")
             for ranks in self.lists
         }
+
+    def release(self) -> None:
+        """Every group destroyed (the job's own group stays)."""
+        for ranks, g in self.groups.items():
+            if dist.get_rank() in ranks:  # a rank outside a group holds no group to destroy
+                dist.destroy_process_group(g)
+        self.groups = {}
 
     def of(self, ranks: tuple[int, ...]) -> dist.ProcessGroup | None:
         """The group, or None where this rank is not in it."""

@@ -243,7 +243,17 @@ def rank_lists(steps: dict[int, pd.DataFrame]) -> list[tuple[int, ...]]:
 
 
 def replay_everywhere(args, argv, seq: JobSequence, costs, env: DistEnv) -> int:
-    """Every rank: groups, the replay of each implementation; rank 0 writes and reports."""
+    """The command's ranks: the replay, then they leave (the launcher's watch stopped once the
+    collectives are done: the ranks leave one by one, and one gone first is no lost launcher)."""
+    replay_on(args, argv, seq, costs, env, done=launcher.stop)
+    dist.destroy_process_group()
+    return 0
+
+
+def replay_on(args, argv, seq: JobSequence, costs, env: DistEnv, done=lambda: None) -> None:
+    """Every rank of a started job (the command's, or ranks a test already holds): groups, the
+    replay of each implementation, the groups released; rank 0 writes and reports. ``done``:
+    called when this rank's last collective of the replay is over."""
     steps = step_calls(seq)
     writer = None
     if env.is_main:
@@ -256,13 +266,12 @@ def replay_everywhere(args, argv, seq: JobSequence, costs, env: DistEnv) -> int:
     groups = play.Groups(rank_lists(steps), args.timeout_s)
     for impl in args.impls:
         replayed_rows(steps, impl, groups, env, args, writer or (lambda _row: None))
-    launcher.stop()  # the ranks now leave one by one: one gone first is no lost launcher
+    groups.release()
+    done()
     if writer is not None:
         for row in priced_rows(steps, costs, env.backend, env.device.type):
             writer(row)
         finish(writer, args)
-    dist.destroy_process_group()
-    return 0
 
 
 def price_only(args, argv, seq: JobSequence, costs) -> int:
