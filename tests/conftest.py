@@ -2,6 +2,7 @@ import os
 
 import pytest
 
+from bench.runner.session.distenv import TORCHRUN_VARS
 from tests.rank_pool import RankPool
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -48,6 +49,14 @@ def pytest_runtest_makereport(item, call):
         report.outcome = "failed"
         report.longrepr = f"CI=true, so {needs.args[0]} must be here, but the test skipped: {why}"
     return report
+
+
+@pytest.fixture
+def no_torchrun(monkeypatch):
+    """As outside torchrun: a test run under a launcher must not make a command think it is a
+    rank."""
+    for var in TORCHRUN_VARS:
+        monkeypatch.delenv(var, raising=False)
 
 
 @pytest.fixture(scope="session")

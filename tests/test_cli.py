@@ -7,15 +7,11 @@ from pathlib import Path
 import pytest
 
 from bench.runner.cli import main
-from bench.runner.session.distenv import TORCHRUN_VARS
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True)
-def no_torchrun(monkeypatch):
-    for var in TORCHRUN_VARS:
-        monkeypatch.delenv(var, raising=False)
+pytestmark = pytest.mark.usefixtures("no_torchrun")  # every test here (tests/conftest.py)
 
 
 def run_main(args, capsys) -> tuple[int, str]:

@@ -19,7 +19,6 @@ from bench.analysis.sequence import job_sequence
 from bench.replay.__main__ import build_parser, prepare
 from bench.replay.__main__ import main as replay_main
 from bench.replay.run import replay_on
-from bench.runner.session.distenv import TORCHRUN_VARS
 from tests.test_harness import make_point, pool_env, run_points
 
 REPO = Path(__file__).resolve().parents[1]
@@ -212,12 +211,6 @@ def one_line(args: list, capsys) -> str:
     assert exc.value.code == 2, err
     assert len(err.strip().splitlines()) == 1, err
     return err
-
-
-@pytest.fixture
-def no_torchrun(monkeypatch):
-    for var in TORCHRUN_VARS:
-        monkeypatch.delenv(var, raising=False)
 
 
 @pytest.mark.unit

@@ -131,6 +131,10 @@ class Chromium:
         self.log = profile.with_name("chromium.log")
         to_chrome, self._w = os.pipe()
         self._r, from_chrome = os.pipe()
+        # poll, not select: select refuses a descriptor numbered past 1023, and a worker that
+        # has run many launches before this test may hand out one
+        self._waiter = select.poll()
+        self._waiter.register(self._r, select.POLLIN)
         with self.log.open("wb") as log:
             self.proc = subprocess.Popen(
                 [
@@ -167,11 +171,7 @@ class Chromium:
     def _read(self, deadline: float) -> dict:
         while b"\0" not in self._buf:
             left = deadline - time.monotonic()
-            # poll, not select: select refuses a descriptor numbered past 1023, and a
-            # worker that has run many launches before this test may hand out one
-            waiter = select.poll()
-            waiter.register(self._r, select.POLLIN)
-            if left <= 0 or not waiter.poll(left * 1e3):
+            if left <= 0 or not self._waiter.poll(left * 1e3):
                 raise TimeoutError("Chromium did not answer over the DevTools pipe")
             chunk = os.read(self._r, 1 << 20)
             if not chunk:

@@ -12,19 +12,12 @@ import torch
 
 from bench.runner.cli import main
 from bench.runner.plan.points import resolve_point
-from bench.runner.session.distenv import TORCHRUN_VARS
 from parallel_kernels.models import build_model, workload
 from tests.test_harness import FAST, FAST_STEPS, pool_env
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = f"{REPO}/examples/custom_model.py:workload"
 BAD = f"{REPO}/tests/data/models/bad_models.py"
-
-
-@pytest.fixture
-def no_torchrun(monkeypatch):
-    for var in TORCHRUN_VARS:
-        monkeypatch.delenv(var, raising=False)
 
 
 @pytest.mark.e2e
