@@ -3,6 +3,7 @@ its ranks no signal; each notices within a poll, ends its running point as an er
 says the launcher was lost, and leaves within 15 s. ``--resume`` then completes the run."""
 
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -39,9 +40,13 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-def kill_the_launcher(argv: list[str], out: Path, after_rows: int) -> tuple[float, str]:
+def kill_the_launcher(
+    argv: list[str], out: Path, after_rows: int, started: str | None = None
+) -> tuple[float, str]:
     """Start ``argv`` (self-launched: this process's child is torchrun's agent), SIGKILL the
-    agent while a point runs, and time until every rank it started is gone."""
+    agent while a point runs, and time until every rank it started is gone. ``started``: what
+    the console says once the next point runs (a fixed second after a row was once still
+    between two points on a loaded machine)."""
     log = out.parent / f"{out.name}.log"
     with log.open("w") as f:
         proc = subprocess.Popen(
@@ -54,7 +59,9 @@ def kill_the_launcher(argv: list[str], out: Path, after_rows: int) -> tuple[floa
     ranks: list[int] = []
     try:
         deadline = time.monotonic() + 150
-        while rows(out / "results.csv") < after_rows:
+        while rows(out / "results.csv") < after_rows or (
+            started and not re.search(started, log.read_text(errors="replace"))
+        ):
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.2)
         time.sleep(1.0)  # into the next point
@@ -76,7 +83,7 @@ def kill_the_launcher(argv: list[str], out: Path, after_rows: int) -> tuple[floa
 @pytest.mark.timeout(400)
 def test_ranks_leave_when_their_launcher_is_killed_and_resume_completes_the_run(tmp_path):
     out = tmp_path / "run"
-    seconds, log = kill_the_launcher(TRAIN, out, after_rows=1)
+    seconds, log = kill_the_launcher(TRAIN, out, after_rows=1, started=r" 2/2\] .*: warm-up")
     print(f"training sweep: ranks gone {seconds:.1f} s after SIGKILL of the launcher")
     assert seconds < LEAVE_S, log[-3000:]
     assert "the launcher (pid" in log and "is gone" in log, log[-3000:]
