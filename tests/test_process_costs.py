@@ -1,7 +1,9 @@
 """What a process of the suite pays that it need not: full garbage collections during a point
 (``bench.runner.measure.collector.settled``: what was alive when a point started stays out of
 the point's collections, and is the collector's again once the point ends), and scipy.stats
-imported by a process that makes no interval (a launcher, a replay's ranks)."""
+imported by a process of the running side (a launcher, a replay's ranks, a rank that times its
+steps and decides its verdicts: their distributions come from scipy.special,
+``bench/stats/distributions.py``)."""
 
 import gc
 import subprocess
@@ -53,13 +55,16 @@ def test_a_block_that_raises_still_gives_everything_back():
     assert gc.get_freeze_count() == 0
 
 
-def test_the_launcher_and_the_replay_import_no_scipy_stats_until_an_interval_is_made():
+def test_the_launcher_the_replay_and_every_interval_import_no_scipy_stats():
     code = (
-        "import sys, bench.runner.cli, bench.replay.__main__; "
-        "before = 'scipy.stats' in sys.modules; "
-        "from bench.stats.intervals import median_interval; "
-        "lo, hi = median_interval(range(20)); "
-        "print(before, 'scipy.stats' in sys.modules, lo < 9.5 < hi)"
+        "import sys, numpy as np, bench.runner.cli, bench.replay.__main__; "
+        "from bench.runner.measure.timing import summarize_times; "
+        "from bench.stats.estimates import estimates, paired_median_ratio, paired_ratio; "
+        "s = summarize_times(np.arange(20.0), np.zeros(20)); "
+        "r = paired_median_ratio(np.arange(1.0, 21.0) * 1.1, np.arange(1.0, 21.0)); "
+        "t = paired_ratio([1.0, 1.2, 1.1], [1.0, 1.0, 1.05]); "
+        "print('scipy.stats' in sys.modules, s['step_ms_ci_low'] < 9.5 < s['step_ms_ci_high'], "
+        "r.low <= 1.1 <= r.high and r.p < 0.05, t.low < t.ratio < t.high)"
     )
     out = subprocess.run(
         [sys.executable, "-c", code],
@@ -69,4 +74,4 @@ def test_the_launcher_and_the_replay_import_no_scipy_stats_until_an_interval_is_
         timeout=120,
         check=True,
     )
-    assert out.stdout.split() == ["False", "True", "True"], out
+    assert out.stdout.split() == ["False", "True", "True", "True"], out

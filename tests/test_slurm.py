@@ -6,7 +6,10 @@
 2. a second job cancelled mid-sweep (``scancel``) keeps its finished rows and records the running
    point as ``error`` (cancelled); the same script resubmitted finishes the run by itself
    (--resume), no point run twice;
-3. bad input (outside SLURM, a node count that is not the job's, an --out no node can write)
+3. a job that outlasts its time limit gets the script's early SIGTERM in the middle of a point
+   and records it as cancelled (submitted first: it waits for its signal, 30 to 90 s, on one of
+   the node's CPUs while the other tests' jobs run on the other);
+4. bad input (outside SLURM, a node count that is not the job's, an --out no node can write)
    is one line and exit 2, before torchrun starts.
 """
 
@@ -21,6 +24,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from tests.rank_pool import free_port
 from tests.slurm_cluster import Cluster, why_not
 
 REPO = Path(__file__).resolve().parents[1]
@@ -87,13 +91,18 @@ def submit(
 ) -> tuple[str, int | None]:
     """sbatch the script from the repository's root, this Python as the suite's, 2 ranks;
     return the job id and, with ``wait``, its exit code."""
-    env = {"PYTHON": sys.executable, "NPROC": "2", "OMP_NUM_THREADS": "1", **(extra_env or {})}
+    env = {
+        "PYTHON": sys.executable,
+        "NPROC": "2",
+        "OMP_NUM_THREADS": "1",
+        "PORT": str(free_port()),  # its own rendezvous port: two jobs share the node
+        **(extra_env or {}),
+    }
     exports = ",".join(["ALL", *(f"{k}={v}" for k, v in env.items())])
     cmd = [
         "sbatch",
         "--parsable",
-        "--nodes=1",
-        "--exclusive",
+        "--nodes=1",  # a CPU of the node: the time-limit job waits on one, the others run beside
         f"--output={log}",
         f"--export={exports}",
         *sbatch,
@@ -115,7 +124,24 @@ def wait_job(cluster: Cluster, jid: str, timeout_s: float = 100) -> int:
     return int(re.search(r"\bExitCode=(\d+):", shown).group(1))
 
 
+@pytest.fixture(scope="module")
+def time_limited(cluster, tmp_path_factory):
+    """The time-limit test's job (``test_the_time_limit_signal_...``), submitted when the first
+    job is: it spends its 30 to 90 s waiting beside the other tests' jobs, not after them."""
+    root = tmp_path_factory.mktemp("time_limit")
+    out, log = root / "run", root / "job.out"
+    jid, _ = submit(
+        cluster,
+        log,
+        [*sweep_args(out, "1,5", 100_000, IDLE), "--no-report"],
+        wait=False,
+        sbatch=["--time=2", "--signal=TERM@30"],
+    )
+    return jid, out, log
+
+
 @pytest.mark.timeout(120)
+@pytest.mark.usefixtures("time_limited")  # submitted first, to run beside this file's jobs
 def test_a_sweep_job_runs_to_its_report(cluster, tmp_path):
     out = tmp_path / "run"
     jid, rc = submit(cluster, tmp_path / "job.out", sweep_args(out, "1,25", 3))
@@ -174,34 +200,6 @@ def test_a_cancelled_job_keeps_its_rows_and_a_resubmitted_one_finishes_the_run(c
     assert [j["job_id"] for j in meta["slurm_jobs"]] == [jid, jid2]
 
 
-@pytest.mark.timeout(240)
-def test_the_time_limit_signal_ends_the_running_point_as_cancelled(cluster, tmp_path):
-    """The script asks SLURM for SIGTERM before the time limit (--signal); a 2-minute job told
-    to signal 30 s early gets it in the middle of a long point and ends before its limit.
-    SLURM may send the signal up to 60 s earlier than asked (sbatch(1), --signal), so here at
-    30 to 90 s into the job: a 1-minute job's signal could come before torch had even started,
-    and did once in CI."""
-    out = tmp_path / "run"
-    jid, _ = submit(
-        cluster,
-        tmp_path / "job.out",
-        [*sweep_args(out, "1,5", 100_000, IDLE), "--no-report"],
-        wait=False,
-        sbatch=["--time=2", "--signal=TERM@30"],
-    )
-    wait_job(cluster, jid, 200)
-    shown = cluster.run(["scontrol", "show", "job", jid]).stdout
-    runtime = re.search(r"RunTime=(\d+):(\d+):(\d+)", shown).groups()
-    seconds = int(runtime[0]) * 3600 + int(runtime[1]) * 60 + int(runtime[2])
-    log = (tmp_path / "job.out").read_text()
-    assert seconds < 120, shown + log[-3000:]  # the signal ended it, not the limit
-    assert (out / "results.csv").exists(), f"no row after {seconds} s:\n{log[-3000:]}"
-    rows = pd.read_csv(out / "results.csv")
-    assert len(rows) >= 1 and (rows.iloc[:-1]["status"] == "ok").all(), rows
-    last = rows.iloc[-1]
-    assert last["status"] == "error" and "cancelled" in last["error"], last.to_dict()
-
-
 def test_outside_slurm_is_one_line_and_exit_2(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     proc = subprocess.run(
@@ -236,3 +234,25 @@ def test_bad_input_in_a_job_is_one_line_and_exit_2(cluster, tmp_path, case):
     ), said
     assert rc == 2
     assert "torchrun ended" not in log and not (out / "meta.json").exists()
+
+
+# Last: its job has waited for its signal beside the other tests' jobs.
+@pytest.mark.timeout(240)
+def test_the_time_limit_signal_ends_the_running_point_as_cancelled(cluster, time_limited):
+    """The script asks SLURM for SIGTERM before the time limit (--signal); a 2-minute job told
+    to signal 30 s early gets it in the middle of a long point and ends before its limit.
+    SLURM may send the signal up to 60 s earlier than asked (sbatch(1), --signal), so here at
+    30 to 90 s into the job: a 1-minute job's signal could come before torch had even started,
+    and did once in CI."""
+    jid, out, job_log = time_limited
+    wait_job(cluster, jid, 200)
+    shown = cluster.run(["scontrol", "show", "job", jid]).stdout
+    runtime = re.search(r"RunTime=(\d+):(\d+):(\d+)", shown).groups()
+    seconds = int(runtime[0]) * 3600 + int(runtime[1]) * 60 + int(runtime[2])
+    log = job_log.read_text()
+    assert seconds < 120, shown + log[-3000:]  # the signal ended it, not the limit
+    assert (out / "results.csv").exists(), f"no row after {seconds} s:\n{log[-3000:]}"
+    rows = pd.read_csv(out / "results.csv")
+    assert len(rows) >= 1 and (rows.iloc[:-1]["status"] == "ok").all(), rows
+    last = rows.iloc[-1]
+    assert last["status"] == "error" and "cancelled" in last["error"], last.to_dict()

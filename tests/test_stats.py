@@ -8,8 +8,9 @@ import pandas as pd
 import pytest
 
 from bench.analysis.confidence import noise_floor_pct, rounds_disagree, verdicts
+from bench.stats import distributions
 from bench.stats.estimates import Estimate, estimates, paired_ratio, ratio
-from bench.stats.intervals import half_width_pct, median_interval
+from bench.stats.intervals import half_width_pct, median_interval, sign_test_p
 from bench.stats.ties import adjusted, versus_best
 
 
@@ -45,6 +46,60 @@ def test_median_interval_covers_the_median_95_percent_of_the_time():
         hits += lo <= math.e <= hi
     # order statistics give at least 95 % (exactly 95.7 % at n = 30)
     assert 0.94 <= hits / draws <= 0.98
+
+
+@pytest.mark.unit
+def test_median_interval_is_scipys_quantile_test_interval():
+    """The interval read off scipy.special's binomial functions (what a rank can afford) is
+    scipy.stats.quantile_test's, order statistic for order statistic, at every sample size
+    from 2 to 300 and at the confidences the suite asks (Bonferroni's among them)."""
+    stats = pytest.importorskip("scipy.stats")
+    rng = np.random.default_rng(3)
+    for n in [*range(2, 301), 1000]:
+        x = rng.lognormal(size=n)
+        for confidence in (0.5, 0.9, 0.95, 0.99, 1 - 0.05 / 6, 1 - 0.05 / 28):
+            test = stats.quantile_test(x, q=float(np.median(x)), p=0.5)
+            ci = test.confidence_interval(confidence)
+            np.testing.assert_equal(median_interval(x, confidence), (ci.low, ci.high))
+
+
+@pytest.mark.unit
+def test_the_distributions_are_scipy_stats_own():
+    stats = pytest.importorskip("scipy.stats")
+    for q in (0.5, 0.9, 0.975, 0.995, 1 - 0.025 / 28):
+        assert distributions.norm_ppf(q) == stats.norm.ppf(q)
+        for df in (1.0, 2.0, 3.5, 10.0, 57.3, math.inf):
+            assert distributions.t_ppf(q, df) == stats.t.ppf(q, df)
+    for x in (0.0, 0.3, 1.7, 4.2, 12.0):
+        for df in (1.0, 2.0, 7.5, 30.0):
+            assert distributions.t_sf(x, df) == stats.t.sf(x, df)
+            for dfd in (2.0, 9.0, 40.0):
+                assert distributions.f_sf(x, df, dfd) == pytest.approx(stats.f.sf(x, df, dfd))
+    for n in (1, 2, 7, 40, 301):
+        np.testing.assert_allclose(
+            distributions.half_binomial_cdf(n), stats.binom(n, 0.5).cdf(range(n + 1)), rtol=1e-9
+        )
+        np.testing.assert_allclose(
+            distributions.half_binomial_sf(n),
+            stats.binom(n, 0.5).sf(range(n + 1)),
+            rtol=1e-9,
+            atol=1e-300,
+        )
+
+
+@pytest.mark.unit
+def test_the_sign_tests_p_value_is_scipys():
+    """``sign_test_p`` is quantile_test's two-sided p-value at p = 1/2, ties at the median
+    included (scipy.stats evaluates Boost's binomial, scipy.special Cephes': they agree to
+    rounding)."""
+    stats = pytest.importorskip("scipy.stats")
+    rng = np.random.default_rng(4)
+    for n in range(1, 200):
+        for shift in (0.9, 0.98, 1.0, 1.03):
+            r = rng.lognormal(np.log(shift), 0.05, size=n)
+            r[rng.random(n) < 0.1] = 1.0  # cycles whose two sides took the same time
+            expected = stats.quantile_test(r, q=1.0, p=0.5).pvalue
+            assert sign_test_p(r, 1.0) == pytest.approx(expected, rel=1e-9, abs=1e-300)
 
 
 @pytest.mark.unit

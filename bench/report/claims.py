@@ -11,10 +11,16 @@ from __future__ import annotations
 import html
 import math
 
+import numpy as np
 import pandas as pd
 
 from bench.analysis.confidence import families, noise_floor_pct, rounds_disagree
-from bench.report.figures import fmt_value
+
+
+def fmt_value(v) -> str:
+    """A knob's value as the report writes it (here, not beside the figures: the console's
+    summary says it too, and a rank need not import matplotlib to say it)."""
+    return f"{v:g}" if isinstance(v, int | float | np.number) else str(v)
 
 
 def _values(vals: list) -> str:

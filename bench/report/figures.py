@@ -14,6 +14,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from bench.report.claims import fmt_value
+
 # The seed's rules of thumb for a healthy data-parallel step.
 COMPUTE_SHARE_TARGET = 80.0
 GPU_UTIL_TARGET = 90.0
@@ -28,10 +30,6 @@ def png(fig, alt: str) -> str:
         f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
         f"<figcaption>{html.escape(alt)}</figcaption></figure>"
     )
-
-
-def fmt_value(v) -> str:
-    return f"{v:g}" if isinstance(v, int | float | np.number) else str(v)
 
 
 def point_label(r) -> str:

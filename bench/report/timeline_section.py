@@ -17,7 +17,7 @@ from bench.analysis.folder import load_trace_dir
 from bench.analysis.reader import TraceError
 from bench.analysis.timeline import TimelineError, step_timeline
 from bench.analysis.trace_diff import DIFF_COLUMNS, trace_diff
-from bench.report.figures import fmt_value
+from bench.report.claims import fmt_value
 from bench.report.style import CSS, LOAD_CHECK
 from bench.report.tables import html_table
 from bench.report.timeline_figure import timeline_figure

@@ -32,7 +32,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from bench.stats.intervals import CONFIDENCE, log_se, scipy_stats
+from bench.stats.distributions import f_sf, t_ppf, t_sf
+from bench.stats.intervals import CONFIDENCE, log_se, median_interval, sign_test_p
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ class Estimate:
     def interval(self, confidence: float = CONFIDENCE) -> tuple[float, float]:
         if not (math.isfinite(self.var) and self.df > 0):
             return math.nan, math.nan
-        half = scipy_stats().t.ppf(0.5 + confidence / 2, self.df) * math.sqrt(self.var)
+        half = t_ppf(0.5 + confidence / 2, self.df) * math.sqrt(self.var)
         return math.exp(self.log - half), math.exp(self.log + half)
 
 
@@ -127,7 +128,7 @@ def outlying_rounds(logs: pd.DataFrame, p_value: float = 0.01) -> dict[str, floa
         if not others > 0:
             continue
         own = float((resid[i] ** 2).sum()) / (r - 1)
-        prob = float(scipy_stats().f.sf(own / others, r - 1, (p - 2) * (r - 1)))
+        prob = float(f_sf(own / others, r - 1, (p - 2) * (r - 1)))
         if prob < p_value:
             out[str(point)] = prob
     return out
@@ -217,8 +218,8 @@ def ratio(a: Estimate, b: Estimate, confidence: float = CONFIDENCE) -> Ratio:
     if var == 0:
         return Ratio(r, r, r, 1.0 if d == 0 else 0.0, confidence)
     df, se = _df(a, b), math.sqrt(var)
-    half = scipy_stats().t.ppf(0.5 + confidence / 2, df) * se
-    p = float(2 * scipy_stats().t.sf(abs(d) / se, df))
+    half = t_ppf(0.5 + confidence / 2, df) * se
+    p = 2 * t_sf(abs(d) / se, df)
     return Ratio(r, math.exp(d - half), math.exp(d + half), p, confidence)
 
 
@@ -237,7 +238,8 @@ def paired_ratio(a, b, confidence: float = CONFIDENCE) -> Ratio:
 def paired_median_ratio(a, b, confidence: float = CONFIDENCE) -> Ratio:
     """a / b from cycles that timed both close together (a[i] beside b[i]): the median of the
     per-cycle ratios with its distribution-free interval (order statistics of the ratios,
-    ``scipy.stats.quantile_test``) and the sign test's p-value for a median ratio of 1. Drift
+    ``scipy.stats.quantile_test``'s, as ``median_interval`` reads it) and the sign test's
+    p-value for a median ratio of 1 (``sign_test_p``). Drift
     and a neighbour's load hit both sides of a cycle alike and cancel in its ratio; an odd
     cycle moves the median by one place, not by its size. Fewer cycles than the confidence
     needs (6 at 95 %) give no interval (NaN)."""
@@ -245,6 +247,5 @@ def paired_median_ratio(a, b, confidence: float = CONFIDENCE) -> Ratio:
     r = r[np.isfinite(r)]
     if len(r) == 0:
         return Ratio(math.nan, math.nan, math.nan, math.nan, confidence)
-    test = scipy_stats().quantile_test(r, q=1.0, p=0.5)
-    ci = test.confidence_interval(confidence)
-    return Ratio(float(np.median(r)), float(ci.low), float(ci.high), float(test.pvalue), confidence)
+    low, high = median_interval(r, confidence)
+    return Ratio(float(np.median(r)), low, high, sign_test_p(r, 1.0), confidence)

@@ -3,10 +3,11 @@
 A step time's distribution is skewed and has outliers, so no shape is assumed: the interval is
 made of two order statistics of the sample, chosen with the binomial distribution of how many
 samples fall below the true median (the sign test inverted; Conover, Practical Nonparametric
-Statistics, 3rd ed., section 3.2). ``scipy.stats.quantile_test`` computes it. It covers the
-median of the distribution the samples were drawn from, with at least the confidence asked,
-when the samples are independent draws; drift between samples is what rounds are for
-(``estimates.py``).
+Statistics, 3rd ed., section 3.2): ``scipy.stats.quantile_test``'s interval, its binomial
+read through ``distributions.py`` (a rank can afford scipy.special; tests/test_stats.py checks
+the two agree). It covers the median of the distribution the samples were drawn from, with at
+least the confidence asked, when the samples are independent draws; drift between samples is
+what rounds are for (``estimates.py``).
 """
 
 from __future__ import annotations
@@ -15,27 +16,41 @@ import math
 
 import numpy as np
 
+from bench.stats.distributions import half_binomial_cdf, half_binomial_sf, norm_ppf
+
 CONFIDENCE = 0.95
-
-
-def scipy_stats():
-    """scipy.stats, imported on first use: its import costs 0.7 CPU-s here, which a launcher,
-    a replay's ranks or a reader that never makes an interval need not pay."""
-    import scipy.stats
-
-    return scipy.stats
 
 
 def median_interval(samples, confidence: float = CONFIDENCE) -> tuple[float, float]:
     """(low, high) of the median's interval; NaNs when the sample is too small to have one
     (fewer than 6 samples at 95 %)."""
-    x = np.asarray(samples, dtype=float)
+    x = np.sort(np.asarray(samples, dtype=float))
     x = x[np.isfinite(x)]
-    if len(x) < 2:
+    n = len(x)
+    if n < 2:
         return math.nan, math.nan
-    test = scipy_stats().quantile_test(x, q=float(np.median(x)), p=0.5)
-    ci = test.confidence_interval(confidence)
-    return float(ci.low), float(ci.high)
+    # quantile_test's two-sided interval at p = 1/2: the order statistics (0-based) at
+    # binom.ppf(tail) - 1 and binom.isf(tail); ppf is the first k with P(X <= k) >= tail, isf
+    # the first with P(X > k) <= tail, X ~ Binomial(n, 1/2).
+    tail = (1 - confidence) / 2
+    low = int(np.argmax(half_binomial_cdf(n) >= tail)) - 1
+    high = int(np.argmax(half_binomial_sf(n) <= tail))
+    return (
+        float(x[low]) if low >= 0 else math.nan,
+        float(x[high]) if high < n else math.nan,
+    )
+
+
+def sign_test_p(samples, q: float) -> float:
+    """The two-sided p-value of the sign test that the median is ``q``: quantile_test's at
+    p = 1/2, twice the smaller of P(X <= T1) and P(X >= T2), T1 the samples at or below ``q``
+    and T2 those below it (Conover, section 3.2)."""
+    x = np.asarray(samples, dtype=float)
+    n = len(x)
+    t1, t2 = int(np.count_nonzero(x <= q)), int(np.count_nonzero(x < q))
+    at_most_t1 = float(half_binomial_cdf(n)[t1])
+    at_least_t2 = float(half_binomial_sf(n)[t2 - 1]) if t2 > 0 else 1.0
+    return float(np.clip(2 * min(at_most_t1, at_least_t2), 0.0, 1.0))
 
 
 def half_width_pct(samples, confidence: float = CONFIDENCE) -> float:
@@ -60,5 +75,4 @@ def log_se(samples, confidence: float = CONFIDENCE) -> float:
     lo, hi = median_interval(samples, confidence)
     if not (math.isfinite(lo) and math.isfinite(hi)) or not lo > 0:
         return math.inf
-    z = scipy_stats().norm.ppf(0.5 + confidence / 2)
-    return (math.log(hi) - math.log(lo)) / (2 * z)
+    return (math.log(hi) - math.log(lo)) / (2 * norm_ppf(0.5 + confidence / 2))
