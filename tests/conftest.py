@@ -4,6 +4,7 @@ import pytest
 
 from bench.runner.session.distenv import TORCHRUN_VARS
 from tests.rank_pool import RankPool
+from tests.shared_runs import make_model_runs, shared
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -73,3 +74,10 @@ def pool():
     yield get
     for p in pools.values():
         p.close()
+
+
+@pytest.fixture(scope="session")
+def model_runs(tmp_path_factory, worker_id):
+    """A collectives run and a bucket sweep predicted with it (tests/shared_runs.py), made once
+    for every file that reads them."""
+    return shared(tmp_path_factory, worker_id, "model-runs", make_model_runs)

@@ -1,6 +1,6 @@
 """``python -m bench.model`` on real runs of this machine: a collectives run and a bucket sweep
-made with ``--predict-with`` (two launches, shared by the module), and the bad inputs it must
-refuse in one line."""
+made with ``--predict-with`` (two launches, shared with tests/test_run_folder.py:
+``model_runs``), and the bad inputs it must refuse in one line."""
 
 import json
 import shutil
@@ -12,70 +12,20 @@ import pandas as pd
 import pytest
 
 from bench.model.__main__ import main
-from tests.test_end_to_end import REPO, TORCHRUN, launch
+from tests.test_end_to_end import REPO
 
 pytestmark = pytest.mark.e2e
 
-COLLECTIVES = [
-    "--sweep",
-    "message_size",
-    "-b",
-    "4K",
-    "-e",
-    "1M",
-    "-f",
-    "4",
-    "-n",
-    "5",
-    "-w",
-    "2",
-    "--collectives",
-    "all_reduce,all_gather,reduce_scatter",
-    "--no-report",
-]
-BUCKETS = [
-    "--sweep",
-    "bucket_cap_mb",
-    "--values",
-    "0.25,25",
-    "--model",
-    "mlp",
-    "--steps",
-    "4",
-    "--max-steps",
-    "4",
-    "--rounds",
-    "1",
-    "--warmup-steps",
-    "1",
-    "--profile-steps",
-    "2",
-    "--point-timeout",
-    "30",
-]
-
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("model")
-    coll, train, reports = root / "coll", root / "train", root / "reports"
-    run = [str(TORCHRUN), "--standalone", "--nproc_per_node=2", "bench/run.py"]
-    proc = launch([*run, *COLLECTIVES, "--out", str(coll)])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    proc = launch(
-        [
-            *run,
-            *BUCKETS,
-            "--out",
-            str(train),
-            "--reports-dir",
-            str(reports),
-            "--predict-with",
-            str(coll),
-        ]
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return {"root": root, "coll": coll, "train": train, "report": reports / "train.html"}
+def runs(model_runs):
+    root = model_runs
+    return {
+        "root": root,
+        "coll": root / "coll",
+        "train": root / "train",
+        "report": root / "reports" / "train.html",
+    }
 
 
 def model(*args, timeout=120):

@@ -1,6 +1,7 @@
 """What a process of the suite pays that it need not: full garbage collections during a point
-(``bench.runner.measure.collector.settled``: what was alive when a point started stays out of
-the point's collections, and is the collector's again once the point ends), and scipy.stats
+(``bench.runner.measure.collector.settled``: what was alive when a point started, and what the
+FLOP counter's first use imports, stays out of the point's collections, and is the collector's
+again once the point ends), and scipy.stats
 imported by a process of the running side (a launcher, a replay's ranks, a rank that times its
 steps and decides its verdicts: their distributions come from scipy.special,
 ``bench/stats/distributions.py``)."""
@@ -47,6 +48,24 @@ def test_nested_blocks_give_everything_back_once_the_outermost_ends():
             pass
         assert gc.get_freeze_count() > 0  # the inner block did not end the outer one's
     assert gc.get_freeze_count() == 0
+
+
+def test_what_prepare_makes_is_set_aside_too_and_prepare_runs_once():
+    """``settled(prepare)``: a lazy import's objects (here a cache of cycles that a module
+    would keep) made before the block's collection, so the collections inside skip them."""
+    cache, calls = [], []
+
+    def prepare():
+        calls.append(1)
+        cache.extend(Node() for _ in range(5000))
+
+    with settled():
+        plain = gc.get_freeze_count()
+    with settled(prepare):
+        assert gc.get_freeze_count() >= plain + 5000
+        with settled(prepare):  # an inner block neither prepares nor collects again
+            pass
+    assert len(calls) == 1 and gc.get_freeze_count() == 0
 
 
 def test_a_block_that_raises_still_gives_everything_back():

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from bench.report.__main__ import main as report_main
@@ -89,58 +90,18 @@ def test_report_baseline_analysis_and_model_read_the_folder_without_the_running_
 
 @pytest.mark.e2e
 @pytest.mark.timeout(400)
-def test_a_run_made_now_reads_the_same_without_the_running_side(tmp_path):
-    """Today's code writes a run folder (and a collectives run of this machine); read with the
-    running side unimportable, it gives what it gives with it."""
+def test_a_run_made_now_reads_the_same_without_the_running_side(tmp_path, model_runs):
+    """Today's code writes a run folder (and a collectives run of this machine: the session's
+    ``model_runs``, copied); read with the running side unimportable, it gives what it gives
+    with it."""
     run, coll = tmp_path / "bucket", tmp_path / "coll"
-    for args in (
-        [
-            "--sweep",
-            "message_size",
-            "--collectives",
-            "all_reduce,all_gather",
-            "-b",
-            "64K",
-            "-e",
-            "4M",
-            "-f",
-            "8",
-            "-n",
-            "5",
-            "-w",
-            "1",
-            "--out",
-            str(coll),
-        ],
-        [
-            "--sweep",
-            "bucket_cap_mb",
-            "--values",
-            "1,25",
-            "--model",
-            "mlp",
-            "--steps",
-            "4",
-            "--max-steps",
-            "4",
-            "--rounds",
-            "1",
-            "--warmup-steps",
-            "1",
-            "--profile-steps",
-            "1",
-            "--out",
-            str(run),
-        ],
-    ):
-        proc = subprocess.run(
-            [sys.executable, "bench/run.py", *args, "--nproc-per-node", "2", "--no-report"],
-            capture_output=True,
-            text=True,
-            timeout=200,
-            cwd=REPO,
-        )
-        assert proc.returncode == 0, proc.stderr[-2000:]
+    shutil.copytree(model_runs / "train", run)
+    shutil.copytree(model_runs / "coll", coll)
+    results, samples = pd.read_csv(coll / "results.csv"), pd.read_csv(coll / "samples.csv")
+    dropped = set(results.loc[results["collective"] == "reduce_scatter", "point"])
+    assert dropped  # a collectives run without reduce-scatter, as if it had timed none
+    results[~results["point"].isin(dropped)].to_csv(coll / "results.csv", index=False)
+    samples[~samples["point"].isin(dropped)].to_csv(coll / "samples.csv", index=False)
     normal = read_everything(tmp_path / "a", (), run, coll)
     alone = read_everything(tmp_path / "b", RUNNING_SIDE, run, coll)
     for key in ("report", "images", "comparison", "analysis", "validate"):

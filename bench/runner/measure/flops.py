@@ -64,6 +64,15 @@ def op_class(op: object) -> str:
     return "conv" if "convolution" in str(op) else "matmul"
 
 
+@functools.cache
+def load_counter() -> None:
+    """Import what counting FLOPs imports, once per process: fake tensors and the counter's
+    dispatch import torch._dynamo (1.4 CPU-s here, some 200 thousand objects), which
+    ``collector.settled`` then sets aside before a point."""
+    with FakeTensorMode(), FlopCounterMode(display=False):
+        torch.ones(2, 2) @ torch.ones(2, 2)
+
+
 def count_op_flops(
     wl: Workload, batch: int, device: torch.device | None = None
 ) -> dict[str, float]:

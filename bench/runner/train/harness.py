@@ -254,7 +254,7 @@ def warm_up(
     return checked
 
 
-@settled()  # the point's collections walk only what it made
+@settled(flops.load_counter)  # the point's collections walk only what it made
 def run_point(
     point: PointRecord,
     env: DistEnv,

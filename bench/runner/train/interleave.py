@@ -315,7 +315,7 @@ def _finish_all(ctx, cfg: HarnessConfig, alive: list[Candidate], stop: str, n: i
     return rows
 
 
-@settled()  # the cohort's collections walk only what it made
+@settled(flops.load_counter)  # the cohort's collections walk only what it made
 def run_cohort(
     ctx,
     cfg: HarnessConfig,

@@ -1,0 +1,86 @@
+"""Runs that several test files read, made once per ``make test``: with pytest-xdist's workers,
+the first to ask makes them under a file lock in the session's shared temporary folder and the
+others wait for it and read the same folders (each launch costs 10-20 CPU-s). Readers copy what
+they change."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from filelock import FileLock
+
+from tests.test_end_to_end import TORCHRUN, launch
+
+COLLECTIVES = [
+    "--sweep",
+    "message_size",
+    "-b",
+    "4K",
+    "-e",
+    "1M",
+    "-f",
+    "4",
+    "-n",
+    "5",
+    "-w",
+    "2",
+    "--collectives",
+    "all_reduce,all_gather,reduce_scatter",
+    "--no-report",
+]
+BUCKETS = [
+    "--sweep",
+    "bucket_cap_mb",
+    "--values",
+    "0.25,25",
+    "--model",
+    "mlp",
+    "--steps",
+    "4",
+    "--max-steps",
+    "4",
+    "--rounds",
+    "1",
+    "--warmup-steps",
+    "1",
+    "--profile-steps",
+    "2",
+    "--point-timeout",
+    "30",
+]
+
+
+def shared(tmp_path_factory, worker_id: str, name: str, make: Callable[[Path], None]) -> Path:
+    """``name``'s folder, made by ``make(folder)`` once for the whole session: by this process
+    alone without xdist, else by whichever worker asks first (the rest wait on its lock)."""
+    base = tmp_path_factory.getbasetemp()
+    root = (base if worker_id == "master" else base.parent) / f"shared-{name}"
+    with FileLock(f"{root}.lock"):
+        if not (root / "made").exists():
+            root.mkdir(exist_ok=True)
+            make(root)
+            (root / "made").touch()
+    return root
+
+
+def make_model_runs(root: Path) -> None:
+    """A collectives run (``coll``) and a bucket sweep made with ``--predict-with`` it
+    (``train``, its report in ``reports``): what the cost model and the run-folder tests read."""
+    coll, train, reports = root / "coll", root / "train", root / "reports"
+    run = [str(TORCHRUN), "--standalone", "--nproc_per_node=2", "bench/run.py"]
+    proc = launch([*run, *COLLECTIVES, "--out", str(coll)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = launch(
+        [
+            *run,
+            *BUCKETS,
+            "--out",
+            str(train),
+            "--reports-dir",
+            str(reports),
+            "--predict-with",
+            str(coll),
+        ]
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
