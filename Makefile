@@ -52,8 +52,7 @@ system:
 # for real; `make bench` gives the benchmarks their rounds and statistics. The suite is bound by
 # the CPU (about 1,700 CPU-seconds here) and a serial run leaves a third of 2 cores idle while
 # tests wait on signals, time limits and launches, so TEST_WORKERS pytest-xdist workers share it,
-# a file to a worker (its module fixtures launch once), the costliest files first
-# (tests/conftest.py orders them; xdist's own reorder is off). Three kept both cores busy where two
+# a file to a worker (its module fixtures launch once). Three kept both cores busy where two
 # leave an eighth idle, but their load failed a speed gate's slowed-kernel check once in three
 # clean-clone runs: two it is. The tests marked serial (timing that reads the scheduler) run
 # after, alone. TEST_WORKERS=0 runs everything in one process.
@@ -63,7 +62,7 @@ test: $(BIN)/.installed system
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest --benchmark-disable -n $(TEST_WORKERS) \
-	  --dist loadfile --no-loadscope-reorder -m "not serial"
+	  --dist loadfile -m "not serial"
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest --benchmark-disable -m serial
 
 # The unit tier alone (tests/conftest.py's tiers): the inner loop, a few minutes.

@@ -10,30 +10,20 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # The tiers (pyproject.toml's markers): what a test costs and needs, visible in its file.
 TIERS = ("unit", "ranks", "e2e", "browser", "slurm", "bench")
-# The tiers from the costliest test to the cheapest: a file runs at its costliest test's place.
-COSTLIEST_FIRST = ("slurm", "e2e", "bench", "browser", "ranks", "unit")
 
 
 def pytest_collection_modifyitems(config, items):
     """Every test in exactly one tier, so that ``-m unit`` (make test-fast) is the unit tier
-    and every other tier is in ``make test`` by name. Files then run costliest first: xdist
-    hands a worker one file at a time in this order (the Makefile's --no-loadscope-reorder;
-    its own order, most tests first, left launch-heavy files of one test for last, and one
-    worker ran them for over a minute while the other had nothing left), so the unit files
-    come last and fill the gap while the other worker ends its last file."""
-    wrong, place = [], {}
+    and every other tier is in ``make test`` by name."""
+    wrong = []
     for item in items:
         tiers = {m.name for m in item.iter_markers() if m.name in TIERS}
         if len(tiers) != 1:
             wrong.append(f"{item.nodeid}: {', '.join(sorted(tiers)) or 'no tier'}")
-            continue
-        file = item.nodeid.split("::")[0]
-        place[file] = min(place.get(file, len(TIERS)), COSTLIEST_FIRST.index(tiers.pop()))
     if wrong:
         raise pytest.UsageError(
             f"every test needs exactly one tier marker of {', '.join(TIERS)}: " + "; ".join(wrong)
         )
-    items.sort(key=lambda item: place[item.nodeid.split("::")[0]])  # stable: files stay whole
 
 
 def pytest_configure(config):
