@@ -5,6 +5,7 @@ they change."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -58,7 +59,8 @@ def shared(tmp_path_factory, worker_id: str, name: str, make: Callable[[Path], N
     root = (base if worker_id == "master" else base.parent) / f"shared-{name}"
     with FileLock(f"{root}.lock"):
         if not (root / "made").exists():
-            root.mkdir(exist_ok=True)
+            shutil.rmtree(root, ignore_errors=True)  # what a worker that failed left half made
+            root.mkdir()
             make(root)
             (root / "made").touch()
     return root

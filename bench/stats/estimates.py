@@ -128,7 +128,7 @@ def outlying_rounds(logs: pd.DataFrame, p_value: float = 0.01) -> dict[str, floa
         if not others > 0:
             continue
         own = float((resid[i] ** 2).sum()) / (r - 1)
-        prob = float(f_sf(own / others, r - 1, (p - 2) * (r - 1)))
+        prob = f_sf(own / others, r - 1, (p - 2) * (r - 1))
         if prob < p_value:
             out[str(point)] = prob
     return out
@@ -239,10 +239,10 @@ def paired_median_ratio(a, b, confidence: float = CONFIDENCE) -> Ratio:
     """a / b from cycles that timed both close together (a[i] beside b[i]): the median of the
     per-cycle ratios with its distribution-free interval (order statistics of the ratios,
     ``scipy.stats.quantile_test``'s, as ``median_interval`` reads it) and the sign test's
-    p-value for a median ratio of 1 (``sign_test_p``). Drift
-    and a neighbour's load hit both sides of a cycle alike and cancel in its ratio; an odd
-    cycle moves the median by one place, not by its size. Fewer cycles than the confidence
-    needs (6 at 95 %) give no interval (NaN)."""
+    p-value for a median ratio of 1 (``sign_test_p``). Drift and a neighbour's load hit both
+    sides of a cycle alike and cancel in its ratio; an odd cycle moves the median by one
+    place, not by its size. Fewer cycles than the confidence needs (6 at 95 %) give no
+    interval (NaN)."""
     r = np.asarray(a, dtype=float) / np.asarray(b, dtype=float)
     r = r[np.isfinite(r)]
     if len(r) == 0:
