@@ -39,7 +39,8 @@ IMPLS = "native,reference,reference_nooverlap"
 
 
 def sweep(out: Path, values: str, impls: str) -> Path:
-    """A profiled 2-rank bucket sweep of wide_mlp into ``out``: its traces one step each."""
+    """A profiled 2-rank bucket sweep of wide_mlp into ``out``: each point traced over two
+    steps (the timeline draws one of them)."""
     cmd = [
         sys.executable,
         "bench/run.py",

@@ -19,14 +19,19 @@ pytestmark = pytest.mark.bench
 MAX_ROUNDS = 15  # rounds a gate may add while its interval straddles the limit
 
 
+def until_decided(gate, ranks, figures: dict, slow_s: float = 0.0) -> dict:
+    """``figures`` with rounds of two added while the interval straddles the limit, up to
+    ``MAX_ROUNDS``: a noisy machine widens the interval, a slower kernel moves it."""
+    while not decided(gate, interval(figures)) and len(figures["native"]) < MAX_ROUNDS:
+        extra = measure(gate, ranks, rounds=2, slow_s=slow_s, seed=len(figures["native"]))
+        figures = more(figures, extra)
+    return figures
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("gate", GATES, ids=[g.name for g in GATES])
 def test_reference_vs_native_within_limit(ranks, gate, record_property):
-    figures = measure(gate, ranks)
-    # A noisy machine widens the interval; a slower kernel moves it. Measure until the
-    # interval is on one side of the limit, or the rounds run out.
-    while not decided(gate, interval(figures)) and len(figures["native"]) < MAX_ROUNDS:
-        figures = more(figures, measure(gate, ranks, rounds=2, seed=len(figures["native"])))
+    figures = until_decided(gate, ranks, measure(gate, ranks))
     r = check(gate, figures)
     record_property("ratio", r.ratio)
     state = "" if decided(gate, r) else ", undecided: the interval straddles the limit"
@@ -44,11 +49,8 @@ def test_gate_fails_on_a_slowed_kernel(ranks, name):
     # fixed 50 ms was several times the kernel's time on a quiet machine, but with a make
     # sweep beside it the kernel's time grew to where 50 ms no longer crossed the limit.
     slow_s = max(0.05, 3 * native_seconds(gate, ranks))
-    figures = measure(gate, ranks, rounds=3, slow_s=slow_s)
     # Three rounds under the parallel pass's load once left the interval straddling the limit
-    # (no failure raised): measure on as the gate does, until it is decided or rounds run out.
-    while not decided(gate, interval(figures)) and len(figures["native"]) < MAX_ROUNDS:
-        extra = measure(gate, ranks, rounds=2, slow_s=slow_s, seed=len(figures["native"]))
-        figures = more(figures, extra)
+    # (no failure raised): measured on as the gate is, until decided or the rounds run out.
+    figures = until_decided(gate, ranks, measure(gate, ranks, rounds=3, slow_s=slow_s), slow_s)
     with pytest.raises(GateFailure, match=f"^{gate.name}: reference .* limit"):
         check(gate, figures)
