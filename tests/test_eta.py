@@ -37,6 +37,17 @@ def test_the_time_left_is_each_points_own_cost_and_the_mean_for_the_others():
     assert clock.left() == pytest.approx(6.0 + 20 + 30 + 20 + 30)
 
 
+def test_an_interleaved_candidate_not_yet_run_costs_the_untimed_seconds_and_its_cycles_bound():
+    """The first cohort's small steps say little of the next's large ones: a candidate of a
+    cohort not yet run is costed as the others' seconds besides timing, plus the seconds of
+    cycles its budget allows (at most)."""
+    clock = SweepClock(visits=[("m1", 1), ("m2", 1), ("w1", 1), ("w2", 1)])
+    clock.timed_bound = {p: 8.0 for p in ("m1", "m2", "w1", "w2")}
+    clock.done("m1", 1, 2.0, timed_s=0.5)
+    clock.done("m2", 1, 2.0, timed_s=0.5)
+    assert clock.left() == pytest.approx(2 * (1.5 + 8.0))
+
+
 def test_a_budget_runs_the_first_round_whole_then_what_fits_and_shares_the_rest():
     clock = SweepClock(visits=list(VISITS), budget_s=100.0)
     assert clock.timed_cap("a", 1) == pytest.approx(100 / 9)  # nothing known of its overhead

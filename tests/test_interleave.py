@@ -101,11 +101,13 @@ def test_a_cohort_cycles_pairs_and_keeps_going_past_its_failures(pool, tmp_path)
     assert "injected failure in a cycle on rank 1" in failed["fail_later"]["error"]
     ok = [r for r in written if r["status"] == "ok"]
     assert len(ok) == 3, "; ".join(f"{r['point']}: {r['error']}" for r in written)
-    n = ok[0]["cycles"]
-    assert 2 <= n <= 16
+    # the cycles' steps shared: 16 per candidate that entered them (four), the decided one
+    # leaving early and the others cycling on
+    assert sum(r["cycles"] for r in ok) <= 16 * 4
     for r in ok:
-        assert r["method"] == "paired" and r["cycles"] == n and r["round"] == 1
-        assert len(r["samples_ms"]) == n  # one step per cycle, every candidate in every cycle
+        n = r["cycles"]
+        assert r["method"] == "paired" and n >= 4 and r["round"] == 1
+        assert len(r["samples_ms"]) == n  # one step per cycle it was in
         assert r["stop"] in ("decided", "max_steps", "max_point_s")
         assert r["checked"].startswith("ok")  # its first step matched the plain model
         assert np.isfinite(r["alone_ms"]) and np.isfinite(r["interleave_cost_pct"])
@@ -115,3 +117,6 @@ def test_a_cohort_cycles_pairs_and_keeps_going_past_its_failures(pool, tmp_path)
     v = versus_best_paired({p: by[p]["samples_ms"] for p in (fast, slow, slow + "-slowed")})
     assert slow + "-slowed" not in v.tied, v.ratios
     assert v.ratios[slow + "-slowed"].ratio > 1.2
+    # 60 % slower leaves the race (decided, or at half the budget, when only the best and
+    # the default 25 go on) while the two others cycle on
+    assert by[slow + "-slowed"]["cycles"] < by[fast]["cycles"] == by[slow]["cycles"]

@@ -3,6 +3,7 @@ points are interleaved."""
 
 import math
 import socket
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -10,12 +11,20 @@ import pytest
 import torch
 
 from bench.analysis.confidence import verdicts
+from bench.runner.measure.timing import MAX_SECONDS, MAX_STEPS
 from bench.runner.plan.config import RunConfig
 from bench.runner.plan.points import build_points
 from bench.runner.session.distenv import DistEnv
+from bench.runner.train import racing
 from bench.runner.train.cohort import split_cohorts, state_bytes
-from bench.stats.estimates import Ratio
-from bench.stats.paired import decided, interim_look, look_confidence, versus_best_paired
+from bench.stats.estimates import Ratio, paired_cycles_ratio
+from bench.stats.paired import (
+    DECIDED,
+    decided,
+    interim_look,
+    look_confidence,
+    versus_best_paired,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -42,12 +51,30 @@ def test_drift_cancels_in_the_pairs_a_and_a_tie_and_five_percent_is_found():
 def test_the_comparisons_share_their_confidence_and_unequal_lengths_pair_what_they_share():
     rng = np.random.default_rng(1)
     c = cycles(rng, {"a": 100.0, "b": 100.0, "c": 100.0}, 30)
-    c["c"] = c["c"][:20]  # a candidate that failed after 20 cycles
+    c["c"] = c["c"][:20]  # a candidate that left the cycles (decided) after 20
     v = versus_best_paired(c)
-    assert v.cycles == 20 and v.confidence == pytest.approx(1 - 0.05 / 2)
+    assert v.cycles == 30 and v.confidence == pytest.approx(1 - 0.05 / 2)
+    assert v.best in ("a", "b")  # the best is one of those that cycled longest
+    want = paired_cycles_ratio(c["c"], c[v.best][:20], 1 - 0.05 / 2)
+    assert v.ratios["c"] == want  # paired over the 20 cycles the two share
+    # each comparison at its own look's confidence, Bonferroni over the two
+    w = versus_best_paired(c, {"a": 0.95, "b": 0.95, "c": 0.99})
+    assert w.ratios["c"].confidence == pytest.approx(1 - 0.01 / 2) and w.confidence == 0.975
     assert versus_best_paired({"only": [1.0, 2.0]}).tied == ["only"]
     with pytest.raises(ValueError, match="no candidates"):
         versus_best_paired({})
+
+
+def test_the_best_is_the_lowest_paired_estimate_not_the_lowest_median():
+    """A drift that sets the medians can hide which candidate the cycles favour: b is 3 %
+    faster than a in the ten quiet cycles and 1 % slower in the eleven loaded ones, so a has
+    the lower median while the paired estimate (Hodges-Lehmann's) says b."""
+    drift = np.array([1.0] * 10 + [3.0] * 11)
+    a = 100 * drift
+    b = 100 * drift * np.array([0.97] * 10 + [1.01] * 11)
+    assert np.median(a) < np.median(b)
+    v = versus_best_paired({"a": a, "b": b})
+    assert v.best == "b" and v.ratios["a"].ratio > 1
 
 
 def test_a_comparison_is_decided_when_it_excludes_one_or_lies_in_the_tie_band():
@@ -158,3 +185,62 @@ def test_stopping_at_the_looks_keeps_false_differences_rare_and_finds_a_real_one
         found += v.best == "a" and v.tied == ["a"]
     assert false <= 0.05 * 150 and peeked >= 2 * max(false, 5)
     assert found >= 0.9 * 150
+
+
+def _candidates(model="mlp", values="0.25,1,5,25,100", impls="native"):
+    """Racing's view of a cohort: each candidate's point, cycles so far and place in them."""
+    points = build_points("bucket_cap_mb", world_size=2, values=values, models=model, impls=impls)
+    return [SimpleNamespace(point=p, times=[], active=True, stop="") for p in points]
+
+
+def _cycle(rng, cands, true_ms: dict[float, float]) -> None:
+    common = float(np.exp(rng.normal(0, 0.3)))  # the cycle's drift, on every candidate alike
+    for c in cands:
+        if c.active:
+            c.times.append(true_ms[c.point.value] * common * float(np.exp(rng.normal(0, 0.04))))
+
+
+def test_a_decided_candidate_leaves_the_race_and_the_rest_go_on():
+    """At a look, a candidate far slower than the best is decided and leaves (stop decided);
+    the close ones stay; a group with nothing undecided leaves whole. Its cycles stay its
+    first ones, paired with the best's."""
+    rng = np.random.default_rng(2)
+    cands = _candidates()
+    true = {0.25: 130.0, 1: 101.0, 5: 100.0, 25: 100.5, 100: 100.0}
+    for _ in range(16):
+        _cycle(rng, cands, true)
+    undecided = racing.at_look(cands, 16, 3.0)
+    by = {c.point.value: c for c in cands}
+    assert not by[0.25].active and by[0.25].stop == DECIDED
+    assert undecided >= 1 and sum(c.active for c in cands) == undecided + 1
+    for _ in range(16):
+        _cycle(rng, cands, true)
+    assert len(by[0.25].times) == 16 and len(by[5].times) == 32
+    v = versus_best_paired({c.point.id: c.times for c in cands})
+    assert v.best != by[0.25].point.id and by[0.25].point.id not in v.tied
+    # nothing left to decide: the whole group leaves
+    same = _candidates(values="1,5")
+    for _ in range(8):
+        for c in same:
+            c.times.append(100.0)
+    assert racing.at_look(same, 8, 3.0) == 0 and not any(c.active for c in same)
+
+
+def test_the_headline_keeps_the_best_and_the_default():
+    """Half the budget spent: the best and the default (25) go on, the others leave with their
+    share spent; where the default is the best, its closest challenger stays with it."""
+    rng = np.random.default_rng(3)
+    cands = _candidates()
+    for _ in range(16):
+        _cycle(rng, cands, {0.25: 100.0, 1: 100.5, 5: 100.2, 25: 102.0, 100: 101.0})
+    racing.headline(cands, 16, 3.0, MAX_SECONDS)
+    left = {c.point.value for c in cands if c.active}
+    v = versus_best_paired({c.point.id: c.times for c in cands})
+    best = next(c.point.value for c in cands if c.point.id == v.best)
+    assert left == {best, 25} and {c.stop for c in cands if not c.active} == {MAX_SECONDS}
+    cands = _candidates(values="1,25,100")
+    for _ in range(16):
+        _cycle(rng, cands, {1: 100.4, 25: 100.0, 100: 104.0})
+    racing.headline(cands, 16, 3.0, MAX_STEPS)
+    assert sum(c.active for c in cands) == 2 and racing.is_default(cands[1].point)
+    assert not racing.is_default(cands[0].point)

@@ -78,9 +78,9 @@ def test_the_launcher_the_replay_and_every_interval_import_no_scipy_stats():
     code = (
         "import sys, numpy as np, bench.runner.cli, bench.replay.__main__; "
         "from bench.runner.measure.timing import summarize_times; "
-        "from bench.stats.estimates import estimates, paired_median_ratio, paired_ratio; "
+        "from bench.stats.estimates import estimates, paired_cycles_ratio, paired_ratio; "
         "s = summarize_times(np.arange(20.0), np.zeros(20)); "
-        "r = paired_median_ratio(np.arange(1.0, 21.0) * 1.1, np.arange(1.0, 21.0)); "
+        "r = paired_cycles_ratio(np.arange(1.0, 21.0) * 1.1, np.arange(1.0, 21.0)); "
         "t = paired_ratio([1.0, 1.2, 1.1], [1.0, 1.0, 1.05]); "
         "print('scipy.stats' in sys.modules, s['step_ms_ci_low'] < 9.5 < s['step_ms_ci_high'], "
         "r.low <= 1.1 <= r.high and r.p < 0.05, t.low < t.ratio < t.high)"

@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 
 from bench.runner import cli
-from bench.runner.plan.config import DEFAULTS, Resolved, RunConfig
+from bench.runner.plan.config import (
+    COLLECTIVE_MAX_STEPS,
+    DEFAULTS,
+    TRAINING_MAX_STEPS,
+    Resolved,
+    RunConfig,
+)
 from bench.runner.plan.flags import build_parser, parse_config
 from bench.runner.plan.points import build_points
 from bench.runner.session.distenv import TORCHRUN_VARS
@@ -41,7 +47,8 @@ def test_the_help_states_the_configurations_own_defaults():
         ("--steps", DEFAULTS.steps),
         ("--warmup-steps", DEFAULTS.warmup_steps),
         ("--batch-size", DEFAULTS.batch_size),
-        ("--max-steps", DEFAULTS.max_steps),
+        ("--max-steps", TRAINING_MAX_STEPS),
+        ("--max-steps", COLLECTIVE_MAX_STEPS),
     ):
         after = text.split("options:", 1)[1].split(f" {flag} ", 1)[1]
         assert f"default {value})" in after[:200], flag

@@ -9,8 +9,9 @@ import pytest
 
 from bench.analysis.confidence import noise_floor_pct, rounds_disagree, verdicts
 from bench.stats import distributions
-from bench.stats.estimates import Estimate, estimates, paired_ratio, ratio
-from bench.stats.intervals import half_width_pct, median_interval, sign_test_p
+from bench.stats.estimates import Estimate, estimates, paired_cycles_ratio, paired_ratio, ratio
+from bench.stats.intervals import half_width_pct, median_interval
+from bench.stats.signed_rank import EXACT_N, hodges_lehmann, signed_rank_p
 from bench.stats.ties import adjusted, versus_best
 
 
@@ -88,18 +89,67 @@ def test_the_distributions_are_scipy_stats_own():
 
 
 @pytest.mark.unit
-def test_the_sign_tests_p_value_is_scipys():
-    """``sign_test_p`` is quantile_test's two-sided p-value at p = 1/2, ties at the median
-    included (scipy.stats evaluates Boost's binomial, scipy.special Cephes': they agree to
-    rounding)."""
+def test_the_signed_rank_p_value_is_scipys():
+    """``signed_rank_p`` is scipy.stats.wilcoxon's two-sided p-value: exact up to EXACT_N
+    differences, the normal approximation with its continuity correction above and where
+    ranks tie (zeros dropped, as Wilcoxon's)."""
     stats = pytest.importorskip("scipy.stats")
     rng = np.random.default_rng(4)
-    for n in range(1, 200):
-        for shift in (0.9, 0.98, 1.0, 1.03):
-            r = rng.lognormal(np.log(shift), 0.05, size=n)
-            r[rng.random(n) < 0.1] = 1.0  # cycles whose two sides took the same time
-            expected = stats.quantile_test(r, q=1.0, p=0.5).pvalue
-            assert sign_test_p(r, 1.0) == pytest.approx(expected, rel=1e-9, abs=1e-300)
+    for n in (*range(1, 60), 120, 200, 201, 450):
+        for shift in (0.0, 0.02, 0.2):
+            d = rng.standard_normal(n) * 0.1 + shift
+            method = "exact" if n <= EXACT_N else "asymptotic"
+            expected = stats.wilcoxon(d, method=method, correction=True).pvalue
+            assert signed_rank_p(d) == pytest.approx(expected, rel=1e-9, abs=1e-14)  # rounding
+    d = np.round(rng.standard_normal(80), 1)  # tied ranks and zeros
+    expected = stats.wilcoxon(d, method="asymptotic", correction=True).pvalue
+    assert signed_rank_p(d) == pytest.approx(expected, rel=1e-9)
+
+
+@pytest.mark.unit
+def test_the_hodges_lehmann_interval_is_the_signed_rank_test_inverted():
+    """The interval's ends are where scipy's signed-rank test of the shifted differences
+    starts to reject: just inside, p >= alpha; just outside, p < alpha (exact and normal
+    sizes, at 95 % and a Bonferroni-sized 99.7 %); the estimate is the median of the Walsh
+    averages."""
+    stats = pytest.importorskip("scipy.stats")
+    rng = np.random.default_rng(5)
+    for n in (6, 7, 12, 40, 150, 260, 700):
+        for confidence in (0.95, 0.997):
+            d = rng.standard_t(4, n) * 0.05 + 0.01
+            centre, low, high = hodges_lehmann(d, confidence)
+            if n < 9 and confidence > 0.99:
+                assert math.isnan(low) and math.isnan(high)  # too few for that confidence
+                continue
+            alpha = 1 - confidence
+            method = "exact" if n <= EXACT_N else "asymptotic"
+
+            def p(theta, d=d, method=method):
+                return stats.wilcoxon(d - theta, method=method, correction=True).pvalue
+
+            assert p(low + 1e-9) >= alpha - 1e-12 and p(high - 1e-9) >= alpha - 1e-12
+            assert p(low - 1e-6) < alpha and p(high + 1e-6) < alpha
+            i, j = np.triu_indices(n)
+            assert centre == pytest.approx(float(np.median((d[i] + d[j]) / 2)))
+
+
+@pytest.mark.unit
+def test_a_paired_ratio_covers_its_truth_and_is_narrower_than_the_sign_tests():
+    """Simulated cycles of a 5 % effect under drift that both sides share: the interval covers
+    1.05 at least as often as it says, and, the log ratios being near normal, it is narrower
+    than the sign test's interval of the median ratio (Hodges-Lehmann's efficiency)."""
+    rng = np.random.default_rng(6)
+    covered, ratio_of_widths = 0, []
+    for _ in range(300):
+        drift = np.exp(np.cumsum(rng.normal(0, 0.02, 60)))
+        a = 1.05 * drift * rng.lognormal(0, 0.06, 60)
+        b = drift * rng.lognormal(0, 0.06, 60)
+        r = paired_cycles_ratio(a, b)
+        covered += r.low <= 1.05 <= r.high
+        lo, hi = median_interval(a / b)
+        ratio_of_widths.append(np.log(r.high / r.low) / np.log(hi / lo))
+    assert covered >= 0.93 * 300
+    assert np.median(ratio_of_widths) < 0.9
 
 
 @pytest.mark.unit

@@ -45,7 +45,7 @@ VERDICT_COLUMNS = [
     "floor_pct",
     "within_floor",
     "method",  # rounds (the points' estimates) or paired (per-cycle ratios, interleaved)
-    "cycles",  # paired: the cycles every candidate of the group was timed in
+    "cycles",  # paired: the cycles the best was timed in (one decided early left them sooner)
 ]
 # A point's rounds disagree when their spread is this unlikely under the other points' (F test).
 DISAGREE_P = 0.01
@@ -170,11 +170,14 @@ def _cycles(group: pd.DataFrame, samples: pd.DataFrame) -> dict[str, list[float]
 
 
 def _paired(group: pd.DataFrame, cycles: dict[str, list[float]]):
-    """The paired verdict at the confidence of the look the cycles stopped at: an interim
-    one where they stopped decided, else the last (``bench.stats.paired``)."""
-    n = min(len(t) for t in cycles.values())
-    early = "stop" in group and bool((group["stop"] == DECIDED).all())
-    return versus_best_paired(cycles, look_confidence(n, early, CONFIDENCE))
+    """The paired verdict, each comparison at the confidence of the look it was decided at:
+    an interim one where its candidate stopped decided (at its own count of cycles: one that
+    left the race early has fewer), else the last (``bench.stats.paired``)."""
+    stops = dict(zip(group["point"], group.get("stop", pd.Series(index=group.index)), strict=True))
+    confidence = {
+        p: look_confidence(len(t), stops.get(p) == DECIDED, CONFIDENCE) for p, t in cycles.items()
+    }
+    return versus_best_paired(cycles, confidence)
 
 
 def _typical(v, cands: dict[str, Estimate], cycles) -> float:

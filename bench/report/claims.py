@@ -104,12 +104,14 @@ def _interleaved(results: pd.DataFrame) -> list[str]:
     return [
         f"<p>{len(paired)} point(s) were interleaved: each model's candidates built together "
         "and timed in cycles, one step of each per cycle in a fresh random order, "
-        f"{int(paired['cycles'].max())} cycles at most (stopped: {stops}; decided: every "
-        "comparison with the best excludes 1 or lies within the tie band). Their verdicts "
-        "come from the per-cycle ratios of each candidate to the best: the median with its "
-        "distribution-free interval, so that drift and load that fall on a whole cycle "
-        "cancel. What interleaving changed in a point's step (interleaved over alone): "
-        f"{spread}.</p>"
+        f"{int(paired['cycles'].max())} cycles at most, from {int(paired['cycles'].min())} "
+        f"(stopped: {stops}; decided: its comparison with the best excludes 1 or lies within "
+        "the tie band, and it left the cycles; after half the budget only the best and the "
+        "default go on, the others' share spent). Their verdicts come from the per-cycle "
+        "ratios of each candidate to the best over the cycles they share: the Hodges-Lehmann "
+        "estimate with the signed-rank test's distribution-free interval, so that drift and "
+        "load that fall on a whole cycle cancel. What interleaving changed in a point's step "
+        f"(interleaved over alone): {spread}.</p>"
     ]
 
 

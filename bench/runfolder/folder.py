@@ -16,6 +16,9 @@ Schema versions (major.minor; a reader reads its own major and any minor):
   ``alone_ms`` and ``interleave_cost_pct``; a paired point's samples are indexed by cycle (its
   cohort's sample i were timed in the same cycle); meta.json's ``interleaved``. A folder
   without ``method`` reads as rounds.
+- 2.7: racing. A paired candidate whose comparison was decided leaves its cohort's cycles:
+  its ``cycles`` and samples are its own (its first cycles), paired with the best's over
+  those; ``stop`` is its own. A 2.6 folder reads the same (every candidate's cycles equal).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import pandas as pd
 from bench.runfolder.columns import NOISE_COLUMNS, SAMPLE_COLUMNS
 from bench.runfolder.points import POINTS_FILE, PointRecord, RunFolderError, read_points
 
-SCHEMA_VERSION = "2.6"
+SCHEMA_VERSION = "2.7"
 
 
 def utc_now() -> str:

@@ -261,7 +261,11 @@ TRAINING: tuple[Column, ...] = (
     ),
     Column(name="method", ranks=POINT, meaning="rounds, or paired: interleaved in a cohort"),
     Column(name="cohort", ranks=POINT, meaning="paired: its cohort (samples pair within one)"),
-    Column(name="cycles", ranks=POINT, meaning="paired: its cohort's cycles (a sample each)"),
+    Column(
+        name="cycles",
+        ranks=POINT,
+        meaning="paired: the cycles it was timed in (a sample each; decided early, fewer)",
+    ),
     Column(name="alone_ms", unit="ms", ranks=TIMED, meaning="paired: median step timed alone"),
     Column(
         name="interleave_cost_pct",

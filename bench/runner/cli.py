@@ -15,7 +15,13 @@ from pathlib import Path
 
 from bench.runfolder.folder import has_results
 from bench.runner.collectives.sweep import CollectivePlan, run_collective_sweep
-from bench.runner.plan.config import DEFAULT_ROUNDS, Resolved, RunConfig
+from bench.runner.plan.config import (
+    COLLECTIVE_MAX_STEPS,
+    DEFAULT_ROUNDS,
+    TRAINING_MAX_STEPS,
+    Resolved,
+    RunConfig,
+)
 from bench.runner.plan.flags import parse_config
 from bench.runner.plan.points import build_points
 from bench.runner.plan.sweeps import SWEEPS, message_sizes, parse_list, sweep_names
@@ -29,9 +35,16 @@ REPO = Path(__file__).resolve().parents[2]
 RESOLVED_ENV = "BENCH_RESOLVED_RUN"
 
 
+def resolved_max_steps(config: RunConfig, collective: bool) -> int:
+    """--max-steps as given, else the sweep kind's default."""
+    if config.max_steps is not None:
+        return config.max_steps
+    return COLLECTIVE_MAX_STEPS if collective else TRAINING_MAX_STEPS
+
+
 def resolved_rounds(config: RunConfig, collective: bool) -> int:
     """The rounds the run makes; a budget that cannot hold what every visit does is bad
-    input."""
+    input (``config``'s max_steps resolved)."""
     c = config
     least, what = (c.iters, "-n/--iters") if collective else (c.steps, "--steps")
     if c.max_steps < least:
@@ -141,7 +154,8 @@ def resolve(config: RunConfig, world: int | None) -> Resolved:
         if world is None and any(s.expand is not None or s.kind == "scaling" for s in sweeps):
             fail(_launch_hint(list(config.argv)))  # its values are checked against the world
         collective = sweeps[0].kind == "collective"
-        c = replace(config, rounds=resolved_rounds(config, collective))
+        c = replace(config, max_steps=resolved_max_steps(config, collective))
+        c = replace(c, rounds=resolved_rounds(c, collective))
         if collective:
             if c.strategy or c.scaling:
                 raise ValueError("--strategy and --scaling are for the world_size sweep")

@@ -2,7 +2,7 @@
 power against a known effect, through the sweep's own cohort runner.
 
     OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 bench/selftime/paired_power.py \
-        [--model wide_mlp] [--aa 20] [--effect 10] [--effect-pct 5] [--json]
+        [--model wide_mlp] [--aa 20] [--effect 10] [--effect-pct 5] [--max-point-s 8] [--json]
 
 Each trial is one cohort of two candidates (``bench/runner/train/interleave.py``) with the
 sweep's default budget (``--max-steps`` cycles, ``--max-point-s`` seconds per candidate) and
@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import numpy as np
 
-from bench.runner.plan.config import DEFAULTS
+from bench.runner.plan.config import DEFAULTS, TRAINING_MAX_STEPS
 from bench.runner.plan.points import build_points
 from bench.runner.session.distenv import init_distributed, rank0_print
 from bench.runner.train.harness import HarnessConfig
@@ -50,14 +50,14 @@ class _Run:
         self.rows.append(row)
 
 
-def trial(env, point, slow_pct: float, seed: int, root: Path) -> dict:
+def trial(env, point, slow_pct: float, seed: int, root: Path, max_point_s: float) -> dict:
     """One cohort of ``point`` and its copy (slowed by ``slow_pct``): the paired verdict."""
     again = dataclasses.replace(point, id=point.id + "-again")
     run = _Run(env=env, run_dir=root / f"trial{seed}")
     budget = CycleBudget(
         min_cycles=DEFAULTS.steps,
-        max_cycles=DEFAULTS.max_steps,
-        max_s=2 * DEFAULTS.max_point_s,
+        max_cycles=TRAINING_MAX_STEPS,
+        max_s=2 * max_point_s,
         band_pct=DEFAULTS.tie_band_pct,
         seed=seed,
     )
@@ -102,6 +102,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--aa", type=int, default=20, help="A/A trials")
     p.add_argument("--effect", type=int, default=10, help="trials with a known effect")
     p.add_argument("--effect-pct", type=float, default=5.0)
+    p.add_argument(
+        "--max-point-s",
+        type=float,
+        default=DEFAULTS.max_point_s,
+        help="seconds of timed steps per candidate (the sweep's default: %(default)s)",
+    )
     p.add_argument("--json", action="store_true", help="the summary as one JSON line")
     args = p.parse_args(argv)
     env = init_distributed()
@@ -112,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     out = []
     with tempfile.TemporaryDirectory(prefix="paired-power-") as root:
         for i, pct in enumerate(trials):
-            t = trial(env, point, pct, seed=i, root=Path(root))
+            t = trial(env, point, pct, seed=i, root=Path(root), max_point_s=args.max_point_s)
             out.append(t)
             rank0_print(json.dumps({"trial": i, **t}) if args.json else _line(i, t))
             t.pop("samples_ms")
@@ -120,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     eff = [t for t in out if t["slow_pct"]]
     summary = {
         "model": args.model,
+        "max_point_s": args.max_point_s,
         "aa_tied": sum(t["tied"] for t in aa),
         "aa_runs": len(aa),
         "effect_pct": args.effect_pct,

@@ -7,13 +7,14 @@ The recorder is read once per process (``TORCH_FR_BUFFER_SIZE`` at the first pro
 one process cannot time itself with it on and off. Instead this starts two jobs of ``--ranks``
 ranks each on this machine, the same DDP training (native DDP, ``--bucket-cap-mb``) in both, the
 recorder on in one (``TORCH_FR_BUFFER_SIZE=2000``, what every sweep point runs with) and off in
-the other (0). Each cycle runs one block of ``--block`` steps of each job, in a fresh seeded
-random order, while the other job's ranks wait idle; the cycle's ratio is the on-job's block over
-the off-job's. Load beside the launch (another job, a sweep, thermal drift) falls on both
-blocks of a cycle alike and cancels in the ratio; the figure is the median ratio over the cycles
-with its distribution-free 95 % interval (``bench.stats.estimates.paired_median_ratio``:
-randomised multiple interleaved trials, duet benchmarking). Each job checks that its recorder is
-as claimed (entries recorded, or none) before it is timed.
+the other (0). Each cycle runs one block of ``--block`` steps of each job, in a fresh seeded random
+order, while the other job's ranks wait idle; the cycle's ratio is the on-job's block over the
+off-job's. Load beside the launch (another job, a sweep, thermal drift) falls on both blocks of a
+cycle alike and cancels in the ratio; the figure is the paired ratio over the cycles
+(Hodges-Lehmann's) with its distribution-free 95 % interval
+(``bench.stats.estimates.paired_cycles_ratio``: randomised multiple interleaved trials, duet
+benchmarking). Each job checks that its recorder is as claimed (entries recorded, or none) before it
+is timed.
 
 ``--slow-pct P`` adds a third job, the recorder on and every step P % longer (a sleep of P % of
 the step's own time, so that the cost stays P % however loaded the machine is), timed in the
@@ -36,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import numpy as np
 
-from bench.stats.estimates import paired_median_ratio
+from bench.stats.estimates import paired_cycles_ratio
 
 JOBS = {"on": "2000", "off": "0"}  # TORCH_FR_BUFFER_SIZE of each job
 TIMEOUT_S = 120.0  # a job that does not answer a block within this is broken: say so, stop
@@ -210,7 +211,7 @@ def measure(
             p.join(timeout=10)
             if p.is_alive():
                 p.kill()
-    r = paired_median_ratio(times["on"], times["off"])
+    r = paired_cycles_ratio(times["on"], times["off"])
     return {
         "ratio": r.ratio,
         "low": r.low,
@@ -230,7 +231,7 @@ def measure(
 def _slow(times: dict[str, list[float]]) -> dict:
     if "slow" not in times:
         return {}
-    r = paired_median_ratio(times["slow"], times["off"])
+    r = paired_cycles_ratio(times["slow"], times["off"])
     return {"slow": {"ratio": r.ratio, "low": r.low, "high": r.high}}
 
 

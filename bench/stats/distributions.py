@@ -1,9 +1,10 @@
 """The distribution functions the suite's intervals and tests read, from ``scipy.special``: the
 very functions ``scipy.stats``'s distributions evaluate (``t``: ``stdtr``, ``stdtrit``; ``f``:
-``fdtrc``; ``norm``: ``ndtri``; ``binom``: ``bdtr``, ``bdtrc``, where scipy.stats calls Boost's
-binomial and agrees to rounding). Every rank of every launch times its steps with an interval,
-and importing scipy.stats costs a process 1.4 CPU-s here against scipy.special's 0.1: on this
-machine's test suite, a few minutes. ``tests/test_stats.py`` checks each against scipy.stats.
+``fdtrc``; ``norm``: ``ndtr``, ``ndtri``; ``binom``: ``bdtr``, ``bdtrc``, where scipy.stats
+calls Boost's binomial and agrees to rounding). Every rank of every launch times its steps
+with an interval, and importing scipy.stats costs a process 1.4 CPU-s here against
+scipy.special's 0.1: on this machine's test suite, a few minutes. ``tests/test_stats.py``
+checks each against scipy.stats.
 """
 
 from __future__ import annotations
@@ -30,6 +31,11 @@ def t_sf(x: float, df: float) -> float:
 def f_sf(x: float, dfn: float, dfd: float) -> float:
     """The F distribution's upper tail: ``scipy.stats.f.sf(x, dfn, dfd)``."""
     return float(_special().fdtrc(dfn, dfd, x))
+
+
+def norm_cdf(x: float) -> float:
+    """The standard normal distribution function: ``scipy.stats.norm.cdf(x)``."""
+    return float(_special().ndtr(x))
 
 
 def norm_ppf(q: float) -> float:

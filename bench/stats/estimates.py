@@ -33,7 +33,8 @@ import numpy as np
 import pandas as pd
 
 from bench.stats.distributions import f_sf, t_ppf, t_sf
-from bench.stats.intervals import CONFIDENCE, log_se, median_interval, sign_test_p
+from bench.stats.intervals import CONFIDENCE, log_se
+from bench.stats.signed_rank import hodges_lehmann, signed_rank_p
 
 
 @dataclass(frozen=True)
@@ -235,17 +236,17 @@ def paired_ratio(a, b, confidence: float = CONFIDENCE) -> Ratio:
     return ratio(est, Estimate(0.0, 0.0, math.inf, n), confidence)
 
 
-def paired_median_ratio(a, b, confidence: float = CONFIDENCE) -> Ratio:
-    """a / b from cycles that timed both close together (a[i] beside b[i]): the median of the
-    per-cycle ratios with its distribution-free interval (order statistics of the ratios,
-    ``scipy.stats.quantile_test``'s, as ``median_interval`` reads it) and the sign test's
-    p-value for a median ratio of 1 (``sign_test_p``). Drift and a neighbour's load hit both
-    sides of a cycle alike and cancel in its ratio; an odd cycle moves the median by one
-    place, not by its size. Fewer cycles than the confidence needs (6 at 95 %) give no
-    interval (NaN)."""
-    r = np.asarray(a, dtype=float) / np.asarray(b, dtype=float)
-    r = r[np.isfinite(r)]
-    if len(r) == 0:
+def paired_cycles_ratio(a, b, confidence: float = CONFIDENCE) -> Ratio:
+    """a / b from cycles that timed both close together (a[i] beside b[i]): the Hodges-Lehmann
+    estimate of the per-cycle log ratios (the median of their Walsh averages) with the
+    signed-rank interval and p-value (``signed_rank.py``), exponentiated. Drift and a
+    neighbour's load hit both sides of a cycle alike and cancel in its ratio; the two steps of
+    a cycle are exchangeable under "no difference", so the log ratio is symmetric, which is all
+    the interval assumes; an odd cycle moves it by its rank, not by its size. Fewer cycles than
+    the confidence needs (6 at 95 %) give no interval (NaN)."""
+    d = np.log(np.asarray(a, dtype=float)) - np.log(np.asarray(b, dtype=float))
+    d = d[np.isfinite(d)]
+    if len(d) == 0:
         return Ratio(math.nan, math.nan, math.nan, math.nan, confidence)
-    low, high = median_interval(r, confidence)
-    return Ratio(float(np.median(r)), low, high, sign_test_p(r, 1.0), confidence)
+    centre, low, high = hodges_lehmann(d, confidence)
+    return Ratio(math.exp(centre), math.exp(low), math.exp(high), signed_rank_p(d), confidence)

@@ -41,18 +41,6 @@ def median_interval(samples, confidence: float = CONFIDENCE) -> tuple[float, flo
     )
 
 
-def sign_test_p(samples, q: float) -> float:
-    """The two-sided p-value of the sign test that the median is ``q``: quantile_test's at
-    p = 1/2, twice the smaller of P(X <= T1) and P(X >= T2), T1 the samples at or below ``q``
-    and T2 those below it (Conover, section 3.2)."""
-    x = np.asarray(samples, dtype=float)
-    n = len(x)
-    t1, t2 = int(np.count_nonzero(x <= q)), int(np.count_nonzero(x < q))
-    at_most_t1 = float(half_binomial_cdf(n)[t1])
-    at_least_t2 = float(half_binomial_sf(n)[t2 - 1]) if t2 > 0 else 1.0
-    return float(np.clip(2 * min(at_most_t1, at_least_t2), 0.0, 1.0))
-
-
 def half_width_pct(samples, confidence: float = CONFIDENCE) -> float:
     """The larger distance from the median to an end of its interval, in % of the median;
     infinite while the sample is too small to have an interval."""

@@ -21,6 +21,10 @@ from bench.stats.paired import TIE_BAND_PCT
 # Training sweeps repeat every point this many rounds; the message-size sweep once (it repeats
 # sizes adaptively instead).
 DEFAULT_ROUNDS = 3
+# Timed steps per point (--max-steps): a training sweep's, all rounds together (an interleaved
+# cohort shares its candidates' steps, so short steps can cycle until their seconds run out);
+# the message-size sweep's iterations per size.
+TRAINING_MAX_STEPS, COLLECTIVE_MAX_STEPS = 400, 60
 # --interleave: always (where the candidates can share the launch), where their state fits, never
 INTERLEAVE = ("on", "auto", "off")
 
@@ -53,9 +57,10 @@ class RunConfig:
     clip_grad_norm: float | None = _same_run()
     warmup_steps: int = _same_run(5)
     steps: int = _same_run(10)
-    # how long a point is timed, and the rounds (None: DEFAULT_ROUNDS, or 1 for message_size)
+    # how long a point is timed, and the rounds (None: DEFAULT_ROUNDS, or 1 for message_size;
+    # max_steps None: TRAINING_MAX_STEPS, or COLLECTIVE_MAX_STEPS for message_size)
     target_ci_pct: float = _same_run(2.0)
-    max_steps: int = _same_run(60)
+    max_steps: int | None = _same_run()
     max_point_s: float = _same_run(8.0)
     rounds: int | None = _same_run()
     seed: int = _same_run(0)

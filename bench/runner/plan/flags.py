@@ -10,7 +10,14 @@ import argparse
 from pathlib import Path
 
 from bench.console import fail, parse_duration
-from bench.runner.plan.config import DEFAULT_ROUNDS, DEFAULTS, INTERLEAVE, RunConfig
+from bench.runner.plan.config import (
+    COLLECTIVE_MAX_STEPS,
+    DEFAULT_ROUNDS,
+    DEFAULTS,
+    INTERLEAVE,
+    TRAINING_MAX_STEPS,
+    RunConfig,
+)
 from bench.runner.plan.sweeps import SWEEPS
 from parallel_kernels.collectives import COLLECTIVES, DTYPES
 
@@ -150,8 +157,9 @@ def _confidence(p: argparse.ArgumentParser) -> None:
     r.add_argument(
         "--max-steps",
         type=_positive_int,
-        help="budget: timed steps per point, all rounds together (message_size: iterations "
-        f"per size; default {D.max_steps})",
+        help="budget: timed steps per point, all rounds together, interleaved candidates' "
+        f"shared (default {TRAINING_MAX_STEPS}); message_size: iterations per size (default "
+        f"{COLLECTIVE_MAX_STEPS})",
     )
     r.add_argument(
         "--max-point-s",

@@ -3,7 +3,9 @@
 A visit's wall time (build, warm-up, the check against the plain model, timed steps, the traced
 steps on the first visit) is what the sweep is made of. Each point's own visits say its cost;
 a point not yet visited is costed as the mean of those that were, and a later round of a point
-as its last round did (a first visit also traces, so it is dearer than the ones after it).
+as its last round did (a first visit also traces, so it is dearer than the ones after it). An
+interleaved candidate not yet run is costed as the others' untimed seconds plus its share of
+its cohort's cycles budget: an upper bound, since cycles stop when their verdicts are decided.
 
 The budget is shared out so that every point is measured before any point is measured again:
 the first round runs whole (a point never visited has no answer at all), and a later round's
@@ -25,6 +27,9 @@ class SweepClock:
     spent: dict[tuple[str, int], float] = field(default_factory=dict)
     # seconds of each visit that were not timed steps (build, warm-up, check, traces)
     overhead: dict[tuple[str, int], float] = field(default_factory=dict)
+    # point -> the seconds of timed steps its budget allows, where that is known before it
+    # runs (an interleaved candidate: its share of its cohort's cycles, which may stop sooner)
+    timed_bound: dict[str, float] = field(default_factory=dict)
 
     def done(self, point: str, r: int, seconds: float, timed_s: float = 0.0) -> None:
         self.spent[(point, r)] = seconds
@@ -40,8 +45,13 @@ class SweepClock:
         mine = [s for (p, q), s in self.spent.items() if p == point and q < r]
         if mine:
             return mine[-1]
-        firsts = [s for (p, q), s in self.spent.items() if q == 1] or list(self.spent.values())
-        return sum(firsts) / len(firsts) if firsts else None
+        firsts = [v for v in self.spent if v[1] == 1] or list(self.spent)
+        if not firsts:
+            return None
+        if point in self.timed_bound:  # what the others cost besides timing, and its bound
+            fixed = sum(self.overhead[v] for v in firsts) / len(firsts)
+            return fixed + self.timed_bound[point]
+        return sum(self.spent[v] for v in firsts) / len(firsts)
 
     def left(self) -> float | None:
         """Seconds the visits not yet made should take (None before any visit)."""

@@ -1,14 +1,15 @@
 """A cohort of candidates (``cohort.py``) timed together in one launch, in cycles.
 
 Each candidate is built once, in a process group of its own (as a point is), warmed up with its
-first step checked against the plain model, and timed alone for ``ALONE_STEPS`` steps. Then
-every cycle times one step of every candidate, in a fresh seeded random order, until every
-comparison with the best is decided at one of the looks (cycles 8, 16, 32, ...:
-``bench.stats.paired``), or the cycles or seconds of the budget are spent. A candidate's cycle
-i and another's were timed moments apart, so drift and a neighbour's load fall on both and
-cancel in their ratio. Then, newest first, each candidate's traced steps and memory (as a
-point's first visit has them), its row, and its release: the newest is measured with no later
-candidate alive, so its memory baseline still holds.
+first step checked against the plain model, and timed alone for ``ALONE_STEPS`` steps. Then every
+cycle times one step of every candidate still racing, in a fresh seeded random order: a candidate
+whose comparison with the best is decided at one of the looks (cycles 8, 16, 32, ...:
+``bench.stats.paired``) leaves, and after half the budget only the best and the default go on
+(``racing.py``), until none is left or the cohort's shared steps or seconds are spent. A candidate's
+cycle i and another's were timed moments apart, so drift and a neighbour's load fall on both and
+cancel in their ratio. Then, newest first, each candidate's traced steps and memory (as a point's
+first visit has them), its row, and its release: the newest is measured with no later candidate
+alive, so its memory baseline still holds.
 
 A candidate that fails is its error row; the others go on. Every rank leaves a cycle with the
 same candidates alive (their failures gathered), and decides to stop from the same all-reduced
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import gc
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -40,6 +42,7 @@ from bench.runner.measure.timing import (
     timed_steps,
 )
 from bench.runner.session.distenv import DistEnv, synchronize
+from bench.runner.train import racing
 from bench.runner.train.figures import Timed, point_columns
 from bench.runner.train.harness import (
     HarnessConfig,
@@ -52,7 +55,7 @@ from bench.runner.train.harness import (
     warm_up,
 )
 from bench.runner.train.step import build_trainer
-from bench.stats.paired import DECIDED, interim_look, look_confidence, versus_best_paired
+from bench.stats.paired import interim_look
 from parallel_kernels.groups import set_point_group
 
 ALONE_STEPS = 3  # each candidate's step timed alone after its warm-up (the interference)
@@ -90,6 +93,8 @@ class Candidate:
     data_ms: list[float] = field(default_factory=list)
     error: str | None = None
     written: bool = False  # its row is in results.csv
+    active: bool = True  # still in the cycles (``racing.py``: a decided one leaves)
+    stop: str = ""  # why it left the cycles (results.csv's ``stop``)
     # an effect of known size for selftime (bench/selftime/paired_power.py): each timed step
     # made this % longer, by a spin of that share of the candidate's last step
     slow_pct: float = 0.0
@@ -161,22 +166,6 @@ def _drop(c: Candidate) -> None:
     gc.collect()
 
 
-def _undecided(alive: list[Candidate], n: int, band_pct: float) -> int:
-    """Comparisons with the best not yet decided at interim look ``n``, over each
-    implementation's candidates (and a grid's second value): the groups a verdict is made
-    for."""
-    groups: dict[tuple, dict[str, list[float]]] = {}
-    for c in alive:
-        key = (c.point.impl, str(point_columns(c.point)["value2"]))
-        groups.setdefault(key, {})[c.point.id] = c.times
-    confidence = look_confidence(n, early=True)
-    return sum(
-        len(versus_best_paired(g, confidence, band_pct).undecided)
-        for g in groups.values()
-        if len(g) > 1
-    )
-
-
 def _one_cycle(env: DistEnv, order: list[Candidate]) -> dict[str, tuple]:
     """One timed step of each candidate in ``order``: candidate id -> (step ms, skew ms).
     A candidate that fails ends the cycle on this rank: a peer still in its collective wakes
@@ -204,52 +193,61 @@ def run_cycles(
     budget: CycleBudget,
     progress: Callable[[str], None],
     failed: list[dict],
-) -> tuple[str, int]:
-    """Cycles over the live candidates until every comparison is decided or the budget ends:
-    why they stopped (results.csv's ``stop``) and how many ran; the rows of candidates that
-    failed in them appended to ``failed``. A cycle in which a candidate failed is not kept
-    (some candidates missed it), so that every candidate's sample i is from cycle i."""
+) -> int:
+    """Cycles over the live candidates still racing (``racing.py``) until every comparison is
+    decided or the budget ends: how many ran; each candidate's ``stop`` set, the rows of those
+    that failed in them appended to ``failed``. A cycle in which a candidate failed is not
+    kept (some candidates missed it), so that every candidate's sample i is from cycle i."""
     rng = np.random.default_rng(budget.seed)
-    spent, n = 0.0, 0
+    spent, steps, n, headline_done = 0.0, 0, 0, False
+    max_steps = budget.max_cycles * len(cands)  # the cohort's, shared as its seconds are
     while True:
-        alive = [c for c in cands if not c.error]
-        timed = _one_cycle(ctx.env, [alive[i] for i in rng.permutation(len(alive))])
-        lost = _agree(ctx, alive, f"in cycle {n + 1}")
+        active = [c for c in cands if c.active and not c.error]
+        timed = _one_cycle(ctx.env, [active[i] for i in rng.permutation(len(active))])
+        lost = _agree(ctx, active, f"in cycle {n + 1}")
         failed += lost
-        alive = [c for c in alive if not c.error]
-        if not alive:
-            return MAX_STEPS, n
-        if lost:
+        alive = [c for c in cands if not c.error]
+        active = [c for c in active if not c.error]
+        if lost or not active:
+            if not active:
+                racing.finish(alive, MAX_STEPS)
+                return n
             continue
-        for c in alive:
+        for c in active:
             c.times.append(timed[c.point.id][0])
             c.skew.append(timed[c.point.id][1])
         spent += sum(t for t, _ in timed.values()) / 1e3
-        n += 1
+        steps, n = steps + len(active), n + 1
         if interim_look(n) is not None and n >= budget.min_cycles:  # the looks, no others
-            left = _undecided(alive, n, budget.band_pct)
-            progress(f"{n} cycles, {left} comparison(s) undecided")
-            if left == 0:
-                return DECIDED, n
-        if n >= budget.max_cycles:
-            return MAX_STEPS, n
-        if spent >= budget.max_s:
-            return MAX_SECONDS, n
+            left = racing.at_look(alive, n, budget.band_pct)
+            still = sum(c.active for c in alive)
+            progress(f"{n} cycles, {left} comparison(s) undecided, {still} candidates cycling")
+            if not still:
+                return n
+        stop = MAX_STEPS if steps >= max_steps else MAX_SECONDS if spent >= budget.max_s else ""
+        if stop:
+            racing.finish(alive, stop)
+            return n
+        half = racing.HEADLINE_SHARE
+        if not headline_done and (steps >= half * max_steps or spent >= half * budget.max_s):
+            headline_done = True
+            why = MAX_STEPS if steps >= half * max_steps else MAX_SECONDS
+            racing.headline(alive, n, budget.band_pct, why)
 
 
-def _finish(c: Candidate, env: DistEnv, cfg: HarnessConfig, stop: str, cycles: int) -> dict:
+def _finish(c: Candidate, env: DistEnv, cfg: HarnessConfig) -> dict:
     """A candidate's figures after the cycles: traced steps, memory, replicas, its row's."""
     times = np.array(c.times)
     reset_peak_rss()  # its traced steps' peak (the candidates built before it still held)
     metrics = profiled(c.point, env, cfg, c.trainer, c.step, c.trace_dir, c.baseline, times)
-    timed = Timed(times, np.array(c.skew), stop, float(np.median(c.data_ms)), float("nan"))
+    timed = Timed(times, np.array(c.skew), c.stop, float(np.median(c.data_ms)), float("nan"))
     metrics = visit_metrics(
         c.point, env, ONE_VISIT, c.group, c.trainer, timed, c.peak, c.checked, metrics
     )
     alone = float(np.median(c.alone))
     metrics.update(
         method="paired",
-        cycles=cycles,
+        cycles=len(c.times),
         alone_ms=alone,
         interleave_cost_pct=100 * (float(np.median(times)) / alone - 1),
     )
@@ -301,12 +299,12 @@ def _watched(ctx, c: Candidate, fn: Callable[[], dict], stage: str) -> dict | No
     return out
 
 
-def _finish_all(ctx, cfg: HarnessConfig, alive: list[Candidate], stop: str, n: int) -> list:
+def _finish_all(ctx, cfg: HarnessConfig, alive: list[Candidate]) -> list:
     """Newest first: each live candidate's traced steps and memory, its row written, and its
     model and group released before the next one is measured."""
     rows = []
     for c in reversed(alive):
-        metrics = _watched(ctx, c, lambda c=c: _finish(c, ctx.env, cfg, stop, n), "finish")
+        metrics = _watched(ctx, c, lambda c=c: _finish(c, ctx.env, cfg), "finish")
         per_rank = [g[0] for g in _gather(ctx.env, [(metrics, c.error, c.checked)], "at the end")]
         row = _row(ctx, c, per_rank)
         _write(ctx, c, row)
@@ -355,12 +353,12 @@ def run_cohort(
         _watched(ctx, c, lambda c=c: _prepare(c, env, cfg), "warm-up")
         rows += _agree(ctx, [c], f"after {c.point.id}'s warm-up")
     alive = [c for c in cands if not c.error]
-    stop, n = MAX_STEPS, 0
     if alive:
         progress(f"{len(alive)} candidates in cycles")
-        stop, n = run_cycles(ctx, alive, budget, progress, rows)
+        n = run_cycles(ctx, alive, budget, progress, rows)
         alive = [c for c in alive if not c.error]
-        progress(f"{n} cycles, stopped: {stop}; profiling")
-    rows += _finish_all(ctx, cfg, alive, stop, n)
+        stops = ", ".join(f"{k} {v}" for k, v in Counter(c.stop for c in alive).items())
+        progress(f"{n} cycles (stopped: {stops}); profiling")
+    rows += _finish_all(ctx, cfg, alive)
     watchdog.point_done()
     return rows

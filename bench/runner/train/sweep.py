@@ -229,6 +229,7 @@ def run_sweep(config: RunConfig, points: list[PointRecord]) -> int:
     todo = [(p.id, 1) for c in cohorts for p in c]
     todo += [(p.id, r) for r, o in enumerate(orders, 1) for p in o if (p.id, r) not in ctx.skip]
     clock = SweepClock(visits=todo, budget_s=config.budget_s)
+    clock.timed_bound = {p.id: config.max_point_s for c in cohorts for p in c}
     together = f"{sum(map(len, cohorts))} points interleaved in {len(cohorts)} cohort(s), "
     rank0_print(
         f"sweep {config.sweep}: {together if cohorts else ''}{len(points)} points x {rounds} "
