@@ -132,15 +132,16 @@ class Fit:
         if self.replicates is None:
             return math.nan, math.nan
         alpha, beta = self.replicates.T
-        return interval(np.broadcast_to(self.algorithm.time(nbytes, n, alpha, beta), alpha.shape))
+        times = np.broadcast_to(self.algorithm.time(nbytes, n, alpha, beta), alpha.shape)
+        return interval(times, self.time(nbytes, n))
 
     @property
     def alpha_interval(self) -> tuple[float, float]:
-        return interval(None if self.replicates is None else self.replicates[:, 0])
+        return interval(None if self.replicates is None else self.replicates[:, 0], self.alpha)
 
     @property
     def beta_interval(self) -> tuple[float, float]:
-        return interval(None if self.replicates is None else self.replicates[:, 1])
+        return interval(None if self.replicates is None else self.replicates[:, 1], self.beta)
 
     @property
     def bandwidth_GBps(self) -> float:
