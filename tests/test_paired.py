@@ -242,5 +242,5 @@ def test_the_headline_keeps_the_best_and_the_default():
     for _ in range(16):
         _cycle(rng, cands, {1: 100.4, 25: 100.0, 100: 104.0})
     racing.headline(cands, 16, 3.0, MAX_STEPS)
-    assert sum(c.active for c in cands) == 2 and racing.is_default(cands[1].point)
-    assert not racing.is_default(cands[0].point)
+    assert sum(c.active for c in cands) == 2 and cands[1].point.is_default
+    assert not cands[0].point.is_default

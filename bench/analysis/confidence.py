@@ -15,6 +15,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from bench.runfolder.points import same_value
 from bench.stats.estimates import (
     Estimate,
     estimates,
@@ -128,7 +129,7 @@ def verdicts(
         cycles = _cycles(g, samples)
         v = _paired(g, cycles) if cycles else versus_best(cands, CONFIDENCE)
         default = defaults.get("value")
-        default_point = next((p for p, val in value_of.items() if _same(val, default)), None)
+        default_point = next((p for p, val in value_of.items() if same_value(val, default)), None)
         r = v.ratios.get(default_point) if default_point else None
         span = max((x.ratio for x in v.ratios.values()), default=1.0)
         rows.append(
@@ -185,15 +186,6 @@ def _typical(v, cands: dict[str, Estimate], cycles) -> float:
     if cycles:
         return float(np.median(cycles[v.best]))
     return cands[v.best].value
-
-
-def _same(a, b) -> bool:
-    if a is None or b is None:
-        return False
-    try:
-        return float(a) == float(b)
-    except (TypeError, ValueError):
-        return str(a) == str(b)
 
 
 def rounds_disagree(samples: pd.DataFrame, family: dict[str, str] | None = None) -> pd.DataFrame:

@@ -22,6 +22,17 @@ class RunFolderError(ValueError):
     """A folder that cannot be read as a run; the message is one line that says why."""
 
 
+def same_value(a, b) -> bool:
+    """Two swept values are the same: as numbers where both read as numbers (25 and "25.0"
+    from a CSV), else as text; None is no value."""
+    if a is None or b is None:
+        return False
+    try:
+        return float(a) == float(b)
+    except (TypeError, ValueError):
+        return str(a) == str(b)
+
+
 @dataclass(frozen=True, kw_only=True)
 class PointRecord:
     id: str  # folder-safe, unique within a run: ``wide_mlp-bucket_cap_mb=25-native``
@@ -58,6 +69,13 @@ class PointRecord:
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
+
+    @property
+    def is_default(self) -> bool:
+        """Its first swept axis holds that knob's default (the value whose cost a verdict
+        states over the best)."""
+        axis = self.swept[0]
+        return same_value(self.values.get(axis), self.swept_defaults.get(axis))
 
     @classmethod
     def from_dict(cls, data: dict) -> PointRecord:

@@ -208,10 +208,10 @@ def run_cycles(
         failed += lost
         alive = [c for c in cands if not c.error]
         active = [c for c in active if not c.error]
-        if lost or not active:
-            if not active:
-                racing.finish(alive, MAX_STEPS)
-                return n
+        if not active:
+            racing.finish(alive, MAX_STEPS)
+            return n
+        if lost:
             continue
         for c in active:
             c.times.append(timed[c.point.id][0])

@@ -19,25 +19,10 @@ keep the same candidates.
 
 from __future__ import annotations
 
-from bench.runfolder.points import PointRecord
 from bench.runner.train.figures import point_columns
 from bench.stats.paired import DECIDED, PairedVerdict, look_confidence, versus_best_paired
 
 HEADLINE_SHARE = 0.5  # of the cohort's budget (seconds or steps) before the headline's turn
-
-
-def is_default(point: PointRecord) -> bool:
-    """The point is its swept knob's default (the value whose cost the verdict states)."""
-    axis = point.swept[0]
-    default = point.swept_defaults.get(axis)
-    return default is not None and _same(point.values.get(axis), default)
-
-
-def _same(a, b) -> bool:
-    try:
-        return float(a) == float(b)
-    except (TypeError, ValueError):
-        return str(a) == str(b)
 
 
 def _groups(alive: list) -> list[list]:
@@ -85,7 +70,7 @@ def headline(alive: list, n: int, band_pct: float, stop: str) -> None:
             continue
         v = _verdict(group, active, n, band_pct)
         by_id = {c.point.id: c for c in active}
-        default = next((c for c in active if is_default(c.point)), None)
+        default = next((c for c in active if c.point.is_default), None)
         if default is not None and default.point.id != v.best:
             other = default
         else:
