@@ -64,3 +64,19 @@ def test_a_budget_runs_the_first_round_whole_then_what_fits_and_shares_the_rest(
     roomy = SweepClock(visits=list(VISITS), budget_s=1000.0)
     roomy.done("a", 1, 30.0, timed_s=10.0)
     assert roomy.timed_cap("a", 2) == pytest.approx((1000 - 30) / 8 - 20)
+
+
+def test_a_cohort_gets_the_seconds_an_earlier_cohorts_quick_steps_left_unspent():
+    """The sweep's timed seconds stay within its candidates' sum: a cohort that ended on its
+    step count passes what it did not spend to the next, and ``--budget``'s caps still bound."""
+    from bench.runner.train.sweep import cohort_seconds, unspent_seconds
+
+    first = cohort_seconds(10, 8.0, 0.0, [None] * 10)
+    assert first == 80.0
+    rows = [{"samples_ms": [6.0] * 700} for _ in range(4)] + [{"samples_ms": [6.0] * 200}] * 6
+    rows.append({"status": "error"})  # a failed candidate: no samples
+    left = unspent_seconds(first, rows)
+    assert left == pytest.approx(80.0 - (4 * 700 + 6 * 200) * 6.0 / 1e3)
+    assert cohort_seconds(10, 8.0, left, [None] * 10) == pytest.approx(80.0 + left)
+    assert cohort_seconds(10, 8.0, left, [5.0] * 10) == 50.0  # the budget's share bounds it
+    assert unspent_seconds(1.0, rows) == 0.0  # over its seconds (the last cycle ran on)

@@ -24,7 +24,7 @@ DEFAULT_ROUNDS = 3
 # Timed steps per point (--max-steps): a training sweep's, all rounds together (an interleaved
 # cohort shares its candidates' steps, so short steps can cycle until their seconds run out);
 # the message-size sweep's iterations per size.
-TRAINING_MAX_STEPS, COLLECTIVE_MAX_STEPS = 400, 60
+TRAINING_MAX_STEPS, COLLECTIVE_MAX_STEPS = 600, 60
 # --interleave: always (where the candidates can share the launch), where their state fits, never
 INTERLEAVE = ("on", "auto", "off")
 

@@ -181,15 +181,36 @@ def _plan(ctx, config: RunConfig, points: list[PointRecord]):
     return [c for c in live if len(c) > 1], rest, note
 
 
+def cohort_seconds(n: int, max_point_s: float, unspent: float, caps: list) -> float:
+    """A cohort's seconds of timed steps: ``max_point_s`` per candidate and what the cohorts
+    before it left unspent (quick steps end on their step count first: slower ones get their
+    seconds, and the sweep's timed seconds stay within its candidates' sum), within the
+    ``--budget``'s caps where it has them."""
+    max_s = n * max_point_s + unspent
+    if caps and all(cap is not None for cap in caps):
+        max_s = min(max_s, sum(caps))
+    return max_s
+
+
+def unspent_seconds(max_s: float, rows: list[dict]) -> float:
+    """What a cohort given ``max_s`` seconds left of them: its rows' timed samples (the same
+    on every rank: the steps' times are agreed) subtracted."""
+    return max(0.0, max_s - sum(sum(r.get("samples_ms") or ()) for r in rows) / 1e3)
+
+
 def _run_cohorts(ctx, cfg: HarnessConfig, cohorts, clock: SweepClock) -> None:
     """Each cohort's candidates interleaved in cycles, their rows written as they finish."""
     config = ctx.config
+    unspent = 0.0  # seconds an earlier cohort left when its steps ran out first
     for i, cohort in enumerate(cohorts, 1):
         label = f"[interleaved {i}/{len(cohorts)}] {cohort[0].model}"
         caps = [_agreed(ctx, clock, p, 1)[1] for p in cohort]
-        max_s = len(cohort) * config.max_point_s
-        if all(cap is not None for cap in caps):
-            max_s = min(max_s, sum(caps))
+        max_s = cohort_seconds(len(cohort), config.max_point_s, unspent, caps)
+        if unspent:
+            rank0_print(
+                f"{label}: {max_s:.0f} s of timed steps, {unspent:.0f} s of them unspent "
+                "by the cohorts before"
+            )
         budget = CycleBudget(
             min_cycles=config.steps,
             max_cycles=config.max_steps,
@@ -206,6 +227,9 @@ def _run_cohorts(ctx, cfg: HarnessConfig, cohorts, clock: SweepClock) -> None:
         except LostRanksError as e:
             lost_ranks(ctx, cohort[0], e)
         seconds = (time.perf_counter() - t0) / len(cohort)
+        unspent = unspent_seconds(max_s, rows)
+        for p in cohorts[i] if i < len(cohorts) else ():  # the forecast knows who gets them
+            clock.timed_bound[p.id] += unspent / len(cohorts[i])
         for row in rows:
             timed_s = sum(row.get("samples_ms") or ()) / 1e3
             clock.done(row["point"], 1, seconds, timed_s)
