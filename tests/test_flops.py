@@ -241,7 +241,9 @@ def test_mfu_arithmetic_and_bad_precision():
         peaks.datasheet_peak("NVIDIA H100 80GB HBM3", "fp8")
 
 
-MEASURED = re.compile(r"measured: (\w+) matmul (\d+)\^3 \(best of 512\^3, 1024\^3(, 2048\^3)?\)")
+# One size or more: a size whose one matmul took over an eighth of the budget is the last, as
+# 512^3 in bf16 on a loaded CPU can be (a clean-clone make test measured only 512^3 once).
+MEASURED = re.compile(r"measured: (\w+) matmul (\d+)\^3 \(best of 512\^3(, 1024\^3(, 2048\^3)?)?\)")
 
 
 @pytest.mark.unit
@@ -543,7 +545,8 @@ def test_a_two_rank_run_writes_flops_and_mfu(pool, tmp_path):
         )
         # on CPU the peak is the measured one, in the point's precision, the best over sizes
         precision = p.knobs["precision"]
-        assert MEASURED.fullmatch(r["peak_source"]).group(1) == precision, r["peak_source"]
+        measured = MEASURED.fullmatch(r["peak_source"])
+        assert measured and measured.group(1) == precision, r["peak_source"]
         assert r["peak_tflops"] == r["peak_tflops_measured"] > 0
         assert math.isfinite(r["mfu_pct"]) and 0 < r["mfu_pct"] < 100
         assert r["mfu_pct"] == pytest.approx(100 * r["tflops_per_s"] / r["peak_tflops"])
