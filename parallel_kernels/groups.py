@@ -45,8 +45,18 @@ def timeout_of(group: dist.ProcessGroup | None) -> datetime.timedelta | None:
 def mesh_lines(shape: tuple[int, ...]) -> list[list[list[int]]]:
     """Per dimension of a row-major grid of ``shape`` over ranks 0..n-1, the lines along it:
     the rank lists that vary only that dimension's index (the groups of that dimension)."""
-    grid = torch.arange(int(torch.tensor(shape).prod())).reshape(shape)
-    return [grid.movedim(d, -1).reshape(-1, shape[d]).tolist() for d in range(len(shape))]
+    with host_tensors():
+        grid = torch.arange(int(torch.tensor(shape).prod())).reshape(shape)
+        return [grid.movedim(d, -1).reshape(-1, shape[d]).tolist() for d in range(len(shape))]
+
+
+def host_tensors():
+    """A context in which tensors are real even under ``FakeTensorMode`` (the planner builds a
+    strategy with fake tensors, bench/plan/memory.py): a mesh's rank grid is bookkeeping read
+    back with ``tolist``, which a fake tensor cannot give."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    return unset_fake_temporarily()
 
 
 def _kept(ranks: list[int], timeout: datetime.timedelta | None) -> dist.ProcessGroup:
@@ -55,6 +65,12 @@ def _kept(ranks: list[int], timeout: datetime.timedelta | None) -> dist.ProcessG
     if key not in _KEPT:
         _KEPT[key] = dist.new_group(list(ranks), timeout=timeout)
     return _KEPT[key]
+
+
+def forget_groups() -> None:
+    """Drop the kept groups, whose process group is being destroyed (the planner makes a fake
+    world per configuration, bench/plan/memory.py)."""
+    _KEPT.clear()
 
 
 def prepare(group_ranks: list[int], lines: list[list[list[int]]], timeout) -> None:
@@ -104,10 +120,13 @@ def device_mesh(
 
     group = group or dist.group.WORLD
     dim_groups = [split(group, lines, keep_whole=True) for lines in mesh_lines(shape)]
-    if len(shape) == 1:
-        return DeviceMesh.from_group(dim_groups[0], device.type, mesh_dim_names=names)
-    global_grid = torch.tensor(ranks_of(group)).reshape(shape)
-    return DeviceMesh.from_group(dim_groups, device.type, mesh=global_grid, mesh_dim_names=names)
+    with host_tensors():
+        if len(shape) == 1:
+            return DeviceMesh.from_group(dim_groups[0], device.type, mesh_dim_names=names)
+        global_grid = torch.tensor(ranks_of(group)).reshape(shape)
+        return DeviceMesh.from_group(
+            dim_groups, device.type, mesh=global_grid, mesh_dim_names=names
+        )
 
 
 _POINT: list[dist.ProcessGroup | None] = [None]

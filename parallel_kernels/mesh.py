@@ -22,7 +22,7 @@ from parallel_kernels.ddp import ReferenceDDP
 from parallel_kernels.dims import MeshDims
 from parallel_kernels.fsdp_layout import fsdp_comm_bytes, fsdp_units, zero_state_bytes
 from parallel_kernels.fsdp_reference import ReferenceFSDP
-from parallel_kernels.groups import device_mesh, split
+from parallel_kernels.groups import device_mesh, host_tensors, split
 from parallel_kernels.tensor_parallel import (
     COLWISE,
     COPY,
@@ -226,9 +226,12 @@ def apply_native_tp(
         parallelize_module(model, mesh["tp"], native_plan(plan))
     wrapped = model
     if dims.dp > 1 and dp_shard:
-        for unit in fsdp_units(model):
-            fully_shard(unit, mesh=mesh["dp"])
-        fully_shard(model, mesh=mesh["dp"])
+        # fully_shard joins the TP and DP meshes into one (rank grids, real tensors also where
+        # the planner builds the model with fake ones; its parameters stay fake)
+        with host_tensors():
+            for unit in fsdp_units(model):
+                fully_shard(unit, mesh=mesh["dp"])
+            fully_shard(model, mesh=mesh["dp"])
     elif dims.dp > 1:
         if dims.tp > 1:
             from torch.distributed.tensor.parallel.ddp import _pre_dp_module_transform

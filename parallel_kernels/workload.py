@@ -116,6 +116,36 @@ def modules_of_types(model: nn.Module, types: tuple[type[nn.Module], ...]) -> li
     return found
 
 
+def block_list(model: nn.Module) -> nn.ModuleList | None:
+    """The longest ``ModuleList`` of the model's blocks (its workload's FSDP units, each the
+    same class): a transformer's layers. None where the model has no such list."""
+    wl = workload_of(model)
+    types = wl.fsdp_units if wl is not None else ()
+    lists = [
+        m
+        for m in model.modules()
+        if isinstance(m, nn.ModuleList)
+        and len(m) > 0
+        and types
+        and all(isinstance(b, types) and type(b) is type(m[0]) for b in m)
+    ]
+    return max(lists, key=len, default=None)
+
+
+def keep_blocks(model: nn.Module, k: int) -> int:
+    """Keep only the first ``k`` of the model's repeated blocks (``block_list``); the number it
+    had. The planner tracks a model of one and of two blocks and extrapolates to all of them
+    (bench/plan/memory.py): blocks of one class cost alike."""
+    blocks = block_list(model)
+    if blocks is None:
+        raise ValueError("the model has no list of repeated blocks to shorten")
+    n = len(blocks)
+    if not 1 <= k <= n:
+        raise ValueError(f"cannot keep {k} of the model's {n} blocks")
+    del blocks[k:]
+    return n
+
+
 def _index(data: Any, i: int) -> Any:
     if data is None:
         return None

@@ -119,8 +119,12 @@ def ddp(case: Case, prof: ComputeProfile, comm: CommModel, n: int | None = None)
     return prog
 
 
-def fsdp(case: Case, prof: ComputeProfile, comm: CommModel, n: int | None = None) -> list[sch.Op]:
-    n = n or case.world
+def fsdp(
+    case: Case, prof: ComputeProfile, comm: CommModel, n: int | None = None, outer=None
+) -> list[sch.Op]:
+    """``outer``: the costs of HYBRID_SHARD's all-reduce across shard groups, where it runs
+    on another link (across nodes; the planner's topology, bench/plan/timing.py)."""
+    n, outer = n or case.world, outer or comm
     strategy = case.knobs["sharding_strategy"]
     s = shard_group_size(strategy, n, case.knobs.get("shard_size"))
     # Units in forward order with their fp32 bytes (the root's leftovers, if any, first: they
@@ -136,7 +140,7 @@ def fsdp(case: Case, prof: ComputeProfile, comm: CommModel, n: int | None = None
             gather = 1e3 * comm.time("all_gather", nbytes, s)
             reduce = 1e3 * comm.time("reduce_scatter", nbytes, s)
             if s < n:  # HYBRID_SHARD: then the shard is all-reduced across the n/s replicas
-                reduce += 1e3 * comm.time("all_reduce", nbytes / s, n // s)
+                reduce += 1e3 * outer.time("all_reduce", nbytes / s, n // s)
         else:
             gather, reduce = 0.0, 1e3 * comm.time("all_reduce", nbytes, n)
         units.append(sch.Unit(prof.forward_ms * share, prof.backward_ms * share, gather, reduce))
@@ -150,8 +154,12 @@ def fsdp(case: Case, prof: ComputeProfile, comm: CommModel, n: int | None = None
     return prog
 
 
-def tp(case: Case, prof: ComputeProfile, comm: CommModel, n: int | None = None) -> list[sch.Op]:
-    n = n or case.world
+def tp(
+    case: Case, prof: ComputeProfile, comm: CommModel, n: int | None = None, outer=None
+) -> list[sch.Op]:
+    """``outer``: the costs of the data-parallel all-reduces, where they run on another link
+    than the TP group's (across nodes; the planner's topology, bench/plan/timing.py)."""
+    n, outer = n or case.world, outer or comm
     if case.knobs.get("dp_shard"):
         raise Unmodelled("FSDP x TP is not modelled yet")
     calls = case.figures.get("tp_comm_calls")
@@ -169,7 +177,7 @@ def tp(case: Case, prof: ComputeProfile, comm: CommModel, n: int | None = None) 
         kw = dict(
             ready_ms=list(prof.grad_ready_ms),
             buckets=buckets,
-            bucket_ms=_bucket_ms(comm, prof, buckets, dp_n),
+            bucket_ms=_bucket_ms(outer, prof, buckets, dp_n),
         )
     prog = sch.tp_program(
         forward_ms=prof.forward_ms,

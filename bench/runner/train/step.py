@@ -5,6 +5,7 @@ strategy's implementation, and step AdamW over the point's micro-batches."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 from dataclasses import dataclass, field
 
 import torch
@@ -19,6 +20,7 @@ from parallel_kernels.mesh import data_parallel_coords
 from parallel_kernels.models import build_model, workload
 from parallel_kernels.step import clip_grad_norm, unsynced
 from parallel_kernels.strategies import STRATEGIES
+from parallel_kernels.workload import keep_blocks
 
 # The AdamW learning rate every point trains with (the harness takes it from here).
 LR = 1e-3
@@ -96,6 +98,41 @@ class Trainer:
         self.last_loss = total
 
 
+def _on(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """``model`` on ``device``, left as it is where it is there already: a model built under
+    ``FakeTensorMode`` (the planner's, bench/plan/memory.py) has parameters ``.to`` cannot swap."""
+    tensors = itertools.chain(model.parameters(), model.buffers())
+    if all(t.device == device for t in tensors):
+        return model
+    return model.to(device)
+
+
+def wrapped_model(
+    point: PointRecord,
+    env: DistEnv,
+    group: dist.ProcessGroup | None,
+    *,
+    seed: int = 0,
+    blocks: int | None = None,
+) -> torch.nn.Module:
+    """The point's plain model built (same seed on every rank), its blocks checkpointed where
+    the point says so, and wrapped by its strategy's implementation. ``blocks``: only the first
+    that many of its repeated blocks (the planner's shortened models)."""
+    if point.batch_per_replica is None:
+        raise ValueError(
+            f"global batch {point.global_batch} does not split over {point.dp_size} replicas"
+        )
+    strategy = STRATEGIES[point.strategy]
+    knobs = point.knobs
+    model = _on(build_model(point.model, seed=seed), env.device)
+    if blocks is not None:
+        keep_blocks(model, blocks)
+    if knobs["activation_checkpointing"] == "on":
+        checkpoint_blocks(model)
+    options = {k.param: knobs[k.param] for k in strategy.knobs}
+    return strategy.apply(point.impl, model, group=group, device=env.device, **options)
+
+
 def build_trainer(
     point: PointRecord,
     env: DistEnv,
@@ -104,29 +141,27 @@ def build_trainer(
     seed: int = 0,
     lr: float = LR,
     clip: float | None = None,
+    batches: Batches | None = None,
+    blocks: int | None = None,
 ) -> Trainer:
-    """The point's model built, wrapped by its strategy's implementation, and fed its data."""
-    if point.batch_per_replica is None:
-        raise ValueError(
-            f"global batch {point.global_batch} does not split over {point.dp_size} replicas"
-        )
-    spec = workload(point.model)
-    strategy = STRATEGIES[point.strategy]
-    knobs = point.knobs
-    model = build_model(point.model, seed=seed).to(env.device)
-    if knobs["activation_checkpointing"] == "on":
-        checkpoint_blocks(model)
-    options = {k.param: knobs[k.param] for k in strategy.knobs}
-    wrapped = strategy.apply(point.impl, model, group=group, device=env.device, **options)
+    """The point's model built, wrapped by its strategy's implementation, and fed its data
+    (``batches``, or this rank's share of the workload's dataset)."""
+    wrapped = wrapped_model(point, env, group, seed=seed, blocks=blocks)
     opt = torch.optim.AdamW(wrapped.parameters(), lr=lr)
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     dp_rank, dp_size = data_parallel_coords(wrapped, rank, world)
     batch = point.batch_per_replica
-    # Enough samples for several batches per replica, so the sampler really wraps epochs.
-    dataset = spec.dataset(batch * dp_size * 8, seed)
-    batches = Batches(
-        dataset, batch_size=batch, rank=dp_rank, world_size=dp_size, device=env.device, seed=seed
-    )
+    if batches is None:
+        # Enough samples for several batches per replica, so the sampler really wraps epochs.
+        dataset = workload(point.model).dataset(batch * dp_size * 8, seed)
+        batches = Batches(
+            dataset,
+            batch_size=batch,
+            rank=dp_rank,
+            world_size=dp_size,
+            device=env.device,
+            seed=seed,
+        )
     return Trainer(
         point=point,
         device=env.device,
@@ -134,6 +169,6 @@ def build_trainer(
         opt=opt,
         batches=batches,
         dp_size=dp_size,
-        accum=int(knobs["grad_accum"]),
+        accum=int(point.knobs["grad_accum"]),
         clip=clip,
     )

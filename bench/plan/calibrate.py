@@ -1,0 +1,139 @@
+"""The computation's rate from profiled steps of the model: what ``--compute`` reads, and the
+short runs the planner makes where it plans for this machine.
+
+Two DDP runs of the model (``bench/run.py --sweep precision``; the planner's on the plan's
+ranks here, so that the computation is measured beside the ranks' communication, as it will
+run), one batch per replica ``B``: ``B`` samples in one micro-batch, and ``B / a`` in each of
+``a`` accumulated ones. A step's computation (the analyser's ``compute_ms``: the main thread's
+work less its collectives) of ``a`` micro-batches of ``m`` samples is ``a (c + k m) + o``
+(``c``: what a micro-batch costs whatever its size, launches and Python; ``k m``: its FLOPs at
+the rate ``R``; ``o``: the optimiser step), so the pair gives ``c = (T_a - T_1) / (a - 1)`` and
+``R = F / (T_1 - c - o)``, ``F`` the rank's FLOPs per step (the harness's count) and ``o``
+AdamW's traffic (``timing.ADAMW_BYTES_PER_PARAM``). One run gives ``R`` with ``c = 0``. Another
+device's rate is this one's times the ratio of the two devices' peaks at the precision.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+RUN_PY = Path(__file__).resolve().parents[2] / "bench" / "run.py"
+BUDGET = ["--max-point-s", "4", "--rounds", "1", "--warmup-steps", "3", "--profile-steps", "1"]
+
+
+@dataclass(frozen=True)
+class Rate:
+    tflops: float  # the model's FLOPs per second in a step's computation, TFLOP/s
+    micro_ms: float  # the cost of a micro-batch whatever its size (c)
+    source: str
+
+
+def _read(run: Path) -> pd.DataFrame:
+    results = run / "results.csv"
+    if not results.is_file():
+        raise ValueError(f"--compute {run}: not a run folder (no results.csv)")
+    df = pd.read_csv(results, keep_default_na=False)
+    ok = df[df["status"] == "ok"]
+    if ok.empty or "flops_per_step" not in ok:
+        raise ValueError(f"--compute {run}: no ok point with its FLOPs")
+    return ok
+
+
+def _accum(run: Path) -> int:
+    """A run's gradient accumulation, from its points record's knobs."""
+    import json
+
+    first = (run / "points.jsonl").read_text().splitlines()[0]
+    return int(json.loads(first)["knobs"].get("grad_accum", 1))
+
+
+def _computation_ms(row) -> float:
+    """A results row's computation per step: the analyser's, else (no traces) the step."""
+    try:
+        value = float(row["compute_ms"])
+    except (KeyError, TypeError, ValueError):
+        value = math.nan
+    return value if value > 0 else float(row["step_ms_median"])
+
+
+def fit_rates(runs: list[Path], optimiser_ms: float) -> dict[str, Rate]:
+    """Per precision, the rate and per-micro-batch cost the runs give."""
+    tables = {r: _read(r) for r in runs}
+    by_accum = sorted(tables, key=_accum)
+    one, many = by_accum[0], by_accum[-1]
+    a = _accum(many)
+    rates = {}
+    for _, row in tables[one].iterrows():
+        precision = str(row["value"])
+        t1 = _computation_ms(row)
+        c = 0.0
+        match = tables[many][tables[many]["value"].astype(str) == precision]
+        if a > 1 and not match.empty:
+            c = max(0.0, (_computation_ms(match.iloc[0]) - t1) / (a - 1))
+        compute_ms = t1 - c - optimiser_ms
+        if compute_ms <= 0:
+            compute_ms = t1 - c
+        tflops = float(row["flops_per_step"]) / (compute_ms / 1e3) / 1e12
+        how = (
+            f"{precision}: {t1:.1f} ms of computation per step of {row['batch_per_replica']} "
+            f"samples in {one}"
+        )
+        if c:
+            how += f", {c:.2f} ms per micro-batch from {many}"
+        rates[precision] = Rate(tflops, c, how)
+    if not rates or any(not math.isfinite(r.tflops) for r in rates.values()):
+        raise ValueError(f"--compute {', '.join(map(str, runs))}: no rate could be fitted")
+    return rates
+
+
+def calibration_runs(
+    model: str,
+    precisions: tuple[str, ...],
+    per_replica: int,
+    out: Path,
+    ranks: int = 1,
+    timeout_s: float = 600,
+) -> list[Path]:
+    """The two short DDP runs on ``ranks`` ranks here (one when a micro-batch cannot split):
+    ``per_replica`` samples in one micro-batch, and in 4 (or 2) accumulated ones."""
+    splits = [a for a in (4, 2) if per_replica % a == 0 and per_replica // a >= 1]
+    plans = [(per_replica, 1)] + ([(per_replica // splits[0], splits[0])] if splits else [])
+    runs = []
+    for micro, accum in plans:
+        run = out / f"accum{accum}"
+        cmd = [
+            sys.executable,
+            str(RUN_PY),
+            "--sweep",
+            "precision",
+            "--values",
+            ",".join(precisions),
+            "--model",
+            model,
+            "--impl",
+            "native",
+            "--batch-size",
+            str(micro),
+            "--option",
+            f"grad_accum={accum}",
+            "--nproc-per-node",
+            str(ranks),
+            "--no-report",
+            "--interleave",
+            "off",
+            "--out",
+            str(run),
+            *BUDGET,
+        ]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        if done.returncode:
+            last = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise ValueError(f"the calibration run of {model} failed: {last[0][:300]}")
+        runs.append(run)
+    return runs

@@ -1,0 +1,178 @@
+"""The planner's command line, checked before any work: each bad input is one line (a
+``ValueError``); what is good becomes the plan's target."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from bench.model.errors import FitError
+from bench.model.predict import overlap_share
+from bench.plan.calibrate import Rate, calibration_runs, fit_rates
+from bench.plan.devices import device
+from bench.plan.planner import Target
+from bench.plan.space import FAMILIES, OPTIONS, micro_batches
+from bench.plan.timing import Topology, optimiser_ms, param_bytes
+from bench.runfolder import peaks
+from parallel_kernels.models import workload
+
+DEFAULT_MFU_PCT = 40.0  # what a tuned dense training step reaches on recent GPUs (torchtitan)
+GPU_ALLOWANCE_GIB = 2.0  # CUDA context and NCCL's buffers, about a GiB each
+
+
+def _families(text: str | None) -> tuple[str, ...]:
+    if not text:
+        return FAMILIES
+    names = tuple(t.strip().lower() for t in text.split(",") if t.strip())
+    bad = [n for n in names if n not in FAMILIES]
+    if bad or not names:
+        raise ValueError(
+            f"unknown strategy {bad[0] if bad else text!r} (known: {', '.join(FAMILIES)})"
+        )
+    return names
+
+
+def _options(items: list[str]) -> dict[str, tuple[str, ...]]:
+    out = {}
+    for item in items:
+        key, sep, values = item.partition("=")
+        key = key.strip()
+        if not sep or key not in OPTIONS:
+            raise ValueError(
+                f"--option {item!r}: give KNOB=VALUES with KNOB one of {', '.join(OPTIONS)}"
+            )
+        chosen = tuple(v.strip().lower() for v in values.split(",") if v.strip())
+        bad = [v for v in chosen if v not in OPTIONS[key]]
+        if bad or not chosen:
+            raise ValueError(f"--option {key}: {values!r} is not among {', '.join(OPTIONS[key])}")
+        out[key] = chosen
+    return out
+
+
+def _check_mfu(args) -> None:
+    if args.compute is not None and args.mfu is not None:
+        raise ValueError("give --mfu or --compute, not both")
+    if args.mfu is not None and not 0 < args.mfu <= 100:
+        raise ValueError(f"--mfu {args.mfu:g}: a percentage above 0, at most 100")
+    for run in args.compute or []:
+        if not (run / "results.csv").is_file():
+            raise ValueError(f"--compute {run}: not a run folder (no results.csv)")
+
+
+def rates(args, target: Target, precisions: tuple[str, ...], out: Path) -> dict[str, Rate]:
+    """Per precision, the computation's rate on the target: fitted to ``--compute`` runs (scaled
+    by the target's peak over theirs), to short runs the planner makes here for a CPU target,
+    or the peak times an assumed MFU."""
+    runs = list(args.compute or [])
+    if not runs and not target.device.gpu_name and args.mfu is None:
+        per_replica = args.global_batch // args.world_size or 1
+        ranks = min(args.world_size, args.gpus_per_node)
+        print(f"calibrating: {args.model}, DDP on {ranks} ranks here, {per_replica} per replica")
+        runs = calibration_runs(args.model, precisions, per_replica, out / "calibration", ranks)
+    if not runs:
+        pct = DEFAULT_MFU_PCT if args.mfu is None else args.mfu
+        how = "assumed" if args.mfu is None else "given"
+        return {
+            p: Rate(
+                target.peak_tflops(p) * pct / 100,
+                0.0,
+                f"{how} MFU {pct:g} % of {target.peak_source(p)}",
+            )
+            for p in precisions
+        }
+    params = sum(param_bytes(args.model)) / 4
+    fitted = fit_rates(runs, optimiser_ms(16 * params, target.device.bandwidth_GBps))
+    missing = [p for p in precisions if p not in fitted]
+    if missing:
+        raise ValueError(f"--compute: no {missing[0]} point of {args.model} to fit its rate from")
+    # the same device when the target is this host: no ratio (two measurements of one peak)
+    peaks_there = {
+        p: _peak_of(runs[0], p) if target.device.gpu_name else target.peak_tflops(p)
+        for p in precisions
+    }
+    return {
+        p: Rate(
+            fitted[p].tflops * target.peak_tflops(p) / peaks_there[p],
+            fitted[p].micro_ms * peaks_there[p] / target.peak_tflops(p),
+            f"fitted ({fitted[p].source}), x{target.peak_tflops(p) / peaks_there[p]:.3g} peaks",
+        )
+        for p in precisions
+    }
+
+
+def _peak_of(run: Path, precision: str) -> float:
+    """The peak a run's points of ``precision`` were measured against (its results.csv)."""
+    df = pd.read_csv(run / "results.csv")
+    rows = df[(df["status"] == "ok") & (df["value"].astype(str) == precision)]
+    return float(rows["peak_tflops"].iloc[0]) if not rows.empty else math.nan
+
+
+def _peaks(dev):
+    """(precision -> peak TFLOP/s, precision -> its source) of the target device."""
+    if not dev.gpu_name:
+        import torch
+
+        from bench.runner.measure.flops import measured_peak
+
+        cpu = torch.device("cpu")
+        return (lambda p: measured_peak(cpu, p).tflops), (lambda p: measured_peak(cpu, p).source)
+    missing = [p for p in OPTIONS["precision"] if peaks.datasheet_peak(dev.gpu_name, p) is None]
+    if missing:
+        raise ValueError(f"device {dev.name} has no {missing[0]} datasheet peak")
+    return (
+        lambda p: peaks.datasheet_peak(dev.gpu_name, p).tflops,
+        lambda p: peaks.datasheet_peak(dev.gpu_name, p).source,
+    )
+
+
+def _topology(args, dev) -> Topology:
+    """The links, or with ``--collectives`` this machine's fitted collectives; on a CPU target
+    the share of a core computation keeps beside gloo's thread (``predict.overlap_share``)."""
+    share = 1.0
+    if not dev.gpu_name:
+        ranks_here = min(args.world_size, args.gpus_per_node)
+        share = overlap_share({"device": "cpu", "ranks_per_node": ranks_here})
+    if args.collectives is None:
+        return Topology.of_links(args.link, args.gpus_per_node, share)
+    try:
+        return Topology.fitted(args.collectives, args.gpus_per_node, share)
+    except (OSError, FitError) as e:
+        raise ValueError(f"--collectives {args.collectives}: {e}") from None
+
+
+def resolve(args) -> tuple[Target, tuple[str, ...], dict[str, tuple[str, ...]]]:
+    """(the target, the strategy families, the narrowed options), or a one-line ValueError."""
+    try:
+        wl = workload(args.model)
+    except (KeyError, ValueError) as e:
+        raise ValueError(str(e).strip("'\"")) from None
+    del wl
+    if args.world_size < 1 or args.gpus_per_node < 1:
+        raise ValueError("--world-size and --gpus-per-node must be 1 or more")
+    if args.world_size > args.gpus_per_node and args.world_size % args.gpus_per_node:
+        raise ValueError(
+            f"world size {args.world_size} is not a whole number of nodes of "
+            f"{args.gpus_per_node} ranks"
+        )
+    if args.global_batch < 1:
+        raise ValueError("--global-batch must be 1 or more")
+    degrees = [d for d in (1, 2, 4, 8, 16) if d <= min(args.gpus_per_node, args.world_size)]
+    if not any(micro_batches(args.global_batch, args.world_size // d) for d in degrees):
+        raise ValueError(
+            f"global batch {args.global_batch} does not split over the {args.world_size} ranks' "
+            f"data-parallel replicas (nor over those of any TP degree within a node)"
+        )
+    dev = device(args.device)
+    topology = _topology(args, dev)
+    families, options = _families(args.strategy), _options(args.option)
+    _check_mfu(args)
+    allowance = args.allowance_gib
+    if allowance is None:
+        allowance = GPU_ALLOWANCE_GIB if dev.gpu_name else 0.0
+    if not (allowance >= 0 and math.isfinite(allowance)):
+        raise ValueError("--allowance-gib must be 0 or more")
+    peak, source = _peaks(dev)
+    target = Target(dev, topology, peak, source, allowance, args.global_batch)
+    return target, families, options

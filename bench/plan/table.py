@@ -1,0 +1,157 @@
+"""The plan on the console and in ``plan.json``: the target, the ranked rows, the
+recommendation and what is tied with it."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pandas as pd
+
+from bench.plan.planner import Target
+
+CONSOLE = {  # plan.csv column -> console heading
+    "rank": "#",
+    "config": "configuration",
+    "activation_checkpointing": "ckpt",
+    "precision": "prec",
+    "micro_batch": "micro",
+    "grad_accum": "accum",
+    "peak_mem_gib": "peak GiB",
+    "fits": "fits",
+    "step_ms": "step ms",
+    "exposed_comm_ms": "exposed comm ms",
+    "samples_per_s": "samples/s",
+    "mfu_pct": "MFU %",
+}
+
+
+def header(args, target: Target, n: int) -> str:
+    topo = target.topology
+    return "\n".join(
+        [
+            f"plan: {args.model} on {args.world_size} x {target.device.name} "
+            f"({target.device.memory_gib:g} GiB each, {args.gpus_per_node} per node), "
+            f"global batch {args.global_batch}: {n} configurations",
+            f"  links: {topo.about}",
+            *(
+                f"  computation {p}: {r.tflops:.3g} TFLOP/s, {r.source}"
+                for p, r in target.rates.items()
+            ),
+            f"  memory: tracked under fake tensors + {target.allowance_gib:g} GiB allowance",
+        ]
+    )
+
+
+def progress_printer(every_s: float = 10.0):
+    """A progress callback that prints a line at most every ``every_s`` seconds."""
+    last = [time.perf_counter()]
+
+    def progress(i: int, n: int, c) -> None:
+        now = time.perf_counter()
+        if now - last[0] >= every_s:
+            last[0] = now
+            print(f"  {i}/{n} configurations ({c.label})", flush=True)
+
+    return progress
+
+
+def _fmt(v) -> str:
+    if isinstance(v, bool):
+        return "yes" if v else "NO"
+    if isinstance(v, float):
+        return "-" if math.isnan(v) else f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
+    return str(v)
+
+
+def tied(rows: pd.DataFrame, tie_pct: float) -> pd.DataFrame:
+    """The fitting rows whose predicted step is within ``tie_pct`` of the best's."""
+    ok = rows[rows["fits"] & rows["step_ms"].notna()] if "step_ms" in rows else rows.iloc[:0]
+    if ok.empty:
+        return ok
+    best = ok["step_ms"].min()
+    return ok[ok["step_ms"] <= best * (1 + tie_pct / 100)]
+
+
+def render(rows: pd.DataFrame, top: int, tie_pct: float) -> str:
+    cols = [c for c in CONSOLE if c in rows]
+    shown = rows.head(top)[cols].rename(columns=CONSOLE)
+    lines = [shown.to_string(index=False, formatters={c: _fmt for c in shown.columns})]
+    near = tied(rows, tie_pct)
+    if near.empty:
+        lines.append("no configuration is predicted to fit and run")
+    else:
+        best = near.iloc[0]
+        lines.append(
+            f"recommended: {best['config']}, ckpt {best['activation_checkpointing']}, "
+            f"{best['precision']}, micro-batch {best['micro_batch']} x {best['grad_accum']}: "
+            f"{best['step_ms']:.1f} ms per step, {best['peak_mem_gib']:.2f} GiB peak per rank"
+        )
+        lines.append(
+            f"  tied with it (within {tie_pct:g} %, the prediction's error): {len(near) - 1} "
+            "other configurations"
+        )
+        lines.append(f"  its command: {best['command']}")
+    over = int((~rows["fits"] & rows["error"].eq("")).sum())
+    failed = rows[rows["error"].ne("")]
+    lines.append(f"{over} configurations do not fit (predicted peak + allowance over the device)")
+    if not failed.empty:
+        lines.append(
+            f"{len(failed)} could not be tracked; the first: {failed['config'].iloc[0]}: "
+            f"{failed['error'].iloc[0]}"
+        )
+    return "\n".join(lines)
+
+
+def meta(args, target: Target, took_s: float, n: int) -> dict:
+    return {
+        "model": args.model,
+        "world_size": args.world_size,
+        "gpus_per_node": args.gpus_per_node,
+        "device": target.device.name,
+        "device_source": target.device.source,
+        "links": target.topology.about,
+        "global_batch": args.global_batch,
+        "rates": {p: vars(r) for p, r in target.rates.items()},
+        "allowance_gib": target.allowance_gib,
+        "configurations": n,
+        "planning_s": took_s,
+    }
+
+
+VERIFY = {
+    "name": "configuration",
+    "predicted_step_ms": "predicted ms",
+    "measured_step_ms": "measured ms",
+    "step_error_pct": "error %",
+    "predicted_peak_mib": "predicted MiB",
+    "measured_peak_mib": "measured MiB",
+    "peak_error_pct": "mem error %",
+    "measured_status": "status",
+}
+
+
+def render_verify(df: pd.DataFrame, summary: dict) -> str:
+    cols = [c for c in VERIFY if c in df]
+    shown = df[cols].rename(columns=VERIFY)
+    lines = [shown.to_string(index=False, formatters={c: _fmt for c in shown.columns})]
+    if summary.get("verified"):
+        lines.append(
+            f"step time: median absolute error {summary['step_median_abs_error_pct']:.1f} %; "
+            f"peak memory: largest error {summary['peak_max_abs_error_pct']:.1f} %"
+        )
+        if "spearman_rho" in summary:
+            lines.append(
+                f"Spearman's rho of predicted and measured steps {summary['spearman_rho']:.2f} "
+                f"(p {summary['spearman_p']:.2g})"
+            )
+        verdict = (
+            "is it, or tied with it" if summary["predicted_best_is_best_or_tied"] else "is not"
+        )
+        lines.append(
+            f"measured best: {summary['measured_best']}; the predicted best "
+            f"({summary['predicted_best']}) {verdict}"
+        )
+    if summary.get("failed"):
+        lines.append(f"{summary['failed']} configurations failed to run: see verify.csv")
+    return "\n".join(lines)

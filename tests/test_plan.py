@@ -1,0 +1,328 @@
+"""The planner (``python -m bench.plan``): its space, its memory tracked under fake tensors
+against ZeRO's accounting, full tracking and the harness's measurement, its extrapolations,
+its rows and its bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+from dataclasses import replace
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from bench.plan import __main__ as plan_cli
+from bench.plan import memory, planner
+from bench.plan.calibrate import Rate
+from bench.plan.devices import DEVICES, Device
+from bench.plan.space import Config, enumerate_space, micro_batches
+from bench.plan.timing import Topology
+from bench.runner.cli import resolve
+from bench.runner.plan.flags import parse_config
+from bench.runner.plan.points import resolve_point
+from tests.test_harness import run_points
+
+MiB = 2**20
+
+
+def _point(model="llama:tiny", strategy="ddp", impl="native", world=2, batch=4, **knobs):
+    return resolve_point(
+        sweep="plan",
+        values={"plan": 0},
+        model=model,
+        strategy=strategy,
+        impl=impl,
+        knobs=knobs,
+        world_size=world,
+        batch_size=batch,
+    )
+
+
+@pytest.mark.unit
+def test_the_space_holds_every_family_and_each_row_makes_the_global_batch():
+    configs = enumerate_space("llama:tiny", world_size=16, gpus_per_node=8, global_batch=64)
+    labels = {c.label for c in configs}
+    assert {"ddp bucket 25 MB", "fsdp2 FULL_SHARD", "fsdp1 SHARD_GRAD_OP"} <= labels
+    assert {"fsdp2 HYBRID_SHARD/8", "tp2 x ddp", "tp4 x fsdp", "tp8 x ddp"} <= labels
+    assert not any(lab.startswith("tp16") for lab in labels)  # TP stays inside a node
+    for c in configs:
+        replicas = 16 // c.knobs.get("tp_degree", 1)
+        assert c.micro_batch * c.knobs["grad_accum"] * replicas == 64, c
+    assert {c.knobs["precision"] for c in configs} == {"fp32", "bf16"}
+    assert {c.knobs["activation_checkpointing"] for c in configs} == {"off", "on"}
+    # a model without a TP plan has no TP rows; the options narrow the space
+    resnet = enumerate_space("resnet:tiny", world_size=4, gpus_per_node=4, global_batch=8)
+    assert resnet and not any(c.family == "tp" for c in resnet)
+    narrow = enumerate_space(
+        "mlp",
+        world_size=4,
+        gpus_per_node=4,
+        global_batch=8,
+        families=("ddp",),
+        options={"precision": ("bf16",)},
+    )
+    assert {c.family for c in narrow} == {"ddp"}
+    assert {c.knobs["precision"] for c in narrow} == {"bf16"}
+    assert micro_batches(12, 4) == [(3, 1)] and micro_batches(16, 2) == [
+        (8, 1),
+        (4, 2),
+        (2, 4),
+        (1, 8),
+    ]
+
+
+@pytest.mark.unit
+def test_each_rows_command_resolves_in_bench_run_to_the_rows_point():
+    configs = enumerate_space("llama:tiny", world_size=4, gpus_per_node=4, global_batch=16)
+    picked = {c.label: c for c in configs if c.knobs["grad_accum"] == 2}
+    assert len(picked) >= 10
+    for c in picked.values():
+        argv = shlex.split(c.command())
+        assert argv[:2] == ["torchrun", "--nproc_per_node=4"], argv
+        run = resolve(parse_config(argv[3:]), 4).points
+        assert len(run) == 1, (c.label, [p.id for p in run])
+        assert run[0].knobs == c.point().knobs, c.label
+        assert run[0].batch_per_replica == c.micro_batch
+    spread = replace(next(iter(picked.values())), world_size=16)
+    assert "--nnodes=4 --nproc_per_node=4" in spread.command(gpus_per_node=4)
+
+
+@pytest.mark.unit
+def test_tracked_state_is_zeros_accounting_and_no_weight_is_allocated():
+    """Parameters and AdamW's two moments, fp32, as MemTracker saw them under fake tensors: all
+    of them on each DDP rank, 1/n of them with FSDP's full sharding (ZeRO-3)."""
+    psi = _point().figures["params"]
+    ddp = memory.track(_point())
+    assert not ddp.error, ddp.error
+    torch.testing.assert_close(ddp.parts_mib["params"] * MiB, 4.0 * psi, rtol=1e-3, atol=0)
+    torch.testing.assert_close(ddp.parts_mib["optim"] * MiB, 8.0 * psi, rtol=1e-3, atol=0)
+    fsdp = memory.track(_point(strategy="fsdp", world=4))
+    assert not fsdp.error, fsdp.error
+    torch.testing.assert_close(fsdp.parts_mib["optim"] * MiB, 8.0 * psi / 4, rtol=0.02, atol=0)
+    assert fsdp.peak_mib < ddp.peak_mib
+    # the step's FLOPs: forward and backward of the micro-batch, three times the forward's
+    assert ddp.flops == pytest.approx(fsdp.flops, rel=1e-9) and ddp.flops > 0
+    # no real tensor the size of a parameter was made: the process is where it was
+    assert not torch.distributed.is_initialized()
+
+
+@pytest.mark.unit
+def test_blocks_and_worlds_extrapolate_to_what_tracking_in_full_gives():
+    # transformer: 4 blocks; tracked with 1 and 2, extrapolated to 4
+    point = _point(model="transformer", batch=2)
+    full = memory._track(point, 8, None)
+    short = memory.track(point)
+    assert "extrapolated" in short.how
+    torch.testing.assert_close(short.peak_mib, full.peak_mib, rtol=1e-3, atol=0)
+    torch.testing.assert_close(short.flops, full.flops, rtol=1e-9, atol=0)
+    # FSDP at 128 ranks: tracked at 16 and 32 and extrapolated as a + b / n; llama:tiny's
+    # smallest first dimensions (128) leave a shard of one row, whose padding and alignment
+    # the extrapolation misses: -2.7 % here (a model of real size splits evenly at scale)
+    c = Config(
+        "fsdp2",
+        "fsdp2 FULL_SHARD",
+        "llama:tiny",
+        "fsdp",
+        "native",
+        {
+            "sharding_strategy": "FULL_SHARD",
+            "activation_checkpointing": "off",
+            "precision": "fp32",
+            "grad_accum": 1,
+        },
+        1,
+        128,
+    )
+    scaled = planner._track_config(c, 8)
+    assert "a + b/n" in scaled.how, scaled.how
+    direct = memory.track(c.point())
+    torch.testing.assert_close(scaled.peak_mib, direct.peak_mib, rtol=0.05, atol=0)
+
+
+@pytest.mark.unit
+def test_rows_rank_by_step_among_those_that_fit_and_fsdp1_stands_in_by_fsdp2():
+    configs = [
+        c
+        for c in enumerate_space("llama:tiny", world_size=2, gpus_per_node=2, global_batch=4)
+        if c.knobs["precision"] == "fp32"
+        and c.knobs["activation_checkpointing"] == "off"
+        and c.knobs["grad_accum"] == 1
+        and c.label in ("ddp bucket 25 MB", "fsdp2 FULL_SHARD", "fsdp1 FULL_SHARD")
+    ]
+    peak = lambda p: 1.0  # noqa: E731
+    small = Device("small", 11 / 1024, 100.0, "", "a device of 11 MiB, for the test")
+    target = planner.Target(
+        device=small,
+        topology=Topology.of_links("eth_25g", 2, 1.0),
+        peak_tflops=peak,
+        peak_source=lambda p: "test",
+        allowance_gib=0.0,
+        global_batch=4,
+        rates={"fp32": Rate(0.05, 0.0, "test rate")},
+    )
+    rows = planner.plan_rows(configs, target, gpus_per_node=2)
+    assert list(rows["rank"]) == [1, 2, 3]
+    by = rows.set_index("config")
+    # DDP holds every parameter, gradient and moment: over 11 MiB; FSDP's shards fit
+    assert not by.loc["ddp bucket 25 MB", "fits"] and by.loc["fsdp2 FULL_SHARD", "fits"]
+    assert by.loc["ddp bucket 25 MB", "peak_mem_gib"] * 1024 > 11
+    assert rows["config"].iloc[-1] == "ddp bucket 25 MB"  # does not fit: ranked after
+    assert by.loc["fsdp1 FULL_SHARD", "memory_how"].startswith("FSDP2's figure")
+    assert by.loc["fsdp1 FULL_SHARD", "peak_mem_gib"] == by.loc["fsdp2 FULL_SHARD", "peak_mem_gib"]
+    fits = rows[rows["fits"]]
+    assert list(fits["step_ms"]) == sorted(fits["step_ms"])
+    for _, r in rows.iterrows():
+        assert r["step_ms"] > 0 and math.isfinite(r["mfu_pct"]) and 0 < r["mfu_pct"] <= 100
+        assert r["samples_per_s"] == pytest.approx(4 / (r["step_ms"] / 1e3))
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--model", "nope:tiny"], "nope"),
+        (["--device", "tpu9"], "unknown device 'tpu9'"),
+        (["--link", "warp_drive"], "unknown link preset 'warp_drive'"),
+        (["--world-size", "12"], "not a whole number of nodes of 8"),
+        (["--global-batch", "3"], "global batch 3 does not split"),
+        (["--strategy", "zero9"], "unknown strategy 'zero9'"),
+        (["--option", "precision=fp64"], "is not among fp32, bf16"),
+        (["--verify", "3"], "--verify K runs the plan's best here"),
+        (["--mfu", "140"], "--mfu 140"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2_before_any_work(argv, says, capsys, tmp_path):
+    base = {"--model": "llama:tiny", "--world-size": "16", "--global-batch": "64"}
+    base.update(dict(zip(argv[::2], argv[1::2], strict=True)))
+    args = [x for kv in base.items() for x in kv] + ["--device", base.get("--device", "h100")]
+    args += ["--out", str(tmp_path / "plan")]
+    assert plan_cli.main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and "\n" not in err and "Traceback" not in err, err
+    assert not (tmp_path / "plan").exists()  # nothing was planned
+
+
+@pytest.mark.unit
+def test_devices_name_their_datasheet_peaks():
+    from bench.runfolder import peaks
+
+    for d in DEVICES.values():
+        if d.gpu_name:
+            for precision in ("fp32", "bf16"):
+                assert peaks.datasheet_peak(d.gpu_name, precision) is not None, d.name
+
+
+def _measured_against_tracked(points, root):
+    rows = run_points(points, root)
+    return [(r["peak_mem_mb"], r["status"], r["error"]) for r in rows]
+
+
+@pytest.mark.ranks
+@pytest.mark.timeout(300)
+def test_predicted_peaks_are_the_harness_measured_peaks(pool, tmp_path):
+    """The tracked peak against the harness's (the CPU heap above the point's start) at two
+    ranks: docs/plan.md has the figures of every model; this guards the method's error."""
+    points = [
+        _point(batch=8),
+        _point(impl="reference", batch=8),
+        _point(strategy="fsdp", batch=8, sharding_strategy="SHARD_GRAD_OP"),
+    ]
+    measured = pool(2).run(_measured_against_tracked, points, str(tmp_path), timeout=280)[0]
+    for p, (mb, status, error) in zip(points, measured, strict=True):
+        assert status == "ok", error
+        predicted = memory.track(p).peak_mib
+        print(p.id, f"measured {mb:.2f} MiB, predicted {predicted:.2f} MiB")
+        assert predicted == pytest.approx(mb, rel=0.10), p.id
+
+
+@pytest.mark.unit
+def test_a_plan_writes_its_rows_and_says_what_it_recommends(capsys, tmp_path):
+    out = tmp_path / "plan"
+    argv = [
+        "--model",
+        "mlp",
+        "--world-size",
+        "16",
+        "--gpus-per-node",
+        "8",
+        "--device",
+        "a100",
+        "--global-batch",
+        "64",
+        "--strategy",
+        "ddp,fsdp2",
+        "--option",
+        "precision=bf16",
+        "--option",
+        "activation_checkpointing=off",
+        "--workers",
+        "1",
+        "--out",
+        str(out),
+    ]
+    assert plan_cli.main(argv) == 0
+    printed = capsys.readouterr().out
+    rows = pd.read_csv(out / "plan.csv", keep_default_na=False)
+    meta = json.loads((out / "plan.json").read_text())
+    # DDP at 3 bucket sizes and FSDP2 with 4 shardings, each at 4, 2 x 2 and 1 x 4 samples
+    assert len(rows) == meta["configurations"] == (3 + 4) * 3
+    assert set(rows["precision"]) == {"bf16"} and rows["fits"].all()
+    assert list(rows["rank"]) == list(range(1, len(rows) + 1))
+    best = rows.iloc[0]
+    assert f"recommended: {best['config']}" in printed and best["command"] in printed
+    assert "assumed MFU 40 %" in best["compute_source"] and "A100" in best["compute_source"]
+    assert best["step_ms"] == rows["step_ms"].min()
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(400)
+def test_verify_runs_the_best_here_and_sets_measured_beside_predicted(capsys, tmp_path):
+    out = tmp_path / "plan"
+    argv = [
+        "--model",
+        "llama:tiny",
+        "--world-size",
+        "2",
+        "--gpus-per-node",
+        "2",
+        "--device",
+        "cpu",
+        "--link",
+        "eth_25g",
+        "--global-batch",
+        "8",
+        "--strategy",
+        "ddp",
+        "--option",
+        "precision=fp32",
+        "--option",
+        "activation_checkpointing=off",
+        "--verify",
+        "1",
+        "--workers",
+        "1",
+        "--out",
+        str(out),
+    ]
+    assert plan_cli.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "calibrating: llama:tiny, DDP on 2 ranks here" in printed
+    checked = pd.read_csv(out / "verify.csv", keep_default_na=False)
+    plan = pd.read_csv(out / "plan.csv", keep_default_na=False)
+    # the best predicted row, and DDP at its defaults where it is not the best
+    assert checked["config"].iloc[0] == plan["config"].iloc[0]
+    assert "ddp bucket 25 MB" in set(checked["config"])
+    for _, r in checked.iterrows():
+        assert r["measured_status"] == "ok", r["measured_error"]
+        results = pd.read_csv(Path(r["run_dir"]) / "results.csv")
+        assert r["measured_step_ms"] == pytest.approx(results["step_ms_median"].iloc[0])
+        assert r["measured_peak_mib"] == pytest.approx(results["peak_mem_mb"].iloc[0])
+        # the run is the row's own command
+        assert results["point"].iloc[0].startswith("llama_tiny-bucket_cap_mb=")
+        assert abs(r["peak_error_pct"]) < 15, r
+    assert "measured best:" in printed
+    meta = json.loads((out / "plan.json").read_text())
+    assert meta["verify"]["verified"] == len(checked)
