@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shlex
 from dataclasses import replace
 from pathlib import Path
@@ -275,6 +276,11 @@ def test_a_plan_writes_its_rows_and_says_what_it_recommends(capsys, tmp_path):
     assert f"recommended: {best['config']}" in printed and best["command"] in printed
     assert "assumed MFU 40 %" in best["compute_source"] and "A100" in best["compute_source"]
     assert best["step_ms"] == rows["step_ms"].min()
+    # the page: offline (nothing fetched), the recommendation, the tie set, the memory bars
+    page = (out / "plan.html").read_text()
+    assert "Recommended: <b>" + best["config"] in page and "Tied with it" in page
+    assert "<svg" in page and "Why it is best" in page
+    assert not re.search(r"(src|href)=['\"]?https?:", page)
 
 
 @pytest.mark.e2e
@@ -326,3 +332,31 @@ def test_verify_runs_the_best_here_and_sets_measured_beside_predicted(capsys, tm
     assert "measured best:" in printed
     meta = json.loads((out / "plan.json").read_text())
     assert meta["verify"]["verified"] == len(checked)
+
+
+@pytest.mark.unit
+def test_a_micro_batch_between_two_is_interpolated_as_its_tracking_gives():
+    configs = [
+        c
+        for c in enumerate_space("llama:tiny", world_size=2, gpus_per_node=2, global_batch=8)
+        if c.label == "ddp bucket 25 MB"
+        and c.knobs["precision"] == "fp32"
+        and c.knobs["activation_checkpointing"] == "on"
+    ]
+    assert sorted(c.micro_batch for c in configs) == [1, 2, 4]
+    target = planner.Target(
+        device=DEVICES["h100"],
+        topology=Topology.of_links("nvlink4", 8, 1.0),
+        peak_tflops=lambda p: 67.0,
+        peak_source=lambda p: "test",
+        allowance_gib=0.0,
+        global_batch=8,
+        rates={"fp32": Rate(20.0, 0.0, "test rate")},
+    )
+    rows = planner.plan_rows(configs, target, gpus_per_node=8).set_index("micro_batch")
+    assert "between micro-batches 1 and 4" in rows.loc[2, "memory_how"]
+    tracked = planner._track_scaled(next(c for c in configs if c.micro_batch == 2), 8)
+    torch.testing.assert_close(
+        rows.loc[2, "peak_mem_gib"] * 1024, tracked.peak_mib, rtol=0.03, atol=0
+    )
+    torch.testing.assert_close(rows.loc[2, "flops_per_rank"], tracked.flops * 2, rtol=1e-6, atol=0)

@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from bench.plan import inputs, table
+from bench.plan.page import write_page
 from bench.plan.planner import plan_rows
 from bench.plan.space import enumerate_space
 from bench.plan.verify import verify
@@ -154,8 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     rows.to_csv(out / "plan.csv", index=False)
     meta = table.meta(args, target, took, len(configs))
     (out / "plan.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
+    page = write_page(rows, meta, args.tie_pct, out / "plan.html")
     print(table.render(rows, args.top, args.tie_pct))
-    print(f"planned {len(configs)} configurations in {took:.1f} s; {out / 'plan.csv'}")
+    print(f"planned {len(configs)} configurations in {took:.1f} s; {out / 'plan.csv'}, {page}")
     if args.verify:
         checked, summary = verify(rows, args.verify, args.world_size, out)
         checked.to_csv(out / "verify.csv", index=False)

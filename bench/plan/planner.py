@@ -2,15 +2,16 @@
 time, throughput and MFU, ranked.
 
 Tracking under fake tensors (``memory.py``) is the plan's cost, so configurations share it
-(and the distinct trackings share the cores)
-where the memory cannot differ: DDP's bucket size does not change what a rank holds (the
-buckets hold every gradient whatever their size), and accumulation is tracked at one
-micro-batch per step (the FLOPs of ``accum`` micro-batches are ``accum`` times one's; the
-gradients of the micro-batches before the last are the same tensors the last one accumulates
-into). A replicated layout (DDP, TP x DDP) is tracked at two replicas: a rank holds the same
-whatever their number. A sharded layout at a world size of more than ``PROXY_WORLD`` ranks is
-tracked at two smaller ones and extrapolated as ``a + b / world``: what a rank holds of sharded
-state falls as 1/world, the rest (activations, a unit's gathered parameters) does not change.
+where the memory cannot differ, and the distinct trackings share the cores. DDP's bucket size
+does not change what a rank holds (the buckets hold every gradient whatever their size);
+accumulation is tracked at one micro-batch per step (the FLOPs of ``accum`` micro-batches are
+``accum`` times one's; the gradients of those before the last are the tensors the last one
+accumulates into); micro-batches between a layout's smallest and largest are interpolated
+between those two (activations and FLOPs grow with the micro-batch). A replicated layout (DDP,
+TP x DDP) is tracked at two replicas: a rank holds the same whatever their number. A sharded
+layout at a world size of more than ``PROXY_WORLD`` ranks is tracked at two smaller ones and
+extrapolated as ``a + b / world``: what a rank holds of sharded state falls as 1/world, the
+rest (activations, a unit's gathered parameters) does not change.
 """
 
 from __future__ import annotations
@@ -115,10 +116,32 @@ def plan_rows(
     jobs: dict[tuple, Config] = {}
     for c in configs:
         jobs.setdefault(_memory_key(_tracked_as(c)), _tracked_as(c))
+    by_layout: dict[tuple, list[tuple[int, tuple]]] = {}
+    for key, c in jobs.items():
+        by_layout.setdefault(key[:3] + key[4:], []).append((c.micro_batch, key))
+    ends = {k for group in by_layout.values() for _, k in (min(group), max(group))}
+    tracked = [k for k in jobs if k in ends]
     track_one = functools.partial(_track_scaled, gpus_per_node=gpus_per_node)
-    memo = dict(zip(jobs, _map(track_one, list(jobs.values()), workers, progress), strict=True))
+    got = _map(track_one, [jobs[k] for k in tracked], workers, progress)
+    memo = dict(zip(tracked, got, strict=True))
+    for group in by_layout.values():
+        _interpolate(sorted(group), memo)
     rows = [_row(c, _track_config(c, gpus_per_node, memo), target) for c in configs]
     return rank(pd.DataFrame(rows))
+
+
+def _interpolate(group: list[tuple[int, tuple]], memo: dict) -> None:
+    """The micro-batches between a layout's smallest and largest, from those two: what a rank
+    holds is its state plus activations and temporaries that grow with the micro-batch, and
+    FLOPs grow with it alike (tests/test_plan.py checks one against its tracking)."""
+    (lo, lo_key), (hi, hi_key) = group[0], group[-1]
+    a, b = memo[lo_key], memo[hi_key]
+    for m, key in group[1:-1]:
+        if a.error or b.error:
+            memo[key] = a if a.error else b
+            continue
+        between = a.plus(b.minus(a), (m - lo) / (hi - lo))
+        memo[key] = replace(between, how=f"{a.how}; between micro-batches {lo} and {hi}")
 
 
 def _map(fn, items: list[Config], workers: int, progress) -> list[Tracked]:
