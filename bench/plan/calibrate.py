@@ -16,14 +16,13 @@ device's rate is this one's times the ratio of the two devices' peaks at the pre
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
-RUN_PY = Path(__file__).resolve().parents[2] / "bench" / "run.py"
+from bench.plan.launch import run_bench
+
 BUDGET = ["--max-point-s", "4", "--rounds", "1", "--warmup-steps", "3", "--profile-steps", "1"]
 
 
@@ -107,9 +106,7 @@ def calibration_runs(
     runs = []
     for micro, accum in plans:
         run = out / f"accum{accum}"
-        cmd = [
-            sys.executable,
-            str(RUN_PY),
+        args = [
             "--sweep",
             "precision",
             "--values",
@@ -131,9 +128,8 @@ def calibration_runs(
             str(run),
             *BUDGET,
         ]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-        if done.returncode:
-            last = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
-            raise ValueError(f"the calibration run of {model} failed: {last[0][:300]}")
+        failure = run_bench(args, timeout_s)
+        if failure:
+            raise ValueError(f"the calibration run of {model} failed: {failure}")
         runs.append(run)
     return runs

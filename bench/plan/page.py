@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from bench.plan.launch import describe
 from bench.plan.table import tied
 from bench.report.style import CSS
 from bench.report.tables import html_table
@@ -34,13 +35,6 @@ COLS = [
     "error",
     "time_error",
 ]
-
-
-def _name(r) -> str:
-    return (
-        f"{r['config']}, ckpt {r['activation_checkpointing']}, {r['precision']}, "
-        f"{r['micro_batch']} x {r['grad_accum']}"
-    )
 
 
 def _bars(best: pd.DataFrame, memory_gib: float) -> str:
@@ -90,7 +84,7 @@ def page(rows: pd.DataFrame, meta: dict, tie_pct: float) -> str:
     else:
         best = near.iloc[0]
         body.append(
-            f"<p class='headline'>Recommended: <b>{html.escape(_name(best))}</b>: "
+            f"<p class='headline'>Recommended: <b>{html.escape(describe(best))}</b>: "
             f"{best['step_ms']:.1f} ms per step, {best['peak_mem_gib']:.2f} GiB peak per rank "
             f"of {meta['device']}'s {rows['device_mem_gib'].iloc[0]:g}; "
             f"<code>{html.escape(best['command'])}</code></p>"
@@ -108,7 +102,7 @@ def page(rows: pd.DataFrame, meta: dict, tie_pct: float) -> str:
         body.append("<h2>Why it is best</h2>")
         others = families[families["rank"] != best["rank"]]
         lines = [
-            f"{html.escape(_name(r))}: {r['step_ms']:.1f} ms, of it "
+            f"{html.escape(describe(r))}: {r['step_ms']:.1f} ms, of it "
             f"{r['exposed_comm_ms']:.1f} ms of communication computation does not hide"
             for _, r in others.iterrows()
         ]

@@ -8,6 +8,7 @@ import time
 
 import pandas as pd
 
+from bench.plan.launch import describe
 from bench.plan.planner import Target
 
 CONSOLE = {  # plan.csv column -> console heading
@@ -83,9 +84,8 @@ def render(rows: pd.DataFrame, top: int, tie_pct: float) -> str:
     else:
         best = near.iloc[0]
         lines.append(
-            f"recommended: {best['config']}, ckpt {best['activation_checkpointing']}, "
-            f"{best['precision']}, micro-batch {best['micro_batch']} x {best['grad_accum']}: "
-            f"{best['step_ms']:.1f} ms per step, {best['peak_mem_gib']:.2f} GiB peak per rank"
+            f"recommended: {describe(best)}: {best['step_ms']:.1f} ms per step, "
+            f"{best['peak_mem_gib']:.2f} GiB peak per rank"
         )
         lines.append(
             f"  tied with it (within {tie_pct:g} %, the prediction's error): {len(near) - 1} "

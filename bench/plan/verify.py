@@ -10,23 +10,16 @@ from __future__ import annotations
 import math
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 from scipy import stats
 
-RUN_PY = Path(__file__).resolve().parents[2] / "bench" / "run.py"
+from bench.plan.launch import describe, run_bench
+
 DEFAULT_DDP = {"config": "ddp bucket 25 MB", "precision": "fp32", "activation_checkpointing": "off"}
 # Each verified point's timing budget: the harness stops earlier once its median is known to 2 %.
 BUDGET = ["--max-point-s", "6", "--rounds", "1", "--warmup-steps", "3", "--profile-steps", "1"]
-
-
-def describe(row) -> str:
-    return (
-        f"{row['config']}, ckpt {row['activation_checkpointing']}, {row['precision']}, "
-        f"{row['micro_batch']} x {row['grad_accum']}"
-    )
 
 
 def picks(rows: pd.DataFrame, k: int) -> pd.DataFrame:
@@ -46,12 +39,10 @@ def picks(rows: pd.DataFrame, k: int) -> pd.DataFrame:
 
 
 def _command(row: pd.Series, world: int, out: Path) -> list[str]:
-    """The row's ``bench/run.py`` command, launched here on ``world`` ranks, into ``out``."""
+    """The row's ``bench/run.py`` arguments, launched here on ``world`` ranks, into ``out``."""
     args = shlex.split(row["command"])
     args = args[args.index("bench/run.py") + 1 :]
     return [
-        sys.executable,
-        str(RUN_PY),
         *args,
         "--nproc-per-node",
         str(world),
@@ -66,15 +57,13 @@ def _command(row: pd.Series, world: int, out: Path) -> list[str]:
 
 def run_one(row: pd.Series, world: int, out: Path, timeout_s: float) -> dict:
     """The configuration measured: its results row's step and peak, or its error."""
-    cmd = _command(row, world, out)
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        failure = run_bench(_command(row, world, out), timeout_s)
     except subprocess.TimeoutExpired:
         return {"measured_status": "error", "measured_error": f"timed out after {timeout_s:g} s"}
     results = out / "results.csv"
-    if done.returncode or not results.is_file():
-        last = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
-        return {"measured_status": "error", "measured_error": last[0][:300]}
+    if failure or not results.is_file():
+        return {"measured_status": "error", "measured_error": failure or "no results.csv"}
     r = pd.read_csv(results, keep_default_na=False).iloc[0]
     num = lambda c: float(r[c]) if c in r and r[c] != "" else math.nan  # noqa: E731
     return {
