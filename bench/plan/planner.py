@@ -1,17 +1,8 @@
 """Every configuration of a plan -> its row: predicted memory per rank (does it fit?), step
 time, throughput and MFU, ranked.
 
-Tracking under fake tensors (``memory.py``) is the plan's cost, so configurations share it
-where the memory cannot differ, and the distinct trackings share the cores. DDP's bucket size
-does not change what a rank holds (the buckets hold every gradient whatever their size);
-accumulation is tracked at one micro-batch per step (the FLOPs of ``accum`` micro-batches are
-``accum`` times one's; the gradients of those before the last are the tensors the last one
-accumulates into); micro-batches between a layout's smallest and largest are interpolated
-between those two (activations and FLOPs grow with the micro-batch). A replicated layout (DDP,
-TP x DDP) is tracked at two replicas: a rank holds the same whatever their number. A sharded
-layout at a world size of more than ``PROXY_WORLD`` ranks is tracked at two smaller ones and
-extrapolated as ``a + b / world``: what a rank holds of sharded state falls as 1/world, the
-rest (activations, a unit's gathered parameters) does not change.
+The trackings the configurations need (``scaling.py``: the fewest that stand for them all) run
+in a pool of processes, each its own fake world, and their figures are assembled per row.
 """
 
 from __future__ import annotations
@@ -21,18 +12,18 @@ import math
 import multiprocessing
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import pandas as pd
 
 from bench.plan.calibrate import Rate
 from bench.plan.devices import Device
-from bench.plan.memory import Tracked, failed, track
+from bench.plan.memory import Tracked
+from bench.plan.scaling import Job, figures, run_job, schedule
 from bench.plan.space import Config
 from bench.plan.timing import Topology, predict_step
 
 MiB_PER_GiB = 1024
-PROXY_WORLD = 64  # sharded layouts beyond this many ranks are tracked at two smaller worlds
 
 
 @dataclass(frozen=True)
@@ -46,63 +37,6 @@ class Target:
     rates: dict[str, Rate] = field(default_factory=dict)  # precision -> computation's rate
 
 
-def _memory_key(c: Config) -> tuple:
-    knobs = {k: v for k, v in c.knobs.items() if k not in ("bucket_cap_mb", "grad_accum")}
-    return (c.strategy, c.impl, tuple(sorted(knobs.items())), c.micro_batch, c.world_size)
-
-
-def _inner(c: Config) -> int:
-    """Ranks of the group that does not shard with the world (a TP group, a hybrid shard)."""
-    return int(c.knobs.get("tp_degree") or c.knobs.get("shard_size") or 1)
-
-
-def _sharded(c: Config) -> bool:
-    return c.strategy == "fsdp" or bool(c.knobs.get("dp_shard"))
-
-
-def _tracked_as(c: Config) -> Config:
-    """The configuration whose tracking stands for ``c``'s: FSDP1's is FSDP2's of the same
-    sharding (torch's tracker cannot follow FSDP1's flat parameters, whose views are not
-    leaves; both hold the same ZeRO shards of the same tensors, gathered unit by unit)."""
-    return replace(c, impl="native") if c.impl == "native_fsdp1" else c
-
-
-def _track_config(c: Config, gpus_per_node: int, memo: dict | None = None) -> Tracked:
-    """The configuration's tracking (once per ``_memory_key`` in ``memo``)."""
-    memo = {} if memo is None else memo
-    key = _memory_key(_tracked_as(c))
-    if key not in memo:
-        memo[key] = _track_scaled(_tracked_as(c), gpus_per_node)
-    got = memo[key]
-    if c.impl == "native_fsdp1" and not got.error:
-        return replace(got, how=f"FSDP2's figure (FSDP1 is not trackable); {got.how}")
-    return got
-
-
-def _track_scaled(c: Config, gpus_per_node: int) -> Tracked:
-    one = replace(c, knobs={**c.knobs, "grad_accum": 1})
-    try:
-        point = one.point()
-    except ValueError as e:
-        return failed(f"{e}")
-    world = c.world_size
-    if not _sharded(c) and world > 2 * _inner(c):
-        # replicated data parallelism: a rank holds the same whatever the number of replicas
-        # (two are enough to wrap it as it will be), and a small fake world builds quickly
-        got = track(one.point(world_size=2 * _inner(c)), gpus_per_node=gpus_per_node)
-        return replace(got, how=f"{got.how}; at {2 * _inner(c)} ranks (replicas hold alike)")
-    small = max(16, 4 * _inner(c))
-    if not (world > PROXY_WORLD and world >= 4 * small):
-        return track(point, gpus_per_node=gpus_per_node)
-    a, b = (track(one.point(world_size=w), gpus_per_node=gpus_per_node) for w in (small, 2 * small))
-    if a.error or b.error:
-        return a if a.error else b
-    # m(w) = A + K / w through m(s) = a and m(2s) = b: K = 2s (a - b), so
-    # m(world) = a + K (1/world - 1/s) = a + (a - b)(2s / world - 2)
-    at = a.plus(a.minus(b), 2 * small / world - 2)
-    return replace(at, how=f"{a.how}; at {small} and {2 * small} ranks, extrapolated as a + b/n")
-
-
 def plan_rows(
     configs: list[Config],
     target: Target,
@@ -112,54 +46,31 @@ def plan_rows(
     progress: Callable[[int, int, Config], None] | None = None,
 ) -> pd.DataFrame:
     """One row per configuration, ranked: those that fit by predicted step time first. The
-    distinct trackings run in ``workers`` processes (each its own fake world)."""
-    jobs: dict[tuple, Config] = {}
-    for c in configs:
-        jobs.setdefault(_memory_key(_tracked_as(c)), _tracked_as(c))
-    by_layout: dict[tuple, list[tuple[int, tuple]]] = {}
-    for key, c in jobs.items():
-        by_layout.setdefault(key[:3] + key[4:], []).append((c.micro_batch, key))
-    ends = {k for group in by_layout.values() for _, k in (min(group), max(group))}
-    tracked = [k for k in jobs if k in ends]
-    track_one = functools.partial(_track_scaled, gpus_per_node=gpus_per_node)
-    got = _map(track_one, [jobs[k] for k in tracked], workers, progress)
-    memo = dict(zip(tracked, got, strict=True))
-    for group in by_layout.values():
-        _interpolate(sorted(group), memo)
-    rows = [_row(c, _track_config(c, gpus_per_node, memo), target) for c in configs]
+    trackings run in ``workers`` processes (each its own fake world)."""
+    jobs, assemble = schedule(configs)
+    track_one = functools.partial(run_job, gpus_per_node=gpus_per_node)
+    got = _map(track_one, jobs, workers, progress)
+    memo = assemble({job.key: t for job, t in zip(jobs, got, strict=True)})
+    rows = [_row(c, figures(c, memo), target) for c in configs]
     return rank(pd.DataFrame(rows))
 
 
-def _interpolate(group: list[tuple[int, tuple]], memo: dict) -> None:
-    """The micro-batches between a layout's smallest and largest, from those two: what a rank
-    holds is its state plus activations and temporaries that grow with the micro-batch, and
-    FLOPs grow with it alike (tests/test_plan.py checks one against its tracking)."""
-    (lo, lo_key), (hi, hi_key) = group[0], group[-1]
-    a, b = memo[lo_key], memo[hi_key]
-    for m, key in group[1:-1]:
-        if a.error or b.error:
-            memo[key] = a if a.error else b
-            continue
-        between = a.plus(b.minus(a), (m - lo) / (hi - lo))
-        memo[key] = replace(between, how=f"{a.how}; between micro-batches {lo} and {hi}")
-
-
-def _map(fn, items: list[Config], workers: int, progress) -> list[Tracked]:
+def _map(fn, items: list[Job], workers: int, progress) -> list[Tracked]:
     """``fn`` over ``items`` in order; in a pool of spawned processes where there are enough
     of them to repay a worker's start (importing torch and the models: seconds)."""
     if workers <= 1 or len(items) < 4 * workers:
         out = []
-        for i, c in enumerate(items):
+        for i, job in enumerate(items):
             if progress:
-                progress(i, len(items), c)
-            out.append(fn(c))
+                progress(i, len(items), job.config)
+            out.append(fn(job))
         return out
     ctx = multiprocessing.get_context("spawn")  # no forked torch state in the workers
     with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
-        futures = [pool.submit(fn, c) for c in items]
+        futures = [pool.submit(fn, job) for job in items]
         for i, done in enumerate(as_completed(futures)):
             if progress:
-                progress(i, len(items), items[futures.index(done)])
+                progress(i, len(items), items[futures.index(done)].config)
         return [f.result() for f in futures]
 
 

@@ -56,11 +56,11 @@ def _configs(models, batch):
 
 
 def predict(models, batch) -> list[dict]:
-    from bench.plan.planner import _track_config
+    from bench.plan.scaling import track_config
 
     rows = []
     for c in _configs(models, batch):
-        t = _track_config(c, 8)
+        t = track_config(c, 8)
         rows.append(
             {
                 "model": c.model,

@@ -1,0 +1,191 @@
+"""Which fake trackings stand for a plan's configurations, and how their figures combine.
+
+Tracking under fake tensors (``memory.py``) is the plan's cost, so configurations share it
+where the memory cannot differ, and the rest is derived from the fewest trackings:
+
+- DDP's bucket size does not change what a rank holds (the buckets hold every gradient
+  whatever their size); accumulation is tracked at one micro-batch per step (the FLOPs of
+  ``accum`` micro-batches are ``accum`` times one's; the gradients of those before the last
+  are the tensors the last one accumulates into).
+- FSDP1 stands in by FSDP2 of the same sharding (``tracked_as``).
+- A layout whose state is sharded over a group that does not grow with the world (DDP's
+  replicas, a TP group, FSDP's NO_SHARD, a hybrid shard group) is tracked at two of those
+  groups: a rank holds the same whatever their number.
+- A layout sharded over the whole world, at more than ``PROXY_WORLD`` ranks, is tracked at
+  two smaller worlds and extrapolated as ``a + b / world``: what a rank holds of sharded state
+  falls as 1/world; the rest (activations, a unit's gathered parameters) does not change.
+- The micro-batches of one layout: its smallest and largest are tracked and those between
+  interpolated (activations and FLOPs grow with the micro-batch). The largest is tracked at
+  the smaller proxy world only and takes the smallest's change with the world: the world
+  moves the sharded state, the micro-batch the activations, and neither moves the other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from bench.plan.memory import Tracked, failed, track
+from bench.plan.space import Config
+from parallel_kernels.fsdp_layout import shard_group_size
+
+PROXY_WORLD = 64  # layouts sharded over the world beyond this many ranks use smaller worlds
+PROXY_MIN = 16  # the smaller proxy world's floor (shards of real models split evenly there)
+
+
+def memory_key(c: Config) -> tuple:
+    """What a rank's memory depends on: everything but the bucket size and accumulation."""
+    knobs = {k: v for k, v in c.knobs.items() if k not in ("bucket_cap_mb", "grad_accum")}
+    return (c.strategy, c.impl, tuple(sorted(knobs.items())), c.micro_batch, c.world_size)
+
+
+def tracked_as(c: Config) -> Config:
+    """The configuration whose tracking stands for ``c``'s: FSDP1's is FSDP2's of the same
+    sharding (torch's tracker cannot follow FSDP1's flat parameters, whose views are not
+    leaves; both hold the same ZeRO shards of the same tensors, gathered unit by unit)."""
+    return replace(c, impl="native") if c.impl == "native_fsdp1" else c
+
+
+def _inner(c: Config) -> int:
+    """Ranks of the group inside a replica (a TP group; 1 without one)."""
+    return int(c.knobs.get("tp_degree") or 1)
+
+
+def _state_group(c: Config) -> int | None:
+    """Ranks a rank's state is sharded over where that does not grow with the world, None where
+    it is sharded over the world's data-parallel ranks."""
+    if c.strategy == "fsdp":
+        knobs = c.knobs
+        s = shard_group_size(knobs["sharding_strategy"], c.world_size, knobs.get("shard_size"))
+        return None if s == c.world_size else s
+    return None if c.knobs.get("dp_shard") else _inner(c)
+
+
+def worlds(c: Config) -> tuple[int, ...]:
+    """The fake world sizes ``c`` is tracked at: its own, two groups of a fixed state group,
+    or two proxies of a world-sharded layout (``a + b / n``)."""
+    world, group = c.world_size, _state_group(c)
+    if group is not None:
+        return (2 * group,) if world > 2 * group else (world,)
+    small = max(PROXY_MIN, 4 * _inner(c))
+    if world > PROXY_WORLD and world >= 4 * small:
+        return (small, 2 * small)
+    return (world,)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One tracking: a configuration (one micro-batch per step) at a fake world size."""
+
+    config: Config
+    world: int
+
+    @property
+    def key(self) -> tuple:
+        return memory_key(self.config), self.world
+
+
+def _job(c: Config, world: int) -> Job:
+    return Job(replace(c, knobs={**c.knobs, "grad_accum": 1}), world)
+
+
+def _got(got: dict[tuple, Tracked], c: Config, world: int) -> Tracked:
+    return got[_job(c, world).key]
+
+
+def run_job(job: Job, gpus_per_node: int) -> Tracked:
+    try:
+        job.config.point()  # the configuration itself must resolve, not only its proxy
+        point = job.config.point(world_size=job.world)
+    except ValueError as e:
+        return failed(f"{e}")
+    return track(point, gpus_per_node=gpus_per_node)
+
+
+def _extrapolated(a: Tracked, b: Tracked, small: int, world: int) -> Tracked:
+    # m(w) = A + K / w through m(s) = a and m(2s) = b: K = 2s (a - b), so
+    # m(world) = a + K (1/world - 1/s) = a + (a - b)(2s / world - 2)
+    return a.plus(a.minus(b), 2 * small / world - 2)
+
+
+def _at_world(c: Config, ws: tuple[int, ...], got: dict[tuple, Tracked]) -> Tracked:
+    """The smallest micro-batch's figures at ``c``'s own world, from its trackings at ``ws``."""
+    first = _got(got, c, ws[0])
+    if first.error:
+        return first
+    if len(ws) == 1:
+        how = "" if ws[0] == c.world_size else f"; at {ws[0]} ranks (groups of its state alike)"
+        return replace(first, how=first.how + how)
+    second = _got(got, c, ws[1])
+    if second.error:
+        return second
+    at = _extrapolated(first, second, ws[0], c.world_size)
+    return replace(at, how=f"{first.how}; at {ws[0]} and {ws[1]} ranks, extrapolated as a + b/n")
+
+
+def _largest(c: Config, lo: Config, ws: tuple[int, ...], got: dict, lo_at: Tracked) -> Tracked:
+    """The largest micro-batch at ``c``'s world: tracked at the smaller proxy, moved by the
+    smallest micro-batch's change from there to the world (see the module's docstring)."""
+    if len(ws) == 1:
+        return _at_world(c, ws, got)
+    here = _got(got, c, ws[0])
+    if here.error or lo_at.error:
+        return here if here.error else lo_at
+    moved = here.plus(lo_at.minus(_got(got, lo, ws[0])), 1.0)
+    how = f"{here.how}; at {ws[0]} ranks, moved to {c.world_size} as micro-batch {lo.micro_batch}"
+    return replace(moved, how=how)
+
+
+def schedule(configs: list[Config]) -> tuple[list[Job], Callable[[dict[tuple, Tracked]], dict]]:
+    """The trackings ``configs`` need, and the function from their results (by ``Job.key``)
+    to each memory key's figures."""
+    by_layout: dict[tuple, dict[int, Config]] = {}
+    for c in map(tracked_as, configs):
+        key = memory_key(c)
+        by_layout.setdefault(key[:3] + key[4:], {}).setdefault(c.micro_batch, c)
+    jobs: dict[tuple, Job] = {}
+    for group in by_layout.values():
+        lo, hi = group[min(group)], group[max(group)]
+        ws = worlds(lo)
+        for job in [_job(lo, w) for w in ws] + [_job(hi, ws[0])]:
+            jobs.setdefault(job.key, job)
+
+    def assemble(got: dict[tuple, Tracked]) -> dict[tuple, Tracked]:
+        memo: dict[tuple, Tracked] = {}
+        for group in by_layout.values():
+            lo, hi = group[min(group)], group[max(group)]
+            ws = worlds(lo)
+            memo[memory_key(lo)] = lo_at = _at_world(lo, ws, got)
+            if hi is lo:
+                continue
+            memo[memory_key(hi)] = hi_at = _largest(hi, lo, ws, got, lo_at)
+            for m, c in group.items():
+                if c is not lo and c is not hi:
+                    memo[memory_key(c)] = _between(lo_at, hi_at, lo.micro_batch, hi.micro_batch, m)
+        return memo
+
+    return list(jobs.values()), assemble
+
+
+def _between(a: Tracked, b: Tracked, lo: int, hi: int, m: int) -> Tracked:
+    """A micro-batch between a layout's smallest and largest, from those two: what a rank
+    holds is its state plus activations and temporaries that grow with the micro-batch, and
+    FLOPs grow with it alike (tests/test_plan.py checks one against its tracking)."""
+    if a.error or b.error:
+        return a if a.error else b
+    between = a.plus(b.minus(a), (m - lo) / (hi - lo))
+    return replace(between, how=f"{a.how}; between micro-batches {lo} and {hi}")
+
+
+def figures(c: Config, memo: dict[tuple, Tracked]) -> Tracked:
+    """``c``'s figures from the assembled trackings, saying where FSDP2's stand for FSDP1's."""
+    got = memo[memory_key(tracked_as(c))]
+    if c.impl == "native_fsdp1" and not got.error:
+        return replace(got, how=f"FSDP2's figure (FSDP1 is not trackable); {got.how}")
+    return got
+
+
+def track_config(c: Config, gpus_per_node: int = 8) -> Tracked:
+    """One configuration's figures, tracked as a plan would (tests and benchmarks)."""
+    jobs, assemble = schedule([c])
+    return figures(c, assemble({j.key: run_job(j, gpus_per_node) for j in jobs}))
