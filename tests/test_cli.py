@@ -245,3 +245,18 @@ def test_resume_refuses_a_run_of_another_schema(tmp_path, capsys):
         capsys,
     )
     assert code == 2 and "schema 1 (no points record): parallel-bench 0.1 reads it" in err
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "module",
+    ["bench.runner.cli", "bench.report.__main__", "bench.analysis.__main__", "bench.plan.__main__"],
+)
+def test_every_command_prints_its_help(module, capsys):
+    """argparse formats help strings with %: a bare "95 % interval" in one made --help a
+    traceback."""
+    import importlib
+
+    with pytest.raises(SystemExit) as e:
+        importlib.import_module(module).main(["--help"])
+    assert e.value.code == 0 and "usage:" in capsys.readouterr().out

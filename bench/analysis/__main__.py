@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from bench.analysis import critical_cli
 from bench.analysis.folder import DEFINITIONS, analyse, load_trace_dir
 from bench.analysis.trace import TraceError
 from bench.console import records
@@ -28,7 +29,10 @@ def main(argv: list[str] | None = None) -> int:
         help="the ranks table: every traced step totalled (suite, the default), or exactly "
         "HolisticTraceAnalysis's figures (hta: its last step left out; GPU traces only)",
     )
+    critical_cli.add_arguments(p)
     args = p.parse_args(argv)
+    if args.critical_path or args.what_if or args.step or args.all_steps:
+        return critical_cli.run(args)
 
     try:
         ts = load_trace_dir(args.trace_dir, digest_each=True, definitions=args.definitions)

@@ -6,6 +6,7 @@ memory of a folder's analysis is bounded by its largest file, not by the folder.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,7 +71,11 @@ class TraceSet:
 
 
 def load_trace_dir(
-    folder: str | Path, *, digest_each: bool = False, definitions: str = "suite"
+    folder: str | Path,
+    *,
+    digest_each: bool = False,
+    definitions: str = "suite",
+    reduce: Callable[[Trace], object] | None = None,
 ) -> TraceSet:
     """Every readable trace of a folder, one per rank, with what was wrong with the rest.
 
@@ -79,7 +84,8 @@ def load_trace_dir(
     ranks missing from the world size are named. Raises TraceError only if nothing is usable.
     With ``digest_each`` every trace is reduced to its tables as soon as it is read, so memory
     is bounded by the largest file, not by the folder. ``definitions`` (``DEFINITIONS``) says
-    how the digests' ranks rows are figured.
+    how the digests' ranks rows are figured; ``reduce`` replaces the digest by another
+    reduction (the critical path's lanes, ``critical_graph.rank_graphs``).
     """
     folder = Path(folder)
     if not folder.is_dir():
@@ -94,7 +100,7 @@ def load_trace_dir(
         except TraceError as e:
             problems.append(f"skipped {e}")
             continue
-        traces.append(digest(t, definitions) if digest_each else t)
+        traces.append(reduce(t) if reduce else digest(t, definitions) if digest_each else t)
     traces = _one_run_one_trace_per_rank(traces, problems)
     if not traces:
         raise TraceError(f"{folder}: no readable trace: " + "; ".join(problems))

@@ -145,7 +145,9 @@ def step_timeline(traces: list[Trace], step: int | None = None) -> pd.DataFrame:
     )
     df["start_ms"] = (df["start"] - origin) / 1e3
     df["end_ms"] = (df["end"] - origin) / 1e3
-    return df[TIMELINE_COLUMNS].sort_values(["rank", "lane", "start_ms"]).reset_index(drop=True)
+    out = df[TIMELINE_COLUMNS].sort_values(["rank", "lane", "start_ms"]).reset_index(drop=True)
+    out.attrs["origin_us"] = origin  # where 0 ms is, for bars drawn on it (the critical path)
+    return out
 
 
 def inside(timeline: pd.DataFrame, lane: str, phase: str) -> pd.Series:

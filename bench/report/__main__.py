@@ -29,7 +29,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--fail-on-regression",
         action="store_true",
-        help="exit 1 when a point is slower than in the baseline (the 95 % interval of its "
+        help="exit 1 when a point is slower than in the baseline (the 95 %% interval of its "
         "ratio, over every point together, above 1)",
     )
     p.add_argument(

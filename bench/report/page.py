@@ -25,6 +25,7 @@ from bench.report.answers import (
 )
 from bench.report.collective_figures import busbw_figure
 from bench.report.compare import TIED, compare
+from bench.report.critical_section import with_path_shares
 from bench.report.definitions_section import definitions_sections
 from bench.report.mfu import mfu_note
 from bench.report.model_section import model_sections
@@ -38,6 +39,8 @@ from bench.runfolder.placement import cost_rows
 from bench.runfolder.verdicts import read_verdicts
 
 TRAINING_TABLE = columns.report_columns(columns.TRAINING)
+# the critical path's communication share, from the traces (bench/report/critical_section.py)
+TRAINING_TABLE.insert(TRAINING_TABLE.index("exposed_comm_ms") + 1, "path_comm_pct")
 COLLECTIVE_TABLE = columns.report_columns(columns.COLLECTIVE)
 COMPARE_TABLE = [
     "point",
@@ -88,7 +91,7 @@ def _training_sections(run: Run, timelines: str) -> list[str]:
     meta, points = run.meta, run.points
     sweep = meta.get("sweep", "?")
     df, found = training_claims(run)
-    df = scaling_efficiency(df)
+    df = with_path_shares(run, scaling_efficiency(df))
     scaling = df["efficiency_pct"].notna().any()
     if "window_ms" in df:
         df["compute_share_pct"] = 100 * df["compute_ms"] / df["window_ms"]
@@ -133,7 +136,8 @@ def _training_sections(run: Run, timelines: str) -> list[str]:
             df,
             TRAINING_TABLE,
             "Every point (the best per model and implementation shaded, values tied with it "
-            "lighter; typical_ms: geometric mean of the rounds' medians, with its 95 % interval"
+            "lighter; typical_ms: geometric mean of the rounds' medians, with its 95 % interval; "
+            "path_comm_pct: communication on the critical path, % of it"
             f"{mfu_note(ok)}; computation under {figs.COMPUTE_SHARE_TARGET:.0f} % of the step "
             f"or GPU utilisation under {figs.GPU_UTIL_TARGET:.0f} % in red)",
             row_class=lambda i, r: "best" if i in best else "tied" if i in tied else "",

@@ -21,6 +21,7 @@ STYLE = {  # lane -> (face colour, hatch)
     "comm": ("#55a868", ""),
 }
 PHASE = {"forward": "#e8e8f4", "backward": "#f4e8e8", "optimizer": "#e8f4e8"}
+PATH_COLOUR = "#c0392b"  # the critical path, a thin line over the rank's compute lane
 LABEL_MIN_SHARE = 0.04  # a bar narrower than this share of the axis goes unlabelled
 
 
@@ -107,6 +108,13 @@ def _panel(ax, tl: pd.DataFrame, title: str, span: float) -> None:
                 linewidth=0,
             )
         _comm_lane(ax, g, base, span)
+        on_path = g[g["lane"] == "path"]
+        ax.broken_barh(
+            list(zip(on_path["start_ms"], on_path["end_ms"] - on_path["start_ms"], strict=True)),
+            (base + 1.95, 0.1),
+            facecolor=PATH_COLOUR,
+            edgecolor="none",
+        )
         ticks += [base + 1.5, base + 0.45]
         names += [f"rank {rank} compute", f"rank {rank} comm"]
     ax.set_yticks(ticks, names, fontsize=8)
@@ -136,10 +144,12 @@ def timeline_figure(panels: list[tuple[str, pd.DataFrame]], alt: str) -> str:
         for k in ("compute", "wait", "idle", "comm")
     ]
     legend += [Patch(facecolor=c, edgecolor="#888888", label=p) for p, c in PHASE.items()]
+    if any((tl["lane"] == "path").any() for _, tl in panels):
+        legend.append(Patch(facecolor=PATH_COLOUR, label="critical path"))
     fig.legend(
         handles=legend,
         loc="upper center",
-        ncol=7,
+        ncol=8,
         fontsize=8,
         frameon=False,
         bbox_to_anchor=(0.5, 1.0 + 0.25 / (sum(heights) + 0.6)),

@@ -18,6 +18,7 @@ from bench.analysis.reader import TraceError
 from bench.analysis.timeline import TimelineError, step_timeline
 from bench.analysis.trace_diff import DIFF_COLUMNS, trace_diff
 from bench.report.claims import fmt_value
+from bench.report.critical_section import with_path
 from bench.report.style import CSS, LOAD_CHECK
 from bench.report.tables import html_table
 from bench.report.timeline_figure import timeline_figure
@@ -29,7 +30,8 @@ TIMELINES = ("best", "all", "none")  # --timelines: best and default per group, 
 CAPTION = (
     "One profiled step per rank, every panel on one time scale: computation (waiting for "
     "communication hatched, idle dotted) and each collective call with its bytes, under the "
-    "step's phases"
+    "step's phases; the red line over a rank's lanes is the step's critical path where it runs "
+    "on that rank (docs/analysis.md)"
 )
 
 
@@ -49,9 +51,11 @@ def point_traces(run: Run, point: str) -> list:
 
 
 def point_timeline(run: Run, point: str, traces: list | None = None) -> pd.DataFrame:
-    """The point's step timeline (from ``traces`` where the caller has read them already)."""
+    """The point's step timeline (from ``traces`` where the caller has read them already), its
+    critical path among its bars (lane ``path``)."""
+    traces = traces if traces is not None else point_traces(run, point)
     try:
-        return step_timeline(traces if traces is not None else point_traces(run, point))
+        return with_path(step_timeline(traces), traces)
     except TimelineError as e:
         raise RunFolderError(f"point {point}: {e}") from None
 
@@ -118,6 +122,11 @@ def timeline_sections(run: Run, ok: pd.DataFrame, found: pd.DataFrame, which: st
                 notes.append(f"point {point}: no timeline ({type(e).__name__}: {e})")
         if drawn:
             parts.append(timeline_figure(drawn, f"{title}. {CAPTION}."))
+        parts += [
+            f"<p>{html.escape(label)}. {html.escape(tl.attrs['critical_path'])}</p>"
+            for label, tl in drawn
+            if "critical_path" in tl.attrs
+        ]
         parts += [f"<p class='note'>{html.escape(n)}</p>" for n in notes]
     return parts if len(parts) > 1 else []
 

@@ -9,7 +9,7 @@ traceinsight is installed (``pip install -e '.[hta]'``), HTA's ``TraceAnalysis``
 ``get_temporal_breakdown`` and ``get_comm_comp_overlap``; it prints the median of each, their
 ratio, and whether the figures agree. ``--big-gb`` also writes a folder of synthetic
 Kineto-layout traces of that size and reports the time and peak memory (VmHWM) of our full
-analysis of it.
+analysis of it, and of the critical path of its every step (``--critical-path``) beside it.
 """
 
 from __future__ import annotations
@@ -138,7 +138,25 @@ def main(argv: list[str] | None = None) -> int:
                 f"{elapsed:.1f} s, peak memory +{(peak_rss_bytes() - before) / 1e6:.0f} MB "
                 f"({len(tables['steps'])} step rows)"
             )
+            critical_path_speed(folder, elapsed)
     return 0
+
+
+def critical_path_speed(folder: Path, analysis_s: float) -> None:
+    """The critical path of every step of the same folder, against the analysis just timed."""
+    from bench.analysis.critical_path import folder_paths
+
+    gc.collect()
+    reset_peak_rss()
+    before = peak_rss_bytes()
+    t0 = time.perf_counter()
+    paths, _ = folder_paths(folder)
+    elapsed = time.perf_counter() - t0
+    print(
+        f"critical path of its {len(paths)} steps: {elapsed:.1f} s "
+        f"({elapsed / analysis_s:.2f}x the analysis), peak memory "
+        f"+{(peak_rss_bytes() - before) / 1e6:.0f} MB"
+    )
 
 
 if __name__ == "__main__":
