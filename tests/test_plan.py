@@ -375,25 +375,33 @@ def test_verify_runs_the_best_here_and_sets_measured_beside_predicted(capsys, tm
 def test_a_micro_batch_between_two_is_interpolated_as_its_tracking_gives():
     configs = [
         c
-        for c in enumerate_space("llama:tiny", world_size=2, gpus_per_node=2, global_batch=8)
+        for c in enumerate_space("llama:tiny", world_size=2, gpus_per_node=2, global_batch=16)
         if c.label == "ddp bucket 25 MB"
         and c.knobs["precision"] == "fp32"
         and c.knobs["activation_checkpointing"] == "on"
     ]
-    assert sorted(c.micro_batch for c in configs) == [1, 2, 4]
+    assert sorted(c.micro_batch for c in configs) == [1, 2, 4, 8]
     target = planner.Target(
         device=DEVICES["h100"],
         topology=Topology.of_links("nvlink4", 8, 1.0),
         peak_tflops=lambda p: 67.0,
         peak_source=lambda p: "test",
         allowance_gib=0.0,
-        global_batch=8,
+        global_batch=16,
         rates={"fp32": Rate(20.0, 0.0, "test rate")},
     )
+    jobs, _ = scaling.schedule(configs)
+    # accumulating (1 x 8, 2 x 4, 4 x 2) and not (8 x 1) are tracked apart, each micro-batch
+    # of the former with two per step: its smallest and largest
+    assert sorted((j.config.micro_batch, j.config.knobs["grad_accum"]) for j in jobs) == [
+        (1, 2), (4, 2), (8, 1),
+    ]  # fmt: skip
     rows = planner.plan_rows(configs, target, gpus_per_node=8).set_index("micro_batch")
     assert "between micro-batches 1 and 4" in rows.loc[2, "memory_how"]
     tracked = scaling.track_config(next(c for c in configs if c.micro_batch == 2), 8)
     torch.testing.assert_close(
         rows.loc[2, "peak_mem_gib"] * 1024, tracked.peak_mib, rtol=0.03, atol=0
     )
-    torch.testing.assert_close(rows.loc[2, "flops_per_rank"], tracked.flops * 2, rtol=1e-6, atol=0)
+    torch.testing.assert_close(rows.loc[2, "flops_per_rank"], tracked.flops * 4, rtol=1e-6, atol=0)
+    # a micro-batch's FLOPs, whatever the number tracked per step
+    torch.testing.assert_close(rows.loc[8, "flops_per_rank"], rows.loc[2, "flops_per_rank"] * 1.0)

@@ -36,6 +36,7 @@ IDLE = "idle"
 DATA = "data loading"
 MEMORY = "memory copies"
 CATEGORIES = (COMPUTE, COMM, WAIT, OVERHEAD, IDLE, DATA, MEMORY)
+LAUNCH = "launch"  # a launch edge's mark: a kernel's delay after it is launch overhead
 
 DATA_LOADING = re.compile(r"^enumerate\(DataLoader\)")
 HOST_SYNC = re.compile(r"^cuda(Stream|Device|Event)Synchronize$")
@@ -220,7 +221,7 @@ def _host_lanes(rank, ev, host, gloo, device, gpu, window, lanes, edges, spans) 
         for corr, t in zip(launches["correlation"], launches["ts"], strict=True):
             to = spans.get(("corr", int(corr)))
             if to is not None:
-                edges.append((lane_id, float(t), to[0], to[1], 0.0, "", "", ""))
+                edges.append((lane_id, float(t), to[0], to[1], 0.0, LAUNCH, "", ""))
         for t, idx in zip(issue, gloo.index if len(issue) else [], strict=True):
             to = spans[("ev", idx)]
             edges.append((lane_id, float(t), to[0], to[1], 0.0, "", "", ""))

@@ -31,6 +31,7 @@ from bench.analysis.critical_graph import (
     COMPUTE,
     DATA,
     IDLE,
+    LAUNCH,
     OVERHEAD,
     Graph,
     GraphError,
@@ -64,7 +65,8 @@ def critical_path(g: Graph) -> pd.DataFrame:
         ready = g.time[g.src[edges]] + g.weight[edges]
         e = edges[int(np.argmax(ready))]
         if slack[node] > 0:
-            rows.append((g.node_rank[node], t - slack[node], t, g.slack_category[node], "", ""))
+            why = OVERHEAD if g.category[e] == LAUNCH else g.slack_category[node]
+            rows.append((g.node_rank[node], t - slack[node], t, why, "", ""))
         if g.weight[e] > 0:
             s = g.time[g.src[e]]
             rows.append((g.edge_rank[e], s, s + g.weight[e], g.category[e], g.label[e], g.op[e]))

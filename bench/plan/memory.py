@@ -203,10 +203,19 @@ def _track(point: PointRecord, gpus_per_node: int, blocks: int | None) -> Tracke
             trainer = build_trainer(point, env, dist.group.WORLD, batches=iter(()), blocks=blocks)
             _resolve_ddp_hooks(trainer.wrapped)
         _optimiser_state(trainer)
+        if len(inputs) > 1:
+            # Accumulating: the micro-batches before the last leave their gradients live for
+            # it; the tracker follows one call of each module, so they run before it.
+            for x, y in inputs[:-1]:
+                trainer.micro_step(x, y, last=False)
         tracker.track_external(trainer.wrapped, trainer.opt)
         tracker.reset_mod_stats()
         with tracker:  # entering again starts the peak from what is live
-            trainer.step(inputs)
+            if len(inputs) > 1:
+                trainer.micro_step(*inputs[-1], last=True)
+                trainer.finish_step()
+            else:
+                trainer.step(inputs)
         peak = tracker.get_tracker_snapshot("peak")
     cpu = next(iter(peak.values())) if peak else {}
     parts = {CATEGORIES[str(k.value)]: v / MiB for k, v in cpu.items() if k != "Total"}

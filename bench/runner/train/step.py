@@ -83,19 +83,28 @@ class Trainer:
         self.opt.zero_grad(set_to_none=True)
         total = None
         for micro, (x, y) in enumerate(micro_batches):
-            last = micro == self.accum - 1
-            with contextlib.nullcontext() if last else self._skip_sync():
-                with self._autocast():
-                    out = self._workload.forward(self.wrapped, x)
-                    loss = self._workload.compute_loss(out, y) / self.accum
-                self._backward(loss)
+            loss = self.micro_step(x, y, last=micro == self.accum - 1)
             # kept on the device: reading it (.cpu(), float) would synchronise mid-step; the
             # harness reads the last step's loss once, after timing
-            total = loss.detach() if total is None else total + loss.detach()
+            total = loss if total is None else total + loss
+        self.finish_step()
+        self.last_loss = total
+
+    def micro_step(self, x, y, *, last: bool) -> torch.Tensor:
+        """One micro-batch's forward and backward, its gradients synchronised on the ``last``
+        only; its share of the loss, detached."""
+        with contextlib.nullcontext() if last else self._skip_sync():
+            with self._autocast():
+                out = self._workload.forward(self.wrapped, x)
+                loss = self._workload.compute_loss(out, y) / self.accum
+            self._backward(loss)
+        return loss.detach()
+
+    def finish_step(self) -> None:
+        """The optimiser's step over the micro-batches' gradients (clipped where asked)."""
         if self.clip is not None:
             clip_grad_norm(self.wrapped, self.clip)
         self.opt.step()
-        self.last_loss = total
 
 
 def _on(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
