@@ -87,9 +87,11 @@ def path_summary(g: Graph, path: pd.DataFrame) -> dict:
     length = float(g.time[g.end] - g.time[g.start])
     by_cat = path.groupby("category")["dur_us"].sum()
     by_rank = path[path["rank"] >= 0].groupby("rank")["dur_us"].sum()
-    # the rank whose own work sets the step: a collective's transfer is every member's
-    own = path[(path["rank"] >= 0) & (path["category"] != COMM)].groupby("rank")["dur_us"].sum()
-    work = path[path["label"] != ""]
+    # the rank whose own work sets the step: a collective's transfer is every member's, and
+    # idle time nobody's
+    mine = (path["rank"] >= 0) & ~path["category"].isin([COMM, IDLE])
+    own = path[mine].groupby("rank")["dur_us"].sum()
+    work = path[(path["label"] != "") & (path["category"] != IDLE)]
     top = work.groupby("label")["dur_us"].sum().sort_values(ascending=False).head(10)
     return {
         "step": g.step,
