@@ -297,14 +297,21 @@ def test_the_suites_ddp_and_fsdp_steps_have_their_known_paths(pool, tmp_path):
         assert len(comm) and len(backward), path.to_string()
         assert comm["start_us"].min() >= backward["end_us"].max() - 1.0
         assert set(comm["op"]) == {"all_reduce"}
-    # FSDP: the step gathers the first unit's parameters before the model's first op (FSDP's
-    # own pre-forward hooks, which issue the gather, come before it)
+    # FSDP: the first unit's unshard (its pre-forward hook, which issues the all-gather and
+    # waits for it) is on the path before the model's first op in every step, and the gather
+    # itself in some: on a loaded CPU the hook's own copies can outlast the gather (one CI run)
+    gathered = 0
     for sp in cp.folder_paths(tmp_path / "fsdp")[0]:
         path = sp.path
-        gathers = path[path["op"] == "all_gather"]
         forward = path[(path["category"] == COMPUTE) & path["label"].str.startswith("aten::")]
-        assert len(gathers), path.to_string()
-        assert gathers["start_us"].min() < forward["start_us"].min(), path.to_string()
+        first = forward["start_us"].min()
+        unshard = path[
+            path["label"].str.startswith("FSDP::pre_forward") & (path["end_us"] <= first)
+        ]
+        assert len(unshard), path.to_string()
+        gathers = path[(path["op"] == "all_gather") & (path["start_us"] < first)]
+        gathered += len(gathers) > 0
+    assert gathered >= 1
 
 
 # HolisticTraceAnalysis's critical path on its sample traces (tests/data/hta/CRITICAL_PATH.md):
