@@ -12,7 +12,7 @@ import pytest
 
 from bench.analysis import __main__ as analysis_cli
 from bench.analysis import critical_path as cp
-from bench.analysis.critical_graph import COMM, COMPUTE, GraphError
+from bench.analysis.critical_lanes import COMM, COMPUTE, GraphError
 from bench.analysis.sequence import job_sequence
 from tests.kineto_writer import write_trace
 

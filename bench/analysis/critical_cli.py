@@ -8,7 +8,7 @@ import argparse
 import json
 import sys
 
-from bench.analysis.critical_graph import CATEGORIES, GraphError
+from bench.analysis.critical_lanes import CATEGORIES, GraphError
 from bench.analysis.critical_path import (
     LAST_STEPS,
     best_changes,

@@ -31,39 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bench.analysis.critical_lanes import (
-    CATEGORIES,
-    COMM,
-    COMPUTE,
-    DATA,
-    IDLE,
-    LAUNCH,
-    MEMORY,
-    OVERHEAD,
-    WAIT,
-    GraphError,
-    Lane,
-    RankGraphs,
-    RankSteps,
-    rank_graphs,
-)
-
-__all__ = [
-    "CATEGORIES",
-    "COMM",
-    "COMPUTE",
-    "DATA",
-    "IDLE",
-    "LAUNCH",
-    "MEMORY",
-    "OVERHEAD",
-    "WAIT",
-    "Graph",
-    "GraphError",
-    "RankGraphs",
-    "rank_graphs",
-    "step_graph",
-]
+from bench.analysis.critical_lanes import COMM, IDLE, OVERHEAD, GraphError, Lane, RankSteps
 
 
 @dataclass

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from bench.analysis.critical_graph import (
+from bench.analysis.critical_graph import Graph, step_graph
+from bench.analysis.critical_lanes import (
     CATEGORIES,
     COMM,
     COMPUTE,
@@ -33,10 +34,8 @@ from bench.analysis.critical_graph import (
     IDLE,
     LAUNCH,
     OVERHEAD,
-    Graph,
     GraphError,
     rank_graphs,
-    step_graph,
 )
 from bench.analysis.folder import load_trace_dir
 
