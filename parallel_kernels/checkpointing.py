@@ -21,6 +21,25 @@ from parallel_kernels.workload import modules_of_types, workload_of
 def checkpoint_blocks(model: nn.Module) -> nn.Module:
     """Recompute each block of the workload's ``checkpoint_units`` (default: its FSDP units)
     in backward; a model with neither is refused, naming the missing fact."""
+    return set_checkpointing(model, True)
+
+
+def set_checkpointing(model: nn.Module, on: bool) -> nn.Module:
+    """Each block's forward checkpointed (``on``) or as it was before again: the
+    planner steps one wrapped model both ways (bench/plan/memory.py); the wrappers hook the
+    blocks themselves, which either way stay the same modules."""
+    for block in _blocks(model):
+        if on and not getattr(block, "activation_checkpointed", False):
+            block.plain_forward = block.forward
+            block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
+            block.activation_checkpointed = True  # for wrappers that cannot work with it
+        elif not on and getattr(block, "activation_checkpointed", False):
+            block.forward = block.plain_forward
+            block.activation_checkpointed = False
+    return model
+
+
+def _blocks(model: nn.Module) -> list[nn.Module]:
     wl = workload_of(model)
     if wl is not None and wl.block_types:
         blocks = modules_of_types(model, wl.block_types)
@@ -32,7 +51,4 @@ def checkpoint_blocks(model: nn.Module) -> nn.Module:
             f"activation checkpointing works per block; {name} has none (a workload names its "
             f"blocks in checkpoint_units or fsdp_units)"
         )
-    for block in blocks:
-        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
-        block.activation_checkpointed = True  # for wrappers that cannot work with it
-    return model
+    return list(blocks)

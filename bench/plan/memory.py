@@ -19,6 +19,7 @@ process group (the bucket is reduced in place, so the bucket itself is the resul
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import math
 import warnings
@@ -29,7 +30,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.parallel.distributed as ddp_module
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.distributed._tools.mem_tracker import MemTracker
+from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker
 from torch.testing._internal.distributed.fake_pg import FakeStore
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -37,7 +38,7 @@ from bench.runfolder.points import PointRecord
 from bench.runner.session.distenv import DistEnv
 from bench.runner.train.data import Batches
 from bench.runner.train.step import build_trainer
-from parallel_kernels.checkpointing import checkpoint_blocks
+from parallel_kernels.checkpointing import checkpoint_blocks, set_checkpointing
 from parallel_kernels.groups import forget_groups
 from parallel_kernels.models import build_model, workload
 from parallel_kernels.workload import block_list, keep_blocks, stamp
@@ -83,8 +84,29 @@ class Tracked:
         return self.plus(other, -1.0)
 
 
+class PeakTracker(MemTracker):
+    """Torch's ``MemTracker`` keeping the process's peak and not each module's: after every op
+    it walks every module it has seen to raise their own peaks, which the planner does not
+    read (a third of a tracking's time here: llama:1b's DDP build 0.95 s against 0.65 s, its
+    FSDP2 FULL_SHARD at 16 ranks 1.3 s against 0.86 s, the same peaks to the byte)."""
+
+    def _update_peak_stats(self, peak_state) -> None:
+        if not hasattr(self, "_peak_mem_snap"):  # a torch whose tracker is not as read here
+            return super()._update_peak_stats(peak_state)
+        del peak_state
+        for dev, snap in self._curr_mem_snap.items():
+            if self._peak_mem.get(dev, 0) < snap[_TOTAL_KEY]:
+                self._peak_mem[dev] = snap[_TOTAL_KEY]
+                self._peak_mem_snap[dev] = dict(snap)  # category -> bytes: ints to copy
+
+
 def failed(error: str) -> Tracked:
     return Tracked(math.nan, {}, math.nan, error)
+
+
+def _failure(e: Exception) -> Tracked:
+    line = " ".join(str(e).split()) or type(e).__name__
+    return failed(f"{type(e).__name__}: {line[:300]}")
 
 
 @contextlib.contextmanager
@@ -156,6 +178,7 @@ def _inputs(point: PointRecord) -> list:
     return [next(batches) for _ in range(accum)]
 
 
+@functools.cache
 def _blocks_of(model: str) -> int:
     """How many repeated blocks the model has (0: none to shorten), from its meta twin."""
     with torch.device("meta"):
@@ -164,64 +187,154 @@ def _blocks_of(model: str) -> int:
     return 0 if blocks is None else len(blocks)
 
 
-def track(point: PointRecord, *, gpus_per_node: int = 8) -> Tracked:
-    """The point's step at its world size, tracked under fake tensors. A model of more than two
+def _meta_plain(model: str, blocks: int | None) -> torch.nn.Module | None:
+    """The plain model (its first ``blocks`` blocks where given) on the meta device, built
+    outside the fake mode and the tracker: building under fake tensors runs every initialiser
+    of all the blocks through both (llama:1b: 0.6 s a build against 0.06 s), and the weights'
+    values are no concern of fake tensors. None for a model that keeps a tensor outside its
+    parameters and buffers, which would stay on the meta device."""
+    with torch.device("meta"):
+        twin = build_model(model)
+    if blocks is not None:
+        keep_blocks(twin, blocks)
+    if any(isinstance(v, torch.Tensor) for m in twin.modules() for v in vars(m).values()):
+        return None
+    return twin
+
+
+def _plain(model: str, blocks: int | None, twin: torch.nn.Module | None) -> torch.nn.Module:
+    """Under the fake mode: ``twin`` given storage, or (no twin) the model built there."""
+    if twin is not None:
+        _give_storage(twin)
+        return twin
+    plain = build_model(model)
+    if blocks is not None:
+        keep_blocks(plain, blocks)
+    return plain
+
+
+def _give_storage(model: torch.nn.Module) -> None:
+    """Every meta parameter and buffer of ``model`` replaced by an empty one on the CPU (fake,
+    under the fake mode), tied ones tied still. ``Module.to_empty`` swaps tensors in place,
+    which fails for parameters another object (the memory tracker) refers to."""
+    made: dict[int, torch.Tensor] = {}
+
+    def empty(t: torch.Tensor) -> torch.Tensor:
+        if id(t) not in made:
+            new = torch.empty_like(t, device=CPU)
+            if isinstance(t, torch.nn.Parameter):
+                new = torch.nn.Parameter(new, requires_grad=t.requires_grad)
+            made[id(t)] = new
+        return made[id(t)]
+
+    for m in model.modules():
+        for table in (m._parameters, m._buffers):
+            for name, t in table.items():
+                if t is not None and t.is_meta:
+                    table[name] = empty(t)
+
+
+def track(point: PointRecord, *, gpus_per_node: int = 8, foreach: bool | None = None) -> Tracked:
+    """The point's step at its world size, tracked under fake tensors (``track_phases``)."""
+    return track_phases([point], gpus_per_node=gpus_per_node, foreach=foreach)[0]
+
+
+def track_phases(
+    points: list[PointRecord], *, gpus_per_node: int = 8, foreach: bool | None = None
+) -> list[Tracked]:
+    """Each point's step, tracked in turn on one build: the points differ only in micro-batch,
+    accumulation and activation checkpointing (a layout's phases; checkpointing is switched
+    on the blocks, which the wrappers hook whichever forward they run), so one model, wrapper
+    and optimiser state serve them all, each step starting, as a step does, with no gradient
+    live. A model of more than two
     repeated blocks is tracked with one and with two and extrapolated to all of them (each block
     adds the same parameters, gradients, state, activations and FLOPs; the peak's transient,
-    one block's, is in both); a point whose build or step fails is its error, in one line."""
+    one block's, is in both); a build or step that fails is every point's error, in one line.
+    ``foreach``: AdamW's implementation as the target runs it (torch's default on a GPU is
+    foreach, whose step holds temporaries the size of the state; on a CPU, one tensor at a
+    time), None for this machine's default."""
     with warnings.catch_warnings():
         # torch's warnings on the way to a failure (FSDP1's views under the tracker) say less
         # than the row's error does
         warnings.simplefilter("ignore")
-        return _track_extrapolated(point, gpus_per_node)
+        try:
+            n = _blocks_of(points[0].model)
+            if n <= 2:
+                full = _track(points, gpus_per_node, None, foreach)
+                return [replace(t, how="tracked in full") for t in full]
+            ones = _track(points, gpus_per_node, 1, foreach)
+            twos = _track(points, gpus_per_node, 2, foreach)
+        except Exception as e:  # noqa: BLE001 - any failure is these configurations' rows
+            return [_failure(e)] * len(points)
+    how = f"tracked with 1 and 2 of its {n} blocks, extrapolated"
+    return [replace(a.plus(b.minus(a), n - 1), how=how) for a, b in zip(ones, twos, strict=True)]
 
 
-def _track_extrapolated(point: PointRecord, gpus_per_node: int) -> Tracked:
-    try:
-        n = _blocks_of(point.model)
-        if n <= 2:
-            return replace(_track(point, gpus_per_node, None), how="tracked in full")
-        one = _track(point, gpus_per_node, 1)
-        two = _track(point, gpus_per_node, 2)
-        return replace(
-            one.plus(two.minus(one), n - 1),
-            how=f"tracked with 1 and 2 of its {n} blocks, extrapolated",
-        )
-    except Exception as e:  # noqa: BLE001 - any failure is this configuration's row
-        line = " ".join(str(e).split()) or type(e).__name__
-        return failed(f"{type(e).__name__}: {line[:300]}")
-
-
-def _track(point: PointRecord, gpus_per_node: int, blocks: int | None) -> Tracked:
-    inputs = _inputs(point)
-    env = _plan_env(point.world_size, gpus_per_node)
-    tracker = MemTracker()
-    with fake_world(point.world_size), _fake_ddp(), FakeTensorMode(allow_non_fake_inputs=True):
+def _track(
+    points: list[PointRecord], gpus_per_node: int, blocks: int | None, foreach: bool | None
+) -> list[Tracked]:
+    first = points[0]
+    inputs = [_inputs(p) for p in points]
+    twin = _meta_plain(first.model, blocks)
+    env = _plan_env(first.world_size, gpus_per_node)
+    tracker = PeakTracker()
+    peaks = []
+    with fake_world(first.world_size), _fake_ddp(), FakeTensorMode(allow_non_fake_inputs=True):
         # The build is tracked: what a wrapper allocates as it wraps (DDP's buckets) lives
         # through every step, and the harness counts it too.
         with tracker:
-            trainer = build_trainer(point, env, dist.group.WORLD, batches=iter(()), blocks=blocks)
+            plain = _plain(first.model, blocks, twin)
+            trainer = build_trainer(
+                first, env, dist.group.WORLD, batches=iter(()), plain=plain, foreach=foreach
+            )
             _resolve_ddp_hooks(trainer.wrapped)
         _optimiser_state(trainer)
-        if len(inputs) > 1:
-            # Accumulating: the micro-batches before the last leave their gradients live for
-            # it; the tracker follows one call of each module, so they run before it.
-            for x, y in inputs[:-1]:
-                trainer.micro_step(x, y, last=False)
-        tracker.track_external(trainer.wrapped, trainer.opt)
-        tracker.reset_mod_stats()
-        with tracker:  # entering again starts the peak from what is live
-            if len(inputs) > 1:
-                trainer.micro_step(*inputs[-1], last=True)
-                trainer.finish_step()
-            else:
-                trainer.step(inputs)
-        peak = tracker.get_tracker_snapshot("peak")
+        checkpointed = _checkpointed(first)
+        for point, micro_batches in zip(points, inputs, strict=True):
+            try:
+                if _checkpointed(point) != checkpointed:
+                    checkpointed = _checkpointed(point)
+                    set_checkpointing(plain, checkpointed)
+                phase = dataclasses.replace(trainer, point=point, accum=len(micro_batches))
+                peaks.append(_peak_of_step(tracker, phase, micro_batches))
+            except Exception as e:  # noqa: BLE001 - this phase's row, and the later ones'
+                # a step that failed part-way leaves the build in no state to step again
+                peaks += [_failure(e)] * (len(points) - len(peaks))
+                break
+    out = []
+    for point, peak in zip(points, peaks, strict=True):
+        if peak.error:
+            out.append(peak)
+            continue
+        flops = _flops(point.model, point.batch_per_replica, _checkpointed(point), blocks)
+        out.append(replace(peak, flops=flops * int(point.knobs["grad_accum"])))
+    return out
+
+
+def _checkpointed(point: PointRecord) -> bool:
+    return point.knobs["activation_checkpointing"] == "on"
+
+
+def _peak_of_step(tracker: MemTracker, trainer, micro_batches: list) -> Tracked:
+    """One step of ``trainer`` over ``micro_batches``, tracked from what is live before it."""
+    trainer.opt.zero_grad(set_to_none=True)
+    if len(micro_batches) > 1:
+        # Accumulating: the micro-batches before the last leave their gradients live for it;
+        # the tracker follows one call of each module, so they run before it.
+        for x, y in micro_batches[:-1]:
+            trainer.micro_step(x, y, last=False)
+    tracker.track_external(trainer.wrapped, trainer.opt)
+    tracker.reset_mod_stats()
+    with tracker:  # entering again starts the peak from what is live
+        if len(micro_batches) > 1:
+            trainer.micro_step(*micro_batches[-1], last=True)
+            trainer.finish_step()
+        else:
+            trainer.step(micro_batches)
+    peak = tracker.get_tracker_snapshot("peak")
     cpu = next(iter(peak.values())) if peak else {}
     parts = {CATEGORIES[str(k.value)]: v / MiB for k, v in cpu.items() if k != "Total"}
-    ckpt = point.knobs["activation_checkpointing"] == "on"
-    flops = _flops(point.model, point.batch_per_replica, ckpt, blocks)
-    return Tracked(cpu.get("Total", 0.0) / MiB, parts, flops * int(point.knobs["grad_accum"]))
+    return Tracked(cpu.get("Total", 0.0) / MiB, parts, 0.0)
 
 
 def _optimiser_state(trainer) -> None:
@@ -235,8 +348,19 @@ def _optimiser_state(trainer) -> None:
     trainer.opt.zero_grad(set_to_none=True)
 
 
-@functools.cache
 def _flops(model: str, micro_batch: int, checkpointed: bool, blocks: int | None) -> float:
+    """FLOPs of one micro-batch's forward and backward (recomputation included): a sample's
+    times the micro-batch where the model's FLOPs grow in proportion to it (counted at one
+    sample and at two: every op ``FlopCounterMode`` counts, a matrix product, a convolution,
+    attention, is linear in the batch), else counted at the micro-batch itself."""
+    one = _counted_flops(model, 1, checkpointed, blocks)
+    if micro_batch == 1 or _counted_flops(model, 2, checkpointed, blocks) != 2 * one:
+        return _counted_flops(model, micro_batch, checkpointed, blocks)
+    return one * micro_batch
+
+
+@functools.cache
+def _counted_flops(model: str, micro_batch: int, checkpointed: bool, blocks: int | None) -> float:
     """FLOPs of one micro-batch's forward and backward (recomputation included), counted by
     torch's ``FlopCounterMode`` on the plain model under fake tensors: the same for every
     layout of it (a TP rank's share is the planner's division), so counted once. Counted apart
@@ -245,10 +369,9 @@ def _flops(model: str, micro_batch: int, checkpointed: bool, blocks: int | None)
     wl = workload(model)
     data = wl.dataset(micro_batch, 0)
     x, y = next(iter(Batches(data, batch_size=micro_batch, rank=0, world_size=1, device=CPU)))
+    twin = _meta_plain(model, blocks)
     with FakeTensorMode(allow_non_fake_inputs=True):
-        plain = build_model(model)
-        if blocks is not None:
-            keep_blocks(plain, blocks)
+        plain = _plain(model, blocks, twin)
         if checkpointed:
             checkpoint_blocks(plain)
         with FlopCounterMode(display=False) as counter:

@@ -13,13 +13,14 @@ import multiprocessing
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pandas as pd
 
 from bench.plan.calibrate import Rate
 from bench.plan.devices import Device
 from bench.plan.memory import Tracked
-from bench.plan.scaling import Job, figures, run_job, schedule
+from bench.plan.scaling import Job, builds, figures, run_build, schedule
 from bench.plan.space import Config
 from bench.plan.timing import Topology, predict_step
 
@@ -48,30 +49,52 @@ def plan_rows(
     """One row per configuration, ranked: those that fit by predicted step time first. The
     trackings run in ``workers`` processes (each its own fake world)."""
     jobs, assemble = schedule(configs)
-    track_one = functools.partial(run_job, gpus_per_node=gpus_per_node)
-    got = _map(track_one, jobs, workers, progress)
-    memo = assemble({job.key: t for job, t in zip(jobs, got, strict=True)})
+    # A GPU runs AdamW as foreach (torch's default there), whose step holds temporaries the
+    # size of the state; this machine's CPU runs it one tensor at a time.
+    foreach = True if target.device.gpu_name else None
+    track = functools.partial(run_build, gpus_per_node=gpus_per_node, foreach=foreach)
+    groups = builds(jobs)
+    got = _map(track, groups, workers, progress)
+    memo = assemble(
+        {
+            job.key: t
+            for group, ts in zip(groups, got, strict=True)
+            for job, t in zip(group, ts, strict=True)
+        }
+    )
     rows = [_row(c, figures(c, memo), target) for c in configs]
     return rank(pd.DataFrame(rows))
 
 
-def _map(fn, items: list[Job], workers: int, progress) -> list[Tracked]:
+def _map(fn, items: list[tuple[Job, ...]], workers: int, progress) -> list[list[Tracked]]:
     """``fn`` over ``items`` in order; in a pool of spawned processes where there are enough
     of them to repay a worker's start (importing torch and the models: seconds)."""
     if workers <= 1 or len(items) < 4 * workers:
         out = []
-        for i, job in enumerate(items):
+        for i, build in enumerate(items):
             if progress:
-                progress(i, len(items), job.config)
-            out.append(fn(job))
+                progress(i, len(items), build[0].config)
+            out.append(fn(build))
         return out
-    ctx = multiprocessing.get_context("spawn")  # no forked torch state in the workers
-    with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
-        futures = [pool.submit(fn, job) for job in items]
-        for i, done in enumerate(as_completed(futures)):
+    with ProcessPoolExecutor(workers, mp_context=_start_method()) as pool:
+        # the builds of most steps first, so that no worker is left with a long one at the end
+        order = sorted(range(len(items)), key=lambda i: -len(items[i]))
+        futures = {pool.submit(fn, items[i]): i for i in order}
+        for n, done in enumerate(as_completed(futures)):
             if progress:
-                progress(i, len(items), items[futures.index(done)].config)
-        return [f.result() for f in futures]
+                progress(n, len(items), items[futures[done]][0].config)
+        got = {futures[f]: f.result() for f in futures}
+        return [got[i] for i in range(len(items))]
+
+
+def _start_method():
+    """Workers forked where this process runs one thread (they start with its imports, torch
+    and the models: seconds each if spawned), spawned afresh where it runs more (a fork copies
+    a lock another thread may hold: a worker could hang)."""
+    tasks = Path("/proc/self/task")
+    alone = tasks.is_dir() and len(list(tasks.iterdir())) == 1
+    fork = alone and "fork" in multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("fork" if fork else "spawn")
 
 
 def _row(c: Config, t: Tracked, target: Target) -> dict:

@@ -28,10 +28,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from bench.plan.memory import Tracked, failed, track
+from bench.plan.memory import Tracked, failed, track_phases
 from bench.plan.space import Config
 from parallel_kernels.fsdp_layout import shard_group_size
 
+CANNOT_ACCUMULATE = "the implementation cannot accumulate gradients (no way to skip their sync)"
+# What one build steps each way in turn (bench/plan/memory.py's phases), the bucket size
+# besides: it does not change what a rank holds.
+PHASE_KNOBS = ("bucket_cap_mb", "grad_accum", "activation_checkpointing")
 PROXY_WORLD = 64  # layouts sharded over the world beyond this many ranks use smaller worlds
 PROXY_MIN = 16  # the smaller proxy world's floor (shards of real models split evenly there)
 
@@ -103,14 +107,47 @@ def _got(got: dict[tuple, Tracked], c: Config, world: int) -> Tracked:
     return got[_job(c, world).key]
 
 
-def run_job(job: Job, gpus_per_node: int) -> Tracked:
-    try:
-        job.config.point()  # the configuration itself must resolve, not only its proxy
-        point = job.config.point(world_size=job.world)
-    except ValueError as e:
-        return failed(f"{e}")
-    got = track(point, gpus_per_node=gpus_per_node)
-    return replace(got, flops=got.flops / int(job.config.knobs["grad_accum"]))  # a micro-batch's
+def builds(jobs: list[Job]) -> list[tuple[Job, ...]]:
+    """``jobs`` grouped by what one build serves: the same layout and knobs at the same world,
+    whatever the micro-batch, accumulation and activation checkpointing
+    (``memory.track_phases`` steps each in turn)."""
+    out: dict[tuple, list[Job]] = {}
+    for job in jobs:
+        c = job.config
+        knobs = {k: v for k, v in c.knobs.items() if k not in PHASE_KNOBS}
+        key = (c.strategy, c.impl, tuple(sorted(knobs.items())), job.world)
+        out.setdefault(key, []).append(job)
+    return [tuple(group) for group in out.values()]
+
+
+def run_build(jobs: tuple[Job, ...], gpus_per_node: int, foreach: bool | None = None) -> list:
+    """The trackings of ``jobs`` (one build's, ``builds``), in order; a job whose configuration
+    does not resolve is its error, the others are tracked."""
+    got: list[Tracked | None] = []
+    points = []
+    for job in jobs:
+        try:
+            job.config.point()  # the configuration itself must resolve, not only its proxy
+            point = job.config.point(world_size=job.world)
+        except ValueError as e:
+            got.append(failed(f"{e}"))
+            continue
+        if _accumulates(job.config) and point.impl_facts["skip_sync"] is None:
+            got.append(failed(CANNOT_ACCUMULATE))  # as the harness refuses it, before a build
+            continue
+        points.append(point)
+        got.append(None)
+    tracked = iter(track_phases(points, gpus_per_node=gpus_per_node, foreach=foreach))
+    out = []
+    for job, early in zip(jobs, got, strict=True):
+        t = early or next(tracked)
+        # a micro-batch's FLOPs, whatever the number tracked per step
+        out.append(replace(t, flops=t.flops / int(job.config.knobs["grad_accum"])))
+    return out
+
+
+def run_job(job: Job, gpus_per_node: int, foreach: bool | None = None) -> Tracked:
+    return run_build((job,), gpus_per_node, foreach)[0]
 
 
 def _extrapolated(a: Tracked, b: Tracked, small: int, world: int) -> Tracked:
@@ -196,7 +233,11 @@ def figures(c: Config, memo: dict[tuple, Tracked]) -> Tracked:
     return got
 
 
-def track_config(c: Config, gpus_per_node: int = 8) -> Tracked:
+def track_config(c: Config, gpus_per_node: int = 8, foreach: bool | None = None) -> Tracked:
     """One configuration's figures, tracked as a plan would (tests and benchmarks)."""
     jobs, assemble = schedule([c])
-    return figures(c, assemble({j.key: run_job(j, gpus_per_node) for j in jobs}))
+    got = {}
+    for build in builds(jobs):
+        keys = [j.key for j in build]
+        got.update(zip(keys, run_build(build, gpus_per_node, foreach), strict=True))
+    return figures(c, assemble(got))

@@ -52,7 +52,7 @@ def progress_printer(every_s: float = 10.0):
         now = time.perf_counter()
         if now - last[0] >= every_s:
             last[0] = now
-            print(f"  {i}/{n} trackings ({c.label})", flush=True)
+            print(f"  {i}/{n} builds tracked ({c.label})", flush=True)
 
     return progress
 

@@ -9,6 +9,7 @@ reads records from the run folder and never these tables.
 
 from __future__ import annotations
 
+import copy
 import functools
 import itertools
 import re
@@ -68,10 +69,17 @@ def check_workload(name: str) -> None:
         tp_plan(twin)
 
 
-def _figures(
-    strategy: Strategy, impl, model: str, world: int, batch: int | None, knobs: dict[str, Any]
-) -> dict[str, Any]:
-    """The analytical figures' inputs and values, from the plain model's shapes."""
+def _figures(row: Strategy, impl, model: str, world: int, batch: int | None, knobs: dict) -> dict:
+    """The analytical figures' inputs and values, from the plain model's shapes: one layout's
+    whatever its step's knobs, made once (a plan resolves hundreds) and copied out."""
+    options = tuple((k.param, knobs[k.param]) for k in row.knobs)
+    return copy.deepcopy(_layout_figures(row.name, impl.name, model, world, batch, options))
+
+
+@functools.lru_cache(maxsize=256)
+def _layout_figures(row: str, impl: str, model: str, world: int, batch: int | None, options: tuple):
+    strategy = strategy_row(row)
+    impl = strategy.impl(impl)
     spec, twin = workload(model), _twin(model)
     psi = param_count(twin)
     tokens = (batch or 0) * spec.tokens_per_sample
@@ -86,8 +94,7 @@ def _figures(
         # The data-parallel gradients of a TP point are bucketed as DDP does by default.
         "dp_bucket_cap_mb": by_param("bucket_cap_mb").default,
     }
-    options = {k.param: knobs[k.param] for k in strategy.knobs}
-    plain = dict(model=twin, impl=impl, tokens=tokens)
+    options, plain = dict(options), dict(model=twin, impl=impl, tokens=tokens)
     for name, fn in (
         ("comm_bytes_expected", strategy.expected_comm_bytes),
         ("state_bytes_expected", strategy.expected_state_bytes),

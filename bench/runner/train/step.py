@@ -20,7 +20,6 @@ from parallel_kernels.mesh import data_parallel_coords
 from parallel_kernels.models import build_model, workload
 from parallel_kernels.step import clip_grad_norm, unsynced
 from parallel_kernels.strategies import STRATEGIES
-from parallel_kernels.workload import keep_blocks
 
 # The AdamW learning rate every point trains with (the harness takes it from here).
 LR = 1e-3
@@ -122,20 +121,18 @@ def wrapped_model(
     group: dist.ProcessGroup | None,
     *,
     seed: int = 0,
-    blocks: int | None = None,
+    plain: torch.nn.Module | None = None,
 ) -> torch.nn.Module:
     """The point's plain model built (same seed on every rank), its blocks checkpointed where
-    the point says so, and wrapped by its strategy's implementation. ``blocks``: only the first
-    that many of its repeated blocks (the planner's shortened models)."""
+    the point says so, and wrapped by its strategy's implementation. ``plain``: the plain model
+    built already (the planner's, shortened and under fake tensors)."""
     if point.batch_per_replica is None:
         raise ValueError(
             f"global batch {point.global_batch} does not split over {point.dp_size} replicas"
         )
     strategy = STRATEGIES[point.strategy]
     knobs = point.knobs
-    model = _on(build_model(point.model, seed=seed), env.device)
-    if blocks is not None:
-        keep_blocks(model, blocks)
+    model = _on(plain if plain is not None else build_model(point.model, seed=seed), env.device)
     if knobs["activation_checkpointing"] == "on":
         checkpoint_blocks(model)
     options = {k.param: knobs[k.param] for k in strategy.knobs}
@@ -151,12 +148,14 @@ def build_trainer(
     lr: float = LR,
     clip: float | None = None,
     batches: Batches | None = None,
-    blocks: int | None = None,
+    plain: torch.nn.Module | None = None,
+    foreach: bool | None = None,
 ) -> Trainer:
     """The point's model built, wrapped by its strategy's implementation, and fed its data
-    (``batches``, or this rank's share of the workload's dataset)."""
-    wrapped = wrapped_model(point, env, group, seed=seed, blocks=blocks)
-    opt = torch.optim.AdamW(wrapped.parameters(), lr=lr)
+    (``batches``, or this rank's share of the workload's dataset). ``foreach``: AdamW's, where
+    not torch's default for the device (the planner tracks a GPU's step on the CPU)."""
+    wrapped = wrapped_model(point, env, group, seed=seed, plain=plain)
+    opt = torch.optim.AdamW(wrapped.parameters(), lr=lr, foreach=foreach)
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     dp_rank, dp_size = data_parallel_coords(wrapped, rank, world)
     batch = point.batch_per_replica
