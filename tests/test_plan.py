@@ -9,7 +9,6 @@ import math
 import re
 import shlex
 from dataclasses import replace
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -21,6 +20,7 @@ from bench.plan.calibrate import Rate
 from bench.plan.devices import DEVICES, Device
 from bench.plan.space import Config, enumerate_space, micro_batches
 from bench.plan.timing import Topology
+from bench.report import __main__ as report_cli
 from bench.runner.cli import resolve
 from bench.runner.plan.flags import parse_config
 from bench.runner.plan.points import resolve_point
@@ -384,7 +384,7 @@ def test_verify_runs_the_best_here_and_sets_measured_beside_predicted(capsys, tm
         "--option",
         "activation_checkpointing=off",
         "--verify",
-        "1",
+        "2",
         "--workers",
         "1",
         "--out",
@@ -398,17 +398,27 @@ def test_verify_runs_the_best_here_and_sets_measured_beside_predicted(capsys, tm
     # the best predicted row, and DDP at its defaults where it is not the best
     assert checked["config"].iloc[0] == plan["config"].iloc[0]
     assert "ddp bucket 25 MB" in set(checked["config"])
-    for _, r in checked.iterrows():
+    # one launch, the configurations interleaved in its cycles: one run folder
+    results = pd.read_csv(out / "verify" / "results.csv").set_index("point")
+    assert len(checked) >= 2 and set(checked["point"]) == set(results.index)
+    for i, r in enumerate(checked.to_dict("records"), 1):
         assert r["measured_status"] == "ok", r["measured_error"]
-        results = pd.read_csv(Path(r["run_dir"]) / "results.csv")
-        assert r["measured_step_ms"] == pytest.approx(results["step_ms_median"].iloc[0])
-        assert r["measured_peak_mib"] == pytest.approx(results["peak_mem_mb"].iloc[0])
-        # the run is the row's own command
-        assert results["point"].iloc[0].startswith("llama_tiny-bucket_cap_mb=")
+        got = results.loc[r["point"]]
+        assert got["method"] == "paired"
+        assert r["measured_step_ms"] == pytest.approx(got["step_ms_median"])
+        # the peak from a launch of the row's own (the cohort's others leave the heap higher)
+        alone = pd.read_csv(out / "verify" / "memory" / f"{i:02d}" / "results.csv")
+        assert r["measured_peak_mib"] == pytest.approx(alone["peak_mem_mb"].iloc[-1])
+        # each is the point its row's own command resolves to
+        assert r["point"].split("-", 1)[1].startswith("llama_tiny-bucket_cap_mb=")
         assert abs(r["peak_error_pct"]) < 15, r
     assert "measured best:" in printed
     meta = json.loads((out / "plan.json").read_text())
     assert meta["verify"]["verified"] == len(checked)
+    assert meta["verify"]["method"] == "paired" and meta["verify"]["cycles"] >= 2
+    assert meta["verify"]["measured_best"] in meta["verify"]["measured_tied"]
+    # the verification is a run folder the report reads
+    assert report_cli.main([str(out / "verify"), "--reports-dir", str(tmp_path / "report")]) == 0
 
 
 @pytest.mark.unit

@@ -127,6 +127,7 @@ VERIFY = {
     "predicted_peak_mib": "predicted MiB",
     "measured_peak_mib": "measured MiB",
     "peak_error_pct": "mem error %",
+    "ratio_to_best": "x best",  # its step over the measured best's, paired per cycle
     "measured_status": "status",
 }
 
@@ -148,9 +149,14 @@ def render_verify(df: pd.DataFrame, summary: dict) -> str:
         verdict = (
             "is it, or tied with it" if summary["predicted_best_is_best_or_tied"] else "is not"
         )
+        how = (
+            f"paired over {summary['cycles']} interleaved cycles, 95 %"
+            if summary.get("method") == "paired"
+            else "95 % intervals"
+        )
         lines.append(
             f"measured best: {summary['measured_best']}; the predicted best "
-            f"({summary['predicted_best']}) {verdict}"
+            f"({summary['predicted_best']}) {verdict} ({how})"
         )
     if summary.get("failed"):
         lines.append(f"{summary['failed']} configurations failed to run: see verify.csv")

@@ -1,25 +1,39 @@
 """``--verify K``: the K best configurations a plan for this machine predicts (and DDP at its
-defaults), each run here by ``bench/run.py`` (its row's own command, one launch each, a run
-folder each under ``DIR/verify/``), measured against predicted: step time and peak memory
+defaults), run here in one launch, interleaved: each built once, then timed one step of each
+per cycle in a fresh random order (the sweep's cohorts, ``bench/runner/train/interleave.py``),
+so that what the machine does meanwhile falls on all of them alike. One launch each would
+measure each in its own state of the machine: llama:tiny's FSDP2 NO_SHARD read 45.2 ms in one
+and 74.4 ms in another, minutes apart. Measured against predicted: step time and peak memory
 side by side in ``verify.csv``, Spearman's rank correlation of the steps, and whether the
-measured best is the predicted best or tied with it (their measured 95 % intervals overlap).
+measured best is the predicted best or tied with it (the paired comparison of their cycles,
+``bench.stats.paired``). The launch is a run folder under ``DIR/verify/``.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import shlex
 import subprocess
+import sys
+import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
 from scipy import stats
 
-from bench.plan.launch import describe, run_bench
+from bench.plan.launch import RUN_PY, describe, run_bench
+from bench.runner.cli import RESOLVED_ENV, resolve
+from bench.runner.plan.config import Resolved
+from bench.runner.plan.flags import parse_config
+from bench.stats.paired import DECIDED, look_confidence, versus_best_paired
 
 DEFAULT_DDP = {"config": "ddp bucket 25 MB", "precision": "fp32", "activation_checkpointing": "off"}
-# Each verified point's timing budget: the harness stops earlier once its median is known to 2 %.
+# Each verified configuration's timing budget: its seconds of interleaved cycles.
 BUDGET = ["--max-point-s", "6", "--rounds", "1", "--warmup-steps", "3", "--profile-steps", "1"]
+# Each one's launch of its own for its peak memory: its warm-up and traced steps are enough.
+MEMORY_BUDGET = [*BUDGET[2:], "--max-point-s", "1"]
 
 
 def picks(rows: pd.DataFrame, k: int) -> pd.DataFrame:
@@ -38,54 +52,105 @@ def picks(rows: pd.DataFrame, k: int) -> pd.DataFrame:
     return chosen
 
 
-def _command(row: pd.Series, world: int, out: Path) -> list[str]:
-    """The row's ``bench/run.py`` arguments, launched here on ``world`` ranks, into ``out``."""
+def _args(row: pd.Series) -> list[str]:
+    """The row's ``bench/run.py`` arguments with the verification's budget."""
     args = shlex.split(row["command"])
-    args = args[args.index("bench/run.py") + 1 :]
-    return [
-        *args,
-        "--nproc-per-node",
-        str(world),
-        "--out",
-        str(out),
-        "--no-report",
-        "--interleave",
-        "off",
-        *BUDGET,
-    ]
+    return [*args[args.index("bench/run.py") + 1 :], "--no-report", "--interleave", "on", *BUDGET]
 
 
-def run_one(row: pd.Series, world: int, out: Path, timeout_s: float) -> dict:
-    """The configuration measured: its results row's step and peak, or its error."""
-    try:
-        failure = run_bench(_command(row, world, out), timeout_s)
-    except subprocess.TimeoutExpired:
-        return {"measured_status": "error", "measured_error": f"timed out after {timeout_s:g} s"}
+def _launch(chosen: pd.DataFrame, world: int, out: Path, timeout_s: float) -> str:
+    """The chosen rows' points (each as its command resolves it) handed to one launch of
+    ``world`` ranks here, as ``bench/run.py`` hands its ranks a resolved run: "" when it ran,
+    else why not, in one line."""
+    points = []
+    for i, (_, row) in enumerate(chosen.iterrows(), 1):
+        try:
+            (point,) = resolve(parse_config(_args(row)), world).points
+        except SystemExit:
+            return f"{describe(row)} does not resolve at {world} ranks"
+        points.append(replace(point, id=f"v{i:02d}-{point.id}"))  # unique in the folder
+    # the run's settings resolved as bench/run.py resolves them (its budget, its rounds)
+    config = replace(
+        resolve(parse_config([*_args(chosen.iloc[0]), "--out", str(out)]), world).config, argv=()
+    )
+    with tempfile.TemporaryDirectory(prefix="plan-verify-") as tmp:
+        handed = Path(tmp) / "resolved.json"
+        handed.write_text(Resolved(config=config, points=tuple(points)).to_json())
+        env = {**os.environ, RESOLVED_ENV: str(handed), "OMP_NUM_THREADS": "1"}
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        cmd += [f"--nproc-per-node={world}", str(RUN_PY)]
+        try:
+            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return f"timed out after {timeout_s:g} s"
+    if done.returncode:
+        last = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        return last[0][:300]
+    return ""
+
+
+def _measured(out: Path, n: int, failure: str) -> list[dict]:
+    """Each chosen row's step and peak from the launch's results.csv (in order), or its error."""
     results = out / "results.csv"
     if failure or not results.is_file():
-        return {"measured_status": "error", "measured_error": failure or "no results.csv"}
-    r = pd.read_csv(results, keep_default_na=False).iloc[0]
-    num = lambda c: float(r[c]) if c in r and r[c] != "" else math.nan  # noqa: E731
-    return {
-        "measured_status": r["status"],
-        "measured_error": r.get("error", ""),
-        "measured_step_ms": num("step_ms_median"),
-        "measured_step_ms_ci_low": num("step_ms_ci_low"),
-        "measured_step_ms_ci_high": num("step_ms_ci_high"),
-        "measured_peak_mib": num("peak_mem_mb"),
-        "run_dir": str(out),
-    }
+        return [{"measured_status": "error", "measured_error": failure or "no results.csv"}] * n
+    df = pd.read_csv(results, keep_default_na=False).drop_duplicates("point", keep="last")
+    by = {str(r["point"]).split("-", 1)[0]: r for r in df.to_dict("records")}
+    num = lambda r, c: float(r[c]) if r.get(c, "") != "" else math.nan  # noqa: E731
+    got = []
+    for i in range(1, n + 1):
+        r = by.get(f"v{i:02d}")
+        if r is None:
+            got.append({"measured_status": "error", "measured_error": "not measured"})
+            continue
+        got.append(
+            {
+                "point": r["point"],
+                "measured_status": r["status"],
+                "measured_error": r.get("error", ""),
+                "measured_step_ms": num(r, "step_ms_median"),
+                "measured_step_ms_ci_low": num(r, "step_ms_ci_low"),
+                "measured_step_ms_ci_high": num(r, "step_ms_ci_high"),
+                "measured_peak_mib": num(r, "peak_mem_mb"),
+                "stop": r.get("stop", ""),
+                "run_dir": str(out),
+            }
+        )
+    return got
+
+
+def _peak_alone(row: pd.Series, world: int, out: Path, timeout_s: float) -> float:
+    """The row's peak memory (MiB) from a short launch of its own command: measured in the
+    cohort, a candidate's peak read 1.5 to 7 MiB above its own launch's on llama:tiny (what the
+    others leave on the heap), which is not what the plan predicts. NaN where it fails."""
+    args = shlex.split(row["command"])
+    args = [*args[args.index("bench/run.py") + 1 :], "--nproc-per-node", str(world)]
+    args += ["--out", str(out), "--no-report", "--interleave", "off", *MEMORY_BUDGET]
+    try:
+        if run_bench(args, timeout_s):
+            return math.nan
+        r = pd.read_csv(out / "results.csv", keep_default_na=False).iloc[-1]
+        return float(r["peak_mem_mb"]) if r["peak_mem_mb"] != "" else math.nan
+    except (subprocess.TimeoutExpired, OSError, KeyError, IndexError, ValueError):
+        return math.nan
 
 
 def verify(
     rows: pd.DataFrame, k: int, world: int, out: Path, timeout_s: float = 600.0, progress=print
 ) -> tuple[pd.DataFrame, dict]:
-    """(verify.csv's rows, the summary): each pick run and compared."""
+    """(verify.csv's rows, the summary): the picks timed together, each one's memory alone."""
     chosen = picks(rows, k)
+    progress(f"verify: {len(chosen)} configurations, interleaved in one launch of {world} ranks")
+    folder = out / "verify"
+    measured = _measured(folder, len(chosen), _launch(chosen, world, folder, timeout_s))
+    for i, ((_, row), got) in enumerate(zip(chosen.iterrows(), measured, strict=True), 1):
+        if got["measured_status"] == "ok":
+            progress(f"verify: peak memory of {describe(row)}, alone")
+            mem = folder / "memory" / f"{i:02d}"
+            got = {**got, "measured_peak_mib": _peak_alone(row, world, mem, timeout_s)}
+            measured[i - 1] = got
     table = []
-    for i, (_, row) in enumerate(chosen.iterrows()):
-        progress(f"verify {i + 1}/{len(chosen)}: {describe(row)}")
-        got = run_one(row, world, out / "verify" / f"{i + 1:02d}", timeout_s)
+    for (_, row), got in zip(chosen.iterrows(), measured, strict=True):
         table.append(
             {
                 "rank": row["rank"],
@@ -102,12 +167,27 @@ def verify(
             }
         )
     df = pd.DataFrame(table)
-    return df, summary(df)
+    return df, summary(df, _cycles(folder, df))
 
 
-def summary(df: pd.DataFrame) -> dict:
+def _cycles(folder: Path, df: pd.DataFrame) -> dict[str, list[float]]:
+    """Each measured configuration's step per cycle (its samples in order: sample i of each
+    shares cycle i), by its ``name``; empty where the launch left no samples."""
+    path = folder / "samples.csv"
+    if not path.is_file() or "point" not in df:
+        return {}
+    samples = pd.read_csv(path).sort_values("index")
+    ok = df[df["measured_status"] == "ok"]
+    return {
+        r["name"]: samples.loc[samples["point"] == r["point"], "ms"].tolist()
+        for _, r in ok.iterrows()
+    }
+
+
+def summary(df: pd.DataFrame, cycles: dict[str, list[float]] | None = None) -> dict:
     """Errors of the predictions, Spearman's rho of the steps and whether the measured best
-    is the predicted best or tied with it."""
+    is the predicted best or tied with it: by the paired comparison of their ``cycles`` (name
+    -> step per cycle) where every measured row has them, else by their intervals' overlap."""
     ok = df[df["measured_status"] == "ok"].copy() if "measured_status" in df else df.iloc[:0]
     out: dict = {"verified": len(ok), "failed": len(df) - len(ok)}
     if ok.empty:
@@ -121,13 +201,33 @@ def summary(df: pd.DataFrame) -> dict:
     if len(ok) >= 3:
         rho, p = stats.spearmanr(ok["predicted_step_ms"], ok["measured_step_ms"])
         out["spearman_rho"], out["spearman_p"] = float(rho), float(p)
-    best = ok.loc[ok["measured_step_ms"].idxmin()]
     predicted = ok.loc[ok["predicted_step_ms"].idxmin()]
+    out["predicted_best"] = predicted["name"]
+    names = list(ok["name"])
+    if len(ok) >= 2 and cycles and all(len(cycles.get(n, ())) >= 2 for n in names):
+        v = _paired(ok, {n: cycles[n] for n in names})
+        out["measured_best"], out["method"], out["cycles"] = v.best, "paired", v.cycles
+        out["measured_tied"] = list(v.tied)
+        out["predicted_best_is_best_or_tied"] = predicted["name"] in v.tied
+        for i, r in ok.iterrows():
+            ratio = v.ratios.get(r["name"])
+            if ratio is not None:  # its step over the measured best's, per cycle, 95 %
+                cols = ["ratio_to_best", "ratio_low", "ratio_high"]
+                df.loc[i, cols] = [ratio.ratio, ratio.low, ratio.high]
+        return out
+    best = ok.loc[ok["measured_step_ms"].idxmin()]
     overlap = (
         predicted["measured_step_ms_ci_low"] <= best["measured_step_ms_ci_high"]
         and best["measured_step_ms_ci_low"] <= predicted["measured_step_ms_ci_high"]
     )
-    out["measured_best"] = best["name"]
-    out["predicted_best"] = predicted["name"]
+    out["measured_best"], out["method"] = best["name"], "intervals"
     out["predicted_best_is_best_or_tied"] = bool(best.name == predicted.name or overlap)
     return out
+
+
+def _paired(ok: pd.DataFrame, cycles: dict[str, list[float]]):
+    """The paired verdict over the configurations' cycles, each comparison at the confidence
+    of the look its candidate left the cycles at (decided early) or of the last."""
+    stops = dict(zip(ok["name"], ok.get("stop", pd.Series("", index=ok.index)), strict=True))
+    confidence = {n: look_confidence(len(t), stops.get(n) == DECIDED) for n, t in cycles.items()}
+    return versus_best_paired(cycles, confidence)
