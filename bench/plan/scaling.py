@@ -21,6 +21,10 @@ where the memory cannot differ, and the rest is derived from the fewest tracking
   interpolated (activations and FLOPs grow with the micro-batch). The largest is tracked at
   the smaller proxy world only and takes the smallest's change with the world: the world
   moves the sharded state, the micro-batch the activations, and neither moves the other.
+- The trackings of one layout at one world, whatever their micro-batch, accumulation and
+  checkpointing (``PHASE_KNOBS``), share one build (``builds``): ``memory.track_phases``
+  steps each in turn on it. An accumulating configuration of an implementation that cannot
+  skip gradient synchronisation is its error row, unbuilt.
 """
 
 from __future__ import annotations
@@ -137,7 +141,9 @@ def run_build(jobs: tuple[Job, ...], gpus_per_node: int, foreach: bool | None = 
             continue
         points.append(point)
         got.append(None)
-    tracked = iter(track_phases(points, gpus_per_node=gpus_per_node, foreach=foreach))
+    tracked = iter(
+        track_phases(points, gpus_per_node=gpus_per_node, foreach=foreach) if points else []
+    )
     out = []
     for job, early in zip(jobs, got, strict=True):
         t = early or next(tracked)
