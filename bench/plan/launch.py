@@ -14,7 +14,11 @@ def run_bench(args: list[str], timeout_s: float) -> str:
     """``bench/run.py args`` here: "" when it exits 0, else its output's last line (what a
     one-line error says). A run past ``timeout_s`` raises ``subprocess.TimeoutExpired``."""
     cmd = [sys.executable, str(RUN_PY), *args]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    return outcome(subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s))
+
+
+def outcome(done: subprocess.CompletedProcess) -> str:
+    """ "" for a run that exited 0, else its output's last line (what a one-line error says)."""
     if not done.returncode:
         return ""
     last = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]

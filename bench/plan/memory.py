@@ -194,9 +194,7 @@ def _meta_plain(model: str, blocks: int | None) -> torch.nn.Module | None:
     values are no concern of fake tensors. None for a model that keeps a tensor outside its
     parameters and buffers, which would stay on the meta device."""
     with torch.device("meta"):
-        twin = build_model(model)
-    if blocks is not None:
-        keep_blocks(twin, blocks)
+        twin = _shortened(model, blocks)
     if any(isinstance(v, torch.Tensor) for m in twin.modules() for v in vars(m).values()):
         return None
     return twin
@@ -207,6 +205,11 @@ def _plain(model: str, blocks: int | None, twin: torch.nn.Module | None) -> torc
     if twin is not None:
         _give_storage(twin)
         return twin
+    return _shortened(model, blocks)
+
+
+def _shortened(model: str, blocks: int | None) -> torch.nn.Module:
+    """The plain model built, its first ``blocks`` blocks kept where given."""
     plain = build_model(model)
     if blocks is not None:
         keep_blocks(plain, blocks)

@@ -67,8 +67,8 @@ def plan_rows(
 
 
 def _map(fn, items: list[tuple[Job, ...]], workers: int, progress) -> list[list[Tracked]]:
-    """``fn`` over ``items`` in order; in a pool of spawned processes where there are enough
-    of them to repay a worker's start (importing torch and the models: seconds)."""
+    """``fn`` over ``items`` in order; in a pool of processes (``_start_method``) where there
+    are enough of them to repay a worker's start."""
     if workers <= 1 or len(items) < 4 * workers:
         out = []
         for i, build in enumerate(items):

@@ -23,7 +23,7 @@ from pathlib import Path
 import pandas as pd
 from scipy import stats
 
-from bench.plan.launch import RUN_PY, describe, run_bench
+from bench.plan.launch import RUN_PY, describe, outcome, run_bench
 from bench.runner.cli import RESOLVED_ENV, resolve
 from bench.runner.plan.config import Resolved
 from bench.runner.plan.flags import parse_config
@@ -52,27 +52,27 @@ def picks(rows: pd.DataFrame, k: int) -> pd.DataFrame:
     return chosen
 
 
-def _args(row: pd.Series) -> list[str]:
-    """The row's ``bench/run.py`` arguments with the verification's budget."""
+def _run_args(row: pd.Series) -> list[str]:
+    """The row's ``bench/run.py`` arguments, as its command gives them."""
     args = shlex.split(row["command"])
-    return [*args[args.index("bench/run.py") + 1 :], "--no-report", "--interleave", "on", *BUDGET]
+    return args[args.index("bench/run.py") + 1 :]
 
 
 def _launch(chosen: pd.DataFrame, world: int, out: Path, timeout_s: float) -> str:
     """The chosen rows' points (each as its command resolves it) handed to one launch of
     ``world`` ranks here, as ``bench/run.py`` hands its ranks a resolved run: "" when it ran,
     else why not, in one line."""
-    points = []
+    points, runs = [], []
     for i, (_, row) in enumerate(chosen.iterrows(), 1):
+        args = [*_run_args(row), "--out", str(out), "--no-report", "--interleave", "on", *BUDGET]
         try:
-            (point,) = resolve(parse_config(_args(row)), world).points
+            runs.append(resolve(parse_config(args), world))
         except SystemExit:
             return f"{describe(row)} does not resolve at {world} ranks"
+        (point,) = runs[-1].points
         points.append(replace(point, id=f"v{i:02d}-{point.id}"))  # unique in the folder
-    # the run's settings resolved as bench/run.py resolves them (its budget, its rounds)
-    config = replace(
-        resolve(parse_config([*_args(chosen.iloc[0]), "--out", str(out)]), world).config, argv=()
-    )
+    # the run's settings as bench/run.py resolves them (its budget, its rounds): the first's
+    config = replace(runs[0].config, argv=())
     with tempfile.TemporaryDirectory(prefix="plan-verify-") as tmp:
         handed = Path(tmp) / "resolved.json"
         handed.write_text(Resolved(config=config, points=tuple(points)).to_json())
@@ -83,10 +83,7 @@ def _launch(chosen: pd.DataFrame, world: int, out: Path, timeout_s: float) -> st
             done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired:
             return f"timed out after {timeout_s:g} s"
-    if done.returncode:
-        last = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
-        return last[0][:300]
-    return ""
+    return outcome(done)
 
 
 def _measured(out: Path, n: int, failure: str) -> list[dict]:
@@ -123,9 +120,8 @@ def _peak_alone(row: pd.Series, world: int, out: Path, timeout_s: float) -> floa
     """The row's peak memory (MiB) from a short launch of its own command: measured in the
     cohort, a candidate's peak read 1.5 to 7 MiB above its own launch's on llama:tiny (what the
     others leave on the heap), which is not what the plan predicts. NaN where it fails."""
-    args = shlex.split(row["command"])
-    args = [*args[args.index("bench/run.py") + 1 :], "--nproc-per-node", str(world)]
-    args += ["--out", str(out), "--no-report", "--interleave", "off", *MEMORY_BUDGET]
+    args = [*_run_args(row), "--nproc-per-node", str(world), "--out", str(out)]
+    args += ["--no-report", "--interleave", "off", *MEMORY_BUDGET]
     try:
         if run_bench(args, timeout_s):
             return math.nan
