@@ -53,11 +53,12 @@ ROOT_ONLY_INPUT = ("scatter",)
 # op names (``allgather_into_tensor_coalesced``, a flight record's ``profiling_name``), and NCCL's
 # kernels (``ncclDevKernel_AllReduce_Sum_f32_RING_LL``, ``ncclKernel_SendRecv_...``). A spelling
 # is lower-cased, stripped of any prefix up to a colon (``gloo:``, ``c10d::``), of all but
-# letters and of the words for variants that move the same data (base, coalesced, into tensor),
+# letters and of the words for variants that move the same data (base, coalesced, into tensor,
+# single: torch.distributed's ``all_gather_single``, FSDP2's call),
 # then looked up here.
 _NCCL_KERNEL = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+)")
 _CAMEL = re.compile(r"(?<!^)(?=[A-Z])")
-_VARIANT = re.compile(r"coalesced|intotensor|tensor|base|sparse")
+_VARIANT = re.compile(r"coalesced|intotensor|tensor|base|sparse|single")
 _OPS = {
     "allreduce": "all_reduce",
     "broadcast": "broadcast",
@@ -88,6 +89,16 @@ def op_name(spelling: str) -> str:
         return _OPS[key]
     return spelling[5:] if spelling.startswith(("gloo:", "nccl:")) else spelling
 
+
+# What a backend's collective allocates beside the caller's buffers, by op: which of the two
+# (the output or the input) it copies whole for the call. gloo gathers into a flat buffer of
+# its own and copies the output out of it, and reduces a copy of a reduce-scatter's input
+# (ProcessGroupGloo; tests/test_collectives.py measures both against this table); its
+# all-reduce works in place. NCCL works in the caller's buffers. The planner allocates these
+# copies where it tracks a configuration for the backend (bench/plan/memory.py).
+BACKEND_COPIES: dict[str, dict[str, str]] = {
+    "gloo": {"all_gather": "output", "reduce_scatter": "input"},
+}
 
 # The dtype (torch's name) each precision name of the knobs computes in; tf32 keeps float32
 # storage; "none" (no mixed precision) has none.

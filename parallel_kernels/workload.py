@@ -185,6 +185,26 @@ class SampleDataset(Dataset):
         return _index(self.inputs, i), torch.empty(0) if target is None else target
 
 
+def tensor_bytes(data: Any, device: torch.device | None = None) -> int:
+    """Bytes of the tensors in ``data`` (tensors, or tuples, lists and dicts of them), each
+    storage once; ``device``: only those on its kind (cpu, cuda)."""
+    seen: dict[int, int] = {}
+
+    def walk(x: Any) -> None:
+        if isinstance(x, Mapping):
+            for v in x.values():
+                walk(v)
+        elif isinstance(x, tuple | list):
+            for v in x:
+                walk(v)
+        elif torch.is_tensor(x) and (device is None or x.device.type == device.type):
+            storage = x.untyped_storage()
+            seen[storage.data_ptr() or id(storage)] = storage.nbytes()
+
+    walk(data)
+    return sum(seen.values())
+
+
 def to_device(data: Any, device: torch.device) -> Any:
     """Tensors, or tuples and dicts of them, moved to ``device`` (a pinned batch without
     waiting)."""

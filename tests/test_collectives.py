@@ -8,6 +8,7 @@ import torch.distributed as dist
 from parallel_kernels import algorithms as alg
 from parallel_kernels import broadcasts
 from parallel_kernels.collectives import COLLECTIVES, DTYPES, SENTINEL, count_wrong
+from parallel_kernels.facts import BACKEND_COPIES
 
 CPU = torch.device("cpu")
 PLACEMENTS = (False, True)  # out of place, in place
@@ -174,3 +175,43 @@ def test_chunk_bounds_cover_everything_evenly():
             b = alg.chunk_bounds(numel, parts)
             sizes_ = [b[i + 1] - b[i] for i in range(parts)]
             assert b[0] == 0 and b[-1] == numel and max(sizes_) - min(sizes_) <= 1
+
+
+def backend_copies_worker(tmp: str) -> dict[str, float]:
+    """MiB the C heap rises by in a 1 MiB all-gather, reduce-scatter and all-reduce on this
+    backend, beyond the caller's buffers (made before: the profiler's allocation counter,
+    every thread's; gloo's own work runs on its threads)."""
+    from pathlib import Path
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from bench.analysis.breakdown import load_trace, memory_peak_delta
+
+    n, rank = dist.get_world_size(), dist.get_rank()
+    whole, part = torch.ones(2**20 // 4), torch.ones(2**20 // 4 // n)
+    calls = {
+        "all_gather": lambda: dist.all_gather_into_tensor(whole, part),
+        "reduce_scatter": lambda: dist.reduce_scatter_tensor(part, whole),
+        "all_reduce": lambda: dist.all_reduce(whole),
+    }
+    rises = {}
+    for name, call in calls.items():
+        call()  # the backend's first call of a kind sets up what it keeps
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            call()
+        path = Path(tmp) / f"{name}-{rank}.json"
+        prof.export_chrome_trace(str(path))
+        rise = memory_peak_delta(load_trace(path))  # NaN: nothing allocated
+        rises[name] = 0.0 if rise != rise else rise / 2**20
+    return rises
+
+
+@pytest.mark.ranks
+@pytest.mark.timeout(120)
+def test_gloos_copies_are_the_facts_table(pool, tmp_path):
+    """gloo copies an all-gather's output and a reduce-scatter's input whole, and works on an
+    all-reduce's buffer in place (``facts.BACKEND_COPIES``, which the planner allocates)."""
+    for rises in pool(2).run(backend_copies_worker, str(tmp_path)):
+        for op, rise in rises.items():
+            copy = 1.0 if BACKEND_COPIES["gloo"].get(op) else 0.0  # MiB: the whole buffer
+            assert rise == pytest.approx(copy, abs=0.05), (op, rises)

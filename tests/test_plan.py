@@ -13,6 +13,7 @@ from dataclasses import replace
 import pandas as pd
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from bench.plan import __main__ as plan_cli
 from bench.plan import memory, planner, scaling
@@ -24,6 +25,7 @@ from bench.report import __main__ as report_cli
 from bench.runner.cli import resolve
 from bench.runner.plan.flags import parse_config
 from bench.runner.plan.points import resolve_point
+from parallel_kernels.workload import tensor_bytes
 from tests.rank_pool import RankPool
 from tests.test_harness import run_points
 
@@ -119,7 +121,7 @@ def test_tracked_state_is_zeros_accounting_and_no_weight_is_allocated():
 def test_blocks_and_worlds_extrapolate_to_what_tracking_in_full_gives():
     # transformer: 4 blocks; tracked with 1 and 2, extrapolated to 4
     point = _point(model="transformer", batch=2)
-    (full,) = memory._track([point], 8, None, None)
+    (full,) = memory._track([point], 8, None, False)
     short = memory.track(point)
     assert "extrapolated" in short.how
     torch.testing.assert_close(short.peak_mib, full.peak_mib, rtol=1e-3, atol=0)
@@ -152,6 +154,53 @@ def test_blocks_and_worlds_extrapolate_to_what_tracking_in_full_gives():
         assert "a + b/n" in scaled.how or "moved to 128" in scaled.how, scaled.how
         direct = memory.track(one.point())
         torch.testing.assert_close(scaled.peak_mib, direct.peak_mib, rtol=0.05, atol=0)
+
+
+@pytest.mark.unit
+def test_a_peak_that_moves_with_a_block_is_extrapolated_from_blocks_where_it_stays():
+    """With one block the custom example's FSDP FULL_SHARD has no next unit to gather ahead in
+    backward (its temporaries smaller), and its TP peaks in the optimiser's step: both are
+    extrapolated from two and three blocks, FSDP's to what tracking in full gives; DDP's peak
+    stays where it is from one block on."""
+    model = "examples/custom_model.py:workload"
+    fsdp = _point(model=model, strategy="fsdp", batch=8, sharding_strategy="FULL_SHARD")
+    (full,) = memory._track([fsdp], 8, None, False)
+    short = memory.track(fsdp)
+    assert short.how.startswith("tracked with 2 and 3 of its 4 blocks"), short.how
+    torch.testing.assert_close(short.peak_mib, full.peak_mib, rtol=1e-3, atol=0)
+    one, two = (memory._track([fsdp], 8, k, False)[0] for k in (1, 2))
+    assert memory._shifted(one, two) and not memory._shifted(two, full)
+    tp = memory.track(_point(model=model, strategy="tp", batch=8, tp_degree=2))
+    assert tp.how.startswith("tracked with 2 and 3"), tp.how
+    ddp = memory.track(_point(model=model, batch=8))
+    assert ddp.how.startswith("tracked with 1 and 2"), ddp.how
+
+
+@pytest.mark.unit
+def test_a_steps_inputs_count_and_gloos_copies_are_made_where_the_target_runs_gloo():
+    """The micro-batches are live through the step (the harness fetches them at its start);
+    gloo copies an all-gather's output whole beside the call, held until its work is waited
+    for, and NCCL does not (``facts.BACKEND_COPIES``)."""
+    point = _point(batch=8)
+    got = memory.track(point)
+    held = tensor_bytes(memory._inputs(point))
+    assert got.parts_mib["inputs"] == pytest.approx(held / MiB) and held > 0
+    peaks = {}
+    for backend in ("gloo", "nccl"):
+        tracker = memory.PeakTracker()
+        with (
+            memory.fake_world(2),
+            memory._backend_copies(backend),
+            FakeTensorMode(),
+        ):
+            out, part = torch.empty(MiB // 4), torch.ones(MiB // 8)
+            with tracker:
+                work = torch.distributed.all_gather_into_tensor(out, part, async_op=True)
+                extra = torch.empty(MiB // 16)  # made while the copy is held
+                work.wait()
+                del extra
+        peaks[backend] = next(iter(tracker.get_tracker_snapshot("peak").values()))["Total"]
+    assert peaks["gloo"] - peaks["nccl"] == MiB, peaks  # the whole output, beside the 0.25
 
 
 @pytest.mark.unit
@@ -214,7 +263,7 @@ def test_layouts_whose_state_group_is_fixed_are_tracked_at_two_of_its_groups():
 
 
 @pytest.mark.unit
-def test_rows_rank_by_step_among_those_that_fit_and_fsdp1_stands_in_by_fsdp2():
+def test_rows_rank_by_step_among_those_that_fit_and_fsdp1_is_tracked_as_itself():
     configs = [
         c
         for c in enumerate_space("llama:tiny", world_size=2, gpus_per_node=2, global_batch=4)
@@ -241,8 +290,11 @@ def test_rows_rank_by_step_among_those_that_fit_and_fsdp1_stands_in_by_fsdp2():
     assert not by.loc["ddp bucket 25 MB", "fits"] and by.loc["fsdp2 FULL_SHARD", "fits"]
     assert by.loc["ddp bucket 25 MB", "peak_mem_gib"] * 1024 > 11
     assert rows["config"].iloc[-1] == "ddp bucket 25 MB"  # does not fit: ranked after
-    assert by.loc["fsdp1 FULL_SHARD", "memory_how"].startswith("FSDP2's figure")
-    assert by.loc["fsdp1 FULL_SHARD", "peak_mem_gib"] == by.loc["fsdp2 FULL_SHARD", "peak_mem_gib"]
+    # FSDP1 is tracked as itself: its flat parameters' gathered copies are parameters where
+    # FSDP2's are temporaries (the same bytes at the peak, split otherwise)
+    fsdp1, fsdp2 = by.loc["fsdp1 FULL_SHARD"], by.loc["fsdp2 FULL_SHARD"]
+    assert fsdp1["memory_how"] == "tracked in full", fsdp1["memory_how"]
+    assert fsdp1["params_gib"] > fsdp2["params_gib"]
     fits = rows[rows["fits"]]
     assert list(fits["step_ms"]) == sorted(fits["step_ms"])
     for _, r in rows.iterrows():

@@ -15,8 +15,8 @@ from bench.plan.table import tied
 from bench.report.style import CSS
 from bench.report.tables import html_table
 
-PARTS = ("params", "grads", "optim", "activations", "temporaries", "buffers", "other")
-COLOURS = ("#4a7", "#7ab", "#c84", "#a6c", "#bbb", "#dd8", "#888")
+PARTS = ("params", "grads", "optim", "activations", "temporaries", "buffers", "inputs", "other")
+COLOURS = ("#4a7", "#7ab", "#c84", "#a6c", "#bbb", "#dd8", "#8ad", "#888")
 COLS = [
     "rank",
     "config",

@@ -49,10 +49,9 @@ def plan_rows(
     """One row per configuration, ranked: those that fit by predicted step time first. The
     trackings run in ``workers`` processes (each its own fake world)."""
     jobs, assemble = schedule(configs)
-    # A GPU runs AdamW as foreach (torch's default there), whose step holds temporaries the
-    # size of the state; this machine's CPU runs it one tensor at a time.
-    foreach = True if target.device.gpu_name else None
-    track = functools.partial(run_build, gpus_per_node=gpus_per_node, foreach=foreach)
+    # A GPU target's step is tracked as a GPU runs it (AdamW foreach, NCCL's collectives).
+    gpu = bool(target.device.gpu_name)
+    track = functools.partial(run_build, gpus_per_node=gpus_per_node, gpu=gpu)
     groups = builds(jobs)
     got = _map(track, groups, workers, progress)
     memo = assemble(

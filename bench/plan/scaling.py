@@ -10,7 +10,6 @@ where the memory cannot differ, and the rest is derived from the fewest tracking
   with eight; the FLOPs of ``accum`` micro-batches are ``accum`` times one's. (Tracked at one
   micro-batch, llama:tiny's DDP at 2 x 2 read 15.7 % under the harness's peak: no gradient
   lives through one micro-batch's forward.)
-- FSDP1 stands in by FSDP2 of the same sharding (``tracked_as``).
 - A layout whose state is sharded over a group that does not grow with the world (DDP's
   replicas, a TP group, FSDP's NO_SHARD, a hybrid shard group) is tracked at two of those
   groups: a rank holds the same whatever their number.
@@ -54,13 +53,6 @@ def memory_key(c: Config) -> tuple:
     knobs = {k: v for k, v in c.knobs.items() if k not in ("bucket_cap_mb", "grad_accum")}
     knobs["accumulates"] = _accumulates(c)
     return (c.strategy, c.impl, tuple(sorted(knobs.items())), c.micro_batch, c.world_size)
-
-
-def tracked_as(c: Config) -> Config:
-    """The configuration whose tracking stands for ``c``'s: FSDP1's is FSDP2's of the same
-    sharding (torch's tracker cannot follow FSDP1's flat parameters, whose views are not
-    leaves; both hold the same ZeRO shards of the same tensors, gathered unit by unit)."""
-    return replace(c, impl="native") if c.impl == "native_fsdp1" else c
 
 
 def _inner(c: Config) -> int:
@@ -124,7 +116,7 @@ def builds(jobs: list[Job]) -> list[tuple[Job, ...]]:
     return [tuple(group) for group in out.values()]
 
 
-def run_build(jobs: tuple[Job, ...], gpus_per_node: int, foreach: bool | None = None) -> list:
+def run_build(jobs: tuple[Job, ...], gpus_per_node: int, gpu: bool = False) -> list:
     """The trackings of ``jobs`` (one build's, ``builds``), in order; a job whose configuration
     does not resolve is its error, the others are tracked."""
     got: list[Tracked | None] = []
@@ -141,9 +133,7 @@ def run_build(jobs: tuple[Job, ...], gpus_per_node: int, foreach: bool | None = 
             continue
         points.append(point)
         got.append(None)
-    tracked = iter(
-        track_phases(points, gpus_per_node=gpus_per_node, foreach=foreach) if points else []
-    )
+    tracked = iter(track_phases(points, gpus_per_node=gpus_per_node, gpu=gpu) if points else [])
     out = []
     for job, early in zip(jobs, got, strict=True):
         t = early or next(tracked)
@@ -152,8 +142,8 @@ def run_build(jobs: tuple[Job, ...], gpus_per_node: int, foreach: bool | None = 
     return out
 
 
-def run_job(job: Job, gpus_per_node: int, foreach: bool | None = None) -> Tracked:
-    return run_build((job,), gpus_per_node, foreach)[0]
+def run_job(job: Job, gpus_per_node: int, gpu: bool = False) -> Tracked:
+    return run_build((job,), gpus_per_node, gpu)[0]
 
 
 def _extrapolated(a: Tracked, b: Tracked, small: int, world: int) -> Tracked:
@@ -194,7 +184,7 @@ def schedule(configs: list[Config]) -> tuple[list[Job], Callable[[dict[tuple, Tr
     """The trackings ``configs`` need, and the function from their results (by ``Job.key``)
     to each memory key's figures."""
     by_layout: dict[tuple, dict[int, Config]] = {}
-    for c in map(tracked_as, configs):
+    for c in configs:
         key = memory_key(c)
         by_layout.setdefault(key[:3] + key[4:], {}).setdefault(c.micro_batch, c)
     jobs: dict[tuple, Job] = {}
@@ -232,18 +222,15 @@ def _between(a: Tracked, b: Tracked, lo: int, hi: int, m: int) -> Tracked:
 
 
 def figures(c: Config, memo: dict[tuple, Tracked]) -> Tracked:
-    """``c``'s figures from the assembled trackings, saying where FSDP2's stand for FSDP1's."""
-    got = memo[memory_key(tracked_as(c))]
-    if c.impl == "native_fsdp1" and not got.error:
-        return replace(got, how=f"FSDP2's figure (FSDP1 is not trackable); {got.how}")
-    return got
+    """``c``'s figures from the assembled trackings."""
+    return memo[memory_key(c)]
 
 
-def track_config(c: Config, gpus_per_node: int = 8, foreach: bool | None = None) -> Tracked:
+def track_config(c: Config, gpus_per_node: int = 8, gpu: bool = False) -> Tracked:
     """One configuration's figures, tracked as a plan would (tests and benchmarks)."""
     jobs, assemble = schedule([c])
     got = {}
     for build in builds(jobs):
         keys = [j.key for j in build]
-        got.update(zip(keys, run_build(build, gpus_per_node, foreach), strict=True))
+        got.update(zip(keys, run_build(build, gpus_per_node, gpu), strict=True))
     return figures(c, assemble(got))

@@ -19,6 +19,10 @@ Schema versions (major.minor; a reader reads its own major and any minor):
 - 2.7: racing. A paired candidate whose comparison was decided leaves its cohort's cycles:
   its ``cycles`` and samples are its own (its first cycles), paired with the best's over
   those; ``stop`` is its own. A 2.6 folder reads the same (every candidate's cycles equal).
+- 2.8: ``peak_mem_mb`` is the configuration's own: the highest of three steps, less what the
+  point leaves in the process once released (caches it filled; in a cohort, what candidates
+  measured before it left) and, on the CPU, the harness's synthetic data set. A 2.7 folder
+  reads as before (its figures hold those).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ import pandas as pd
 from bench.runfolder.columns import NOISE_COLUMNS, SAMPLE_COLUMNS
 from bench.runfolder.points import POINTS_FILE, PointRecord, RunFolderError, read_points
 
-SCHEMA_VERSION = "2.7"
+SCHEMA_VERSION = "2.8"
 
 
 def utc_now() -> str:

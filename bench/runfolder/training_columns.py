@@ -150,8 +150,9 @@ TRAINING: tuple[Column, ...] = (
         unit="MiB",
         ranks=MAX,
         contract=True,
-        meaning="most memory live at once in a measured step, above "
-        "what the process held before the point (CUDA allocator, or CPU heap)",
+        meaning="most memory live at once in a measured step (the highest of three), above "
+        "what the process held before the point, less what its release leaves and its "
+        "synthetic data set (CUDA allocator, or CPU heap)",
         report=24,
         console=18,
     ),
@@ -215,6 +216,13 @@ TRAINING: tuple[Column, ...] = (
         ranks=MAX,
         meaning="CUDA: most memory the caching allocator held "
         "in the measured step, above the point's start (fragmentation included; NaN on CPU)",
+    ),
+    Column(
+        name="mem_left_mb",
+        unit="MiB",
+        ranks=MAX,
+        meaning="memory still in use once the point was released, above its start (caches it "
+        "filled, or a leak): not in peak_mem_mb",
     ),
     Column(
         name="data_ms",

@@ -16,6 +16,7 @@ from a profiled run of each implementation (the bytes the traces record), and co
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import tempfile
 from pathlib import Path
@@ -29,7 +30,7 @@ import torch.distributed as dist
 from bench.analysis import breakdown as analysis
 from bench.analysis.breakdown import load_trace
 from bench.runfolder.points import PointRecord
-from bench.runner.measure.profiling import MemoryBaseline, profile_steps, step_memory
+from bench.runner.measure.profiling import MemoryBaseline, own_memory, profile_steps, step_memory
 from bench.runner.measure.timing import timed_steps
 from bench.runner.plan.points import resolve_point
 from bench.runner.session.distenv import init_distributed, rank0_print
@@ -58,7 +59,8 @@ def point(impl: str, args, env) -> PointRecord:
 
 def peak_memory(impl: str, args, env) -> float:
     """The harness's peak_mem_mb for the implementation, in bytes (largest rank): the most
-    bytes live at once in a step, above what the process held before the model was built."""
+    bytes live at once in a step, above what the process held before the model was built,
+    less what its release leaves and its data set."""
     baseline = MemoryBaseline.now(env.device)
     trainer = build_trainer(point(impl, args, env), env, None)
     trainer.step()  # the first step makes the gradients and the optimiser's state
@@ -69,7 +71,11 @@ def peak_memory(impl: str, args, env) -> float:
             scratch_dir=Path(tmp),
             release=lambda: trainer.opt.zero_grad(set_to_none=True),
         )
-    t = torch.tensor([got.peak_bytes], dtype=torch.float64)
+    metrics = {"peak_mem_mb": got.peak_bytes / 2**20, "peak_reserved_mb": math.nan}
+    data_bytes = trainer.batches.held_bytes(env.device)
+    trainer = None  # released: what stays in use is not the implementation's (own_memory)
+    own_memory(metrics, baseline, data_bytes=data_bytes)
+    t = torch.tensor([metrics["peak_mem_mb"] * 2**20], dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.item()
 

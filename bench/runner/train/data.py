@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 
-from parallel_kernels.workload import to_device
+from parallel_kernels.workload import tensor_bytes, to_device
 
 
 class Batches:
@@ -45,6 +45,16 @@ class Batches:
         self.device = device
         self.epoch = 0
         self._it: Iterator = iter(self.loader)
+
+    def held_bytes(self, device: torch.device) -> int:
+        """Bytes the data set holds on ``device``'s kind (the synthetic samples a workload
+        makes, all of them in memory: the harness's, not the configuration's)."""
+        data = self.loader.dataset
+        if isinstance(data, TensorDataset):
+            held = data.tensors
+        else:  # the workload's SampleDataset
+            held = (getattr(data, "inputs", None), getattr(data, "targets", None))
+        return tensor_bytes(held, device)
 
     def __iter__(self) -> Batches:
         return self

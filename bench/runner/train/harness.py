@@ -27,6 +27,7 @@ from bench.runner.measure.collector import settled
 from bench.runner.measure.nvml import NvmlSampler
 from bench.runner.measure.profiling import (
     MemoryBaseline,
+    own_memory,
     profile_steps,
     reset_peak_rss,
     step_memory,
@@ -122,7 +123,11 @@ def _train_and_measure(
     if visit.profile:
         progress("profiling")
         metrics = profiled(point, env, cfg, trainer, step, trace_dir, baseline, timed.times)
-    return visit_metrics(point, env, visit, group, trainer, timed, peak, checked, metrics)
+    metrics = visit_metrics(point, env, visit, group, trainer, timed, peak, checked, metrics)
+    data_bytes = trainer.batches.held_bytes(env.device)
+    trainer = None  # released (``step`` holds it through this name): what stays is not its own
+    own_memory(metrics, baseline, data_bytes=data_bytes)
+    return metrics
 
 
 def visit_metrics(

@@ -8,8 +8,9 @@ whose comparison with the best is decided at one of the looks (cycles 8, 16, 32,
 (``racing.py``), until none is left or the cohort's shared steps or seconds are spent. A candidate's
 cycle i and another's were timed moments apart, so drift and a neighbour's load fall on both and
 cancel in their ratio. Then, newest first, each candidate's traced steps and memory (as a point's
-first visit has them), its row, and its release: the newest is measured with no later candidate
-alive, so its memory baseline still holds.
+first visit has them), its release, and its row: its memory is the step's highest use over what
+its release gives back (``own_memory``), so neither the candidates built before it nor what
+those measured before it left on the heap count.
 
 A candidate that fails is its error row; the others go on. Every rank leaves a cycle with the
 same candidates alive (their failures gathered), and decides to stop from the same all-reduced
@@ -32,7 +33,7 @@ from bench.runner.faults import watchdog
 from bench.runner.faults.hangs import hang_dir, run_watched
 from bench.runner.measure import flops
 from bench.runner.measure.collector import settled
-from bench.runner.measure.profiling import MemoryBaseline, reset_peak_rss
+from bench.runner.measure.profiling import MemoryBaseline, own_memory, reset_peak_rss
 from bench.runner.measure.timing import (
     MAX_SECONDS,
     MAX_STEPS,
@@ -305,6 +306,10 @@ def _finish_all(ctx, cfg: HarnessConfig, alive: list[Candidate]) -> list:
     rows = []
     for c in reversed(alive):
         metrics = _watched(ctx, c, lambda c=c: _finish(c, ctx.env, cfg), "finish")
+        if metrics is not None:
+            data_bytes = c.trainer.batches.held_bytes(ctx.env.device)
+            c.trainer = None  # released before its group: what stays in use is not its own
+            own_memory(metrics, c.baseline, data_bytes=data_bytes)
         per_rank = [g[0] for g in _gather(ctx.env, [(metrics, c.error, c.checked)], "at the end")]
         row = _row(ctx, c, per_rank)
         _write(ctx, c, row)
