@@ -16,7 +16,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from bench.plan import __main__ as plan_cli
-from bench.plan import memory, planner, scaling
+from bench.plan import fakes, memory, planner, scaling
 from bench.plan.calibrate import Rate
 from bench.plan.devices import DEVICES, Device
 from bench.plan.space import Config, enumerate_space, micro_batches
@@ -187,10 +187,10 @@ def test_a_steps_inputs_count_and_gloos_copies_are_made_where_the_target_runs_gl
     assert got.parts_mib["inputs"] == pytest.approx(held / MiB) and held > 0
     peaks = {}
     for backend in ("gloo", "nccl"):
-        tracker = memory.PeakTracker()
+        tracker = fakes.PeakTracker()
         with (
-            memory.fake_world(2),
-            memory._backend_copies(backend),
+            fakes.fake_world(2),
+            fakes.backend_copies(backend),
             FakeTensorMode(),
         ):
             out, part = torch.empty(MiB // 4), torch.ones(MiB // 8)

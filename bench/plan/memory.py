@@ -10,38 +10,29 @@ bytes live at once: parameters, gradients, optimiser state, activations and temp
 is the method of torchtitan's memory estimator (FSDP2 under ``FakeTensorMode`` with
 ``FSDPMemTracker``), applied to every strategy the suite runs.
 
-Two shims let the native wrappers run on fake tensors, neither changing what is allocated:
-DistributedDataParallel checks its parameters' shapes across ranks by reading their data (one
-process here: nothing to check), and its all-reduce's future holds nothing under the fake
-process group (the bucket is reduced in place, so the bucket itself is the result).
+What lets the suite's own code run there, and what the tracker is told that it cannot see
+(a backend's copies of a collective's buffers), is ``fakes.py``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
-import inspect
 import math
 import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
-import torch.nn.parallel.distributed as ddp_module
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker
-from torch.testing._internal.distributed.fake_pg import FakeStore
 from torch.utils.flop_counter import FlopCounterMode
 
+from bench.plan.fakes import PeakTracker, backend_copies, fake_ddp, fake_world, resolve_ddp_hooks
 from bench.runfolder.points import PointRecord
 from bench.runner.session.distenv import DistEnv
 from bench.runner.train.data import Batches
 from bench.runner.train.step import build_trainer
 from parallel_kernels.checkpointing import checkpoint_blocks, set_checkpointing
-from parallel_kernels.facts import BACKEND_COPIES, op_name
-from parallel_kernels.groups import forget_groups
 from parallel_kernels.models import build_model, workload
 from parallel_kernels.workload import block_list, keep_blocks, stamp, tensor_bytes
 
@@ -86,31 +77,6 @@ class Tracked:
         return self.plus(other, -1.0)
 
 
-class PeakTracker(MemTracker):
-    """Torch's ``MemTracker`` keeping the process's peak and not each module's: after every op
-    it walks every module it has seen to raise their own peaks, which the planner does not
-    read (a third of a tracking's time here: llama:1b's DDP build 0.95 s against 0.65 s, its
-    FSDP2 FULL_SHARD at 16 ranks 1.3 s against 0.86 s, the same peaks to the byte)."""
-
-    def _update_peak_stats(self, peak_state) -> None:
-        if not hasattr(self, "_peak_mem_snap"):  # a torch whose tracker is not as read here
-            return super()._update_peak_stats(peak_state)
-        del peak_state
-        for dev, snap in self._curr_mem_snap.items():
-            if self._peak_mem.get(dev, 0) < snap[_TOTAL_KEY]:
-                self._peak_mem[dev] = snap[_TOTAL_KEY]
-                self._peak_mem_snap[dev] = dict(snap)  # category -> bytes: ints to copy
-
-    def _track_module_params_and_buffers(self, module, install_grad_hooks: bool = True):
-        # FSDP1's original parameters are views of its flat parameter while it is gathered,
-        # not leaves: no gradient hook can be put on them ("post accumulate grad hooks cannot
-        # be registered on non-leaf tensors"). Their gradients are still allocations the
-        # tracker counts (in backward, as temporaries) and the flat parameter's are its own.
-        if install_grad_hooks and not all(p.is_leaf for p in module.parameters()):
-            install_grad_hooks = False
-        return super()._track_module_params_and_buffers(module, install_grad_hooks)
-
-
 def failed(error: str) -> Tracked:
     return Tracked(math.nan, {}, math.nan, error)
 
@@ -118,108 +84,6 @@ def failed(error: str) -> Tracked:
 def _failure(e: Exception) -> Tracked:
     line = " ".join(str(e).split()) or type(e).__name__
     return failed(f"{type(e).__name__}: {line[:300]}")
-
-
-@contextlib.contextmanager
-def fake_world(world_size: int) -> Iterator[None]:
-    """Torch's fake process group as the default group, this process its rank 0 of
-    ``world_size``: collectives return at once and move nothing."""
-    if dist.is_initialized():
-        raise RuntimeError("the planner needs a process without a process group")
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
-    try:
-        yield
-    finally:
-        forget_groups()
-        dist.destroy_process_group()
-
-
-@contextlib.contextmanager
-def _fake_ddp() -> Iterator[None]:
-    """DistributedDataParallel without its cross-rank shape check and without rebuilding its
-    buckets in backward's order after the first step: both agree the ranks on data read back
-    from tensors (a fake tensor has none; there is one process, so nothing differs). The
-    rebuilt buckets hold the same gradient bytes (their sizes differ), so the peak is the
-    same to within a bucket's ordering."""
-    reducer = torch._C._distributed_c10d.Reducer
-    verify, rebuild = ddp_module._verify_param_shape_across_processes, reducer._rebuild_buckets
-    ddp_module._verify_param_shape_across_processes = lambda *a, **k: None
-    reducer._rebuild_buckets = lambda self: False
-    try:
-        yield
-    finally:
-        ddp_module._verify_param_shape_across_processes = verify
-        reducer._rebuild_buckets = rebuild
-
-
-# torch.distributed's calls that gather or scatter whole tensors, (output, input) first.
-_TENSOR_CALLS = (
-    "all_gather_single",
-    "all_gather_into_tensor",
-    "_all_gather_base",
-    "reduce_scatter_single",
-    "reduce_scatter_tensor",
-    "_reduce_scatter_base",
-)
-
-
-class _HeldCopy:
-    """An asynchronous call's work, holding the backend's copy until it is waited for."""
-
-    def __init__(self, work, copy: torch.Tensor) -> None:
-        self._work, self._copy = work, copy
-
-    def wait(self, *args, **kwargs):
-        self._copy = None
-        return self._work.wait(*args, **kwargs)
-
-    def __getattr__(self, name: str):
-        return getattr(self._work, name)
-
-
-@contextlib.contextmanager
-def _backend_copies(backend: str) -> Iterator[None]:
-    """The collectives as ``backend`` runs them, memory-wise: where it copies a call's output
-    or input whole (``BACKEND_COPIES``: gloo's all-gather and reduce-scatter), a tensor of that
-    size is made beside the call, under the fake mode the tracker counts, and held until the
-    call's work is waited for (at once, for a blocking call). The fake process group moves
-    nothing, and the copy is the backend's, not the wrapper's: without it FSDP's rows on the
-    CPU read up to 16 % under the harness's peak (ResNet's FULL_SHARD)."""
-    copies = BACKEND_COPIES.get(backend, {})
-    saved = {}
-    for name in _TENSOR_CALLS:
-        which = copies.get(op_name(name))
-        if which is None:
-            continue
-        saved[name] = original = getattr(dist, name)
-
-        def call(*args, _original=original, _which=which, **kwargs):
-            bound = inspect.signature(_original).bind(*args, **kwargs)
-            output, input_ = list(bound.arguments.values())[:2]
-            copy = torch.empty_like(output if _which == "output" else input_)
-            work = _original(*args, **kwargs)
-            return _HeldCopy(work, copy) if work is not None else None
-
-        setattr(dist, name, call)
-    try:
-        yield
-    finally:
-        for name, original in saved.items():
-            setattr(dist, name, original)
-
-
-def _in_place_buckets(state, bucket):  # DDP accepts no annotation but its own, unstringified
-    """DDP's all-reduce as the fake process group runs it: the bucket, reduced in place."""
-    del state
-    fut: torch.futures.Future = torch.futures.Future()
-    fut.set_result(bucket.buffer())
-    return fut
-
-
-def _resolve_ddp_hooks(wrapped: torch.nn.Module) -> None:
-    for module in wrapped.modules():
-        if isinstance(module, ddp_module.DistributedDataParallel) and not module._comm_hooks:
-            module.register_comm_hook(None, _in_place_buckets)
 
 
 def _plan_env(world_size: int, gpus_per_node: int) -> DistEnv:
@@ -324,7 +188,7 @@ def track_phases(
     line.
     ``gpu``: the target is a GPU, where AdamW runs as foreach (torch's default there, whose
     step holds temporaries the size of the state; on a CPU, one tensor at a time) and the
-    collectives as NCCL runs them (on a CPU, as gloo does: ``_backend_copies``)."""
+    collectives as NCCL runs them (on a CPU, as gloo does: ``fakes.backend_copies``)."""
     with warnings.catch_warnings():
         # torch's warnings on the way to a failure (FSDP1's views under the tracker) say less
         # than the row's error does
@@ -377,8 +241,8 @@ def _track(
     backend = "nccl" if gpu else "gloo"  # the backend a run picks (bench/runner/session)
     with (
         fake_world(first.world_size),
-        _fake_ddp(),
-        _backend_copies(backend),
+        fake_ddp(),
+        backend_copies(backend),
         FakeTensorMode(allow_non_fake_inputs=True),
     ):
         # The build is tracked: what a wrapper allocates as it wraps (DDP's buckets) lives
@@ -388,7 +252,7 @@ def _track(
             trainer = build_trainer(
                 first, env, dist.group.WORLD, batches=iter(()), plain=plain, foreach=foreach
             )
-            _resolve_ddp_hooks(trainer.wrapped)
+            resolve_ddp_hooks(trainer.wrapped)
         _optimiser_state(trainer)
         checkpointed = _checkpointed(first)
         for point, micro_batches in zip(points, inputs, strict=True):
@@ -416,7 +280,7 @@ def _checkpointed(point: PointRecord) -> bool:
     return point.knobs["activation_checkpointing"] == "on"
 
 
-def _peak_of_step(tracker: MemTracker, trainer, micro_batches: list) -> Tracked:
+def _peak_of_step(tracker: PeakTracker, trainer, micro_batches: list) -> Tracked:
     """One step of ``trainer`` over ``micro_batches``, tracked from what is live before it."""
     trainer.opt.zero_grad(set_to_none=True)
     if len(micro_batches) > 1:
