@@ -86,6 +86,10 @@ class Impl:
     full_state: Callable[[nn.Module], dict[str, torch.Tensor]] = field(
         default=state_dict_parameters, repr=False
     )
+    # The implementation of the same strategy whose planned memory stands for this one's
+    # (bench/plan/scaling.py: FSDP1's is FSDP2's, the same shards gathered unit by unit);
+    # None: its own.
+    memory_as: str | None = None
 
     def facts(self) -> dict[str, Any]:
         """The row as plain data (what a run folder records about the implementation)."""
@@ -227,6 +231,7 @@ STRATEGIES: dict[str, Strategy] = {
                     apply=fsdp.apply_native_fsdp1,
                     native=True,
                     skip_sync="no_sync",
+                    memory_as="native",
                 ),
             ),
             default_impls=("native", "native_fsdp1", "reference"),

@@ -39,15 +39,6 @@ class PeakTracker(MemTracker):
                 self._peak_mem[dev] = snap[_TOTAL_KEY]
                 self._peak_mem_snap[dev] = dict(snap)  # category -> bytes: ints to copy
 
-    def _track_module_params_and_buffers(self, module, install_grad_hooks: bool = True):
-        # FSDP1's original parameters are views of its flat parameter while it is gathered,
-        # not leaves: no gradient hook can be put on them ("post accumulate grad hooks cannot
-        # be registered on non-leaf tensors"). Their gradients are still allocations the
-        # tracker counts (in backward, as temporaries) and the flat parameter's are its own.
-        if install_grad_hooks and not all(p.is_leaf for p in module.parameters()):
-            install_grad_hooks = False
-        return super()._track_module_params_and_buffers(module, install_grad_hooks)
-
 
 @contextlib.contextmanager
 def fake_world(world_size: int) -> Iterator[None]:
