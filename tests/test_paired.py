@@ -244,3 +244,17 @@ def test_the_headline_keeps_the_best_and_the_default():
     racing.headline(cands, 16, 3.0, MAX_STEPS)
     assert sum(c.active for c in cands) == 2 and cands[1].point.is_default
     assert not cands[0].point.is_default
+
+
+def test_a_difference_inside_the_tie_band_is_a_tie_even_where_the_interval_excludes_one():
+    """The band is what counts as a difference worth a decision: b 1.4 % slower, measured so
+    closely that its interval excludes 1, is tied with a (an A/A pair read so over 600 cycles
+    here), where b 5 % slower is not."""
+    rng = np.random.default_rng(0)
+    noise = rng.normal(1.0, 0.002, 200)
+    a = 100 * noise
+    for slower, tied in ((1.014, True), (1.05, False)):
+        b = a * slower * rng.normal(1.0, 0.002, 200)
+        v = versus_best_paired({"a": a, "b": b})
+        assert v.ratios["b"].separable and v.best == "a", v.ratios
+        assert ("b" in v.tied) is tied and not v.undecided, (slower, v.ratios)

@@ -10,9 +10,10 @@ interleaved trials of Abedi and Brecht, ICPE 2017; "duet" benchmarking, Bulej et
 share one confidence through Bonferroni's correction, as ``ties.versus_best`` does for rounds.
 
 A comparison is decided when its interval excludes 1 (faster or slower, at the confidence) or
-lies inside the tie band (equal to within ``band_pct``): a candidate whose comparison is
-decided leaves the cycles, and they stop when every comparison is (``racing.py`` in the
-runner). Each comparison is stated at the confidence of the look it was decided at.
+lies inside the tie band (equal to within ``band_pct``, a tie, whether or not it excludes 1):
+a candidate whose comparison is decided leaves the cycles, and they stop when every comparison
+is (``racing.py`` in the runner). Each comparison is stated at the confidence of the look it
+was decided at.
 
 Looking at the cycles as they come and stopping at the first interval that excludes 1 would
 claim far more than 5 % of false differences (an A/A pair here was "separated" at 1.157
@@ -85,19 +86,29 @@ def _best(ids: list[str], times: dict[str, np.ndarray]) -> str:
 @dataclass(frozen=True)
 class PairedVerdict:
     best: str
-    tied: list[str]  # the best and every candidate whose interval reaches 1
+    tied: list[str]  # the best and every candidate whose interval reaches 1 or lies in the band
     ratios: dict[str, Ratio]  # candidate -> its per-cycle ratio to the best (the best: absent)
     confidence: float  # each interval's after the correction (the lowest, where they differ)
     undecided: list[str]  # candidates whose interval neither excludes 1 nor lies in the band
     cycles: int  # the cycles the best was timed in (the longest any candidate cycled)
 
 
+def in_band(r: Ratio, band_pct: float = TIE_BAND_PCT) -> bool:
+    """Whether ``r``'s whole interval lies within +-``band_pct`` %: equal, to within a
+    difference not worth a decision, even where the interval excludes 1 (an A/A pair here read
+    1.014 [1.001, 1.026] over 600 cycles: a real difference between two builds of one
+    configuration, 1.4 %, and a tie by the band's measure)."""
+    if not (math.isfinite(r.low) and math.isfinite(r.high)):
+        return False
+    band = 1 + band_pct / 100
+    return r.low >= 1 / band and r.high <= band
+
+
 def decided(r: Ratio, band_pct: float = TIE_BAND_PCT) -> bool:
     """Whether ``r`` answers its question: its interval excludes 1, or lies in the tie band."""
     if not (math.isfinite(r.low) and math.isfinite(r.high)):
         return False
-    band = 1 + band_pct / 100
-    return r.separable or (r.low >= 1 / band and r.high <= band)
+    return r.separable or in_band(r, band_pct)
 
 
 def versus_best_paired(
@@ -127,7 +138,7 @@ def versus_best_paired(
         if k != best:
             n = min(len(t), longest)
             ratios[k] = paired_cycles_ratio(t[:n], times[best][:n], adjusted(per[k], k_others))
-    tied = [best] + [k for k, r in ratios.items() if not r.separable]
+    tied = [best] + [k for k, r in ratios.items() if not r.separable or in_band(r, band_pct)]
     undecided = [k for k, r in ratios.items() if not decided(r, band_pct)]
     each = min((r.confidence for r in ratios.values()), default=adjusted(per[best], k_others))
     return PairedVerdict(best, tied, ratios, each, undecided, longest)
