@@ -95,7 +95,7 @@ def op_name(spelling: str) -> str:
 # its own and copies the output out of it, and reduces a copy of a reduce-scatter's input
 # (ProcessGroupGloo; tests/test_collectives.py measures both against this table); its
 # all-reduce works in place. NCCL works in the caller's buffers. The planner allocates these
-# copies where it tracks a configuration for the backend (bench/plan/memory.py).
+# copies where it tracks a configuration for the backend (bench/plan/fakes.py).
 BACKEND_COPIES: dict[str, dict[str, str]] = {
     "gloo": {"all_gather": "output", "reduce_scatter": "input"},
 }

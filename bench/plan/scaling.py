@@ -60,8 +60,8 @@ def memory_key(c: Config) -> tuple:
 def tracked_as(c: Config) -> Config:
     """The configuration whose tracking stands for ``c``'s: FSDP1's is FSDP2's of the same
     sharding (both hold the same ZeRO shards of the same tensors, gathered unit by unit). FSDP1
-    can be tracked under fake tensors (its original parameters, views of the flat one, without
-    the tracker's gradient hooks, which cannot take them), but not its SHARD_GRAD_OP ("the
+    could be tracked under fake tensors (with the tracker's gradient hooks left off its original
+    parameters, views of the flat one, which cannot take them), but not its SHARD_GRAD_OP ("the
     unsharded flat parameter should be allocated"), and it adds a tracking for every FSDP one
     (24 more than the 64 of llama:1b at 1024 ranks): its figures there equalled FSDP2's to the
     MiB, and on the five models at 2 ranks were 0 to 9 % apart from them."""
