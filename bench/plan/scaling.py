@@ -237,8 +237,9 @@ def _between(a: Tracked, b: Tracked, lo: int, hi: int, m: int) -> Tracked:
 
 def figures(c: Config, memo: dict[tuple, Tracked]) -> Tracked:
     """``c``'s figures from the assembled trackings, saying where FSDP2's stand for FSDP1's."""
-    got = memo[memory_key(tracked_as(c))]
-    if tracked_as(c) != c and not got.error:
+    stand_in = tracked_as(c)
+    got = memo[memory_key(stand_in)]
+    if stand_in != c and not got.error:
         return replace(got, how=f"FSDP2's figure (FSDP1 stands in); {got.how}")
     return got
 

@@ -105,9 +105,8 @@ def in_band(r: Ratio, band_pct: float = TIE_BAND_PCT) -> bool:
 
 
 def decided(r: Ratio, band_pct: float = TIE_BAND_PCT) -> bool:
-    """Whether ``r`` answers its question: its interval excludes 1, or lies in the tie band."""
-    if not (math.isfinite(r.low) and math.isfinite(r.high)):
-        return False
+    """Whether ``r`` answers its question: its interval excludes 1, or lies in the tie band
+    (an interval of NaN does neither: too few cycles for one)."""
     return r.separable or in_band(r, band_pct)
 
 
