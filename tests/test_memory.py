@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import math
+import multiprocessing
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,8 +20,17 @@ MB = 2**20
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _profiler_set_up():
+@pytest.fixture(scope="module")
+def fresh():
+    """A process of its own for the heap's figures: in a test worker that ran other tests
+    first, their threads free memory while a measurement reads the C heap (a clean-clone CI run
+    read these tests' known answers 0.2 to 1.4 MiB low; alone, to the KiB)."""
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx) as pool:
+        yield lambda fn, *args: pool.submit(fn, *args).result(timeout=120)
+
+
+def _profiler_set_up() -> None:
     """The profiler's first session in a process grows the heap by some 23 MiB that stay: done
     before any baseline here, as a point's traced steps do before its memory is measured."""
     from torch.profiler import ProfilerActivity, profile
@@ -27,10 +39,13 @@ def _profiler_set_up():
         torch.ones(1).add_(1)
 
 
-def _measure(tmp_path, extra_mb: int, release: bool) -> tuple[float, int, int]:
+def _measure(tmp: str, extra_mb: int, release: bool, leftover_mb: int = 0) -> tuple:
     """A training-like step on a model-free state: parameters P held throughout, gradients G
     freed at the step's start (zero_grad) and made again, and ``extra_mb`` more held during the
-    step (activations). Returns the peak and P, G in bytes."""
+    step (activations), ``leftover_mb`` held from before the point. Returns the peak and P, G
+    in bytes."""
+    _profiler_set_up()
+    leftover = torch.ones(leftover_mb * MB // 4)
     baseline = MemoryBaseline.now(CPU)
     params = torch.ones(8 * MB // 4)
     state = {"grad": torch.ones(16 * MB // 4)}  # the previous step's gradients
@@ -48,15 +63,16 @@ def _measure(tmp_path, extra_mb: int, release: bool) -> tuple[float, int, int]:
         step,
         baseline=baseline,
         release=zero_grad if release else lambda: None,
-        scratch_dir=tmp_path,
+        scratch_dir=Path(tmp),
     )
+    del leftover
     return got.peak_bytes, params.nbytes, 16 * MB
 
 
-def test_a_step_that_allocates_x_more_peaks_x_higher(tmp_path):
-    base, p, g = _measure(tmp_path, 0, release=True)
+def test_a_step_that_allocates_x_more_peaks_x_higher(fresh, tmp_path):
+    base, p, g = fresh(_measure, str(tmp_path), 0, True)
     for x in (4, 32):
-        more, _, _ = _measure(tmp_path, x, release=True)
+        more, _, _ = fresh(_measure, str(tmp_path), x, True)
         assert more - base == pytest.approx(x * MB, rel=0.05), (x, (more - base) / MB)
     # The step's own low point is P; its peak holds the new gradients on top: P + G, not the
     # previous step's gradients a second time (the profiler's counter cannot subtract a free of
@@ -65,23 +81,21 @@ def test_a_step_that_allocates_x_more_peaks_x_higher(tmp_path):
     assert base == pytest.approx(p + g, rel=0.05), base / MB
 
 
-def test_the_baseline_is_the_points_own(tmp_path):
+def test_the_baseline_is_the_points_own(fresh, tmp_path):
     """Memory held before the point (an earlier point's leftovers) is not in its peak."""
-    leftover = torch.ones(24 * MB // 4)
-    base, p, g = _measure(tmp_path, 0, release=True)
+    base, p, g = fresh(_measure, str(tmp_path), 0, True, 24)
     assert base == pytest.approx(p + g, rel=0.05), base / MB
-    del leftover
 
 
-def _peak_mb(step, baseline, tmp_path) -> dict:
-    got = step_memory(step, baseline=baseline, release=lambda: None, scratch_dir=tmp_path)
+def _peak_mb(step, baseline, tmp: str) -> dict:
+    got = step_memory(step, baseline=baseline, release=lambda: None, scratch_dir=Path(tmp))
     return {"peak_mem_mb": got.peak_bytes / MB, "peak_reserved_mb": got.reserved_bytes / MB}
 
 
-def test_what_a_point_leaves_in_the_process_and_its_data_set_are_not_its_own(tmp_path):
-    """A cache the point fills (oneDNN's kernels) stays after its release, and the harness's
-    synthetic data set is not the configuration's: its peak is the step's highest use over
-    what its release gives back, less the data set."""
+def _left_and_data(tmp: str) -> tuple[dict, dict]:
+    """A point whose first step fills a 4 MiB cache, with 8 MiB of parameters, a 2 MiB data
+    set and 16 MiB of activations: its figures before and after ``own_memory``."""
+    _profiler_set_up()
     cache: list = []
     baseline = MemoryBaseline.now(CPU)
     state = {"params": torch.ones(8 * MB // 4), "data": torch.ones(2 * MB // 4)}
@@ -92,19 +106,29 @@ def test_what_a_point_leaves_in_the_process_and_its_data_set_are_not_its_own(tmp
         activations = torch.ones(16 * MB // 4)
         del activations
 
-    metrics = _peak_mb(step, baseline, tmp_path)
-    assert metrics["peak_mem_mb"] == pytest.approx(8 + 2 + 4 + 16, abs=0.5)
+    metrics = _peak_mb(step, baseline, tmp)
+    measured = dict(metrics)
     state.clear()  # the point released
     own_memory(metrics, baseline, data_bytes=2 * MB)
+    return measured, metrics
+
+
+def test_what_a_point_leaves_in_the_process_and_its_data_set_are_not_its_own(fresh, tmp_path):
+    """A cache the point fills (oneDNN's kernels) stays after its release, and the harness's
+    synthetic data set is not the configuration's: its peak is the step's highest use over
+    what its release gives back, less the data set."""
+    measured, metrics = fresh(_left_and_data, str(tmp_path))
+    assert measured["peak_mem_mb"] == pytest.approx(8 + 2 + 4 + 16, abs=0.5)
     assert metrics["peak_mem_mb"] == pytest.approx(8 + 16, abs=0.5), metrics
     assert metrics["mem_left_mb"] == pytest.approx(4, abs=0.5)  # said: a leak would show
     assert math.isnan(metrics["peak_reserved_mb"])  # the CPU has no reserved figure
 
 
-def test_a_cohorts_candidate_is_not_charged_what_those_measured_before_it_left(tmp_path):
-    """Candidates built A then B, measured newest first: B's release leaves a cache on the
-    heap, which A's baseline (taken before B existed) does not hold; A's figure is still its
-    own parameters and activations."""
+def _cohort(tmp: str) -> tuple[dict, dict, float]:
+    """Candidates A (8 MiB) then B (4 MiB) built, B measured (16 MiB of activations, a 2 MiB
+    cache filled by the first step) and released, then A (12 MiB of activations): their
+    figures after ``own_memory``, and A's before it."""
+    _profiler_set_up()
     cache: list = []
     cands = {}
     base_a = MemoryBaseline.now(CPU)
@@ -118,13 +142,22 @@ def test_a_cohorts_candidate_is_not_charged_what_those_measured_before_it_left(t
         activations = torch.ones(activation_mb * MB // 4)
         del activations
 
-    b = _peak_mb(lambda: step(16), base_b, tmp_path)
+    b = _peak_mb(lambda: step(16), base_b, tmp)
     del cands["b"]
     own_memory(b, base_b, data_bytes=0)
-    a = _peak_mb(lambda: step(12), base_a, tmp_path)
-    assert a["peak_mem_mb"] == pytest.approx(8 + 2 + 12, abs=0.5)  # B's cache counted here
+    a = _peak_mb(lambda: step(12), base_a, tmp)
+    a_measured = a["peak_mem_mb"]
     del cands["a"]
     own_memory(a, base_a, data_bytes=0)
+    return a, b, a_measured
+
+
+def test_a_cohorts_candidate_is_not_charged_what_those_measured_before_it_left(fresh, tmp_path):
+    """Candidates built A then B, measured newest first: B's release leaves a cache on the
+    heap, which A's baseline (taken before B existed) does not hold; A's figure is still its
+    own parameters and activations."""
+    a, b, a_measured = fresh(_cohort, str(tmp_path))
+    assert a_measured == pytest.approx(8 + 2 + 12, abs=0.5)  # B's cache counted here
     assert b["peak_mem_mb"] == pytest.approx(4 + 16, abs=0.5), b
     assert a["peak_mem_mb"] == pytest.approx(8 + 12, abs=0.5), a
 
