@@ -7,6 +7,7 @@ the cost model's schedules over the target's links, ranked; the best verified he
 - ``memory.py``: one step tracked under ``FakeTensorMode`` over the fake process group with
   ``MemTracker`` (and ``FlopCounterMode``), blocks extrapolated; ``fakes.py``: that fake world
   (the wrappers' shims, a backend's copies of a collective's buffers, the tracker);
+  ``workspace.py``: what kernels allocate inside themselves, measured here for a ``cpu`` plan;
 - ``calibrate.py``: the computation's rate from profiled steps of the model;
 - ``timing.py``: the step on the target's links (``bench.model``'s schedules);
 - ``planner.py``: the rows, sharing what tracking costs, worlds extrapolated; ``table.py``: the

@@ -28,6 +28,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from bench.plan.fakes import PeakTracker, backend_copies, fake_ddp, fake_world, resolve_ddp_hooks
+from bench.plan.workspace import kernel_workspaces
 from bench.runfolder.points import PointRecord
 from bench.runner.session.distenv import DistEnv
 from bench.runner.train.data import Batches
@@ -266,7 +267,7 @@ def _track(
                     checkpointed = _checkpointed(point)
                     set_checkpointing(plain, checkpointed)
                 phase = dataclasses.replace(trainer, point=point, accum=len(micro_batches))
-                peaks.append(_peak_of_step(tracker, phase, micro_batches))
+                peaks.append(_peak_of_step(tracker, phase, micro_batches, here=not gpu))
             except Exception as e:  # noqa: BLE001 - this phase's row, and the later ones'
                 # a step that failed part-way leaves the build in no state to step again
                 peaks += [_failure(e)] * (len(points) - len(peaks))
@@ -285,8 +286,10 @@ def _checkpointed(point: PointRecord) -> bool:
     return point.knobs["activation_checkpointing"] == "on"
 
 
-def _peak_of_step(tracker: PeakTracker, trainer, micro_batches: list) -> Tracked:
-    """One step of ``trainer`` over ``micro_batches``, tracked from what is live before it."""
+def _peak_of_step(tracker: PeakTracker, trainer, micro_batches: list, *, here: bool) -> Tracked:
+    """One step of ``trainer`` over ``micro_batches``, tracked from what is live before it;
+    ``here``: its kernels are this machine's, whose working buffers are measured
+    (``workspace.py``)."""
     trainer.opt.zero_grad(set_to_none=True)
     if len(micro_batches) > 1:
         # Accumulating: the micro-batches before the last leave their gradients live for it;
@@ -295,7 +298,7 @@ def _peak_of_step(tracker: PeakTracker, trainer, micro_batches: list) -> Tracked
             trainer.micro_step(x, y, last=False)
     tracker.track_external(trainer.wrapped, trainer.opt)
     tracker.reset_mod_stats()
-    with tracker:  # entering again starts the peak from what is live
+    with tracker, kernel_workspaces(here):  # entering again starts the peak from what is live
         if len(micro_batches) > 1:
             trainer.micro_step(*micro_batches[-1], last=True)
             trainer.finish_step()
