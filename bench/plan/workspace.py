@@ -44,8 +44,9 @@ def _signature(func, args, kwargs) -> tuple:
 
 
 def _real(t: torch.Tensor) -> torch.Tensor:
-    """A real tensor of ``t``'s shape, strides and dtype (values do not choose a kernel)."""
-    return torch.zeros(t.shape, dtype=t.dtype).as_strided(t.shape, t.stride())
+    """A real tensor of ``t``'s shape, strides and dtype, its storage as large as they need;
+    left unwritten: values do not choose a kernel, and so not its buffers."""
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype)
 
 
 def workspace_bytes(func, args, kwargs) -> int:
