@@ -14,7 +14,7 @@ the layout oneDNN picks for the shapes and the machine. Only a target whose kern
 from __future__ import annotations
 
 import contextlib
-import json
+import math
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +24,7 @@ from torch.profiler import ProfilerActivity, profile
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_map_only
 
+from bench.analysis.breakdown import load_trace, memory_peak_delta
 from parallel_kernels.workload import tensor_bytes
 
 # Ops whose CPU kernels allocate working buffers inside (oneDNN's reorders).
@@ -63,18 +64,9 @@ def workspace_bytes(func, args, kwargs) -> int:
             with tempfile.TemporaryDirectory() as tmp:
                 path = Path(tmp) / "op.json"
                 prof.export_chrome_trace(str(path))
-                rise = _peak_rise(path)
-            _measured[sig] = max(0, rise - tensor_bytes(out))
+                rise = memory_peak_delta(load_trace(path))  # NaN: it allocated nothing
+            _measured[sig] = 0 if math.isnan(rise) else max(0, int(rise) - tensor_bytes(out))
     return _measured[sig]
-
-
-def _peak_rise(path: Path) -> int:
-    events = [e for e in json.loads(path.read_text())["traceEvents"] if e.get("name") == "[memory]"]
-    total, peak = 0, 0
-    for e in sorted(events, key=lambda e: e["ts"]):
-        total += int(e["args"]["Bytes"])
-        peak = max(peak, total)
-    return peak
 
 
 class _Workspaces(TorchDispatchMode):
