@@ -116,6 +116,29 @@ def test_what_another_thread_frees_is_freed(fresh, tmp_path):
     assert peak == pytest.approx(p + 16 * MB, rel=0.05), peak / MB
 
 
+def _kept_through_release(tmp: str) -> tuple[float, int]:
+    """A step that frees the previous step's 16 MiB of gradients itself, which ``release``
+    leaves (FSDP1's flat gradients through ``zero_grad``), before making new ones."""
+    _profiler_set_up()
+    baseline = MemoryBaseline.now(CPU)
+    params = torch.ones(8 * MB // 4)
+    state = {"grads": torch.ones(16 * MB // 4)}  # made before the memory steps, uncounted
+
+    def step() -> None:
+        state["grads"] = None
+        state["grads"] = torch.ones(16 * MB // 4)
+
+    got = step_memory(step, baseline=baseline, release=lambda: None, scratch_dir=Path(tmp))
+    return got.peak_bytes, params.nbytes
+
+
+def test_what_a_step_frees_of_the_state_it_starts_from_is_freed(fresh, tmp_path):
+    """The counter takes off only a free of what it counted: measured from the first step,
+    the old gradients' free was missed and this read P + 32 MiB."""
+    peak, p = fresh(_kept_through_release, str(tmp_path))
+    assert peak == pytest.approx(p + 16 * MB, rel=0.05), peak / MB
+
+
 def _peak_mb(step, baseline, tmp: str) -> dict:
     got = step_memory(step, baseline=baseline, release=lambda: None, scratch_dir=Path(tmp))
     return {"peak_mem_mb": got.peak_bytes / MB, "peak_reserved_mb": got.reserved_bytes / MB}
