@@ -27,7 +27,14 @@ import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from bench.plan.fakes import PeakTracker, backend_copies, fake_ddp, fake_world, resolve_ddp_hooks
+from bench.plan.fakes import (
+    PeakTracker,
+    backend_copies,
+    fake_ddp,
+    fake_world,
+    resolve_ddp_hooks,
+    untracked_propagation,
+)
 from bench.plan.workspace import kernel_workspaces
 from bench.runfolder.points import PointRecord
 from bench.runner.session.distenv import DistEnv
@@ -249,6 +256,7 @@ def _track(
         fake_world(first.world_size),
         fake_ddp(),
         backend_copies(backend),
+        untracked_propagation(tracker),
         FakeTensorMode(allow_non_fake_inputs=True),
     ):
         # The build is tracked: what a wrapper allocates as it wraps (DDP's buckets) lives
