@@ -3,7 +3,6 @@ step tracked under fake tensors, with them, against the allocator's own count on
 
 from __future__ import annotations
 
-import contextlib
 import tempfile
 from pathlib import Path
 
@@ -56,7 +55,7 @@ def _tracked_rise(workspaces: bool) -> float:
         tracker.track_external(net)
         with tracker:
             start = tracker.get_tracker_snapshot("current")
-            with kernel_workspaces(workspaces) if workspaces else contextlib.nullcontext():
+            with kernel_workspaces(workspaces):
                 _step(net, x)
         peak = tracker.get_tracker_snapshot("peak")
     total = lambda snap: sum(v["Total"] for v in snap.values())  # noqa: E731

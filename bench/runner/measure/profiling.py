@@ -273,10 +273,10 @@ def step_memory(
         )
     with every_thread_counted():
         # A step first, unmeasured, so that the state a measured step starts from was made
-        # counted: the counter takes off only a free of what it counted, and what a step
-        # frees of the state before it stayed counted (FSDP1 keeps its flat gradients
-        # through ``zero_grad`` and frees them in its next forward: llama:tiny's first
-        # measured step read 1.19 MiB, its gradients, over the next two).
+        # counted: the counter takes off only a free of what it counted, so a step's free
+        # of state made before was never taken off (FSDP1 keeps its flat gradients through
+        # ``zero_grad`` and frees them in its next forward: llama:tiny's first measured step
+        # read 1.19 MiB, those gradients, over the next two).
         release()
         step()
         peaks = [_host_step_peak(step, baseline, release, scratch_dir) for _ in range(steps)]
