@@ -279,11 +279,14 @@ STRATEGIES: dict[str, Strategy] = {
                     tp_layer="megatron",
                     full_state=mesh_parameters,
                 ),
+                # With dp_shard its data-parallel ranks run ReferenceFSDP, which waits on
+                # each unit's reduction (reduce_blocks).
                 Impl(
                     name="reference",
                     apply=mesh.apply_reference_tp,
                     native=False,
                     buckets="reference",
+                    reduce_blocks=True,
                     tp_layer="megatron",
                     full_state=mesh_parameters,
                 ),
@@ -293,6 +296,7 @@ STRATEGIES: dict[str, Strategy] = {
                     apply=partial(mesh.apply_reference_tp, layer="naive"),
                     native=False,
                     buckets="reference",
+                    reduce_blocks=True,
                     tp_layer="naive",
                     full_state=mesh_parameters,
                 ),

@@ -2,7 +2,8 @@
 # `make gpu-check`: the suite's GPU path on one machine with CUDA, in a few minutes, checked by
 # hand (CI has no GPU): NCCL at world size 1 (one rank per GPU: NCCL refuses two ranks on one
 # device), a zoo model's DDP and FSDP sweeps, two ranks sharing GPU 0 over gloo with CUDA
-# tensors (DDP), the collectives, and the analyser on the GPU traces the sweeps wrote. It ends
+# tensors (DDP, then TP), the collectives, the planner's memory against CUDA's allocator
+# (bench/selftime/plan_memory.py), and the analyser on the GPU traces the sweeps wrote. It ends
 # with a summary: device, MFU, GPU utilisation (trace and NVML), the analyser's figures.
 #
 #   make gpu-check TORCH=            # with your CUDA torch in .venv (README)
@@ -47,7 +48,23 @@ run fsdp "$N" 120 --sweep sharding_strategy --values FULL_SHARD,NO_SHARD --model
   --rounds 1 --max-point-s 3
 run shared_gpu 2 120 --sweep bucket_cap_mb --values 1,25 --model "$MODEL" --impl native \
   --backend gloo-cuda --rounds 1 --max-point-s 3
+# tensor parallelism on CUDA tensors: the DTensor step whose AdamW is CUDA's foreach
+run tp_shared_gpu 2 120 --sweep tp_degree --values 2 --model "$MODEL" --backend gloo-cuda \
+  --rounds 1 --max-point-s 3
 run collectives "$N" 90 --sweep message_size -b 1K -e 64M -f 8
+
+# The planner's peak per rank (fake tensors, no GPU used) against CUDA's allocator peak of the
+# same step, with the device memory outside the allocator beside it (the --allowance-gib).
+memory() {  # name, time limit (s), then plan_memory.py's arguments
+  local name=$1 limit=$2
+  shift 2
+  echo "== $name: bench/selftime/plan_memory.py --gpu $*" | tee -a "$OUT/summary.txt"
+  timeout "$limit" $PY bench/selftime/plan_memory.py --gpu "$@" >"$OUT/$name.log" 2>&1
+  echo "exit $?" | tee -a "$OUT/summary.txt"
+  grep -E "^(model|largest|reservation|[a-z0-9_/.:]+ )" "$OUT/$name.log" >>"$OUT/summary.txt"
+}
+memory plan_memory 300 --ranks 1 --backend nccl
+memory plan_memory_shared 200 --ranks 2 --layouts "ddp,ddp ckpt,tp2" --backend gloo-cuda
 
 $PY - "$OUT" <<'EOF' | tee -a "$OUT/summary.txt"
 import sys
@@ -59,7 +76,7 @@ from bench.analysis.folder import analyse, load_trace_dir
 
 out = Path(sys.argv[1])
 pd.set_option("display.width", 250)
-for name in ("ddp", "fsdp", "shared_gpu", "collectives"):
+for name in ("ddp", "fsdp", "shared_gpu", "tp_shared_gpu", "collectives"):
     f = out / name / "results.csv"
     if not f.exists():
         print(f"-- {name}: no results.csv")

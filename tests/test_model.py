@@ -3,6 +3,7 @@ computed timelines, PyTorch's own bucket assignment, a synthetic trace, link pre
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,7 @@ from bench.model.comm import ALGORITHMS, FitError, fit_rows
 from bench.model.compute import ComputeProfile, from_trace_dir
 from bench.model.fitting import RESAMPLES, interval, nonneg_lstsq
 from bench.model.links import PRESETS, LinkCosts, parse_link
-from bench.model.predict import case_of, fsdp
+from bench.model.predict import case_of, fsdp, tp
 from bench.model.runs import read_collectives_runs
 from bench.model.whatif import DEFAULT_DDP, predict_scales, recommend
 from bench.report.model_section import _outliers
@@ -442,6 +443,53 @@ def test_hybrid_shard_reduces_in_its_group_then_across_replicas():
     assert gathers["ag_b0"] == gathers["ag_f0"]  # resharded after forward, as FULL_SHARD
     expected = comm.time("reduce_scatter", unit0, 2) + comm.time("all_reduce", unit0 / 2, 2)
     assert gathers["rs0"] == pytest.approx(1e3 * expected)
+
+
+def test_collectives_of_two_communicators_run_beside_each_other():
+    # a and b share a communicator and queue; c runs beside them on its own
+    prog = [sch.Issue("a", 4), sch.Issue("b", 2), sch.Issue("c", 3, "tp"), sch.Wait("c")]
+    prog += [sch.Compute(1), sch.Wait("b")]
+    tl = sch.simulate(prog)
+    assert tl.comm == [(0, 3, "c"), (0, 4, "a"), (4, 6, "b")]
+    assert tl.compute == [(3, 4, "compute")] and tl.end_ms == 6
+    assert tl.metrics()["comm_ms"] == 6  # their union
+
+
+def test_fsdp_over_tp_blocks_on_tp_calls_beside_fsdps_collectives():
+    prog = sch.fsdp_program(UNITS, after_ms=5)
+    prog = sch.with_blocking_calls(prog, "forward", 20, [1])
+    prog = sch.with_blocking_calls(prog, "backward", 40, [2])
+    tl = sch.simulate(prog)
+    # as test_fsdp_with_prefetch_hides_the_next_gather, with forward's call at 10 ms of its
+    # computation (f1's start: 14-15) and backward's at 20 (b0's start, 49): the latter on its
+    # own communicator beside rs1 (49-52), not queued behind it
+    assert [c[:2] for c in tl.comm] == [
+        (0, 4), (4, 8), (14, 15), (25, 29), (29, 33), (49, 51), (49, 52), (71, 74),
+    ]  # fmt: skip
+    assert tl.end_ms == 79
+    with pytest.raises(ValueError, match="past the program's forward"):
+        sch.with_blocking_calls([sch.Compute(1, "backward")], "forward", 2, [1])
+
+
+def test_fsdp_over_tp_gathers_each_units_tp_local_bytes_among_its_dp_ranks():
+    comm = fit_rows(synthetic("gloo", 50e-6, 1e-9, [2, 4]), backend="gloo")
+    prof = ComputeProfile(10, 20, 5, grad_ready_ms=(10, 20), grad_bytes=(4000, 4000))
+    knobs = {"tp_degree": 2, "dp_shard": True}
+    record = make_point("tp_degree", "transformer", 2, "native", "tp", world_size=4, knobs=knobs)
+    case = case_of(record)
+    issued = [op for op in tp(case, prof, comm) if isinstance(op, sch.Issue)]
+    units = case.figures["fsdp_unit_bytes"]
+    by = {op.name: op for op in issued}
+    for u, nbytes in enumerate(units):
+        assert by[f"ag_f{u}"].ms == pytest.approx(1e3 * comm.time("all_gather", nbytes / 2, 2))
+        assert by[f"rs{u}"].ms == pytest.approx(1e3 * comm.time("reduce_scatter", nbytes / 2, 2))
+    on_tp = [op for op in issued if op.queue == "tp"]
+    assert len(on_tp) == len(case.figures["tp_comm_calls"]) > 0
+    assert {op.queue for op in issued} == {"tp", sch.COMM}
+    # the same mesh replicated: DDP's buckets, no gathers
+    ddp_case = case_of(replace(record, knobs={**record.knobs, "dp_shard": False}))
+    names = {op.name for op in tp(ddp_case, prof, comm) if isinstance(op, sch.Issue)}
+    assert not any(n.startswith("ag_") for n in names) and "bucket0" in names
 
 
 def test_programs_are_checked():

@@ -218,6 +218,19 @@ def test_dtensors_propagation_is_not_the_steps_memory():
 
 
 @pytest.mark.unit
+def test_a_gpus_foreach_adamw_steps_a_model_tensor_parallelism_left_part_plain():
+    """Pure TP leaves norms and embeddings plain tensors beside its DTensors, and a GPU's AdamW
+    is foreach: one foreach kernel over both kinds raises in DTensor's dispatch, so every TP row
+    at one DP rank failed its tracking for a GPU target (as the real step failed on CUDA). The
+    trainer keeps the two kinds in groups of their own (``step._kinds_apart``)."""
+    point = _point(model="llama:tiny", strategy="tp", batch=4, tp_degree=2)
+    on_gpu, here = memory.track(point, gpu=True), memory.track(point)
+    assert not on_gpu.error, on_gpu.error
+    # foreach's temporaries are a whole list's: the GPU's step peaks no lower
+    assert on_gpu.peak_mib >= here.peak_mib, (on_gpu.peak_mib, here.peak_mib)
+
+
+@pytest.mark.unit
 def test_one_build_tracks_its_phases_as_a_build_each_would():
     """A layout's micro-batches, accumulation and checkpointing, stepped in turn on one build,
     read what a build of each reads: each step starts with no gradient live and the state the

@@ -160,8 +160,6 @@ def tp(
     """``outer``: the costs of the data-parallel all-reduces, where they run on another link
     than the TP group's (across nodes; the planner's topology, bench/plan/timing.py)."""
     n, outer = n or case.world, outer or comm
-    if case.knobs.get("dp_shard"):
-        raise Unmodelled("FSDP x TP is not modelled yet")
     calls = case.figures.get("tp_comm_calls")
     if calls is None:
         raise Unmodelled("the record holds no TP collectives for this point")
@@ -171,6 +169,8 @@ def tp(
         # nccl-tests' S: an all-gather's whole output (the traces count its input, 1/n of it)
         nbytes = 4 * elements * size_per_input(collective, tp_n)
         (fwd if phase == "forward" else bwd).append(1e3 * comm.time(collective, nbytes, tp_n))
+    if case.knobs.get("dp_shard") and dp_n > 1:
+        return _fsdp_over_tp(case, prof, outer, tp_n, dp_n, fwd, bwd)
     kw = {}
     if dp_n > 1:
         buckets = _ddp_buckets(case, prof, float(case.figures["dp_bucket_cap_mb"]))
@@ -188,6 +188,33 @@ def tp(
         **kw,
     )
     return prog
+
+
+def _fsdp_over_tp(
+    case: Case, prof: ComputeProfile, dp_comm, tp_n: int, dp_n: int, fwd: list, bwd: list
+) -> list[sch.Op]:
+    """FULL_SHARD over the data-parallel ranks of a TP mesh (``dp_shard``): each unit's TP-local
+    parameters gathered and its gradients reduce-scattered among the ``dp_n`` ranks that hold
+    the same TP slice, as ``fsdp`` schedules them, and TP's blocking calls spread through
+    forward and backward on the TP group's own communicator (``schedule.with_blocking_calls``).
+    A unit's TP-local bytes are its bytes over the degree: the few parameters TP leaves whole
+    (norms, biases of row-parallel layers) are counted as split."""
+    sizes = [b / tp_n for b in case.figures["fsdp_unit_bytes"]]
+    total = sum(sizes)
+    units = [
+        sch.Unit(
+            prof.forward_ms * b / total,
+            prof.backward_ms * b / total,
+            1e3 * dp_comm.time("all_gather", b, dp_n),
+            1e3 * dp_comm.time("reduce_scatter", b, dp_n),
+        )
+        for b in sizes
+    ]
+    prog = sch.fsdp_program(
+        units, after_ms=prof.after_ms, reduce_blocks=case.facts.get("reduce_blocks", False)
+    )
+    prog = sch.with_blocking_calls(prog, "forward", prof.forward_ms, fwd)
+    return sch.with_blocking_calls(prog, "backward", prof.backward_ms, bwd)
 
 
 SIMULATORS = {"ddp": ddp, "fsdp": fsdp, "tp": tp}  # by the strategy's schedule

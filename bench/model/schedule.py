@@ -1,11 +1,13 @@
 """One training step simulated as two timelines: computation, and a queue of collectives.
 
 A step is a *program*: the operations one rank's main stream executes in order.
-``Compute(ms)`` occupies the computation timeline; ``Issue(c)`` hands collective ``c`` to the
-communication queue and returns at once (an asynchronous launch); ``Wait(c)`` blocks the main
-stream until ``c`` has finished. The queue runs collectives one at a time in the order they were
+``Compute(ms)`` occupies the computation timeline; ``Issue(c)`` hands collective ``c`` to its
+communicator's queue and returns at once (an asynchronous launch); ``Wait(c)`` blocks the main
+stream until ``c`` has finished. A queue runs collectives one at a time in the order they were
 issued (every rank must issue them in the same order, and one communicator serialises them):
-a collective starts at max(its issue, the previous one's end).
+a collective starts at max(its issue, the previous one's end). Collectives of different
+communicators (``Issue.queue``: a 2-D mesh's TP and DP groups) run beside each other, as
+NCCL runs each communicator on its own stream.
 
 The program builders below are the strategies' schedules:
 
@@ -19,6 +21,8 @@ The program builders below are the strategies' schedules:
   waited for at once, when the implementation blocks on it).
 - ``tp_program``: tensor-parallel all-reduces block the stream where they occur (Megatron's f
   and g sit on the critical path); data-parallel buckets of the local gradients as DDP.
+- ``with_blocking_calls``: such blocking calls, on a communicator of their own, spread through
+  another program's forward or backward (FSDP over a TP mesh's data-parallel ranks).
 
 ``simulate`` yields the same columns the harness measures: step time, computation,
 communication, overlap (communication under computation), exposed communication.
@@ -37,10 +41,14 @@ class Compute:
     label: str = "compute"
 
 
+COMM = "comm"  # the communicator a collective runs on unless it names another
+
+
 @dataclass(frozen=True)
 class Issue:
     name: str
     ms: float  # the collective's duration once it runs
+    queue: str = COMM  # its communicator: one collective at a time on each
 
 
 @dataclass(frozen=True)
@@ -77,7 +85,7 @@ _EPS = 1e-12  # tolerance on remaining work: an operation within it of zero has 
 
 
 def _advance_stream(
-    ops: list[Op], pc: int, now: float, issued: set[str], queue: list[Issue], done: dict
+    ops: list[Op], pc: int, now: float, issued: set[str], queues: dict, done: dict
 ) -> tuple[int, tuple[float, float, str] | None, str | None]:
     """Advance the main stream from op ``pc`` through everything that takes no time, up to a
     computation or a wait for an unfinished collective: (next op, the computation started as
@@ -92,7 +100,7 @@ def _advance_stream(
             if op.name in issued:
                 raise ValueError(f"collective {op.name!r} issued twice")
             issued.add(op.name)
-            queue.append(op)
+            queues.setdefault(op.queue, []).append(op)
         else:
             if op.name not in issued:
                 raise ValueError(f"wait for {op.name!r}, which was never issued")
@@ -129,43 +137,49 @@ def simulate(program: list[Op], *, share: float = 1.0) -> Timeline:
     now = 0.0
     busy: tuple[float, float, str] | None = None  # (remaining ms, started at, label)
     waiting: str | None = None
-    queue: list[Issue] = []  # issued, not started
-    running: list = []  # [remaining ms, started at, name] of the collective in flight
+    queues: dict[str, list[Issue]] = {}  # per communicator: issued, not started
+    running: dict[str, list] = {}  # per communicator: [remaining ms, started at, name]
     done: dict[str, float] = {}
     issued: set[str] = set()
     while True:
         if busy is None and waiting is None:
-            pc, busy, waiting = _advance_stream(ops, pc, now, issued, queue, done)
-        if not running and queue:
-            nxt = queue.pop(0)
+            pc, busy, waiting = _advance_stream(ops, pc, now, issued, queues, done)
+        instant = False
+        for q, pending in queues.items():
+            if q in running or not pending:
+                continue
+            nxt = pending.pop(0)
             if nxt.ms > 0:
-                running = [nxt.ms, now, nxt.name]
+                running[q] = [nxt.ms, now, nxt.name]
             else:
                 done[nxt.name] = now
                 if waiting == nxt.name:
                     waiting = None
-                continue
+                instant = True
+        if instant:
+            continue  # a zero-length collective finished: the stream may go on
         if busy is None and not running:
-            if waiting is not None and not queue:  # cannot happen: a waited one is queued
+            if waiting is not None:  # cannot happen: a waited one is queued or running
                 raise RuntimeError(f"waiting for {waiting!r} with nothing in flight")
-            if waiting is not None or pc < len(ops):
-                continue  # a zero-length collective just finished: go on
+            if pc < len(ops):
+                continue
             break
         rate = share if (busy is not None and running) else 1.0
         dt_c = busy[0] / rate if busy is not None else float("inf")
-        dt_m = running[0] / rate if running else float("inf")
-        dt = min(dt_c, dt_m)
+        dt_m = {q: r[0] / rate for q, r in running.items()}
+        dt = min(dt_c, *dt_m.values()) if dt_m else dt_c
         now += dt
         if busy is not None:
             busy = _run_compute(busy, dt * rate, dt == dt_c, now, tl)
-        if running:
-            running[0] -= dt * rate
-            if running[0] <= _EPS * 1e3 or dt == dt_m:
-                tl.comm.append((running[1], now, running[2]))
-                done[running[2]] = now
-                if waiting == running[2]:
+        for q, r in list(running.items()):
+            r[0] -= dt * rate
+            if r[0] <= _EPS * 1e3 or dt == dt_m[q]:
+                tl.comm.append((r[1], now, r[2]))
+                done[r[2]] = now
+                if waiting == r[2]:
                     waiting = None
-                running = []
+                del running[q]
+    tl.comm.sort()
     tl.end_ms = now
     return tl
 
@@ -347,3 +361,33 @@ def tp_program(
     prog.append(Compute(backward_ms - done, "backward"))
     prog += [Wait(f"bucket{b}") for b in range(len(buckets))]
     return [*prog, Compute(after_ms, "after backward")]
+
+
+def with_blocking_calls(
+    program: list[Op], phase: str, phase_ms: float, comms: list[float], queue: str = "tp"
+) -> list[Op]:
+    """``program`` with blocking collectives (Megatron's TP all-reduces) at even points of its
+    computation labelled ``phase`` ("forward" or "backward", ``phase_ms`` of it in all), as
+    ``tp_program`` spreads them, each issued on ``queue`` and waited for at once; what else the
+    program issues stays where it is (FSDP's gathers and reductions, on their own communicator).
+    """
+    k = len(comms)
+    marks = [phase_ms * (j + 1) / (k + 1) for j in range(k)]
+    out: list[Op] = []
+    done, j = 0.0, 0
+    for op in program:
+        if not (isinstance(op, Compute) and op.label.startswith(phase)):
+            out.append(op)
+            continue
+        left = op.ms
+        while j < k and marks[j] < done + left:
+            cut = max(marks[j] - done, 0.0)
+            out.append(Compute(cut, op.label))
+            done, left = done + cut, left - cut
+            out += [Issue(f"{phase} tp{j}", comms[j], queue), Wait(f"{phase} tp{j}")]
+            j += 1
+        out.append(Compute(left, op.label))
+        done += left
+    if j < k:
+        raise ValueError(f"{k - j} of {k} calls fall past the program's {phase} ({done} ms)")
+    return out

@@ -139,6 +139,19 @@ def wrapped_model(
     return strategy.apply(point.impl, model, group=group, device=env.device, **options)
 
 
+def _kinds_apart(params) -> list[dict]:
+    """The parameters as AdamW's groups, DTensors apart from plain tensors. Tensor parallelism
+    leaves what its plan does not split (norms, embeddings) plain, and one foreach kernel over a
+    list that mixes the two raises in DTensor's dispatch; AdamW runs each group's lists apart,
+    and foreach is its default on CUDA. The groups share every setting: the update is the same."""
+    from torch.distributed.tensor import DTensor
+
+    groups: dict[bool, list] = {}
+    for p in params:
+        groups.setdefault(isinstance(p, DTensor), []).append(p)
+    return [{"params": g} for g in groups.values()]
+
+
 def build_trainer(
     point: PointRecord,
     env: DistEnv,
@@ -155,7 +168,7 @@ def build_trainer(
     (``batches``, or this rank's share of the workload's dataset). ``foreach``: AdamW's, where
     not torch's default for the device (the planner tracks a GPU's step on the CPU)."""
     wrapped = wrapped_model(point, env, group, seed=seed, plain=plain)
-    opt = torch.optim.AdamW(wrapped.parameters(), lr=lr, foreach=foreach)
+    opt = torch.optim.AdamW(_kinds_apart(wrapped.parameters()), lr=lr, foreach=foreach)
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     dp_rank, dp_size = data_parallel_coords(wrapped, rank, world)
     batch = point.batch_per_replica
