@@ -230,7 +230,11 @@ def _profiled_steps(out: str, variant: str) -> None:
     dist.barrier()
 
 
+# serial: the prediction's step and the measured one share the cores differently (rank 1
+# computes in the one, sleeps in the other), so a test beside them moves the ratio: 1.21 in a
+# clean-clone run beside the parallel pass, 1.02 to 1.07 alone
 @pytest.mark.ranks
+@pytest.mark.serial
 @pytest.mark.timeout(240)
 def test_measured_runs_a_delayed_rank_and_a_slower_rank_predicted(pool, tmp_path):
     ranks = pool(2)

@@ -121,6 +121,22 @@ def _run_compute(
     return (rem, busy[1], busy[2])
 
 
+def _start_queued(queues: dict, running: dict, now: float, done: dict) -> bool:
+    """Start the next collective of every idle communicator; whether one of them took no time
+    (it is done at once)."""
+    instant = False
+    for q, pending in queues.items():
+        if q in running or not pending:
+            continue
+        nxt = pending.pop(0)
+        if nxt.ms > 0:
+            running[q] = [nxt.ms, now, nxt.name]
+        else:
+            done[nxt.name] = now
+            instant = True
+    return instant
+
+
 def simulate(program: list[Op], *, share: float = 1.0) -> Timeline:
     """Run a program (see the module docstring) and return its two timelines.
 
@@ -144,19 +160,8 @@ def simulate(program: list[Op], *, share: float = 1.0) -> Timeline:
     while True:
         if busy is None and waiting is None:
             pc, busy, waiting = _advance_stream(ops, pc, now, issued, queues, done)
-        instant = False
-        for q, pending in queues.items():
-            if q in running or not pending:
-                continue
-            nxt = pending.pop(0)
-            if nxt.ms > 0:
-                running[q] = [nxt.ms, now, nxt.name]
-            else:
-                done[nxt.name] = now
-                if waiting == nxt.name:
-                    waiting = None
-                instant = True
-        if instant:
+        if _start_queued(queues, running, now, done):
+            waiting = None if waiting in done else waiting
             continue  # a zero-length collective finished: the stream may go on
         if busy is None and not running:
             if waiting is not None:  # cannot happen: a waited one is queued or running
