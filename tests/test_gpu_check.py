@@ -1,6 +1,8 @@
 """The GPU check's behaviour where there is no GPU (CI): one line, exit 0; and the backend it
 uses to put two ranks on one GPU refuses a machine without CUDA in one line."""
 
+import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -36,3 +38,38 @@ def test_gloo_on_cuda_tensors_needs_cuda():
     else:
         with pytest.raises(ValueError, match="backend gloo-cuda needs CUDA"):
             pick_backend("gloo-cuda")
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(240)
+def test_the_planners_memory_check_measures_predictions_made_beforehand(tmp_path):
+    """What ``make gpu-check`` runs on a GPU (bench/selftime/plan_memory.py), here on one gloo
+    rank: predictions written without the hardware, then read and measured through the
+    harness; the table prints predicted over measured, and the device memory outside the
+    allocator only where there is a device (NaN here)."""
+    saved = tmp_path / "predictions.json"
+    script = [sys.executable, "bench/selftime/plan_memory.py", "--models", "bert:tiny"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def run(*args: str) -> str:
+        r = subprocess.run(
+            [*script, *args], cwd=REPO, capture_output=True, text=True, timeout=200, env=env
+        )
+        assert r.returncode == 0, r.stderr[-2000:]
+        return r.stdout
+
+    said = run(
+        "--ranks", "1", "--layouts", "ddp,fsdp2 FULL_SHARD", "--save-predictions", str(saved)
+    )
+    assert said.strip() == f"2 predictions in {saved}"
+    table = run("--predictions", str(saved))
+    # the columns: model (36), layout (20), predicted, measured, ratio, reserved, outside
+    rows = {
+        line[37:57].strip(): [float(x) for x in line[58:].split()[:5]]
+        for line in table.splitlines()
+        if line.startswith("bert:tiny")
+    }
+    assert sorted(rows) == ["ddp", "fsdp2 FULL_SHARD"], table
+    for layout, (_, _, ratio, reserved, outside) in rows.items():
+        assert 0.9 < ratio < 1.1, (layout, ratio)  # 0.989 and 0.977 measured
+        assert math.isnan(reserved) and math.isnan(outside)
