@@ -73,3 +73,16 @@ def test_the_planners_memory_check_measures_predictions_made_beforehand(tmp_path
     for layout, (_, _, ratio, reserved, outside) in rows.items():
         assert 0.9 < ratio < 1.1, (layout, ratio)  # 0.989 and 0.977 measured
         assert math.isnan(reserved) and math.isnan(outside)
+    # a file that is not there: one line, exit 2
+    r = subprocess.run(
+        [*script, "--predictions", str(tmp_path / "none.json")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert (r.returncode, r.stderr.strip()) == (
+        2,
+        f"plan_memory: no predictions file {tmp_path}/none.json",
+    )

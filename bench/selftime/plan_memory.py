@@ -146,6 +146,9 @@ def main() -> int:
         measure(*args.measure, backend=args.backend)
         return 0
     if args.predictions:
+        if not args.predictions.is_file():
+            print(f"plan_memory: no predictions file {args.predictions}", file=sys.stderr)
+            return 2
         rows = json.loads(args.predictions.read_text())
     else:
         models = [m for m in args.models.split(",") if m]
@@ -157,7 +160,8 @@ def main() -> int:
         return 0
     ranks = {r["point"]["world_size"] for r in rows}
     if len(ranks) != 1:
-        raise SystemExit(f"plan_memory: predictions at several world sizes {sorted(ranks)}")
+        print(f"plan_memory: predictions at several world sizes {sorted(ranks)}", file=sys.stderr)
+        return 2
     with tempfile.TemporaryDirectory() as tmp:
         points, out = Path(tmp) / "points.json", Path(tmp) / "measured.json"
         points.write_text(json.dumps(rows))
