@@ -14,7 +14,7 @@ model checks its communication terms.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -193,26 +193,21 @@ def tp(
 def _fsdp_over_tp(
     case: Case, prof: ComputeProfile, dp_comm, tp_n: int, dp_n: int, fwd: list, bwd: list
 ) -> list[sch.Op]:
-    """FULL_SHARD over the data-parallel ranks of a TP mesh (``dp_shard``): each unit's TP-local
-    parameters gathered and its gradients reduce-scattered among the ``dp_n`` ranks that hold
-    the same TP slice, as ``fsdp`` schedules them, and TP's blocking calls spread through
-    forward and backward on the TP group's own communicator (``schedule.with_blocking_calls``).
-    A unit's TP-local bytes are its bytes over the degree: the few parameters TP leaves whole
-    (norms, biases of row-parallel layers) are counted as split."""
-    sizes = [b / tp_n for b in case.figures["fsdp_unit_bytes"]]
-    total = sum(sizes)
-    units = [
-        sch.Unit(
-            prof.forward_ms * b / total,
-            prof.backward_ms * b / total,
-            1e3 * dp_comm.time("all_gather", b, dp_n),
-            1e3 * dp_comm.time("reduce_scatter", b, dp_n),
-        )
-        for b in sizes
-    ]
-    prog = sch.fsdp_program(
-        units, after_ms=prof.after_ms, reduce_blocks=case.facts.get("reduce_blocks", False)
+    """FULL_SHARD over the data-parallel ranks of a TP mesh (``dp_shard``): ``fsdp``'s schedule
+    of each unit's TP-local parameters among the ``dp_n`` ranks that hold the same TP slice,
+    with TP's blocking calls spread through forward and backward on the TP group's own
+    communicator (``schedule.with_blocking_calls``). A unit's TP-local bytes are its bytes over
+    the degree: the few parameters TP leaves whole (norms, biases of row-parallel layers) are
+    counted as split."""
+    local = replace(
+        case,
+        knobs={**case.knobs, "sharding_strategy": "FULL_SHARD"},
+        figures={
+            **case.figures,
+            "fsdp_unit_bytes": [b / tp_n for b in case.figures["fsdp_unit_bytes"]],
+        },
     )
+    prog = fsdp(local, prof, dp_comm, dp_n)
     prog = sch.with_blocking_calls(prog, "forward", prof.forward_ms, fwd)
     return sch.with_blocking_calls(prog, "backward", prof.backward_ms, bwd)
 
