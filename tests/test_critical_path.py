@@ -288,7 +288,10 @@ def _suite_points(root: str) -> list[dict]:
     return [run_point(p, pool_env(), FAST, Path(root) / name) for name, p in points.items()]
 
 
+# serial: whether FSDP's gather or its hook's own copies lie on the path is a matter of
+# timing; beside the parallel pass the gather was on it in none of the steps (a clean-clone run)
 @pytest.mark.ranks
+@pytest.mark.serial
 @pytest.mark.timeout(240)
 def test_the_suites_ddp_and_fsdp_steps_have_their_known_paths(pool, tmp_path):
     rows = pool(2).run(_suite_points, str(tmp_path), timeout=200)[0]
