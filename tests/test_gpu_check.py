@@ -63,16 +63,19 @@ def test_the_planners_memory_check_measures_predictions_made_beforehand(tmp_path
     )
     assert said.strip() == f"2 predictions in {saved}"
     table = run("--predictions", str(saved))
-    # the columns: model (36), layout (20), predicted, measured, ratio, reserved, outside
+    # the columns: model (36), layout (20), predicted, measured, ratio, reserved, outside, left
     rows = {
-        line[37:57].strip(): [float(x) for x in line[58:].split()[:5]]
+        line[37:57].strip(): [float(x) for x in line[58:].split()[:6]]
         for line in table.splitlines()
         if line.startswith("bert:tiny")
     }
     assert sorted(rows) == ["ddp", "fsdp2 FULL_SHARD"], table
-    for layout, (_, _, ratio, reserved, outside) in rows.items():
+    for layout, (_, _, ratio, reserved, outside, left) in rows.items():
         assert 0.9 < ratio < 1.1, (layout, ratio)  # 0.989 and 0.977 measured
         assert math.isnan(reserved) and math.isnan(outside)
+        # the heap a released point left in use (the process's caches), taken off its peak:
+        # on a CPU a fraction of it (an H200 left a DDP point's buckets, docs/gpu_check.md)
+        assert abs(left) < 0.5 * rows[layout][1], (layout, left)
     # a file that is not there: one line, exit 2
     r = subprocess.run(
         [*script, "--predictions", str(tmp_path / "none.json")],

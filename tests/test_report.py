@@ -144,3 +144,33 @@ def test_tensor_parallel_report_draws_communication_against_the_analytical_figur
     assert any("analytical" in alt and "tp_degree" in alt for alt in imgs)
     assert "best tp_degree=4 at" in page and "the default 1 takes" in page
     assert "<th scope='col'>comm_bytes_expected</th>" in page
+
+
+@pytest.mark.unit
+def test_the_collectives_headline_gives_no_ratio_of_zero_bus_bandwidths():
+    """At one rank every collective's bus factor is 0, so is its busbw (an H200's NCCL run):
+    the headline names each figure and divides none by 0 (it printed "nan" with numpy's
+    warning)."""
+    import warnings
+
+    import pandas as pd
+
+    from bench.report.page import _collective_headline
+
+    def rows(busbw):
+        return pd.DataFrame(
+            {
+                "collective": ["all_reduce"] * 2,
+                "impl": ["native", "reference"],
+                "busbw_GBps": busbw,
+            }
+        )
+
+    native = {"native": True, "reference": False}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        one = _collective_headline(rows([0.0, 0.0]), {}, native)
+    assert "native 0.00 GB/s" in one and "reference 0.00 GB/s" in one
+    assert "nan" not in one and "reference/native" not in one
+    two = _collective_headline(rows([2.0, 3.0]), {}, native)
+    assert "(reference/native 1.50)" in two

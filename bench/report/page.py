@@ -74,7 +74,7 @@ def _collective_headline(ok: pd.DataFrame, limits: dict, impl_native: dict) -> s
             f"{impl} {r['busbw_GBps']:.2f} GB/s{_busbw_interval(r)}" for impl, r in at.iterrows()
         )
         ours, theirs = ours_and_native(list(best.index), impl_native)
-        if ours and theirs:
+        if ours and theirs and best[theirs] > 0:  # busbw is 0 at one rank: no ratio
             text += f" ({ours}/{theirs} {best[ours] / best[theirs]:.2f})"
         lines.append(text)
     p2p = limits.get("p2p_GBps")

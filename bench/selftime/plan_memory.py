@@ -121,6 +121,7 @@ def measure(points_file: Path, out_file: Path, backend: str = "auto") -> None:
                         "measured_mib": got.get("peak_mem_mb"),
                         "reserved_mib": got.get("peak_reserved_mb", float("nan")),
                         "outside_mib": outside,
+                        "left_mib": got.get("mem_left_mb", float("nan")),
                         "status": got["status"],
                         "run_error": got.get("error", ""),
                     }
@@ -190,7 +191,7 @@ def _print(rows: list[dict], measured: list[dict]) -> None:
     nan = float("nan")
     print(
         f"{'model':36} {'layout':20} {'predicted':>10} {'measured':>10} {'ratio':>7} "
-        f"{'reserved':>9} {'outside':>8}  how"
+        f"{'reserved':>9} {'outside':>8} {'left':>7}  how"
     )
     for r, m in zip(rows, measured, strict=True):
         ok = m["status"] == "ok" and not r["error"]
@@ -201,10 +202,12 @@ def _print(rows: list[dict], measured: list[dict]) -> None:
         print(
             f"{r['model']:36} {r['layout']:20} {r['predicted_mib']:10.2f} "
             f"{(m['measured_mib'] or nan):10.2f} {ratio:7.3f} "
-            f"{m.get('reserved_mib', nan):9.1f} {m.get('outside_mib', nan):8.1f}  {why[:70]}"
+            f"{m.get('reserved_mib', nan):9.1f} {m.get('outside_mib', nan):8.1f} "
+            f"{m.get('left_mib', nan):7.2f}  {why[:70]}"
         )
     print(f"largest error: {100 * worst:.1f} % (target: 5 %); reserved: the allocator's peak")
-    print("reservation; outside: device memory in use outside the allocator, per rank (MiB)")
+    print("reservation; outside: device memory in use outside the allocator, per rank; left:")
+    print("what the point left in use once released, taken off its measured peak (MiB)")
 
 
 if __name__ == "__main__":

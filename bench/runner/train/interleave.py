@@ -241,6 +241,7 @@ def _finish(c: Candidate, env: DistEnv, cfg: HarnessConfig) -> dict:
     times = np.array(c.times)
     reset_peak_rss()  # its traced steps' peak (the candidates built before it still held)
     metrics = profiled(c.point, env, cfg, c.trainer, c.step, c.trace_dir, c.baseline, times)
+    # No NVML figure: its sample period (1/6 s to 1 s) spans the other candidates' steps.
     timed = Timed(times, np.array(c.skew), c.stop, float(np.median(c.data_ms)), float("nan"))
     metrics = visit_metrics(
         c.point, env, ONE_VISIT, c.group, c.trainer, timed, c.peak, c.checked, metrics
