@@ -208,7 +208,7 @@ TRAINING: tuple[Column, ...] = (
         name="nvml_util_pct",
         unit="%",
         ranks=MEAN,
-        meaning="NVML's GPU utilisation, read between timed steps",
+        meaning="NVML's GPU utilisation, read between timed steps; NaN in an interleaved cohort",
     ),
     Column(
         name="peak_reserved_mb",
