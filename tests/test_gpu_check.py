@@ -89,3 +89,18 @@ def test_the_planners_memory_check_measures_predictions_made_beforehand(tmp_path
         2,
         f"plan_memory: no predictions file {tmp_path}/none.json",
     )
+
+
+@pytest.mark.unit
+def test_the_memory_checks_fsdp1_no_shard_runs_only_when_named():
+    """FSDP1's NO_SHARD, whose stand-in reads far over and whose leftovers lower the point after
+    it, is out of the default table and in it when named."""
+    from bench.selftime.plan_memory import _configs
+
+    default = [c.label for c in _configs(["llama:tiny"], 8, 2, ())]
+    assert "fsdp1 NO_SHARD" not in default and "fsdp1 FULL_SHARD" in default
+    assert len(default) == 7, default
+    named = _configs(["llama:tiny"], 8, 2, ("fsdp1 NO_SHARD", "ddp"))
+    assert [(c.label, c.impl, c.knobs["sharding_strategy"]) for c in named[1:]] == [
+        ("fsdp1 NO_SHARD", "native_fsdp1", "NO_SHARD")
+    ]
