@@ -93,8 +93,8 @@ def test_the_planners_memory_check_measures_predictions_made_beforehand(tmp_path
 
 @pytest.mark.unit
 def test_the_memory_checks_fsdp1_no_shard_runs_only_when_named():
-    """FSDP1's NO_SHARD, whose stand-in reads far over and whose leftovers lower the point after
-    it, is out of the default table and in it when named."""
+    """FSDP1's NO_SHARD, whose measured peak lacks the tensors it leaves alive after its
+    release, is out of the default table and in it when named."""
     from bench.selftime.plan_memory import _configs
 
     default = [c.label for c in _configs(["llama:tiny"], 8, 2, ())]

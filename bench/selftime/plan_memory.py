@@ -49,9 +49,9 @@ LAYOUTS = (  # (label, strategy, impl, knobs)
     ("fsdp1 NO_SHARD", "fsdp", "native_fsdp1", {"sharding_strategy": "NO_SHARD"}),
     ("tp2", "tp", "native", {"tp_degree": 2}),
 )
-# Measured only when named (--layouts): FSDP2's figure, which stands for FSDP1's, reads 34 to
-# 78 % over FSDP1's NO_SHARD (docs/plan.md), and the 4 to 5 MiB that FSDP1's NO_SHARD leaves in
-# the process until later lowers the point measured after it.
+# Measured only when named (--layouts): FSDP1's NO_SHARD leaves its own tensors alive after
+# its release, held from native code, which the harness takes off its peak as if they were the
+# process's caches: it reads 34 to 78 % under its prediction (docs/plan.md).
 NAMED_ONLY = ("fsdp1 NO_SHARD",)
 STEPS = {"warmup_steps": 2, "steps": 3, "profile_steps": 1}
 
