@@ -74,7 +74,7 @@ def test_the_planners_memory_check_measures_predictions_made_beforehand(tmp_path
         assert 0.9 < ratio < 1.1, (layout, ratio)  # 0.989 and 0.977 measured
         assert math.isnan(reserved) and math.isnan(outside)
         # the heap a released point left in use (the process's caches), taken off its peak:
-        # on a CPU a fraction of it (an H200 left a DDP point's buckets, docs/gpu_check.md)
+        # on a CPU a fraction of it (an H200 left a block of DDP's, docs/benchmarks.md)
         assert abs(left) < 0.5 * rows[layout][1], (layout, left)
     # a file that is not there: one line, exit 2
     r = subprocess.run(

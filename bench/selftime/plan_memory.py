@@ -51,7 +51,7 @@ LAYOUTS = (  # (label, strategy, impl, knobs)
 )
 # Measured only when named (--layouts): FSDP1's NO_SHARD leaves its own tensors alive after
 # its release, held from native code, which the harness takes off its peak as if they were the
-# process's caches: it reads 34 to 78 % under its prediction (docs/plan.md).
+# process's caches: its prediction reads 34 to 78 % over what is measured (docs/plan.md).
 NAMED_ONLY = ("fsdp1 NO_SHARD",)
 STEPS = {"warmup_steps": 2, "steps": 3, "profile_steps": 1}
 
