@@ -60,10 +60,11 @@ def _configs(models, batch, ranks, layouts):
     from bench.plan.space import Config
     from parallel_kernels.models import workload
 
+    wanted = layouts or [label for label, *_ in LAYOUTS if label not in NAMED_ONLY]
     out = []
     for m in models:
         for label, strategy, impl, knobs in LAYOUTS:
-            if label not in layouts if layouts else label in NAMED_ONLY:
+            if label not in wanted:
                 continue
             if strategy == "tp" and (workload(m).tp_plan is None or ranks % knobs["tp_degree"]):
                 continue
