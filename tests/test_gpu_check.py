@@ -92,15 +92,16 @@ def test_the_planners_memory_check_measures_predictions_made_beforehand(tmp_path
 
 
 @pytest.mark.unit
-def test_the_memory_checks_fsdp1_no_shard_runs_only_when_named():
-    """FSDP1's NO_SHARD, whose measured peak lacks the tensors it leaves alive after its
-    release, is out of the default table and in it when named."""
+def test_the_memory_check_measures_every_layout_or_those_named():
+    """Every layout of a model by default (FSDP1's NO_SHARD too, since the harness keeps in its
+    peak what it leaves alive), and the named ones alone, in the table's order."""
     from bench.selftime.plan_memory import _configs
 
     default = [c.label for c in _configs(["llama:tiny"], 8, 2, ())]
-    assert "fsdp1 NO_SHARD" not in default and "fsdp1 FULL_SHARD" in default
-    assert len(default) == 7, default
+    assert {"fsdp1 NO_SHARD", "fsdp1 FULL_SHARD", "ddp", "tp2"} <= set(default)
+    assert len(default) == 8, default
     named = _configs(["llama:tiny"], 8, 2, ("fsdp1 NO_SHARD", "ddp"))
-    assert [(c.label, c.impl, c.knobs["sharding_strategy"]) for c in named[1:]] == [
-        ("fsdp1 NO_SHARD", "native_fsdp1", "NO_SHARD")
+    assert [(c.label, c.impl, c.knobs.get("sharding_strategy")) for c in named] == [
+        ("ddp", "native", None),
+        ("fsdp1 NO_SHARD", "native_fsdp1", "NO_SHARD"),
     ]

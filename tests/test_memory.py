@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.runner.measure.kept import OwnState
 from bench.runner.measure.profiling import MemoryBaseline, own_memory, step_memory
 from bench.runner.train.data import Batches
 from parallel_kernels.workload import Workload, tensor_bytes
@@ -160,8 +161,9 @@ def _left_and_data(tmp: str) -> tuple[dict, dict]:
 
     metrics = _peak_mb(step, baseline, tmp)
     measured = dict(metrics)
+    own = OwnState([state["params"]])
     state.clear()  # the point released
-    own_memory(metrics, baseline, data_bytes=2 * MB)
+    own_memory(metrics, baseline, data_bytes=2 * MB, own=own)
     return measured, metrics
 
 
@@ -173,6 +175,7 @@ def test_what_a_point_leaves_in_the_process_and_its_data_set_are_not_its_own(fre
     assert measured["peak_mem_mb"] == pytest.approx(8 + 2 + 4 + 16, abs=0.5)
     assert metrics["peak_mem_mb"] == pytest.approx(8 + 16, abs=0.5), metrics
     assert metrics["mem_left_mb"] == pytest.approx(4, abs=0.5)  # said: a leak would show
+    assert metrics["mem_kept_mb"] == 0  # none of its own state outlived it
     assert math.isnan(metrics["peak_reserved_mb"])  # the CPU has no reserved figure
 
 
@@ -195,12 +198,14 @@ def _cohort(tmp: str) -> tuple[dict, dict, float]:
         del activations
 
     b = _peak_mb(lambda: step(16), base_b, tmp)
+    own = OwnState([cands["b"]])
     del cands["b"]
-    own_memory(b, base_b, data_bytes=0)
+    own_memory(b, base_b, data_bytes=0, own=own)
     a = _peak_mb(lambda: step(12), base_a, tmp)
     a_measured = a["peak_mem_mb"]
+    own = OwnState([cands["a"]])
     del cands["a"]
-    own_memory(a, base_a, data_bytes=0)
+    own_memory(a, base_a, data_bytes=0, own=own)
     return a, b, a_measured
 
 
@@ -212,6 +217,54 @@ def test_a_cohorts_candidate_is_not_charged_what_those_measured_before_it_left(f
     assert a_measured == pytest.approx(8 + 2 + 12, abs=0.5)  # B's cache counted here
     assert b["peak_mem_mb"] == pytest.approx(4 + 16, abs=0.5), b
     assert a["peak_mem_mb"] == pytest.approx(8 + 12, abs=0.5), a
+
+
+_HELD_ELSEWHERE: list = []  # stands for native code that keeps a released point's tensors
+
+
+def _kept(tmp: str) -> tuple[dict, dict]:
+    """Candidates A (8 MiB of parameters, views of them made its parameters, 2 MiB of
+    optimiser state) then B (4 MiB) built; B measured and released whole, then A (16 MiB of
+    activations, a 2 MiB cache filled by the first step), whose state is kept alive past its
+    release by a holder of its own: A's and B's figures after ``own_memory``."""
+    _profiler_set_up()
+    cache: list = []
+    base_a = MemoryBaseline.now(CPU)
+    flat = torch.ones(8 * MB // 4)
+    a_state = [flat[: 4 * MB // 4], flat[4 * MB // 4 :], torch.ones(2 * MB // 4)]
+    del flat  # alive through its views, as FSDP's flat parameter through the original ones
+    base_b = MemoryBaseline.now(CPU)
+    b_state = [torch.ones(4 * MB // 4)]
+
+    def step(activation_mb: int) -> None:
+        if not cache:
+            cache.append(torch.ones(2 * MB // 4))
+        activations = torch.ones(activation_mb * MB // 4)
+        del activations
+
+    b = _peak_mb(lambda: step(16), base_b, tmp)
+    own = OwnState(b_state)
+    b_state.clear()
+    own_memory(b, base_b, data_bytes=0, own=own)
+    a = _peak_mb(lambda: step(16), base_a, tmp)
+    own = OwnState(a_state)
+    _HELD_ELSEWHERE.extend([a_state[1], a_state[2]])  # one view and the state: 10 MiB
+    a_state.clear()
+    own_memory(a, base_a, data_bytes=0, own=own)
+    return a, b
+
+
+def test_a_points_own_state_kept_alive_past_its_release_stays_in_its_peak(fresh, tmp_path):
+    """FSDP1's NO_SHARD keeps its flat parameters and AdamW's state alive after its module
+    and optimiser are gone: what a point leaves is taken off its peak as the process's
+    caches are, but that was its own memory during the step. Without the watch A read 16
+    MiB, its activations alone."""
+    a, b = fresh(_kept, str(tmp_path))
+    assert b["peak_mem_mb"] == pytest.approx(4 + 16, abs=0.5), b
+    assert b["mem_kept_mb"] == 0
+    assert a["peak_mem_mb"] == pytest.approx(8 + 2 + 16, abs=0.5), a
+    assert a["mem_kept_mb"] == pytest.approx(10, abs=0.01)  # the view's whole storage, 8 MiB
+    assert a["mem_left_mb"] == pytest.approx(10 + 2, abs=0.5)  # and B's cache
 
 
 def test_a_data_sets_bytes_count_each_storage_once_on_the_device_asked():

@@ -36,6 +36,14 @@ class PeakTracker(MemTracker):
         if not self._paused:
             super()._track(reftype, t)
 
+    def _track_module_params_and_buffers(self, module, install_grad_hooks: bool = True):
+        # FSDP1's original parameters are views of its flat one, and a view takes no gradient
+        # hook ("post accumulate grad hooks cannot be registered on non-leaf tensors"). The
+        # hooks only relabel a gradient's storage, counted once either way, as GRAD (torch's
+        # ``_update_and_maybe_create_winfos``): without them the peak is the same.
+        leaves = all(p.is_leaf for p in module.parameters())
+        return super()._track_module_params_and_buffers(module, install_grad_hooks and leaves)
+
     def _update_peak_stats(self, peak_state) -> None:
         if not hasattr(self, "_peak_mem_snap"):  # a torch whose tracker is not as read here
             return super()._update_peak_stats(peak_state)

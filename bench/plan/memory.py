@@ -276,18 +276,22 @@ def _track(
                     set_checkpointing(plain, checkpointed)
                 phase = dataclasses.replace(trainer, point=point, accum=len(micro_batches))
                 peaks.append(_peak_of_step(tracker, phase, micro_batches, here=not gpu))
-            except Exception as e:  # noqa: BLE001 - this phase's row, and the later ones'
-                # a step that failed part-way leaves the build in no state to step again
-                peaks += [_failure(e)] * (len(points) - len(peaks))
+            except Exception as e:  # noqa: BLE001 - this phase's row
+                peaks.append(_failure(e))
                 break
     out = []
-    for point, peak in zip(points, peaks, strict=True):
+    for point, peak in zip(points, peaks, strict=False):
         if peak.error:
             out.append(peak)
             continue
         flops = _flops(point.model, point.batch_per_replica, _checkpointed(point), blocks)
         out.append(replace(peak, flops=flops * int(point.knobs["grad_accum"])))
-    return out
+    rest = points[len(peaks) :]
+    # A step that failed part-way leaves the build in no state to step again, and a later
+    # phase may run where that one fails: FSDP1's NO_SHARD in bf16 fails accumulating ("a
+    # gradient with dtype BFloat16 to a tensor with grad_dtype Float", as its run does), not in
+    # one micro-batch with checkpointing, which followed it on the build: the rest on a new one.
+    return out + (_track(rest, gpus_per_node, blocks, gpu) if rest else [])
 
 
 def _checkpointed(point: PointRecord) -> bool:

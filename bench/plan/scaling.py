@@ -10,7 +10,7 @@ where the memory cannot differ, and the rest is derived from the fewest tracking
   with eight; the FLOPs of ``accum`` micro-batches are ``accum`` times one's. (Tracked at one
   micro-batch, llama:tiny's DDP at 2 x 2 read 15.7 % under the harness's peak: no gradient
   lives through one micro-batch's forward.)
-- FSDP1 stands in by FSDP2 of the same sharding (``tracked_as``).
+- FSDP1 stands in by FSDP2 of the same sharding but for NO_SHARD, its own (``tracked_as``).
 - A layout whose state is sharded over a group that does not grow with the world (DDP's
   replicas, a TP group, FSDP's NO_SHARD, a hybrid shard group) is tracked at two of those
   groups: a rank holds the same whatever their number.
@@ -59,14 +59,18 @@ def memory_key(c: Config) -> tuple:
 
 def tracked_as(c: Config) -> Config:
     """The configuration whose tracking stands for ``c``'s: FSDP1's is FSDP2's of the same
-    sharding (both hold the same ZeRO shards of the same tensors, gathered unit by unit). FSDP1
-    could be tracked under fake tensors (with the tracker's gradient hooks left off its original
-    parameters, views of the flat one, which cannot take them), but not its SHARD_GRAD_OP ("the
-    unsharded flat parameter should be allocated"), and it adds a tracking for every FSDP one
-    (24 more than the 64 of llama:1b at 1024 ranks): its figures there equalled FSDP2's to the
-    MiB, and on the five models at 2 ranks were 0 to 9 % apart from them."""
-    stand_in = STRATEGIES[c.strategy].impls[c.impl].memory_as
-    return replace(c, impl=stand_in) if stand_in else c
+    sharding (both hold the same ZeRO shards of the same tensors, gathered unit by unit), but
+    where the implementation's row says its memory is its own (``memory_own``: FSDP1's
+    NO_SHARD). FSDP1 is tracked under fake tensors with the tracker's gradient hooks left off
+    its original parameters, views of the flat one (``fakes.PeakTracker``), but not its
+    SHARD_GRAD_OP ("the unsharded flat parameter should be allocated"), and every sharding
+    tracked as itself adds trackings (NO_SHARD: 8 layouts of llama:1b at 1024 ranks, 2
+    builds). At llama:1b's scale its figures equalled FSDP2's to the MiB; on the five models at
+    2 ranks its FULL_SHARD read 0 to 9 % apart from FSDP2's, no closer to the measured peak."""
+    impl = STRATEGIES[c.strategy].impls[c.impl]
+    if impl.memory_as is None or any(c.knobs.get(k) == v for k, v in impl.memory_own.items()):
+        return c
+    return replace(c, impl=impl.memory_as)
 
 
 def _inner(c: Config) -> int:

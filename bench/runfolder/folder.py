@@ -28,6 +28,10 @@ Schema versions (major.minor; a reader reads its own major and any minor):
   three before, and what a step frees of the state it starts from (FSDP1's flat gradients,
   which ``zero_grad`` leaves: 1.19 MiB of llama:tiny's FULL_SHARD). A 2.8 folder reads as
   before.
+- 2.10: ``mem_kept_mb``, the point's own state still alive once it was released (FSDP1's
+  NO_SHARD keeps its flat parameters and AdamW's state), stays in ``peak_mem_mb``: it was taken
+  off with the rest of what the point left, which read llama:tiny's FSDP1 NO_SHARD 4.75 MiB
+  low. A 2.9 folder reads as before (no ``mem_kept_mb``).
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ import pandas as pd
 from bench.runfolder.columns import NOISE_COLUMNS, SAMPLE_COLUMNS
 from bench.runfolder.points import POINTS_FILE, PointRecord, RunFolderError, read_points
 
-SCHEMA_VERSION = "2.9"
+SCHEMA_VERSION = "2.10"
 
 
 def utc_now() -> str:

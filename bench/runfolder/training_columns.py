@@ -4,6 +4,7 @@ the tables and what is made from them."""
 from __future__ import annotations
 
 from bench.runfolder.column import DERIVED, MAX, MEAN, POINT, RAN_ON, TIMED, Column
+from bench.runfolder.training_memory import RELEASED
 from bench.runfolder.training_read import READ
 
 TRAINING: tuple[Column, ...] = (
@@ -210,20 +211,7 @@ TRAINING: tuple[Column, ...] = (
         ranks=MEAN,
         meaning="NVML's GPU utilisation, read between timed steps; NaN in an interleaved cohort",
     ),
-    Column(
-        name="peak_reserved_mb",
-        unit="MiB",
-        ranks=MAX,
-        meaning="CUDA: most memory the caching allocator held "
-        "in the measured step, above the point's start (fragmentation included; NaN on CPU)",
-    ),
-    Column(
-        name="mem_left_mb",
-        unit="MiB",
-        ranks=MAX,
-        meaning="memory still in use once the point was released, above its start (caches it "
-        "filled, or a leak): not in peak_mem_mb",
-    ),
+    *RELEASED,
     Column(
         name="data_ms",
         unit="ms",

@@ -49,10 +49,6 @@ LAYOUTS = (  # (label, strategy, impl, knobs)
     ("fsdp1 NO_SHARD", "fsdp", "native_fsdp1", {"sharding_strategy": "NO_SHARD"}),
     ("tp2", "tp", "native", {"tp_degree": 2}),
 )
-# Measured only when named (--layouts): FSDP1's NO_SHARD leaves its own tensors alive after
-# its release, held from native code, which the harness takes off its peak as if they were the
-# process's caches: its prediction reads 34 to 78 % over what is measured (docs/plan.md).
-NAMED_ONLY = ("fsdp1 NO_SHARD",)
 STEPS = {"warmup_steps": 2, "steps": 3, "profile_steps": 1}
 
 
@@ -60,7 +56,7 @@ def _configs(models, batch, ranks, layouts):
     from bench.plan.space import Config
     from parallel_kernels.models import workload
 
-    wanted = layouts or [label for label, *_ in LAYOUTS if label not in NAMED_ONLY]
+    wanted = layouts or [label for label, *_ in LAYOUTS]
     out = []
     for m in models:
         for label, strategy, impl, knobs in LAYOUTS:
@@ -128,6 +124,7 @@ def measure(points_file: Path, out_file: Path, backend: str = "auto") -> None:
                         "reserved_mib": got.get("peak_reserved_mb", float("nan")),
                         "outside_mib": outside,
                         "left_mib": got.get("mem_left_mb", float("nan")),
+                        "kept_mib": got.get("mem_kept_mb", float("nan")),
                         "status": got["status"],
                         "run_error": got.get("error", ""),
                     }
@@ -144,9 +141,7 @@ def main() -> int:
     p.add_argument("--ranks", type=int, default=2, help="the launch's world size (default 2)")
     p.add_argument("--gpu", action="store_true", help="predict for a GPU target (see above)")
     p.add_argument("--backend", default="auto", choices=("auto", "gloo", "nccl", "gloo-cuda"))
-    p.add_argument(
-        "--layouts", default="", help="comma-separated labels (default: all but NAMED_ONLY)"
-    )
+    p.add_argument("--layouts", default="", help="comma-separated labels (default: all)")
     p.add_argument("--save-predictions", type=Path, help="predict, write them here, and stop")
     p.add_argument("--predictions", type=Path, help="read the predictions instead of making them")
     p.add_argument("--measure", nargs=2, type=Path, help=argparse.SUPPRESS)
@@ -199,7 +194,7 @@ def _print(rows: list[dict], measured: list[dict]) -> None:
     nan = float("nan")
     print(
         f"{'model':36} {'layout':20} {'predicted':>10} {'measured':>10} {'ratio':>7} "
-        f"{'reserved':>9} {'outside':>8} {'left':>7}  how"
+        f"{'reserved':>9} {'outside':>8} {'left':>7} {'kept':>6}  how"
     )
     for r, m in zip(rows, measured, strict=True):
         ok = m["status"] == "ok" and not r["error"]
@@ -211,11 +206,12 @@ def _print(rows: list[dict], measured: list[dict]) -> None:
             f"{r['model']:36} {r['layout']:20} {r['predicted_mib']:10.2f} "
             f"{(m['measured_mib'] or nan):10.2f} {ratio:7.3f} "
             f"{m.get('reserved_mib', nan):9.1f} {m.get('outside_mib', nan):8.1f} "
-            f"{m.get('left_mib', nan):7.2f}  {why[:70]}"
+            f"{m.get('left_mib', nan):7.2f} {m.get('kept_mib', nan):6.2f}  {why[:70]}"
         )
     print(f"largest error: {100 * worst:.1f} % (target: 5 %); reserved: the allocator's peak")
     print("reservation; outside: device memory in use outside the allocator, per rank; left:")
-    print("what the point left in use once released, taken off its measured peak (MiB)")
+    print("what the point left in use once released, taken off its measured peak but for")
+    print("kept: its own state still alive (an implementation's leak, MiB)")
 
 
 if __name__ == "__main__":

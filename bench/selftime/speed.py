@@ -29,6 +29,7 @@ import torch.distributed as dist
 from bench.analysis import breakdown as analysis
 from bench.analysis.breakdown import load_trace
 from bench.runfolder.points import PointRecord
+from bench.runner.measure.kept import OwnState
 from bench.runner.measure.profiling import MemoryBaseline, own_memory, profile_steps, step_memory
 from bench.runner.measure.timing import timed_steps
 from bench.runner.plan.points import resolve_point
@@ -74,9 +75,9 @@ def peak_memory(impl: str, args, env) -> float:
         "peak_mem_mb": got.peak_bytes / 2**20,
         "peak_reserved_mb": got.reserved_bytes / 2**20,
     }
-    data_bytes = trainer.batches.held_bytes(env.device)
+    data_bytes, own = trainer.batches.held_bytes(env.device), OwnState.of(trainer)
     trainer = None  # released: what stays in use is not the implementation's (own_memory)
-    own_memory(metrics, baseline, data_bytes=data_bytes)
+    own_memory(metrics, baseline, data_bytes=data_bytes, own=own)
     t = torch.tensor([metrics["peak_mem_mb"] * 2**20], dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.item()

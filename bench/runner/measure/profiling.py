@@ -17,6 +17,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
 from bench.analysis.breakdown import load_trace, memory_peak_delta
+from bench.runner.measure.kept import OwnState
 from bench.runner.measure.quiet import without_lines
 from bench.runner.session.distenv import synchronize
 
@@ -210,26 +211,30 @@ class StepMemory:
     reserved_bytes: float  # CUDA: most bytes the allocator held, above the baseline; CPU: NaN
 
 
-def own_memory(metrics: dict, baseline: MemoryBaseline, *, data_bytes: int) -> None:
+def own_memory(metrics: dict, baseline: MemoryBaseline, *, data_bytes: int, own: OwnState) -> None:
     """A point's memory figures in ``metrics`` (``step_memory``'s, above its baseline) made
     its own, once its objects are released: less what stays in use above the baseline after
     the release (the process's caches it filled: oneDNN's kernels and the autograd engine's
     threads, 5.7 MiB on a process's first ResNet point here; and, in a cohort, what the
-    candidates measured before it left), and less ``data_bytes``, the harness's synthetic data
-    set where it lies on the measured device (on a GPU it lies on the host; on the CPU it is
-    eight steps' batches, ResNet's 6 MiB). Both are the harness's and the process's, not the
-    configuration's: the peak becomes the step's highest use over what its release gives
-    back, data aside, whatever the baseline held."""
+    candidates measured before it left) but for what is still alive of its own state
+    (``own``, watched before the release: an implementation's leak, its memory during the
+    step), and less ``data_bytes``, the harness's synthetic data set where it lies on the
+    measured device (on a GPU it lies on the host; on the CPU it is eight steps' batches,
+    ResNet's 6 MiB). Both are the harness's and the process's, not the configuration's: the
+    peak becomes the step's highest use over what its release gives back of the process's,
+    data aside, whatever the baseline held."""
     if "peak_mem_mb" not in metrics:
         return
     # Not clamped at 0: a cohort's candidate dropped after this one's baseline leaves less in
     # use than the baseline held, and the step's highest use over the release's is the figure.
     left = baseline.held_above()  # NaN where there is no heap figure, as the peak is then
+    kept = own.kept_bytes(baseline.device)
     for key in ("peak_mem_mb", "peak_reserved_mb"):
-        metrics[key] -= (left + data_bytes) / 2**20
+        metrics[key] -= (left - kept + data_bytes) / 2**20
     # Said, so that a leak shows: the reference DDP's hooks once kept its whole model (115 MiB
     # of wide_mlp) after its point, which this figure would otherwise have hidden.
     metrics["mem_left_mb"] = left / 2**20
+    metrics["mem_kept_mb"] = kept / 2**20
 
 
 # Steps whose highest peak is a point's: one step's peak varies here from step to step (a CPU

@@ -24,6 +24,7 @@ from bench.runner.faults.hangs import diagnosis, hang_dir, run_watched
 from bench.runner.faults.root_cause import root_cause
 from bench.runner.measure import flops
 from bench.runner.measure.collector import settled
+from bench.runner.measure.kept import OwnState
 from bench.runner.measure.nvml import NvmlSampler
 from bench.runner.measure.profiling import (
     MemoryBaseline,
@@ -124,9 +125,9 @@ def _train_and_measure(
         progress("profiling")
         metrics = profiled(point, env, cfg, trainer, step, trace_dir, baseline, timed.times)
     metrics = visit_metrics(point, env, visit, group, trainer, timed, peak, checked, metrics)
-    data_bytes = trainer.batches.held_bytes(env.device)
+    data_bytes, own = trainer.batches.held_bytes(env.device), OwnState.of(trainer)
     trainer = None  # released (``step`` holds it through this name): what stays is not its own
-    own_memory(metrics, baseline, data_bytes=data_bytes)
+    own_memory(metrics, baseline, data_bytes=data_bytes, own=own)
     return metrics
 
 

@@ -33,6 +33,7 @@ from bench.runner.faults import watchdog
 from bench.runner.faults.hangs import hang_dir, run_watched
 from bench.runner.measure import flops
 from bench.runner.measure.collector import settled
+from bench.runner.measure.kept import OwnState
 from bench.runner.measure.profiling import MemoryBaseline, own_memory, reset_peak_rss
 from bench.runner.measure.timing import (
     MAX_SECONDS,
@@ -309,8 +310,9 @@ def _finish_all(ctx, cfg: HarnessConfig, alive: list[Candidate]) -> list:
         metrics = _watched(ctx, c, lambda c=c: _finish(c, ctx.env, cfg), "finish")
         if metrics is not None:
             data_bytes = c.trainer.batches.held_bytes(ctx.env.device)
+            own = OwnState.of(c.trainer)
             c.trainer = None  # released before its group: what stays in use is not its own
-            own_memory(metrics, c.baseline, data_bytes=data_bytes)
+            own_memory(metrics, c.baseline, data_bytes=data_bytes, own=own)
         per_rank = [g[0] for g in _gather(ctx.env, [(metrics, c.error, c.checked)], "at the end")]
         row = _row(ctx, c, per_rank)
         _write(ctx, c, row)
