@@ -140,6 +140,22 @@ def test_what_a_step_frees_of_the_state_it_starts_from_is_freed(fresh, tmp_path)
     assert peak == pytest.approx(p + 16 * MB, rel=0.05), peak / MB
 
 
+def _allocating_nothing(tmp: str) -> tuple[float, int]:
+    """A step that allocates nothing through c10 (its profile holds no memory event), with 8
+    MiB of parameters: the peak and P."""
+    _profiler_set_up()
+    baseline = MemoryBaseline.now(CPU)
+    params = torch.ones(8 * MB // 4)
+    got = step_memory(lambda: None, baseline=baseline, release=lambda: None, scratch_dir=Path(tmp))
+    return got.peak_bytes, params.nbytes
+
+
+def test_a_step_that_allocates_nothing_reads_what_it_holds(fresh, tmp_path):
+    """Its counter's rise has no event to be taken from (NaN), which read the peak NaN."""
+    peak, p = fresh(_allocating_nothing, str(tmp_path))
+    assert peak == pytest.approx(p, rel=0.05), peak / MB
+
+
 def _peak_mb(step, baseline, tmp: str) -> dict:
     got = step_memory(step, baseline=baseline, release=lambda: None, scratch_dir=Path(tmp))
     return {"peak_mem_mb": got.peak_bytes / MB, "peak_reserved_mb": got.reserved_bytes / MB}

@@ -314,4 +314,5 @@ def _host_step_peak(
     path.unlink()
     if at_start is None or math.isnan(baseline.allocated):
         return math.nan
-    return at_start - baseline.allocated + max(rise, 0.0)
+    # NaN: no memory event, nothing allocated through c10 in the step
+    return at_start - baseline.allocated + (0.0 if math.isnan(rise) else max(rise, 0.0))
