@@ -195,6 +195,14 @@ def test_what_a_point_leaves_in_the_process_and_its_data_set_are_not_its_own(fre
     assert math.isnan(metrics["peak_reserved_mb"])  # the CPU has no reserved figure
 
 
+def _cached_step(cache: list, activation_mb: int) -> None:
+    """A step whose first run fills a 2 MiB cache (the process's), with its activations."""
+    if not cache:
+        cache.append(torch.ones(2 * MB // 4))
+    activations = torch.ones(activation_mb * MB // 4)
+    del activations
+
+
 def _cohort(tmp: str) -> tuple[dict, dict, float]:
     """Candidates A (8 MiB) then B (4 MiB) built, B measured (16 MiB of activations, a 2 MiB
     cache filled by the first step) and released, then A (12 MiB of activations): their
@@ -207,17 +215,11 @@ def _cohort(tmp: str) -> tuple[dict, dict, float]:
     base_b = MemoryBaseline.now(CPU)
     cands["b"] = torch.ones(4 * MB // 4)
 
-    def step(activation_mb: int) -> None:
-        if not cache:
-            cache.append(torch.ones(2 * MB // 4))
-        activations = torch.ones(activation_mb * MB // 4)
-        del activations
-
-    b = _peak_mb(lambda: step(16), base_b, tmp)
+    b = _peak_mb(lambda: _cached_step(cache, 16), base_b, tmp)
     own = OwnState([cands["b"]])
     del cands["b"]
     own_memory(b, base_b, data_bytes=0, own=own)
-    a = _peak_mb(lambda: step(12), base_a, tmp)
+    a = _peak_mb(lambda: _cached_step(cache, 12), base_a, tmp)
     a_measured = a["peak_mem_mb"]
     own = OwnState([cands["a"]])
     del cands["a"]
@@ -252,17 +254,11 @@ def _kept(tmp: str) -> tuple[dict, dict]:
     base_b = MemoryBaseline.now(CPU)
     b_state = [torch.ones(4 * MB // 4)]
 
-    def step(activation_mb: int) -> None:
-        if not cache:
-            cache.append(torch.ones(2 * MB // 4))
-        activations = torch.ones(activation_mb * MB // 4)
-        del activations
-
-    b = _peak_mb(lambda: step(16), base_b, tmp)
+    b = _peak_mb(lambda: _cached_step(cache, 16), base_b, tmp)
     own = OwnState(b_state)
     b_state.clear()
     own_memory(b, base_b, data_bytes=0, own=own)
-    a = _peak_mb(lambda: step(16), base_a, tmp)
+    a = _peak_mb(lambda: _cached_step(cache, 16), base_a, tmp)
     own = OwnState(a_state)
     _HELD_ELSEWHERE.extend([a_state[1], a_state[2]])  # one view and the state: 10 MiB
     a_state.clear()
