@@ -156,6 +156,38 @@ def test_a_step_that_allocates_nothing_reads_what_it_holds(fresh, tmp_path):
     assert peak == pytest.approx(p, rel=0.05), peak / MB
 
 
+def test_a_memory_step_whose_trace_cannot_be_read_is_measured_once_more(monkeypatch, tmp_path):
+    """torch's export once wrote a trace that was not UTF-8 (a native DDP step on gloo): the
+    step measured again gives the figure; a second unreadable trace is the point's error."""
+    from bench.analysis.reader import TraceError
+    from bench.runner.measure import profiling
+
+    real, calls = profiling.load_trace, []
+
+    def unreadable(times: int):
+        def load(path):
+            calls.append(path)
+            if len(calls) <= times:
+                raise TraceError(f"{path}: not a readable trace (UnicodeDecodeError)")
+            return real(path)
+
+        return load
+
+    baseline = MemoryBaseline.now(CPU)
+    kept = torch.ones(MB // 4)
+
+    def step() -> None:
+        torch.ones(MB // 4).add_(1)
+
+    monkeypatch.setattr(profiling, "load_trace", unreadable(1))
+    got = step_memory(step, baseline=baseline, release=lambda: None, scratch_dir=tmp_path, steps=1)
+    assert len(calls) == 2 and got.peak_bytes >= kept.nbytes
+    calls.clear()
+    monkeypatch.setattr(profiling, "load_trace", unreadable(2))
+    with pytest.raises(TraceError):
+        step_memory(step, baseline=baseline, release=lambda: None, scratch_dir=tmp_path, steps=1)
+
+
 def _peak_mb(step, baseline, tmp: str) -> dict:
     got = step_memory(step, baseline=baseline, release=lambda: None, scratch_dir=Path(tmp))
     return {"peak_mem_mb": got.peak_bytes / MB, "peak_reserved_mb": got.reserved_bytes / MB}
