@@ -20,26 +20,11 @@ allocates a block in its forward that CUDA's allocator held after the point on a
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 import torch
 
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """A DTensor's shard on this rank (the memory a rank holds), else the tensor itself."""
-    local = getattr(t, "_local_tensor", None)  # DTensor's: FSDP2's and TP's parameters
-    return local if isinstance(local, torch.Tensor) else t
-
-
-def _state_tensors(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Iterator:
-    for t in (*module.parameters(), *module.buffers()):
-        yield t
-        if t.grad is not None:
-            yield t.grad
-    for group in optimizer.param_groups:
-        yield from group["params"]
-    for state in optimizer.state.values():
-        yield from (v for v in state.values() if isinstance(v, torch.Tensor))
+from bench.runner.measure.trained import shard, trained_tensors
 
 
 class OwnState:
@@ -47,12 +32,15 @@ class OwnState:
     its release says how much of it is still alive."""
 
     def __init__(self, tensors: Iterable[torch.Tensor]):
-        self._refs = [weakref.ref(_local(t)) for t in tensors]
+        self._refs = [weakref.ref(shard(t)) for t in tensors]
 
     @classmethod
     def of(cls, trainer) -> OwnState:
-        """A trainer's model (wrapped) and optimiser state, with their gradients."""
-        return cls(_state_tensors(trainer.wrapped, trainer.opt))
+        """A trainer's model (wrapped: its parameters, buffers and their gradients) and what
+        its optimiser trains (``trained.trained_tensors``)."""
+        held = (*trainer.wrapped.parameters(), *trainer.wrapped.buffers())
+        grads = (t.grad for t in held if t.grad is not None)
+        return cls([*held, *grads, *(t for _, t in trained_tensors(trainer.opt))])
 
     def kept_bytes(self, device: torch.device) -> int:
         """Bytes of the storages on ``device``'s kind still alive of the state watched, each

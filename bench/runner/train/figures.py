@@ -14,6 +14,7 @@ from bench.runfolder.points import PointRecord
 from bench.runner.measure import flops
 from bench.runner.measure.profiling import peak_rss_bytes
 from bench.runner.measure.timing import summarize_times
+from bench.runner.measure.trained import trained_tensors
 
 
 @dataclass(frozen=True)
@@ -61,24 +62,14 @@ def visit_figures(point: PointRecord, visit, trainer, timed: Timed) -> dict:
     }
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t  # a DTensor's own shard
-
-
 def state_bytes(opt: torch.optim.Optimizer) -> tuple[int, int, int]:
     """Bytes of parameters, of gradients and of optimiser state this rank holds (its shards),
     over the parameters the optimiser trains (a wrapper may swap others into its modules)."""
-    params = grads = optim = 0
-    for group in opt.param_groups:
-        for p in group["params"]:
-            params += _local(p).numel() * p.element_size()
-            if p.grad is not None:
-                grads += _local(p.grad).numel() * p.grad.element_size()
-    for state in opt.state.values():
-        for v in state.values():
-            if torch.is_tensor(v) and v.dim() > 0:
-                optim += _local(v).numel() * v.element_size()
-    return params, grads, optim
+    held = {"param": 0, "grad": 0, "optim": 0}
+    for kind, t in trained_tensors(opt):
+        if kind != "optim" or t.dim() > 0:  # not the optimiser's step counts
+            held[kind] += t.numel() * t.element_size()
+    return held["param"], held["grad"], held["optim"]
 
 
 def aggregate(per_rank: list[dict]) -> dict:
