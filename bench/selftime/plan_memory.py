@@ -56,11 +56,10 @@ def _configs(models, batch, ranks, layouts):
     from bench.plan.space import Config
     from parallel_kernels.models import workload
 
-    wanted = layouts or [label for label, *_ in LAYOUTS]
     out = []
     for m in models:
         for label, strategy, impl, knobs in LAYOUTS:
-            if label not in wanted:
+            if layouts and label not in layouts:
                 continue
             if strategy == "tp" and (workload(m).tp_plan is None or ranks % knobs["tp_degree"]):
                 continue
