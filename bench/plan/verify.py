@@ -23,7 +23,7 @@ from pathlib import Path
 import pandas as pd
 from scipy import stats
 
-from bench.plan.launch import RUN_PY, describe, outcome, run_bench
+from bench.plan.launch import RUN_PY, describe, outcome
 from bench.runner.cli import RESOLVED_ENV, resolve
 from bench.runner.plan.config import Resolved
 from bench.runner.plan.flags import parse_config
@@ -32,8 +32,6 @@ from bench.stats.paired import DECIDED, look_confidence, versus_best_paired
 DEFAULT_DDP = {"config": "ddp bucket 25 MB", "precision": "fp32", "activation_checkpointing": "off"}
 # Each verified configuration's timing budget: its seconds of interleaved cycles.
 BUDGET = ["--max-point-s", "6", "--rounds", "1", "--warmup-steps", "3", "--profile-steps", "1"]
-# Each one's launch of its own for its peak memory: its warm-up and traced steps are enough.
-MEMORY_BUDGET = [*BUDGET[2:], "--max-point-s", "1"]
 
 
 def picks(rows: pd.DataFrame, k: int) -> pd.DataFrame:
@@ -116,35 +114,17 @@ def _measured(out: Path, n: int, failure: str) -> list[dict]:
     return got
 
 
-def _peak_alone(row: pd.Series, world: int, out: Path, timeout_s: float) -> float:
-    """The row's peak memory (MiB) from a short launch of its own command: measured in the
-    cohort, a candidate's peak read 1.5 to 7 MiB above its own launch's on llama:tiny (what the
-    others leave on the heap), which is not what the plan predicts. NaN where it fails."""
-    args = [*_run_args(row), "--nproc-per-node", str(world), "--out", str(out)]
-    args += ["--no-report", "--interleave", "off", *MEMORY_BUDGET]
-    try:
-        if run_bench(args, timeout_s):
-            return math.nan
-        r = pd.read_csv(out / "results.csv", keep_default_na=False).iloc[-1]
-        return float(r["peak_mem_mb"]) if r["peak_mem_mb"] != "" else math.nan
-    except (subprocess.TimeoutExpired, OSError, KeyError, IndexError, ValueError):
-        return math.nan
-
-
 def verify(
     rows: pd.DataFrame, k: int, world: int, out: Path, timeout_s: float = 600.0, progress=print
 ) -> tuple[pd.DataFrame, dict]:
-    """(verify.csv's rows, the summary): the picks timed together, each one's memory alone."""
+    """(verify.csv's rows, the summary): the picks timed together in one launch, each one's
+    memory measured there on a build of its own (as a point's is: the others' do not count;
+    until run folder 2.11 a launch of its own per pick, whose peaks the cohort's now equal to
+    the 0.0001 MiB, llama:tiny's four picks at 2 ranks)."""
     chosen = picks(rows, k)
     progress(f"verify: {len(chosen)} configurations, interleaved in one launch of {world} ranks")
     folder = out / "verify"
     measured = _measured(folder, len(chosen), _launch(chosen, world, folder, timeout_s))
-    for i, ((_, row), got) in enumerate(zip(chosen.iterrows(), measured, strict=True), 1):
-        if got["measured_status"] == "ok":
-            progress(f"verify: peak memory of {describe(row)}, alone")
-            mem = folder / "memory" / f"{i:02d}"
-            got = {**got, "measured_peak_mib": _peak_alone(row, world, mem, timeout_s)}
-            measured[i - 1] = got
     table = []
     for (_, row), got in zip(chosen.iterrows(), measured, strict=True):
         table.append(

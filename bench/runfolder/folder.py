@@ -50,7 +50,7 @@ import pandas as pd
 from bench.runfolder.columns import NOISE_COLUMNS, SAMPLE_COLUMNS
 from bench.runfolder.points import POINTS_FILE, PointRecord, RunFolderError, read_points
 
-SCHEMA_VERSION = "2.10"
+SCHEMA_VERSION = "2.11"
 
 
 def utc_now() -> str:

@@ -151,9 +151,10 @@ TRAINING: tuple[Column, ...] = (
         unit="MiB",
         ranks=MAX,
         contract=True,
-        meaning="most memory live at once in a measured step (the highest of three), above "
-        "what the process held before the point, less what its release leaves and its "
-        "synthetic data set (CUDA allocator, or CPU heap)",
+        meaning="most memory the allocator had handed out at once in a measured step (the "
+        "higher of two, on a build of the point's own), above what it had before the build, "
+        "less what the release leaves and the synthetic data set (CUDA's caching allocator, "
+        "or c10's CPU allocator)",
         report=24,
         console=18,
     ),

@@ -7,7 +7,7 @@ strategy of the zoo's test models and the custom example, at 2 ranks, in one lau
 
 Predictions first, in this process (fake tensors over torch's fake process group: no weight
 allocated); then one launch of ``--ranks`` ranks runs every point through the harness (its peak:
-the CPU heap above what the process held before the point, or CUDA's allocator peak) and the table
+c10's or CUDA's allocator peak above what it held before the point's build) and the table
 prints predicted / measured per point, with the largest error. The figures are in docs/plan.md.
 
 On a GPU machine (``--gpu``: the plan's GPU target, AdamW foreach and no CPU kernel workspaces) the

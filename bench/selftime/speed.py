@@ -7,9 +7,9 @@
 Implementations are interleaved round by round (native, reference, ..., native, ...) so that
 machine drift hits them alike; each round builds the model afresh, warms up, and times steps
 with the harness's timing (slowest rank per step). The figure printed is the median over rounds
-of each implementation's median step time, and their ratio. Peak memory is the peak of tensor
-bytes allocated from before the model exists to the end of two steps (the profiler's allocation
-tracking, which counts every tensor), the largest over ranks. Communication per step is read
+of each implementation's median step time, and their ratio. Peak memory is the harness's
+(``bench.runner.measure.memory.point_memory``: the allocator's bytes at a step's peak, above what
+it held before the model was built), the largest over ranks. Communication per step is read
 from a profiled run of each implementation (the bytes the traces record), and compared.
 """
 
@@ -29,8 +29,8 @@ import torch.distributed as dist
 from bench.analysis import breakdown as analysis
 from bench.analysis.breakdown import load_trace
 from bench.runfolder.points import PointRecord
-from bench.runner.measure.kept import OwnState
-from bench.runner.measure.profiling import MemoryBaseline, own_memory, profile_steps, step_memory
+from bench.runner.measure.memory import point_memory
+from bench.runner.measure.profiling import profile_steps
 from bench.runner.measure.timing import timed_steps
 from bench.runner.plan.points import resolve_point
 from bench.runner.session.distenv import init_distributed, rank0_print
@@ -59,25 +59,15 @@ def point(impl: str, args, env) -> PointRecord:
 
 def peak_memory(impl: str, args, env) -> float:
     """The harness's peak_mem_mb for the implementation, in bytes (largest rank): the most
-    bytes live at once in a step, above what the process held before the model was built,
-    less what its release leaves and its data set."""
-    baseline = MemoryBaseline.now(env.device)
-    trainer = build_trainer(point(impl, args, env), env, None)
-    trainer.step()  # the first step makes the gradients and the optimiser's state
+    bytes live at once in a step, above what the allocator held before the model was built,
+    less what its release leaves and its data set (``point_memory``)."""
     with tempfile.TemporaryDirectory() as tmp:
-        got = step_memory(
-            trainer.step,
-            baseline=baseline,
+        metrics = point_memory(
+            lambda: build_trainer(point(impl, args, env), env, None),
+            lambda trainer: trainer.step(),
+            device=env.device,
             scratch_dir=Path(tmp),
-            release=lambda: trainer.opt.zero_grad(set_to_none=True),
         )
-    metrics = {
-        "peak_mem_mb": got.peak_bytes / 2**20,
-        "peak_reserved_mb": got.reserved_bytes / 2**20,
-    }
-    data_bytes, own = trainer.batches.held_bytes(env.device), OwnState.of(trainer)
-    trainer = None  # released: what stays in use is not the implementation's (own_memory)
-    own_memory(metrics, baseline, data_bytes=data_bytes, own=own)
     t = torch.tensor([metrics["peak_mem_mb"] * 2**20], dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.item()

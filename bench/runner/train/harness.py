@@ -8,6 +8,7 @@ then agree on the outcome over the default group and all move on to the next poi
 from __future__ import annotations
 
 import datetime
+import functools
 import gc
 import time
 from collections.abc import Callable
@@ -24,15 +25,9 @@ from bench.runner.faults.hangs import diagnosis, hang_dir, run_watched
 from bench.runner.faults.root_cause import root_cause
 from bench.runner.measure import flops
 from bench.runner.measure.collector import settled
-from bench.runner.measure.kept import OwnState
+from bench.runner.measure.memory import point_memory
 from bench.runner.measure.nvml import NvmlSampler
-from bench.runner.measure.profiling import (
-    MemoryBaseline,
-    own_memory,
-    profile_steps,
-    reset_peak_rss,
-    step_memory,
-)
+from bench.runner.measure.profiling import profile_steps, reset_peak_rss
 from bench.runner.measure.timing import Budget, adaptive_steps, common_clock
 from bench.runner.session.distenv import DistEnv, synchronize
 from bench.runner.train import plain_check, plain_compare
@@ -105,16 +100,21 @@ def _train_and_measure(
     seen: dict,
 ) -> dict:
     """This rank's visit of the point: warm-up (its first step checked against the plain
-    model), the timed steps, on a first visit the traced steps and memory, and its figures."""
+    model), the timed steps, on a first visit the traced steps, its figures, and on a first
+    visit its memory on a build of its own (``point_memory``)."""
     gc.collect()  # earlier points' modules hold reference cycles (hooks): free them first
     peak = flops.point_peaks(point, env.device)  # MFU's peak: timed before the model holds memory
-    baseline = MemoryBaseline.now(env.device)
     reset_peak_rss()
-    trainer = build_trainer(point, env, group, seed=cfg.seed, lr=cfg.lr, clip=cfg.clip_grad_norm)
 
-    def step(*inputs):
+    def build():
+        return build_trainer(point, env, group, seed=cfg.seed, lr=cfg.lr, clip=cfg.clip_grad_norm)
+
+    def step_of(trainer, *inputs):
         watchdog.check_terminated()  # a cancelled job ends the point at its next step
         return trainer.step(*inputs)
+
+    trainer = build()
+    step = functools.partial(step_of, trainer)
 
     if visit.profile:  # a point's first visit; later ones only say when they finish
         progress("warm-up")
@@ -123,12 +123,19 @@ def _train_and_measure(
     metrics: dict = {}
     if visit.profile:
         progress("profiling")
-        metrics = profiled(point, env, cfg, trainer, step, trace_dir, baseline, timed.times)
+        metrics = profiled(point, env, cfg, trainer, step, trace_dir, timed.times)
     metrics = visit_metrics(point, env, visit, group, trainer, timed, peak, checked, metrics)
-    data_bytes, own = trainer.batches.held_bytes(env.device), OwnState.of(trainer)
-    trainer = None  # released (``step`` holds it through this name): what stays is not its own
-    own_memory(metrics, baseline, data_bytes=data_bytes, own=own)
+    trainer = step = None  # released before its memory is measured on a build of its own
+    if visit.profile:
+        progress("memory")
+        metrics.update(memory_of(env, trace_dir, build, step_of))
     return metrics
+
+
+def memory_of(env: DistEnv, trace_dir: Path, build: Callable, step: Callable) -> dict:
+    """``point_memory`` where a point's (or a cohort's candidate's) traces lie."""
+    scratch = trace_dir / f".memory-rank{env.rank}"
+    return point_memory(build, step, device=env.device, scratch_dir=scratch)
 
 
 def visit_metrics(
@@ -195,10 +202,9 @@ def profiled(
     trainer,
     step: Callable,
     trace_dir: Path,
-    baseline: MemoryBaseline,
     times: np.ndarray,
 ) -> dict:
-    """A first visit's traced steps, analysed (the breakdown), and one step's peak memory."""
+    """A first visit's traced steps, analysed (the breakdown)."""
     n_traced = cfg.profile_wait + cfg.profile_warmup + point.profile_steps
     inputs = [trainer.next_inputs() for _ in range(n_traced)]  # no data loading traced
     trace_path, traced_ms = profile_steps(
@@ -211,18 +217,10 @@ def profiled(
         active=point.profile_steps,
     )
     metrics = analysis.summarize(analysis.breakdown(analysis.load_trace(trace_path)))
-    memory = step_memory(
-        step,
-        baseline=baseline,
-        release=lambda: trainer.opt.zero_grad(set_to_none=True),
-        scratch_dir=trace_dir / f".memory-rank{env.rank}",
-    )
     metrics.update(
         comm_bytes_per_sample=metrics["comm_bytes_per_step"] / trainer.samples_per_step,
         # what tracing adds to a step, against this visit's untraced steps on this rank
         trace_overhead_pct=100 * (float(np.median(traced_ms)) / float(np.median(times)) - 1),
-        peak_mem_mb=memory.peak_bytes / 2**20,
-        peak_reserved_mb=memory.reserved_bytes / 2**20,
     )
     return metrics
 

@@ -7,10 +7,10 @@ whose comparison with the best is decided at one of the looks (cycles 8, 16, 32,
 ``bench.stats.paired``) leaves, and after half the budget only the best and the default go on
 (``racing.py``), until none is left or the cohort's shared steps or seconds are spent. A candidate's
 cycle i and another's were timed moments apart, so drift and a neighbour's load fall on both and
-cancel in their ratio. Then, newest first, each candidate's traced steps and memory (as a point's
-first visit has them), its release, and its row: its memory is the step's highest use over what
-its release gives back (``own_memory``), so neither the candidates built before it nor what
-those measured before it left on the heap count.
+cancel in their ratio. Then, newest first, each candidate's traced steps (as a point's first
+visit has them), its release, its memory on a build of its own once every candidate after
+it is gone (``point_memory``: the candidates built before it still hold theirs, which its
+baseline holds too), and its row.
 
 A candidate that fails is its error row; the others go on. Every rank leaves a cycle with the
 same candidates alive (their failures gathered), and decides to stop from the same all-reduced
@@ -33,8 +33,7 @@ from bench.runner.faults import watchdog
 from bench.runner.faults.hangs import hang_dir, run_watched
 from bench.runner.measure import flops
 from bench.runner.measure.collector import settled
-from bench.runner.measure.kept import OwnState
-from bench.runner.measure.profiling import MemoryBaseline, own_memory, reset_peak_rss
+from bench.runner.measure.profiling import reset_peak_rss
 from bench.runner.measure.timing import (
     MAX_SECONDS,
     MAX_STEPS,
@@ -50,6 +49,7 @@ from bench.runner.train.harness import (
     HarnessConfig,
     LostRanksError,
     Visit,
+    memory_of,
     new_point_group,
     point_row,
     profiled,
@@ -86,7 +86,6 @@ class Candidate:
     group: dist.ProcessGroup | None = None
     trainer: object = None
     clock: Clock | None = None
-    baseline: MemoryBaseline | None = None
     peak: tuple | None = None  # MFU's peaks, timed before the model held memory
     checked: str | None = None
     alone: list[float] = field(default_factory=list)
@@ -103,10 +102,13 @@ class Candidate:
     cohort: str = ""  # results.csv's ``cohort``
 
     def step(self, *inputs) -> None:
+        self.step_of(self.trainer, *inputs)
+
+    def step_of(self, trainer, *inputs) -> None:
         watchdog.check_terminated()
         set_point_group(self.group)  # a model's own collectives go to the point's group
         try:
-            self.trainer.step(*inputs)
+            trainer.step(*inputs)
         finally:
             set_point_group(None)
         if self.slow_pct and (self.times or self.alone):
@@ -127,11 +129,8 @@ def _prepare(c: Candidate, env: DistEnv, cfg: HarnessConfig) -> dict:
     """Build, warm up (the first step checked against the plain model) and time alone."""
     gc.collect()
     c.peak = flops.point_peaks(c.point, env.device)
-    c.baseline = MemoryBaseline.now(env.device)
     reset_peak_rss()
-    c.trainer = build_trainer(
-        c.point, env, c.group, seed=cfg.seed, lr=cfg.lr, clip=cfg.clip_grad_norm
-    )
+    c.trainer = _build(c, env, cfg)
     c.checked = warm_up(c.point, env, cfg, ONE_VISIT, c.group, c.trainer, c.step)
     c.clock = common_clock(c.group, env.device)
     alone, _ = timed_steps(
@@ -237,11 +236,15 @@ def run_cycles(
             racing.headline(alive, n, budget.band_pct, why)
 
 
+def _build(c: Candidate, env: DistEnv, cfg: HarnessConfig):
+    return build_trainer(c.point, env, c.group, seed=cfg.seed, lr=cfg.lr, clip=cfg.clip_grad_norm)
+
+
 def _finish(c: Candidate, env: DistEnv, cfg: HarnessConfig) -> dict:
-    """A candidate's figures after the cycles: traced steps, memory, replicas, its row's."""
+    """A candidate's figures after the cycles: traced steps, replicas, its row's."""
     times = np.array(c.times)
     reset_peak_rss()  # its traced steps' peak (the candidates built before it still held)
-    metrics = profiled(c.point, env, cfg, c.trainer, c.step, c.trace_dir, c.baseline, times)
+    metrics = profiled(c.point, env, cfg, c.trainer, c.step, c.trace_dir, times)
     # No NVML figure: its sample period (1/6 s to 1 s) spans the other candidates' steps.
     timed = Timed(times, np.array(c.skew), c.stop, float(np.median(c.data_ms)), float("nan"))
     metrics = visit_metrics(
@@ -303,16 +306,22 @@ def _watched(ctx, c: Candidate, fn: Callable[[], dict], stage: str) -> dict | No
 
 
 def _finish_all(ctx, cfg: HarnessConfig, alive: list[Candidate]) -> list:
-    """Newest first: each live candidate's traced steps and memory, its row written, and its
-    model and group released before the next one is measured."""
+    """Newest first: each live candidate's traced steps, its model released, its memory on
+    a build of its own, its row written, and its group released before the next one."""
     rows = []
     for c in reversed(alive):
         metrics = _watched(ctx, c, lambda c=c: _finish(c, ctx.env, cfg), "finish")
         if metrics is not None:
-            data_bytes = c.trainer.batches.held_bytes(ctx.env.device)
-            own = OwnState.of(c.trainer)
-            c.trainer = None  # released before its group: what stays in use is not its own
-            own_memory(metrics, c.baseline, data_bytes=data_bytes, own=own)
+            c.trainer = None  # released before its memory is measured on a build of its own
+            memory = _watched(
+                ctx,
+                c,
+                lambda c=c: memory_of(
+                    ctx.env, c.trace_dir, lambda: _build(c, ctx.env, cfg), c.step_of
+                ),
+                "memory",
+            )
+            metrics = None if memory is None else {**metrics, **memory}
         per_rank = [g[0] for g in _gather(ctx.env, [(metrics, c.error, c.checked)], "at the end")]
         row = _row(ctx, c, per_rank)
         _write(ctx, c, row)
