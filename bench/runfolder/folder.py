@@ -32,6 +32,11 @@ Schema versions (major.minor; a reader reads its own major and any minor):
   NO_SHARD keeps its flat parameters and AdamW's state), stays in ``peak_mem_mb``: it was taken
   off with the rest of what the point left, which read llama:tiny's FSDP1 NO_SHARD 4.75 MiB
   low. A 2.9 folder reads as before (no ``mem_kept_mb``).
+- 2.11: ``peak_mem_mb`` is measured on a build of the point's own after its timed steps, on
+  the CPU as c10's count of the bytes its allocator handed out (every thread, from before the
+  build), not the C heap, which moved with the points run before (FSDP2's NO_SHARD llama:tiny
+  13.5 MiB first in a launch, 18.4 after others; now 18.29 in both). A 2.10 folder reads as
+  before.
 """
 
 from __future__ import annotations
