@@ -134,8 +134,10 @@ def test_two_node_sweep(two_hosts, tmp_path):
     outputs = [p.communicate(timeout=240) for p in procs]
     for p, (o, e) in zip(procs, outputs, strict=True):
         assert p.returncode == 0, (o[-1500:], e[-3000:])
-    df = pd.read_csv(out / "results.csv")  # written by rank 0 of node 0 only
-    assert len(df) == 4 and set(df["status"]) == {"ok"} and set(df["world_size"]) == {2}
+    df = pd.read_csv(out / "results.csv", keep_default_na=False)  # rank 0 of node 0 writes it
+    failed = df[df["status"] != "ok"]
+    assert failed.empty, failed[["point", "error"]].to_string()  # which point, and why
+    assert len(df) == 4 and set(df["world_size"]) == {2}
     meta = json.loads((out / "meta.json").read_text())
     assert meta["nodes"] == 2 and meta["ranks_per_node"] == 1 and meta["world_size"] == 2
     for point in df["point"]:  # each node wrote its rank's trace into the shared --out
