@@ -480,8 +480,6 @@ def test_verify_runs_the_best_here_and_sets_measured_beside_predicted(capsys, tm
         "2",
         "--device",
         "cpu",
-        "--link",
-        "eth_25g",
         "--global-batch",
         "8",
         "--strategy",
@@ -500,6 +498,15 @@ def test_verify_runs_the_best_here_and_sets_measured_beside_predicted(capsys, tm
     assert plan_cli.main(argv) == 0
     printed = capsys.readouterr().out
     assert "calibrating: llama:tiny, DDP on 2 ranks here" in printed
+    # no --link: this machine's collectives, measured, price the communication
+    assert "calibrating: the collectives on 2 ranks here" in printed
+    coll = out / "calibration" / "collectives"
+    assert f"links: gloo collectives fitted to {coll}" in printed
+    assert set(pd.read_csv(coll / "results.csv")["collective"]) == {
+        "all_reduce",
+        "all_gather",
+        "reduce_scatter",
+    }
     checked = pd.read_csv(out / "verify.csv", keep_default_na=False)
     plan = pd.read_csv(out / "plan.csv", keep_default_na=False)
     # the best predicted row, and DDP at its defaults where it is not the best
@@ -561,3 +568,34 @@ def test_a_micro_batch_between_two_is_interpolated_as_its_tracking_gives():
     torch.testing.assert_close(rows.loc[2, "flops_per_rank"], tracked.flops * 4, rtol=1e-6, atol=0)
     # a micro-batch's FLOPs, whatever the number tracked per step
     torch.testing.assert_close(rows.loc[8, "flops_per_rank"], rows.loc[2, "flops_per_rank"] * 1.0)
+
+
+@pytest.mark.unit
+def test_a_rank_correlation_over_equal_predictions_is_said_undefined_not_nan():
+    """Three DDP bucket sizes the cost model prices alike have no predicted order: scipy gave
+    NaN with a warning on the console, and the verification printed 'rho nan (p nan)'."""
+    import warnings
+
+    from bench.plan import table
+    from bench.plan.verify import summary
+
+    df = pd.DataFrame(
+        {
+            "name": ["ddp 5", "ddp 25", "ddp 100"],
+            "measured_status": ["ok"] * 3,
+            "predicted_step_ms": [27.0, 27.0, 27.0],
+            "measured_step_ms": [26.6, 26.6, 26.4],
+            "measured_step_ms_ci_low": [26.0, 26.0, 25.9],
+            "measured_step_ms_ci_high": [27.0, 27.0, 26.9],
+            "predicted_peak_mib": [20.5] * 3,
+            "measured_peak_mib": [20.2] * 3,
+        }
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = summary(df.copy())
+    assert "spearman_rho" not in got
+    assert got["spearman_undefined"] == "the predicted steps are all equal"
+    assert "undefined (the predicted steps are all equal" in table.render_verify(df, got)
+    ordered = df.assign(predicted_step_ms=[27.0, 28.0, 29.0])
+    assert summary(ordered)["spearman_rho"] == pytest.approx(-0.866, abs=1e-3)

@@ -49,8 +49,8 @@ def _target(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="h100", help="h100, h200, a100, a100_40g, b200, cpu")
     p.add_argument(
         "--link",
-        default="nvlink4,ib_ndr",
-        help="intra-node[,inter-node] link presets (bench.model.links) or alpha=..,bw=..",
+        help="intra-node[,inter-node] link presets (bench.model.links) or alpha=..,bw=.. "
+        "(default nvlink4,ib_ndr; on --device cpu, this machine's collectives measured)",
     )
     p.add_argument(
         "--collectives",
@@ -139,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         precisions = tuple(dict.fromkeys(c.knobs["precision"] for c in configs))
         target = replace(target, rates=inputs.rates(args, target, precisions, out))
+        target = replace(target, topology=inputs.collectives_here(args, target, out))
     except (ValueError, OSError, subprocess.SubprocessError) as e:
         print(f"bench.plan: {e}", file=sys.stderr)
         return 2

@@ -10,7 +10,7 @@ import pandas as pd
 
 from bench.model.errors import FitError
 from bench.model.predict import overlap_share
-from bench.plan.calibrate import Rate, calibration_runs, fit_rates
+from bench.plan.calibrate import Rate, calibration_runs, collectives_run, fit_rates
 from bench.plan.devices import device
 from bench.plan.planner import Target
 from bench.plan.space import FAMILIES, OPTIONS, micro_batches
@@ -20,6 +20,7 @@ from parallel_kernels.models import workload
 
 DEFAULT_MFU_PCT = 40.0  # what a tuned dense training step reaches on recent GPUs (torchtitan)
 GPU_ALLOWANCE_GIB = 2.0  # CUDA context and NCCL's buffers, about a GiB each
+DEFAULT_LINKS = "nvlink4,ib_ndr"  # a GPU target's, where --link is not given
 
 
 def _families(text: str | None) -> tuple[str, ...]:
@@ -135,11 +136,28 @@ def _topology(args, dev) -> Topology:
         ranks_here = min(args.world_size, args.gpus_per_node)
         share = overlap_share({"device": "cpu", "ranks_per_node": ranks_here})
     if args.collectives is None:
-        return Topology.of_links(args.link, args.gpus_per_node, share)
+        return Topology.of_links(args.link or DEFAULT_LINKS, args.gpus_per_node, share)
     try:
         return Topology.fitted(args.collectives, args.gpus_per_node, share)
     except (OSError, FitError) as e:
         raise ValueError(f"--collectives {args.collectives}: {e}") from None
+
+
+def collectives_here(args, target: Target, out: Path) -> Topology:
+    """The target's topology, but on a CPU target given neither ``--collectives`` nor
+    ``--link``: this machine's collectives, measured by a short run on the ranks its
+    computation is calibrated on (``calibrate.collectives_run``), and fitted."""
+    ranks = min(args.world_size, args.gpus_per_node)
+    if target.device.gpu_name or args.collectives is not None or args.link is not None:
+        return target.topology
+    if ranks < 2:  # nothing is communicated
+        return target.topology
+    print(f"calibrating: the collectives on {ranks} ranks here")
+    run = collectives_run(out / "calibration", ranks)
+    try:
+        return Topology.fitted(run, args.gpus_per_node, target.topology.share)
+    except (OSError, FitError) as e:
+        raise ValueError(f"the collectives' calibration run {run}: {e}") from None
 
 
 def resolve(args) -> tuple[Target, tuple[str, ...], dict[str, tuple[str, ...]]]:

@@ -146,6 +146,11 @@ def render_verify(df: pd.DataFrame, summary: dict) -> str:
                 f"Spearman's rho of predicted and measured steps {summary['spearman_rho']:.2f} "
                 f"(p {summary['spearman_p']:.2g})"
             )
+        if "spearman_undefined" in summary:
+            lines.append(
+                "Spearman's rho of predicted and measured steps: undefined "
+                f"({summary['spearman_undefined']}: a tie, no order to correlate)"
+            )
         verdict = (
             "is it, or tied with it" if summary["predicted_best_is_best_or_tied"] else "is not"
         )

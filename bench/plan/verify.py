@@ -175,8 +175,15 @@ def summary(df: pd.DataFrame, cycles: dict[str, list[float]] | None = None) -> d
     out["step_median_abs_error_pct"] = float(ok["step_error_pct"].abs().median())
     out["peak_max_abs_error_pct"] = float(ok["peak_error_pct"].abs().max())
     if len(ok) >= 3:
-        rho, p = stats.spearmanr(ok["predicted_step_ms"], ok["measured_step_ms"])
-        out["spearman_rho"], out["spearman_p"] = float(rho), float(p)
+        # A rank correlation needs an order on both sides: three DDP bucket sizes the cost
+        # model prices alike (llama:tiny at 2 ranks) have none, and scipy returns NaN with a
+        # warning on the console.
+        equal = [c for c in ("predicted", "measured") if ok[f"{c}_step_ms"].nunique() < 2]
+        if equal:
+            out["spearman_undefined"] = f"the {equal[0]} steps are all equal"
+        else:
+            rho, p = stats.spearmanr(ok["predicted_step_ms"], ok["measured_step_ms"])
+            out["spearman_rho"], out["spearman_p"] = float(rho), float(p)
     predicted = ok.loc[ok["predicted_step_ms"].idxmin()]
     out["predicted_best"] = predicted["name"]
     names = list(ok["name"])
