@@ -98,7 +98,10 @@ def test_a_killed_rank_ends_the_job_loudly_and_resume_completes_it(tmp_path):
     try:
         deadline = time.monotonic() + 150
         while rows(out / "results.csv") < 2:
-            assert proc.poll() is None and time.monotonic() < deadline, "sweep did not start"
+            if proc.poll() is not None:  # it ended before the kill: say why
+                o, e = proc.communicate()
+                raise AssertionError(f"sweep ended ({proc.returncode}): {e[-3000:]}{o[-1500:]}")
+            assert time.monotonic() < deadline, "sweep did not start"
             time.sleep(0.2)
         victim = next(p for p in descendants(proc.pid) if local_rank_of(p) == "1")
         os.kill(victim, signal.SIGKILL)
