@@ -89,9 +89,9 @@ def _read_twice(read: Callable[[], float]) -> float:
         return read()
 
 
-def _profiled_peak(fn: Callable[[], object], scratch_dir: Path) -> float:
-    """``fn`` run under the profiler with memory events: the highest value c10's counter took
-    in it, or NaN where nothing was allocated."""
+def _profiled(fn: Callable[[], object], scratch_dir: Path) -> tuple[float, float]:
+    """``fn`` run under the profiler with memory events: c10's counter before its first
+    allocation and the highest value it took, both NaN where nothing was allocated."""
     scratch_dir.mkdir(parents=True, exist_ok=True)
     path = scratch_dir / "memory.pt.trace.json"
     with without_lines(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
@@ -99,19 +99,20 @@ def _profiled_peak(fn: Callable[[], object], scratch_dir: Path) -> float:
     prof.export_chrome_trace(str(path))
     mem = load_trace(path).memory
     path.unlink()
-    return math.nan if mem.empty else float(mem["total_allocated"].max())
+    if mem.empty:
+        return math.nan, math.nan
+    first = mem.iloc[0]
+    return float(first["total_allocated"] - first["bytes"]), float(mem["total_allocated"].max())
 
 
 def _c10_bytes() -> float:
-    """c10's CPU allocator's live bytes now, as its counter reads them: a profiled 1 KiB
-    allocation's "Total Allocated", less the allocation. The counter is read only through the
-    profiler's memory events."""
+    """c10's CPU allocator's live bytes now, as its counter reads them before a profiled 1 KiB
+    allocation. The counter is read only through the profiler's memory events."""
     if _CPU_REPORT_FLAG is None or not _CPU_REPORT_FLAG.value:
         raise RuntimeError("c10's CPU count is read inside c10_counting() only")
-    probe = 256  # float32s: 1 KiB
     with tempfile.TemporaryDirectory() as tmp:
-        after = _read_twice(lambda: _profiled_peak(lambda: torch.empty(probe), Path(tmp)))
-    return after - 4 * probe
+        before, _ = _read_twice(lambda: _profiled(lambda: torch.empty(256), Path(tmp)))
+    return before
 
 
 @dataclass(frozen=True)
@@ -207,9 +208,13 @@ def step_memory(
     for _ in range(steps):
         release()
         gc.collect()  # a step leaves what it made in reference cycles until the collector runs
-        at_start = _c10_bytes()
-        in_step = _read_twice(lambda: _profiled_peak(step, scratch_dir))
-        peaks.append(max(at_start, in_step) - baseline.allocated)  # max: NaN, none allocated
+        # The step's start is read from its own profile (the counter before its first
+        # allocation), not from a session of its own: every memory-profiled session of a native
+        # DDP step on gloo is a chance of the crash its runs have met (docs/outputs.md).
+        at_start, in_step = _read_twice(lambda: _profiled(step, scratch_dir))
+        if math.isnan(in_step):  # nothing allocated: the step's peak is what it holds
+            at_start = in_step = _c10_bytes()
+        peaks.append(max(at_start, in_step) - baseline.allocated)
     return StepMemory(max(peaks), math.nan)
 
 
