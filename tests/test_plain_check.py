@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from bench.runner.measure.memory import MEMORY_STEPS
+from bench.runner.measure.memory import MEMORY_STEPS, WARM_STEPS
 from bench.runner.measure.timing import Budget
 from bench.runner.train import plain_check, plain_compare
 from bench.runner.train.harness import Visit, run_point
@@ -212,13 +212,13 @@ def test_the_check_costs_one_plain_step_and_says_when_it_did_not_run(pool, tmp_p
     got = pool(2).run(cost_worker, str(tmp_path), timeout=140)[0]
     assert got["checked_row"]["status"] == "ok", got["checked_row"]["error"]
     # the parallel model runs the same steps either way; the plain one, one step of the
-    # global batch: 2 replicas x 2 micro-batches; the memory's build of its own, its first
-    # step and the measured ones, 2 micro-batches each
+    # global batch: 2 replicas x 2 micro-batches; the memory's build of its own, its warm
+    # steps and the measured ones, 2 micro-batches each
     parallel, plain, memory = got["checked"]
     assert [parallel, memory] == got["unchecked"][-2:]
     assert parallel > 2 * 2
     assert plain == 2 * 2
-    assert memory == (1 + MEMORY_STEPS) * 2
+    assert memory == (WARM_STEPS + MEMORY_STEPS) * 2
     no_fit = got["no_fit"]
     assert no_fit["status"] == "ok"
     assert no_fit["checked"].startswith(

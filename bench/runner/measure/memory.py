@@ -177,6 +177,7 @@ def own_memory(metrics: dict, baseline: MemoryBaseline, *, data_bytes: int, own:
 # DDP and FSDP2 at 2 ranks, to the byte), where the heap's figure moved (a CPU FSDP2 step of
 # the custom example peaked 4.5 to 7.4 MiB above its start over consecutive identical steps).
 MEMORY_STEPS = 2
+WARM_STEPS = 2  # a build's steps before its memory is measured (``point_memory``)
 
 
 def step_memory(
@@ -229,14 +230,17 @@ def point_memory(
     """A point's memory figures on a build of its own (``build()``, a trainer: ``step(trainer)``
     steps it): ``peak_mem_mb``, ``peak_reserved_mb``, ``mem_left_mb`` and ``mem_kept_mb``.
 
-    The baseline is taken before the build, a first step makes the gradients and the
-    optimiser's state, ``steps`` steps are measured (``step_memory``) and the trainer is
-    released for ``own_memory``."""
+    The baseline is taken before the build, ``WARM_STEPS`` steps make the gradients, the
+    optimiser's state and DDP's final buckets, ``steps`` steps are measured (``step_memory``)
+    and the trainer is released for ``own_memory``."""
     gc.collect()  # earlier builds' modules hold reference cycles (hooks): freed first
     with c10_counting(device):
         baseline = MemoryBaseline.now(device)
         trainer = build()
-        step(trainer)
+        # Two steps first, unmeasured: DDP rebuilds its buckets at the second step's start
+        # (a collective and new bucket tensors), which the timed build had long done.
+        for _ in range(WARM_STEPS):
+            step(trainer)
         got = step_memory(
             lambda: step(trainer),
             baseline=baseline,
