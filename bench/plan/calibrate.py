@@ -111,15 +111,17 @@ def collectives_run(out: Path, ranks: int, timeout_s: float = 600) -> Path:
         "16M",
         "-f",
         "4",
-        "--nproc-per-node",
-        str(ranks),
-        "--no-report",
-        "--out",
-        str(run),
     ]
+    return _launch_here(args, ranks, run, "the collectives", timeout_s)
+
+
+def _launch_here(args: list[str], ranks: int, run: Path, what: str, timeout_s: float) -> Path:
+    """A calibration run of ``bench/run.py`` on ``ranks`` ranks here into ``run``, or the
+    ValueError that says why it failed (one line)."""
+    args = [*args, "--nproc-per-node", str(ranks), "--no-report", "--out", str(run)]
     failure = run_bench(args, timeout_s)
     if failure:
-        raise ValueError(f"the calibration run of the collectives failed: {failure}")
+        raise ValueError(f"the calibration run of {what} failed: {failure}")
     return run
 
 
@@ -151,17 +153,9 @@ def calibration_runs(
             str(micro),
             "--option",
             f"grad_accum={accum}",
-            "--nproc-per-node",
-            str(ranks),
-            "--no-report",
             "--interleave",
             "off",
-            "--out",
-            str(run),
             *BUDGET,
         ]
-        failure = run_bench(args, timeout_s)
-        if failure:
-            raise ValueError(f"the calibration run of {model} failed: {failure}")
-        runs.append(run)
+        runs.append(_launch_here(args, ranks, run, model, timeout_s))
     return runs
