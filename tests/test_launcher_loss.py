@@ -196,3 +196,34 @@ def test_a_store_that_stops_answering_is_a_lost_launcher_after_two_misses():
     why, _ = lost(parent + 1, None, 0)  # a new parent: the launcher that started us is gone
     assert why.startswith(f"the launcher (pid {parent + 1}) is gone")
     assert lost(1, None, 0) == (None, 0)  # started by init itself: no launcher to lose
+
+
+class SlowStore:
+    """A store whose probe takes a while: ``entered`` is set once a probe is in flight."""
+
+    def __init__(self):
+        import threading
+
+        self.entered = threading.Event()
+
+    def check(self, keys):
+        self.entered.set()
+        time.sleep(0.5)
+        return False
+
+
+@pytest.mark.unit
+def test_stop_returns_once_the_watch_thread_is_out_of_the_store(monkeypatch):
+    """A daemon thread still inside a store call at the interpreter's exit aborts the rank
+    after its work is done ("terminate called without an active exception"): ``stop`` (also
+    run at exit) waits for the probe in flight."""
+    from bench.runner.faults import flight, launcher
+
+    store = SlowStore()
+    monkeypatch.setattr(flight, "default_store", lambda: store)
+    monkeypatch.setattr(launcher, "POLL_S", 0.01)
+    monkeypatch.setattr(launcher, "STORE_EVERY", 1)
+    launcher.watch(0)
+    assert store.entered.wait(10)
+    launcher.stop()
+    assert not launcher._thread.is_alive()

@@ -18,6 +18,7 @@ every rank that can still act writes, into ``hangs/<point>/``:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -200,14 +201,21 @@ def record_hangs() -> None:
         previous(kind, value, tb)
 
     def watch() -> None:
-        while not done.is_set():
-            time.sleep(0.5)
+        while not done.wait(0.5):
             try:
                 if dist.is_initialized() and default_store().check([f"{key}/failures"]):
                     dump_once("watchdog", "dumped by the watchdog: another rank failed")
             except Exception:  # noqa: BLE001  (the job is ending: nothing left to watch)
                 return
 
+    def leave() -> None:
+        # out of the store before the interpreter ends: a daemon thread that comes back from a
+        # store call then is ended by ``pthread_exit``, which aborts the rank (launcher.stop)
+        done.set()
+        watcher.join(timeout=10)
+
     previous = sys.excepthook
     sys.excepthook = on_exception
-    threading.Thread(target=watch, name="bench-hang-watchdog", daemon=True).start()
+    watcher = threading.Thread(target=watch, name="bench-hang-watchdog", daemon=True)
+    watcher.start()
+    atexit.register(leave)

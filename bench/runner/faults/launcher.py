@@ -20,6 +20,7 @@ written from here and the rank leaves (``watchdog.end_now``).
 
 from __future__ import annotations
 
+import atexit
 import os
 import threading
 
@@ -31,8 +32,10 @@ STORE_MISSES = 2  # failed probes in a row that mean the store is gone
 GRACE_S = 8.0  # from the loss, the main thread's time to end its point itself
 EXIT_CODE = 1
 _PROBE_KEY = "bench.launcher/probe"  # never set: ``check`` only asks whether it exists
+JOIN_S = 10.0  # the most ``stop`` waits for a probe in flight (a refused store answers at once)
 
 _stop = threading.Event()
+_thread: threading.Thread | None = None
 
 
 def lost(parent: int, store, misses: int) -> tuple[str | None, int]:
@@ -82,12 +85,20 @@ def watch(rank: int) -> None:
         store = flight.default_store()
     except Exception:  # noqa: BLE001  (no default store: the parent alone is watched)
         store = None
-    threading.Thread(
+    global _thread
+    _thread = threading.Thread(
         target=_watch, args=(rank, os.getppid(), store), name="bench-launcher-watch", daemon=True
-    ).start()
+    )
+    _thread.start()
+    atexit.register(stop)  # whichever way the rank leaves, the thread is out of torch first
 
 
 def stop() -> None:
     """The run is over: the ranks leave one by one, and a store hosted by one that left first
-    is no loss."""
+    is no loss. Waits for the thread to leave: at the interpreter's exit, a daemon thread that
+    returns from a store call (which released the GIL) is ended by ``pthread_exit``, whose
+    unwinding through pybind11's GIL guard calls ``std::terminate``: the rank aborts (SIGABRT,
+    "terminate called without an active exception") after its work is done."""
     _stop.set()
+    if _thread is not None and _thread is not threading.current_thread():
+        _thread.join(timeout=JOIN_S)
