@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import sys
 from pathlib import Path
 
@@ -62,6 +63,12 @@ def main() -> None:
             steps += 1
     dist.barrier()  # every rank done before (say) rank 0 saves a checkpoint
     print(f"rank {rank}: {steps} steps, done", flush=True)
+    # DDP holds the group in reference cycles: freed only by the interpreter's last collection,
+    # the group's gloo threads would drop their finished work (tensors) with the interpreter
+    # gone, and the rank aborts ("terminate called without an active exception") after its
+    # work. Freed here, the group goes with destroy_process_group.
+    del model, opt
+    gc.collect()
     dist.destroy_process_group()
 
 
