@@ -13,6 +13,7 @@ trains, and only the check against the plain model says that it trained another 
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 
 import torch
@@ -135,18 +136,22 @@ def rank_batch() -> Workload:
 
 
 # Forward calls of every model ``counted`` built in this process, by instance, in order of
-# their first call (not on FakeTensors or meta: the FLOP counter's runs).
+# their first call (not on FakeTensors or meta: the FLOP counter's runs). Instances are told
+# apart by a serial number: ``id`` is an address, which a model built after another is freed
+# can reuse (two instances' calls then counted as one's).
 FORWARDS: dict[int, int] = {}
+_SERIALS = itertools.count()
 
 
 class Counted(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.net = nn.Sequential(nn.Linear(DIM, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, DIM))
+        self.serial = next(_SERIALS)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if type(x).__name__ != "FakeTensor" and not x.is_meta:
-            FORWARDS[id(self)] = FORWARDS.get(id(self), 0) + 1
+            FORWARDS[self.serial] = FORWARDS.get(self.serial, 0) + 1
         return self.net(x)
 
 
