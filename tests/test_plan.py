@@ -10,6 +10,7 @@ import re
 import shlex
 from dataclasses import replace
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -483,7 +484,7 @@ def test_verify_runs_the_best_here_and_sets_measured_beside_predicted(capsys, tm
         "--global-batch",
         "8",
         "--strategy",
-        "ddp",
+        "ddp,fsdp2",
         "--option",
         "precision=fp32",
         "--option",
@@ -500,6 +501,10 @@ def test_verify_runs_the_best_here_and_sets_measured_beside_predicted(capsys, tm
     assert "calibrating: llama:tiny, DDP on 2 ranks here" in printed
     # no --link: this machine's collectives, measured, price the communication
     assert "calibrating: the collectives on 2 ranks here" in printed
+    # FSDP's own work, measured against DDP's computation at the same micro-batch
+    assert "calibrating: llama:tiny's FSDP (native) on 2 ranks here" in printed
+    fsdp = pd.read_csv(out / "calibration" / "fsdp" / "results.csv")
+    assert list(fsdp["status"]) == ["ok"] * 3 and set(fsdp["impl"]) == {"native"}
     coll = out / "calibration" / "collectives"
     assert f"links: gloo collectives fitted to {coll}" in printed
     assert set(pd.read_csv(coll / "results.csv")["collective"]) == {
@@ -522,7 +527,8 @@ def test_verify_runs_the_best_here_and_sets_measured_beside_predicted(capsys, tm
         assert r["measured_step_ms"] == pytest.approx(got["step_ms_median"])
         assert r["measured_peak_mib"] == pytest.approx(got["peak_mem_mb"])
         # each is the point its row's own command resolves to
-        assert r["point"].split("-", 1)[1].startswith("llama_tiny-bucket_cap_mb=")
+        layout = "sharding_strategy" if r["config"].startswith("fsdp2") else "bucket_cap_mb"
+        assert r["point"].split("-", 1)[1].startswith(f"llama_tiny-{layout}="), r
         assert abs(r["peak_error_pct"]) < 15, r
     assert "measured best:" in printed
     meta = json.loads((out / "plan.json").read_text())
@@ -599,3 +605,83 @@ def test_a_rank_correlation_over_equal_predictions_is_said_undefined_not_nan():
     assert "undefined (the predicted steps are all equal" in table.render_verify(df, got)
     ordered = df.assign(predicted_step_ms=[27.0, 28.0, 29.0])
     assert summary(ordered)["spearman_rho"] == pytest.approx(-0.866, abs=1e-3)
+
+
+def _calibration_run(folder, rows):
+    folder.mkdir(parents=True)
+    pd.DataFrame(
+        [{"status": "ok", "flops_per_step": 1e9, "step_ms_median": 99.0, **r} for r in rows]
+    ).to_csv(folder / "results.csv", index=False)
+    return folder
+
+
+@pytest.mark.unit
+def test_fsdps_own_work_is_its_computation_over_ddps_and_lengthens_its_predicted_step(tmp_path):
+    """A CPU plan's FSDP rows carry FSDP's own computation (its copies and hooks), measured as
+    a calibration point's computation over DDP's at the same micro-batch and precision."""
+    from bench.plan.calibrate import fsdp_extra
+    from bench.plan.timing import predict_step
+
+    ddp = _calibration_run(tmp_path / "ddp", [{"value": "fp32", "compute_ms": 20.0}])
+    fsdp = _calibration_run(
+        tmp_path / "fsdp",
+        [
+            {"impl": "native", "value": "FULL_SHARD", "compute_ms": 26.0},
+            {"impl": "native", "value": "NO_SHARD", "compute_ms": 19.0},  # below DDP: none
+            {"impl": "native_fsdp1", "value": "FULL_SHARD", "compute_ms": 23.5},
+        ],
+    )
+    extra = fsdp_extra(fsdp, ddp, "fp32")
+    assert extra == {
+        "native FULL_SHARD": 6.0,
+        "native NO_SHARD": 0.0,
+        "native_fsdp1 FULL_SHARD": 3.5,
+    }
+    rate = Rate(0.05, 0.0, "test rate", fsdp_ms=extra)
+    # a strategy the calibration did not run takes its implementation's highest
+    assert rate.fsdp_extra_ms("native", "HYBRID_SHARD") == 6.0
+    assert rate.fsdp_extra_ms("reference", "FULL_SHARD") == 0.0
+    topo = Topology.of_links("eth_25g", 2, 1.0)
+    for accum in (1, 2):
+        point = _point(strategy="fsdp", sharding_strategy="FULL_SHARD", grad_accum=accum, batch=4)
+        with_it = predict_step(point, 1e9, rate, 100.0, topo)
+        without = predict_step(point, 1e9, Rate(0.05, 0.0, "test rate"), 100.0, topo)
+        # every micro-batch does its gathers' copies: the last one's all of it
+        assert with_it["compute_ms"] - without["compute_ms"] == pytest.approx(6.0 * accum)
+        assert 0 < with_it["step_ms"] - without["step_ms"] <= 6.0 * accum + 1e-9
+    with pytest.raises(ValueError, match="no bf16 point to compare FSDP with"):
+        fsdp_extra(fsdp, ddp, "bf16")
+
+
+@pytest.mark.unit
+def test_the_measured_best_is_not_one_of_the_longest_cyclers_when_an_early_leaver_beats_it():
+    """The cycles race each implementation's candidates apart: FSDP1's rows left once their
+    group was decided, and the verification named the best of FSDP2's, which FSDP1's NO_SHARD
+    beat by 17 % over the cycles they shared (llama:tiny, 32 cycles against 200)."""
+    from bench.plan.verify import summary
+
+    rng = np.random.default_rng(0)
+    drift = 1 + 0.05 * rng.standard_normal(200)  # what the machine does, on every candidate
+    cycles = {
+        "fsdp2 NO_SHARD": list(38.0 * drift),
+        "fsdp2 FULL_SHARD": list(52.0 * drift),
+        "fsdp1 NO_SHARD": list(32.0 * drift[:32]),  # left early, decided in its own group
+    }
+    df = pd.DataFrame(
+        {
+            "name": list(cycles),
+            "measured_status": ["ok"] * 3,
+            "predicted_step_ms": [33.0, 41.0, 32.0],
+            "measured_step_ms": [38.0, 52.0, 32.0],
+            "predicted_peak_mib": [18.6, 16.0, 18.1],
+            "measured_peak_mib": [18.3, 15.7, 17.8],
+            "stop": ["budget", "budget", "decided"],
+        }
+    )
+    out = summary(df, cycles)
+    assert out["measured_best"] == "fsdp1 NO_SHARD" and out["cycles"] == 32
+    assert out["predicted_best_is_best_or_tied"]
+    # where the best cycled longest, its cycles all count
+    cycles["fsdp1 NO_SHARD"] = list(45.0 * drift[:32])
+    out = summary(df.assign(measured_step_ms=[38.0, 52.0, 45.0]), cycles)
+    assert out["measured_best"] == "fsdp2 NO_SHARD" and out["cycles"] == 200

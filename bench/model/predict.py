@@ -134,6 +134,9 @@ def fsdp(
     sizes = list(case.figures["fsdp_unit_bytes"])
     total = sum(sizes)
     units = []
+    # FSDP's own work, alike per unit: a third in forward (the gather's copy out), two thirds in
+    # backward (the gather's again and the reduction's copy in)
+    extra = prof.fsdp_extra_ms / len(sizes) if sizes else 0.0
     for nbytes in sizes:
         share = nbytes / total
         if s > 1:
@@ -143,7 +146,8 @@ def fsdp(
                 reduce += 1e3 * outer.time("all_reduce", nbytes / s, n // s)
         else:
             gather, reduce = 0.0, 1e3 * comm.time("all_reduce", nbytes, n)
-        units.append(sch.Unit(prof.forward_ms * share, prof.backward_ms * share, gather, reduce))
+        forward, backward = prof.forward_ms * share + extra / 3, prof.backward_ms * share
+        units.append(sch.Unit(forward, backward + 2 * extra / 3, gather, reduce))
     prog = sch.fsdp_program(
         units,
         after_ms=prof.after_ms,

@@ -138,7 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     try:
         precisions = tuple(dict.fromkeys(c.knobs["precision"] for c in configs))
-        target = replace(target, rates=inputs.rates(args, target, precisions, out))
+        # the FSDP implementations the plan holds (a calibrated CPU plan measures their own work)
+        fsdp = tuple(dict.fromkeys(c.impl for c in configs if "sharding_strategy" in c.knobs))
+        target = replace(target, rates=inputs.rates(args, target, precisions, out, fsdp))
         target = replace(target, topology=inputs.collectives_here(args, target, out))
     except (ValueError, OSError, subprocess.SubprocessError) as e:
         print(f"bench.plan: {e}", file=sys.stderr)

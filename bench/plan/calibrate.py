@@ -11,12 +11,20 @@ the rate ``R``; ``o``: the optimiser step), so the pair gives ``c = (T_a - T_1) 
 ``R = F / (T_1 - c - o)``, ``F`` the rank's FLOPs per step (the harness's count) and ``o``
 AdamW's traffic (``timing.ADAMW_BYTES_PER_PARAM``). One run gives ``R`` with ``c = 0``. Another
 device's rate is this one's times the ratio of the two devices' peaks at the precision.
+
+FSDP does computation of its own that the model's FLOPs do not count: per unit, the copies into
+and out of its collectives' buffers (an all-gather's input and its output into the unit's
+parameters, a reduce-scatter's input from the gradients) and its hooks. On a CPU plan one more
+short run (``--sweep sharding_strategy``, each FSDP implementation the plan holds, the plan's
+first precision, the same micro-batch and ranks) measures it: a configuration's computation per
+step less DDP's in the first run (``fsdp_ms``). It is the host's cost, and taken for this
+host's plans only.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -31,6 +39,18 @@ class Rate:
     tflops: float  # the model's FLOPs per second in a step's computation, TFLOP/s
     micro_ms: float  # the cost of a micro-batch whatever its size (c)
     source: str
+    # "implementation strategy" -> FSDP's own computation per step beyond the model's, ms
+    # (``fsdp_extra``); empty: none counted
+    fsdp_ms: dict = field(default_factory=dict, hash=False)
+
+    def fsdp_extra_ms(self, impl: str, strategy: str) -> float:
+        """FSDP's own computation per step of ``impl`` at ``strategy``: its calibrated figure,
+        else the highest of the implementation's (a strategy not run in the calibration,
+        HYBRID_SHARD at fewer than 4 ranks), else none."""
+        if f"{impl} {strategy}" in self.fsdp_ms:
+            return self.fsdp_ms[f"{impl} {strategy}"]
+        own = [ms for key, ms in self.fsdp_ms.items() if key.split(" ")[0] == impl]
+        return max(own, default=0.0)
 
 
 def _read(run: Path) -> pd.DataFrame:
@@ -159,3 +179,52 @@ def calibration_runs(
         ]
         runs.append(_launch_here(args, ranks, run, model, timeout_s))
     return runs
+
+
+FSDP_CALIBRATED = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD")  # HYBRID_SHARD needs 4 ranks
+
+
+def fsdp_run(
+    model: str,
+    impls: list[str],
+    precision: str,
+    per_replica: int,
+    out: Path,
+    ranks: int,
+    timeout_s: float = 600,
+) -> Path:
+    """The FSDP implementations' short run on ``ranks`` ranks here, at the DDP calibration's
+    one micro-batch of ``per_replica`` samples and ``precision``."""
+    args = [
+        "--sweep",
+        "sharding_strategy",
+        "--values",
+        ",".join(FSDP_CALIBRATED),
+        "--model",
+        model,
+        "--impl",
+        ",".join(impls),
+        "--batch-size",
+        str(per_replica),
+        "--option",
+        f"precision={precision}",
+        "--interleave",
+        "off",
+        *BUDGET,
+    ]
+    return _launch_here(args, ranks, out / "fsdp", f"{model}'s FSDP", timeout_s)
+
+
+def fsdp_extra(fsdp: Path, ddp: Path, precision: str) -> dict[str, float]:
+    """Per FSDP point of the run (keyed "implementation strategy"), its computation per step
+    less DDP's at the same micro-batch and precision (``ddp``: the one-micro-batch calibration
+    run), at least 0."""
+    base = _read(ddp)
+    base = base[base["value"].astype(str) == precision]
+    if base.empty:
+        raise ValueError(f"the calibration run {ddp}: no {precision} point to compare FSDP with")
+    ddp_ms = _computation_ms(base.iloc[0])
+    return {
+        f"{row['impl']} {row['value']}": max(0.0, _computation_ms(row) - ddp_ms)
+        for _, row in _read(fsdp).iterrows()
+    }

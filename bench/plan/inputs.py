@@ -4,13 +4,21 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
 
 from bench.model.errors import FitError
 from bench.model.predict import overlap_share
-from bench.plan.calibrate import Rate, calibration_runs, collectives_run, fit_rates
+from bench.plan.calibrate import (
+    Rate,
+    calibration_runs,
+    collectives_run,
+    fit_rates,
+    fsdp_extra,
+    fsdp_run,
+)
 from bench.plan.devices import device
 from bench.plan.planner import Target
 from bench.plan.space import FAMILIES, OPTIONS, micro_batches
@@ -62,16 +70,37 @@ def _check_mfu(args) -> None:
             raise ValueError(f"--compute {run}: not a run folder (no results.csv)")
 
 
-def rates(args, target: Target, precisions: tuple[str, ...], out: Path) -> dict[str, Rate]:
+def rates(
+    args, target: Target, precisions: tuple[str, ...], out: Path, fsdp: tuple[str, ...] = ()
+) -> dict[str, Rate]:
     """Per precision, the computation's rate on the target: fitted to ``--compute`` runs (scaled
-    by the target's peak over theirs), to short runs the planner makes here for a CPU target,
-    or the peak times an assumed MFU."""
+    by the target's peak over theirs), to short runs the planner makes here for a CPU target
+    (with, for the FSDP implementations ``fsdp``, their own work per step), or the peak times
+    an assumed MFU."""
     runs = list(args.compute or [])
     if not runs and not target.device.gpu_name and args.mfu is None:
         per_replica = args.global_batch // args.world_size or 1
         ranks = min(args.world_size, args.gpus_per_node)
         print(f"calibrating: {args.model}, DDP on {ranks} ranks here, {per_replica} per replica")
-        runs = calibration_runs(args.model, precisions, per_replica, out / "calibration", ranks)
+        folder = out / "calibration"
+        runs = calibration_runs(args.model, precisions, per_replica, folder, ranks)
+        fitted = rates_of(runs, args, target, precisions)
+        if not fsdp:
+            return fitted
+        print(f"calibrating: {args.model}'s FSDP ({', '.join(fsdp)}) on {ranks} ranks here")
+        first = precisions[0]
+        run = fsdp_run(args.model, list(fsdp), first, per_replica, folder, ranks)
+        extra = fsdp_extra(run, runs[0], first)
+        said = ", ".join(f"{key} {ms:.1f} ms" for key, ms in sorted(extra.items()))
+        return {
+            p: replace(r, fsdp_ms=extra, source=f"{r.source}; FSDP's own work per step: {said}")
+            for p, r in fitted.items()
+        }
+    return rates_of(runs, args, target, precisions)
+
+
+def rates_of(runs: list[Path], args, target: Target, precisions: tuple[str, ...]):
+    """``rates``' figures from the runs it has (none: the assumed or given MFU)."""
     if not runs:
         pct = DEFAULT_MFU_PCT if args.mfu is None else args.mfu
         how = "assumed" if args.mfu is None else "given"

@@ -16,7 +16,11 @@ moments, writes of three), at the device's memory bandwidth.
 Links: a group inside a node (TP, HYBRID_SHARD's shard group, a world of one node) runs on
 the first ``--link``, a group spanning nodes on the last (rings are as slow as their slowest
 hop). With gradient accumulation, the micro-batches before the last compute without
-communicating; what FSDP gathers in each of them is not modelled.
+communicating; what FSDP gathers in each of them is not modelled, its own computation is.
+
+FSDP's own computation (copies into and out of its collectives' buffers, its hooks), which its
+FLOPs do not count, is measured on a CPU plan (``calibrate.fsdp_extra``) and spread over its
+units; elsewhere it is left out (on a GPU its copies are kernels at the memory's bandwidth).
 """
 
 from __future__ import annotations
@@ -153,13 +157,17 @@ def predict_step(
     if not (flops > 0 and math.isfinite(flops)):
         return {"time_error": "no FLOPs count (the tracked step failed)"}
     prof = compute_profile(point, flops, rate, bandwidth_GBps)
+    strategy = point.knobs.get("sharding_strategy")
+    if strategy is not None:
+        prof = replace(prof, fsdp_extra_ms=rate.fsdp_extra_ms(point.impl, strategy))
     try:
         timeline = sch.simulate(_program(point, prof, topo), share=topo.share)
     except Unmodelled as e:
         return {"time_error": str(e)}
     m = timeline.metrics()
     accum = int(point.knobs["grad_accum"])
-    before = (accum - 1) * (prof.forward_ms + prof.backward_ms)  # no communication in them
+    # no communication in them; FSDP's own work in each (its gathers' copies)
+    before = (accum - 1) * (prof.forward_ms + prof.backward_ms + prof.fsdp_extra_ms)
     step_ms = m["step_ms"] + before
     return {
         "step_ms": step_ms,

@@ -213,4 +213,14 @@ def _paired(ok: pd.DataFrame, cycles: dict[str, list[float]]):
     of the look its candidate left the cycles at (decided early) or of the last."""
     stops = dict(zip(ok["name"], ok.get("stop", pd.Series("", index=ok.index)), strict=True))
     confidence = {n: look_confidence(len(t), stops.get(n) == DECIDED) for n, t in cycles.items()}
-    return versus_best_paired(cycles, confidence)
+    v = versus_best_paired(cycles, confidence)
+    if not any(r.high < 1 for r in v.ratios.values()):
+        return v
+    # One that left the cycles early is faster than the best of those that cycled longest: the
+    # cycles race each implementation's candidates apart (``racing.py``), so a configuration of
+    # another implementation can leave once its own group is decided. Compared over the cycles
+    # every one of them ran (each the first ones), at the last look's confidence.
+    shared = min(len(t) for t in cycles.values())
+    return versus_best_paired(
+        {n: t[:shared] for n, t in cycles.items()}, look_confidence(shared, False)
+    )
