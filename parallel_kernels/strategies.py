@@ -88,10 +88,13 @@ class Impl:
     )
     # The implementation of the same strategy whose planned memory stands for this one's
     # (bench/plan/scaling.py: FSDP1's is FSDP2's, the same shards gathered unit by unit);
-    # None: its own. ``memory_own``: the knobs' values where it is tracked as itself all the
+    # None: its own. ``memory_own``: a knob's values where it is tracked as itself all the
     # same, its memory being its own there.
     memory_as: str | None = None
-    memory_own: dict[str, Any] = field(default_factory=dict, hash=False)
+    memory_own: dict[str, tuple] = field(default_factory=dict, hash=False)
+    # The fewest repeated blocks its planned memory is extrapolated from
+    # (bench/plan/memory.py): where a model of one block is laid out unlike the rest.
+    memory_blocks_from: int = 1
 
     def facts(self) -> dict[str, Any]:
         """The row as plain data (what a run folder records about the implementation)."""
@@ -234,10 +237,20 @@ STRATEGIES: dict[str, Strategy] = {
                     native=True,
                     skip_sync="no_sync",
                     memory_as="native",
-                    # NO_SHARD reduces its flat gradient in place where FSDP2's keeps a
-                    # gradient apart from the reduced one: FSDP2's figure read 3 to 11 % over
-                    # FSDP1's measured peak on the five models at 2 ranks, its own 0 to 2 %
-                    memory_own={"sharding_strategy": "NO_SHARD"},
+                    # Tracked as itself but for SHARD_GRAD_OP, which torch's FSDP1 cannot
+                    # step under fake tensors. NO_SHARD reduces its flat gradient in place
+                    # where FSDP2's keeps a gradient apart from the reduced one (FSDP2's
+                    # figure read 3 to 11 % over FSDP1's measured peak on the five models at
+                    # 2 ranks, its own 0 to 2 %); FULL_SHARD gathers a flat unit ahead in
+                    # backward and holds it with the current one (ResNet's read 0.947 on
+                    # FSDP2's figure, 1.000 on its own)
+                    memory_own={"sharding_strategy": ("NO_SHARD", "FULL_SHARD", "HYBRID_SHARD")},
+                    # With one block there is no next flat unit to gather ahead in backward,
+                    # and its parameters show it (not its temporaries, as FSDP2's do, which a
+                    # move between two trackings is told by): from one and two blocks,
+                    # llama:1b's FULL_SHARD at 16 ranks, accumulating in fp32 with
+                    # checkpointing, read 48 % over its tracking in full
+                    memory_blocks_from=2,
                 ),
             ),
             default_impls=("native", "native_fsdp1", "reference"),

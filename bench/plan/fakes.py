@@ -44,6 +44,14 @@ class PeakTracker(MemTracker):
         leaves = all(p.is_leaf for p in module.parameters())
         return super()._track_module_params_and_buffers(module, install_grad_hooks and leaves)
 
+    def restart_peak(self) -> dict:
+        """The peak's snapshot so far, and the peak started again from what is live now, as
+        entering the tracker starts it (torch's ``__enter__``): a step's stages apart."""
+        peak = self.get_tracker_snapshot("peak")
+        self._peak_mem_snap = self.get_tracker_snapshot()
+        self._peak_mem = {dev: snap[_TOTAL_KEY] for dev, snap in self._peak_mem_snap.items()}
+        return peak
+
     def _update_peak_stats(self, peak_state) -> None:
         if not hasattr(self, "_peak_mem_snap"):  # a torch whose tracker is not as read here
             return super()._update_peak_stats(peak_state)

@@ -20,7 +20,7 @@ import dataclasses
 import functools
 import math
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 import torch.distributed as dist
@@ -35,6 +35,7 @@ from bench.plan.fakes import (
     resolve_ddp_hooks,
     untracked_propagation,
 )
+from bench.plan.tracked import Tracked, failed, shifted
 from bench.plan.workspace import kernel_workspaces
 from bench.runfolder.points import PointRecord
 from bench.runner.session.distenv import DistEnv
@@ -47,7 +48,8 @@ from parallel_kernels.workload import block_list, keep_blocks, stamp, tensor_byt
 CPU = torch.device("cpu")
 
 MiB = 2**20
-SMALL = 8  # blocks: a model of at most this many is tracked in full where its peak moves
+SMALL = 4  # blocks: a model of at most this many is tracked in full (``track_phases``)
+STEPS = 4  # blocks: the most a larger model is tracked with to extrapolate from, else in full
 # MemTracker's categories, as plan.csv names them (its "Total" is the peak).
 CATEGORIES = {
     "Parameter": "params",
@@ -58,36 +60,6 @@ CATEGORIES = {
     "Buffer": "buffers",
     "Other": "other",
 }
-
-
-@dataclass(frozen=True)
-class Tracked:
-    """One step of a configuration as tracked: the allocator's peak with its breakdown (no
-    allowance) and the FLOPs one rank computes; NaN and ``error`` where tracking failed."""
-
-    peak_mib: float
-    parts_mib: dict[str, float]
-    flops: float
-    error: str = ""
-    how: str = ""  # how the figures were made (tracked in full, or extrapolated from what)
-
-    def plus(self, other: Tracked, times: float) -> Tracked:
-        """``self + times * other``, part by part (an extrapolation's arithmetic)."""
-        parts = {k: v + times * other.parts_mib.get(k, 0.0) for k, v in self.parts_mib.items()}
-        return Tracked(
-            self.peak_mib + times * other.peak_mib,
-            parts,
-            self.flops + times * other.flops,
-            self.error or other.error,
-            self.how,
-        )
-
-    def minus(self, other: Tracked) -> Tracked:
-        return self.plus(other, -1.0)
-
-
-def failed(error: str) -> Tracked:
-    return Tracked(math.nan, {}, math.nan, error)
 
 
 def _failure(e: Exception) -> Tracked:
@@ -189,14 +161,18 @@ def track_phases(
     accumulation and activation checkpointing (a layout's phases; checkpointing is switched
     on the blocks, which the wrappers hook whichever forward they run), so one model, wrapper
     and optimiser state serve them all, each step starting, as a step does, with no gradient
-    live. A model of more than two
-    repeated blocks is tracked with one and with two and extrapolated to all of them (each block
-    adds the same parameters, gradients, state, activations and FLOPs; the peak's transient,
-    one block's, is in both), or with two and three where the peak lies elsewhere with one
-    (``_shifted``), and where it moves again, in full if the model is small (``SMALL``), else
-    still from two and three, saying so (a tracking in full of llama:1b costs 26 s, and FSDP1's
-    NO_SHARD, once followed block by block, moved up to its sixteenth); a build or step that
-    fails is every point's error, in one line.
+    live. A model of at most ``SMALL`` repeated blocks is tracked in full: no dearer than two
+    shortened trackings (each builds and steps what is not a block too: the embedding, the
+    head, the optimiser), and exact. A larger one is tracked with one and with two blocks and
+    extrapolated to all of them (each block adds the same parameters, gradients, state,
+    activations and FLOPs; the peak's transient, one block's, is in both), each stage of the
+    step apart (``Tracked.stages``), or from two and three where the implementation's row says
+    one block is laid out unlike the rest (``memory_blocks_from``: FSDP1's); a point whose
+    peak lies elsewhere with one block more (``tracked.shifted``) is tracked with a block
+    more again, until it stays, for at most ``STEPS`` blocks, and in full beyond (llama:1b's FSDP2
+    HYBRID_SHARD/8 at 16 ranks, fp32 with checkpointing, moves from one block to two and from
+    two to three: extrapolated from two and three it read 61 % over its tracking in full, from
+    three and four exact). A build or step that fails is every point's error, in one line.
     ``gpu``: the target is a GPU, where AdamW runs as foreach (torch's default there, whose
     step holds temporaries the size of the state; on a CPU, one tensor at a time) and the
     collectives as NCCL runs them (on a CPU, as gloo does: ``fakes.backend_copies``)."""
@@ -206,39 +182,45 @@ def track_phases(
         warnings.simplefilter("ignore")
         try:
             n = _blocks_of(points[0].model)
-            k, moved = 1, False
-            if n > 2:
-                lo = _track(points, gpus_per_node, 1, gpu)
-                hi = _track(points, gpus_per_node, 2, gpu)
-                if any(_shifted(a, b) for a, b in zip(lo, hi, strict=True)) and n > 3:
-                    k, lo, hi = 2, hi, _track(points, gpus_per_node, 3, gpu)
-                    moved = any(_shifted(a, b) for a, b in zip(lo, hi, strict=True))
-            if n <= 2 or (moved and n <= SMALL):
+            if n <= SMALL:
                 full = _track(points, gpus_per_node, None, gpu)
                 return [replace(t, how="tracked in full") for t in full]
+            first = int(points[0].impl_facts.get("memory_blocks_from", 1))
+            return _stepped(points, n, first, gpus_per_node, gpu)
         except Exception as e:  # noqa: BLE001 - any failure is these configurations' rows
             return [_failure(e)] * len(points)
-    how = f"tracked with {k} and {k + 1} of its {n} blocks, extrapolated"
-    if moved:
-        how += " (its peak still moves from block to block)"
-    return [replace(a.plus(b.minus(a), n - k), how=how) for a, b in zip(lo, hi, strict=True)]
 
 
-def _shifted(fewer: Tracked, more: Tracked) -> bool:
-    """Whether the peak lies elsewhere in the step with one block more: a part of it falls,
-    or its temporaries (one op's transient, which a block more leaves as it was) change. A
-    block adds to every part of a peak that stays where it was. With one block, the custom
-    example's TP peaks in the optimiser's step (its gradients whole, no activation), with two
-    in the last block's backward: extrapolated from those two, it read 15 % under its
-    tracking in full; its FSDP FULL_SHARD with one block has no next unit to gather ahead in
-    backward (temporaries 0.88 MiB, 1.38 with two or three): from one and two, 9 % over."""
-    if fewer.error or more.error:
-        return False
-    slack = 1e-3 * fewer.peak_mib
-    temporaries = fewer.parts_mib.get("temporaries", 0.0)
-    return abs(more.parts_mib.get("temporaries", 0.0) - temporaries) > slack or any(
-        more.parts_mib.get(k, 0.0) < v - slack for k, v in fewer.parts_mib.items()
-    )
+def _stepped(
+    points: list[PointRecord], n: int, first: int, gpus_per_node: int, gpu: bool
+) -> list[Tracked]:
+    """``track_phases``' extrapolation: each point from the first two block counts in a row,
+    from ``first`` on (the implementation's ``memory_blocks_from``), between which its peak
+    stays where it is."""
+    track = functools.partial(_track, gpus_per_node=gpus_per_node, gpu=gpu)
+    k = first
+    at = {k: track(points, blocks=k), k + 1: track(points, blocks=k + 1)}  # one per point
+    out: list[Tracked | None] = [None] * len(points)
+    while True:
+        moving = []
+        for i, (a, b) in enumerate(zip(at[k], at[k + 1], strict=True)):
+            if out[i] is None and not shifted(a, b):
+                how = f"tracked with {k} and {k + 1} of its {n} blocks, extrapolated"
+                out[i] = replace(a.plus(b.minus(a), n - k), how=how)
+            elif out[i] is None:
+                moving.append(i)
+        if not moving:
+            return out
+        if k + 2 > STEPS:
+            full = track([points[i] for i in moving], blocks=None)
+            for i, t in zip(moving, full, strict=True):
+                how = f"tracked in full (its peak still moved from {k} blocks to {k + 1})"
+                out[i] = replace(t, how=how)
+            return out
+        # only the points still moving are stepped with a block more
+        more = iter(track([points[i] for i in moving], blocks=k + 2))
+        at[k + 2] = [next(more) if i in moving else at[k + 1][i] for i in range(len(points))]
+        k += 1
 
 
 def _track(
@@ -299,31 +281,34 @@ def _checkpointed(point: PointRecord) -> bool:
 
 
 def _peak_of_step(tracker: PeakTracker, trainer, micro_batches: list, *, here: bool) -> Tracked:
-    """One step of ``trainer`` over ``micro_batches``, tracked from what is live before it;
+    """One step of ``trainer`` over ``micro_batches``, tracked from what is live before it,
+    its forward and backward and its optimiser step each a stage (``Tracked.stages``);
     ``here``: its kernels are this machine's, whose working buffers are measured
     (``workspace.py``)."""
     trainer.opt.zero_grad(set_to_none=True)
-    if len(micro_batches) > 1:
-        # Accumulating: the micro-batches before the last leave their gradients live for it;
-        # the tracker follows one call of each module, so they run before it.
-        for x, y in micro_batches[:-1]:
-            trainer.micro_step(x, y, last=False)
+    # Accumulating: the micro-batches before the last leave their gradients live for it;
+    # the tracker follows one call of each module, so they run before it.
+    for x, y in micro_batches[:-1]:
+        trainer.micro_step(x, y, last=False)
     tracker.track_external(trainer.wrapped, trainer.opt)
     tracker.reset_mod_stats()
     with tracker, kernel_workspaces(here):  # entering again starts the peak from what is live
-        if len(micro_batches) > 1:
-            trainer.micro_step(*micro_batches[-1], last=True)
-            trainer.finish_step()
-        else:
-            trainer.step(micro_batches)
-    peak = tracker.get_tracker_snapshot("peak")
-    cpu = next(iter(peak.values())) if peak else {}
-    parts = {CATEGORIES[str(k.value)]: v / MiB for k, v in cpu.items() if k != "Total"}
+        # Trainer.step's order: the last micro-batch synchronised, then the optimiser
+        trainer.micro_step(*micro_batches[-1], last=True)
+        backward = tracker.restart_peak()
+        trainer.finish_step()
     # The step's micro-batches, fetched at its start and live to its end (``Trainer.step``):
     # real tensors made before the tracker, which it does not count (ResNet's 8 images at
     # 64 x 64: 0.4 MiB, 2.4 % of its DDP peak).
-    parts["inputs"] = tensor_bytes(micro_batches) / MiB
-    return Tracked(cpu.get("Total", 0.0) / MiB + parts["inputs"], parts, 0.0)
+    inputs = tensor_bytes(micro_batches) / MiB
+    stages = []
+    for peak in (backward, tracker.get_tracker_snapshot("peak")):
+        cpu = next(iter(peak.values())) if peak else {}
+        parts = {CATEGORIES[str(k.value)]: v / MiB for k, v in cpu.items() if k != "Total"}
+        parts["inputs"] = inputs
+        stages.append((cpu.get("Total", 0.0) / MiB + inputs, parts))
+    peak, parts = max(stages, key=lambda stage: stage[0])
+    return Tracked(peak, parts, 0.0, stages=tuple(stages))
 
 
 def _optimiser_state(trainer) -> None:
@@ -341,7 +326,12 @@ def _flops(model: str, micro_batch: int, checkpointed: bool, blocks: int | None)
     """FLOPs of one micro-batch's forward and backward (recomputation included): a sample's
     times the micro-batch where the model's FLOPs grow in proportion to it (counted at one
     sample and at two: every op ``FlopCounterMode`` counts, a matrix product, a convolution,
-    attention, is linear in the batch), else counted at the micro-batch itself."""
+    attention, is linear in the batch), else counted at the micro-batch itself. Of three
+    blocks or more of a shortened model, one block's and the next's apart (every block adds
+    the same FLOPs, as ``track_phases``' extrapolation has it): no count of its own."""
+    if blocks is not None and blocks > 2:
+        one, two = (_flops(model, micro_batch, checkpointed, k) for k in (1, 2))
+        return one + (blocks - 1) * (two - one)
     one = _counted_flops(model, 1, checkpointed, blocks)
     if micro_batch == 1 or _counted_flops(model, 2, checkpointed, blocks) != 2 * one:
         return _counted_flops(model, micro_batch, checkpointed, blocks)

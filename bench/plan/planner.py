@@ -19,10 +19,10 @@ import pandas as pd
 
 from bench.plan.calibrate import Rate
 from bench.plan.devices import Device
-from bench.plan.memory import Tracked
 from bench.plan.scaling import Job, builds, figures, run_build, schedule
 from bench.plan.space import Config
 from bench.plan.timing import Topology, predict_step
+from bench.plan.tracked import Tracked
 
 MiB_PER_GiB = 1024
 
