@@ -212,7 +212,7 @@ def test_each_phase_steps_a_block_more_until_its_peak_stays_and_is_tracked_in_fu
     blocks on where the implementation's row says so."""
     n = 16
 
-    # made-up trackings: the peak of block count k per phase, by what the phase's knob says
+    # made-up trackings: each phase's peak with k blocks (None: all of them)
     def peak(phase: int, k: int | None) -> tracked.Tracked:
         k = n if k is None else k
         temporaries = {0: 1.0, 1: min(k, 3), 2: k}[phase]  # phase 2 moves at every block
