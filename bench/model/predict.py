@@ -146,8 +146,9 @@ def fsdp(
                 reduce += 1e3 * outer.time("all_reduce", nbytes / s, n // s)
         else:
             gather, reduce = 0.0, 1e3 * comm.time("all_reduce", nbytes, n)
-        forward, backward = prof.forward_ms * share + extra / 3, prof.backward_ms * share
-        units.append(sch.Unit(forward, backward + 2 * extra / 3, gather, reduce))
+        forward = prof.forward_ms * share + extra / 3
+        backward = prof.backward_ms * share + 2 * extra / 3
+        units.append(sch.Unit(forward, backward, gather, reduce))
     prog = sch.fsdp_program(
         units,
         after_ms=prof.after_ms,
