@@ -3,6 +3,7 @@ points are interleaved."""
 
 import math
 import socket
+from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -224,6 +225,38 @@ def test_a_decided_candidate_leaves_the_race_and_the_rest_go_on():
         for c in same:
             c.times.append(100.0)
     assert racing.at_look(same, 8, 3.0) == 0 and not any(c.active for c in same)
+
+
+def test_a_cohort_whose_points_name_one_verdict_group_races_as_one():
+    """Each implementation's candidates race apart in a sweep: a group whose own comparisons
+    are decided leaves whole, its best with it. A plan's verification names one group for
+    configurations of several implementations: there the slower implementation's best, still
+    undecided against the best of all, keeps cycling (FSDP1's rows left a verification once
+    their own group was decided, the fastest of all among them)."""
+    true = {("native", 5): 100.0, ("native", 25): 130.0, ("reference", 5): 103.0}
+    true[("reference", 25)] = 150.0
+
+    def race(cands) -> dict:
+        rng = np.random.default_rng(5)
+        for _ in range(16):
+            common = float(np.exp(rng.normal(0, 0.3)))
+            for c in cands:
+                noise = float(np.exp(rng.normal(0, 0.04)))
+                c.times.append(true[(c.point.impl, c.point.value)] * common * noise)
+        racing.at_look(cands, 16, 3.0)
+        return {(c.point.impl, c.point.value): c.active for c in cands}
+
+    apart = race(_candidates(values="5,25", impls="native,reference"))
+    assert not apart[("reference", 5)] and not apart[("reference", 25)]
+    one = [
+        SimpleNamespace(
+            point=replace(c.point, verdict_group="plan"), times=[], active=True, stop=""
+        )
+        for c in _candidates(values="5,25", impls="native,reference")
+    ]
+    together = race(one)
+    assert together[("reference", 5)] and together[("native", 5)]
+    assert not together[("reference", 25)] and not together[("native", 25)]
 
 
 def test_the_headline_keeps_the_best_and_the_default():

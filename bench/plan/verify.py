@@ -30,6 +30,8 @@ from bench.runner.plan.flags import parse_config
 from bench.stats.paired import DECIDED, look_confidence, versus_best_paired
 
 DEFAULT_DDP = {"config": "ddp bucket 25 MB", "precision": "fp32", "activation_checkpointing": "off"}
+# The verification's configurations are one verdict's candidates (``racing.py``).
+VERDICT_GROUP = "plan verification"
 # Each verified configuration's timing budget: its seconds of interleaved cycles.
 BUDGET = ["--max-point-s", "6", "--rounds", "1", "--warmup-steps", "3", "--profile-steps", "1"]
 
@@ -68,7 +70,8 @@ def _launch(chosen: pd.DataFrame, world: int, out: Path, timeout_s: float) -> st
         except SystemExit:
             return f"{describe(row)} does not resolve at {world} ranks"
         (point,) = runs[-1].points
-        points.append(replace(point, id=f"v{i:02d}-{point.id}"))  # unique in the folder
+        # unique in the folder; raced as one cohort, whatever their implementations
+        points.append(replace(point, id=f"v{i:02d}-{point.id}", verdict_group=VERDICT_GROUP))
     # the run's settings as bench/run.py resolves them (its budget, its rounds): the first's
     config = replace(runs[0].config, argv=())
     with tempfile.TemporaryDirectory(prefix="plan-verify-") as tmp:
@@ -216,10 +219,12 @@ def _paired(ok: pd.DataFrame, cycles: dict[str, list[float]]):
     v = versus_best_paired(cycles, confidence)
     if not any(r.high < 1 for r in v.ratios.values()):
         return v
-    # One that left the cycles early is faster than the best of those that cycled longest: the
-    # cycles race each implementation's candidates apart (``racing.py``), so a configuration of
-    # another implementation can leave once its own group is decided. Compared over the cycles
-    # every one of them ran (each the first ones), at the last look's confidence.
+    # One that left the cycles early is faster than the best of those that cycled longest. The
+    # verification's configurations race as one group (``VERDICT_GROUP``), where one leaves
+    # only decided against the best of its look; a folder written before they did raced each
+    # implementation's apart, where a configuration of another could leave once its own group
+    # was decided. Compared over the cycles every one of them ran (each the first ones), at
+    # the last look's confidence.
     shared = min(len(t) for t in cycles.values())
     return versus_best_paired(
         {n: t[:shared] for n, t in cycles.items()}, look_confidence(shared, False)

@@ -37,6 +37,9 @@ Schema versions (major.minor; a reader reads its own major and any minor):
   build), not the C heap, which moved with the points run before (FSDP2's NO_SHARD llama:tiny
   13.5 MiB first in a launch, 18.4 after others; now 18.29 in both). A 2.10 folder reads as
   before.
+- 2.12: a point record's ``verdict_group``: the candidates an interleaved cohort's verdict
+  compares it with, where they are not its implementation's (a plan's verification). A 2.11
+  folder reads as before (each implementation's points a group).
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ import pandas as pd
 from bench.runfolder.columns import NOISE_COLUMNS, SAMPLE_COLUMNS
 from bench.runfolder.points import POINTS_FILE, PointRecord, RunFolderError, read_points
 
-SCHEMA_VERSION = "2.11"
+SCHEMA_VERSION = "2.12"
 
 
 def utc_now() -> str:

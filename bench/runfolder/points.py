@@ -66,6 +66,11 @@ class PointRecord:
     # root's own parameters first); tp_comm_calls ([collective, phase, elements] per TP call
     # of one step); comm_bytes_expected, state_bytes_expected (or None where they do not apply).
     figures: dict[str, Any] = field(default_factory=dict)
+    # The candidates an interleaved cohort's paired verdict compares it with
+    # (bench/runner/train/racing.py): empty, its implementation's points at its grid value (a
+    # sweep's); named, every point of the run that names the same (a plan's verification,
+    # whose configurations are of several implementations and compared with each other).
+    verdict_group: str = ""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

@@ -13,8 +13,9 @@ answer a user reads first: per group, the best and the default (whose cost over 
 headline states), or, where the default is the best or already decided, the closest
 undecided challenger; the other undecided candidates leave with their intervals as they
 stand (said tied). The groups are the verdicts': each implementation's candidates (and a
-grid's second value). Every rank decides from the same all-reduced step times, so they all
-keep the same candidates.
+grid's second value), or those whose points name one ``verdict_group`` (a plan's
+verification: configurations of several implementations, compared with each other). Every
+rank decides from the same all-reduced step times, so they all keep the same candidates.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ def _groups(alive: list) -> list[list]:
     """The live candidates by verdict group, in their order."""
     groups: dict[tuple, list] = {}
     for c in alive:
-        key = (c.point.impl, str(point_columns(c.point)["value2"]))
+        key = (c.point.verdict_group,)
+        if not c.point.verdict_group:
+            key = (c.point.impl, str(point_columns(c.point)["value2"]))
         groups.setdefault(key, []).append(c)
     return list(groups.values())
 
