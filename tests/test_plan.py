@@ -22,7 +22,9 @@ from bench.plan.calibrate import Rate
 from bench.plan.devices import DEVICES, Device
 from bench.plan.space import Config, enumerate_space, micro_batches
 from bench.plan.timing import Topology
+from bench.plan.verify import VERDICT_GROUP
 from bench.report import __main__ as report_cli
+from bench.runfolder.points import read_points
 from bench.runner.cli import resolve
 from bench.runner.plan.flags import parse_config
 from bench.runner.plan.points import resolve_point
@@ -208,20 +210,23 @@ def test_each_phase_steps_a_block_more_until_its_peak_stays_and_is_tracked_in_fu
 ):
     """Per phase of one build: one whose peak stays from one block is extrapolated from one
     and two; one that moves from one to two and from two to three, from three and four (only
-    it is stepped again); one that still moves at ``STEPS`` blocks is tracked in full; from two
-    blocks on where the implementation's row says so."""
+    it is stepped again; its three trackings from one lie on a line, which does not settle it
+    before ``STEPS``); one that still moves at ``STEPS`` blocks is extrapolated along the line
+    its last three trackings lie on, or tracked in full where they do not; from two blocks on
+    where the implementation's row says so."""
     n = 16
 
     # made-up trackings: each phase's peak with k blocks (None: all of them)
     def peak(phase: int, k: int | None) -> tracked.Tracked:
         k = n if k is None else k
-        temporaries = {0: 1.0, 1: min(k, 3), 2: k}[phase]  # phase 2 moves at every block
+        # phases 2 and 3 move at every block, 2 by the same each time
+        temporaries = {0: 1.0, 1: min(k, 3), 2: k, 3: k * k}[phase]
         parts = {"params": 2.0 * k, "temporaries": float(temporaries)}
         return tracked.Tracked(sum(parts.values()), parts, 10.0 * k)
 
     calls = []
 
-    points = [_point(batch=b) for b in (2, 4, 8)]
+    points = [_point(batch=b) for b in (2, 4, 8, 16)]
     phase_of = {id(p): phase for phase, p in enumerate(points)}
 
     def fake_track(points, gpus_per_node, blocks, gpu):
@@ -231,10 +236,17 @@ def test_each_phase_steps_a_block_more_until_its_peak_stays_and_is_tracked_in_fu
     monkeypatch.setattr(memory, "_blocks_of", lambda model: n)
     monkeypatch.setattr(memory, "_track", fake_track)
     got = memory.track_phases(points)
-    assert calls == [(1, [0, 1, 2]), (2, [0, 1, 2]), (3, [1, 2]), (4, [1, 2]), (None, [2])]
+    assert calls == [
+        (1, [0, 1, 2, 3]),
+        (2, [0, 1, 2, 3]),
+        (3, [1, 2, 3]),
+        (4, [1, 2, 3]),
+        (None, [3]),
+    ]
     assert got[0].how.startswith("tracked with 1 and 2 of its 16 blocks"), got[0].how
     assert got[1].how.startswith("tracked with 3 and 4 of its 16 blocks"), got[1].how
-    assert got[2].how.startswith("tracked in full"), got[2].how
+    assert got[2].how.startswith("tracked with 2 to 4 of its 16 blocks, on one line"), got[2].how
+    assert got[3].how.startswith("tracked in full"), got[3].how
     for phase, t in enumerate(got):
         assert t.peak_mib == pytest.approx(peak(phase, None).peak_mib)
         assert t.flops == pytest.approx(10.0 * n)
@@ -549,6 +561,23 @@ def test_a_plan_writes_its_rows_and_says_what_it_recommends(capsys, tmp_path):
 
 
 @pytest.mark.e2e
+@pytest.mark.timeout(300)
+def test_checkpointings_calibration_run_measures_both_in_one_launch(tmp_path):
+    """The short run a CPU plan with checkpointed rows makes: DDP with checkpointing off and on,
+    interleaved in one launch of 2 ranks, whose computations give the rate's factor."""
+    from bench.plan.calibrate import ckpt_factor, ckpt_run
+    from bench.plan.memory import recompute_ratio
+
+    run = ckpt_run("llama:tiny", "fp32", 4, tmp_path, 2, timeout_s=240)
+    results = pd.read_csv(run / "results.csv")
+    assert sorted(results["value"]) == ["off", "on"] and set(results["status"]) == {"ok"}
+    assert set(results["method"]) == {"paired"}  # one launch, interleaved
+    assert (results["compute_ms"] > 0).all()
+    factor = ckpt_factor(run, Rate(0.05, 1.0, "test rate"), 0.5, recompute_ratio("llama:tiny", 4))
+    assert 0.3 < factor < 5  # a ratio of two measured computations, whatever this host does
+
+
+@pytest.mark.e2e
 @pytest.mark.timeout(400)
 def test_verify_runs_the_best_here_and_sets_measured_beside_predicted(capsys, tmp_path):
     out = tmp_path / "plan"
@@ -613,6 +642,9 @@ def test_verify_runs_the_best_here_and_sets_measured_beside_predicted(capsys, tm
     assert "measured best:" in printed
     meta = json.loads((out / "plan.json").read_text())
     assert meta["verify"]["verified"] == len(checked)
+    # the configurations race as one verdict's candidates, whatever their implementations
+    groups = {p.verdict_group for p in read_points(out / "verify").values()}
+    assert groups == {VERDICT_GROUP}
     assert meta["verify"]["method"] == "paired" and meta["verify"]["cycles"] >= 2
     assert meta["verify"]["measured_best"] in meta["verify"]["measured_tied"]
     # the verification is a run folder the report reads
@@ -731,6 +763,41 @@ def test_fsdps_own_work_is_its_computation_over_ddps_and_lengthens_its_predicted
         assert 0 < with_it["step_ms"] - without["step_ms"] <= 6.0 * accum + 1e-9
     with pytest.raises(ValueError, match="no bf16 point to compare FSDP with"):
         fsdp_extra(fsdp, ddp, "bf16")
+
+
+@pytest.mark.unit
+def test_checkpointings_cost_is_its_measured_ratio_over_the_predicted_one(tmp_path):
+    """A CPU plan's checkpointed rows carry what checkpointing costs this host beyond its
+    recomputation's FLOPs: the checkpointed computation over the plain one in one launch,
+    over the ratio the rate predicts (llama:tiny's checkpointed rows read 16 to 30 % under
+    their measurement without it)."""
+    from bench.plan.calibrate import ckpt_factor
+    from bench.plan.memory import recompute_ratio
+    from bench.plan.timing import predict_step
+
+    rows = [{"value": "off", "compute_ms": 22.0}, {"value": "on", "compute_ms": 32.0}]
+    run = _calibration_run(tmp_path / "ckpt", rows)
+    rate = Rate(0.05, 0.0, "test rate")  # 1e9 FLOPs at 0.05 TFLOP/s: 20 ms
+    # measured (32 - 2) / (22 - 2) = 1.5 against the FLOPs' 4/3
+    assert ckpt_factor(run, rate, 2.0, 4 / 3) == pytest.approx(1.5 / (4 / 3))
+    # a cost per micro-batch whatever its size takes part in both: (4/3 20 + 5) / (20 + 5)
+    slow = Rate(0.05, 5.0, "test rate")
+    assert ckpt_factor(run, slow, 2.0, 4 / 3) == pytest.approx(1.5 / ((80 / 3 + 5) / 25))
+    # an optimiser step longer than the computation is not taken out
+    assert ckpt_factor(run, rate, 50.0, 1.0) == pytest.approx(32 / 22)
+    # llama:tiny recomputes its blocks' forward: more than none, less than the whole forward's
+    assert 1.15 < recompute_ratio("llama:tiny", 4) < 4 / 3
+    factor = ckpt_factor(run, rate, 2.0, 4 / 3)
+    measured = Rate(0.05, 0.0, "test rate", ckpt_factor=factor)
+    topo = Topology.of_links("eth_25g", 2, 1.0)
+    for ckpt, scale in (("on", factor), ("off", 1.0)):
+        point = _point(activation_checkpointing=ckpt, grad_accum=1, batch=4)
+        with_it = predict_step(point, 1e9, measured, 100.0, topo)
+        without = predict_step(point, 1e9, rate, 100.0, topo)
+        optimiser = without["compute_ms"] - 20.0  # the FLOPs' 20 ms and AdamW's step
+        assert with_it["compute_ms"] - optimiser == pytest.approx(20.0 * scale)
+    with pytest.raises(ValueError, match="checkpointing off and on"):
+        ckpt_factor(_calibration_run(tmp_path / "off", [{"value": "off"}]), rate, 0.0, 1.0)
 
 
 @pytest.mark.unit

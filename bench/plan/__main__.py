@@ -26,6 +26,7 @@ from bench.plan.page import write_page
 from bench.plan.planner import plan_rows
 from bench.plan.space import enumerate_space
 from bench.plan.verify import verify
+from parallel_kernels.strategies import STRATEGIES
 
 
 class _Parser(argparse.ArgumentParser):
@@ -108,6 +109,20 @@ def _how(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, help="folder for plan.csv (default results/plan-...)")
 
 
+def _measured(args, target, configs: list, out: Path):
+    """The target with its computation's rates and its links, measured here where the plan
+    is for this machine (``inputs.rates``, ``inputs.collectives_here``)."""
+    precisions = tuple(dict.fromkeys(c.knobs["precision"] for c in configs))
+    # what a calibrated CPU plan measures beyond DDP: the FSDP implementations' own work, and
+    # checkpointing's cost, where the plan holds them
+    fsdp = tuple(
+        dict.fromkeys(c.impl for c in configs if STRATEGIES[c.strategy].schedule == "fsdp")
+    )
+    ckpt = any(c.knobs["activation_checkpointing"] == "on" for c in configs)
+    target = replace(target, rates=inputs.rates(args, target, precisions, out, fsdp, ckpt))
+    return replace(target, topology=inputs.collectives_here(args, target, out))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.verify and (args.device != "cpu" or args.verify < 0):
@@ -137,11 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or Path("results") / f"plan-{stamp}-{args.model.replace(':', '_')}"
     out.mkdir(parents=True, exist_ok=True)
     try:
-        precisions = tuple(dict.fromkeys(c.knobs["precision"] for c in configs))
-        # the FSDP implementations the plan holds (a calibrated CPU plan measures their own work)
-        fsdp = tuple(dict.fromkeys(c.impl for c in configs if "sharding_strategy" in c.knobs))
-        target = replace(target, rates=inputs.rates(args, target, precisions, out, fsdp))
-        target = replace(target, topology=inputs.collectives_here(args, target, out))
+        target = _measured(args, target, configs, out)
     except (ValueError, OSError, subprocess.SubprocessError) as e:
         print(f"bench.plan: {e}", file=sys.stderr)
         return 2

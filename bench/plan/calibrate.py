@@ -12,6 +12,15 @@ the rate ``R``; ``o``: the optimiser step), so the pair gives ``c = (T_a - T_1) 
 AdamW's traffic (``timing.ADAMW_BYTES_PER_PARAM``). One run gives ``R`` with ``c = 0``. Another
 device's rate is this one's times the ratio of the two devices' peaks at the precision.
 
+Activation checkpointing costs a host more than its recomputation's FLOPs at that rate: the
+forward's launches and Python again, the checkpoint's own bookkeeping (llama:tiny on this CPU,
+8 samples: 27 % more computation checkpointed, where its FLOPs at the rate said 10 %). On a CPU
+plan with checkpointed configurations one more short run (``--sweep activation_checkpointing``,
+off and on interleaved in one launch, DDP, the plan's first precision, the same micro-batch
+and ranks) measures the ratio of the two computations, and the rate's ``ckpt_factor`` is
+that ratio over the one the rate predicts: a checkpointed micro-batch's predicted computation
+is multiplied by it (``timing.compute_profile``). A host's cost, taken for its plans only.
+
 FSDP does computation of its own that the model's FLOPs do not count: per unit, the copies into
 and out of its collectives' buffers (an all-gather's input and its output into the unit's
 parameters, a reduce-scatter's input from the gradients) and its hooks. On a CPU plan one more
@@ -42,6 +51,9 @@ class Rate:
     # "implementation strategy" -> FSDP's own computation per step beyond the model's, ms
     # (``fsdp_extra``); empty: none counted
     fsdp_ms: dict = field(default_factory=dict, hash=False)
+    # a checkpointed micro-batch's computation over what its FLOPs at this rate say
+    # (``ckpt_factor``); 1: none measured
+    ckpt_factor: float = 1.0
 
     def fsdp_extra_ms(self, impl: str, strategy: str) -> float:
         """FSDP's own computation per step of ``impl`` at ``strategy``: its calibrated figure,
@@ -228,3 +240,51 @@ def fsdp_extra(fsdp: Path, ddp: Path, precision: str) -> dict[str, float]:
         f"{row['impl']} {row['value']}": max(0.0, _computation_ms(row) - ddp_ms)
         for _, row in _read(fsdp).iterrows()
     }
+
+
+def ckpt_run(
+    model: str, precision: str, per_replica: int, out: Path, ranks: int, timeout_s: float = 600
+) -> Path:
+    """DDP with activation checkpointing off and on, interleaved in one launch on ``ranks``
+    ranks here, at the DDP calibration's one micro-batch of ``per_replica`` samples and
+    ``precision``: what the machine does meanwhile falls on both alike. Three profiled steps
+    each: the ratio is of the analyser's computation, which one step leaves noisy."""
+    args = [
+        "--sweep",
+        "activation_checkpointing",
+        "--values",
+        "off,on",
+        "--model",
+        model,
+        "--impl",
+        "native",
+        "--batch-size",
+        str(per_replica),
+        "--option",
+        f"precision={precision}",
+        "--interleave",
+        "on",
+        *BUDGET,
+        "--profile-steps",
+        "3",
+    ]
+    return _launch_here(args, ranks, out / "checkpointing", f"{model}'s checkpointing", timeout_s)
+
+
+def ckpt_factor(run: Path, rate: Rate, optimiser_ms: float, recompute: float) -> float:
+    """The checkpointed step's computation over the plain one's in ``run`` (``ckpt_run``; the
+    optimiser's step, ``optimiser_ms``, left out of both as ``fit_rates`` leaves it out), over
+    the ratio ``rate`` predicts for them: ``(recompute F / R + c) / (F / R + c)``, ``F`` the
+    plain micro-batch's FLOPs (the harness's count), ``recompute`` the checkpointed
+    micro-batch's FLOPs over the plain one's (the planner's count, its recomputation
+    included)."""
+    rows = _read(run)
+    by = {str(v): r for v, r in zip(rows["value"], rows.to_dict("records"), strict=True)}
+    if not {"off", "on"} <= set(by):
+        raise ValueError(f"the calibration run {run}: no ok point with checkpointing off and on")
+    off, on = (_computation_ms(by[v]) for v in ("off", "on"))
+    o = optimiser_ms if min(off, on) > optimiser_ms else 0.0
+    measured = (on - o) / (off - o)
+    flops_ms = float(by["off"]["flops_per_step"]) / (rate.tflops * 1e12) * 1e3
+    predicted = (recompute * flops_ms + rate.micro_ms) / (flops_ms + rate.micro_ms)
+    return measured / predicted

@@ -14,12 +14,15 @@ from bench.model.predict import overlap_share
 from bench.plan.calibrate import (
     Rate,
     calibration_runs,
+    ckpt_factor,
+    ckpt_run,
     collectives_run,
     fit_rates,
     fsdp_extra,
     fsdp_run,
 )
 from bench.plan.devices import device
+from bench.plan.memory import recompute_ratio
 from bench.plan.planner import Target
 from bench.plan.space import FAMILIES, OPTIONS, micro_batches
 from bench.plan.timing import Topology, optimiser_ms, param_bytes
@@ -71,32 +74,56 @@ def _check_mfu(args) -> None:
 
 
 def rates(
-    args, target: Target, precisions: tuple[str, ...], out: Path, fsdp: tuple[str, ...] = ()
+    args,
+    target: Target,
+    precisions: tuple[str, ...],
+    out: Path,
+    fsdp: tuple[str, ...] = (),
+    ckpt: bool = False,
 ) -> dict[str, Rate]:
     """Per precision, the computation's rate on the target: fitted to ``--compute`` runs (scaled
     by the target's peak over theirs), to short runs the planner makes here for a CPU target
-    (with, for the FSDP implementations ``fsdp``, their own work per step), or the peak times
-    an assumed MFU."""
+    (``calibrated``), or the peak times an assumed MFU."""
     runs = list(args.compute or [])
     if not runs and not target.device.gpu_name and args.mfu is None:
-        per_replica = args.global_batch // args.world_size or 1
-        ranks = min(args.world_size, args.gpus_per_node)
-        print(f"calibrating: {args.model}, DDP on {ranks} ranks here, {per_replica} per replica")
-        folder = out / "calibration"
-        runs = calibration_runs(args.model, precisions, per_replica, folder, ranks)
-        fitted = rates_of(runs, args, target, precisions)
-        if not fsdp:
-            return fitted
-        print(f"calibrating: {args.model}'s FSDP ({', '.join(fsdp)}) on {ranks} ranks here")
-        first = precisions[0]
-        run = fsdp_run(args.model, list(fsdp), first, per_replica, folder, ranks)
-        extra = fsdp_extra(run, runs[0], first)
-        said = ", ".join(f"{key} {ms:.1f} ms" for key, ms in sorted(extra.items()))
-        return {
-            p: replace(r, fsdp_ms=extra, source=f"{r.source}; FSDP's own work per step: {said}")
+        return calibrated(args, target, precisions, out, fsdp, ckpt)
+    return rates_of(runs, args, target, precisions)
+
+
+def calibrated(
+    args, target: Target, precisions: tuple[str, ...], out: Path, fsdp: tuple[str, ...], ckpt: bool
+) -> dict[str, Rate]:
+    """``rates`` fitted to short runs here: DDP's (``calibrate.calibration_runs``), and where
+    the plan holds them, activation checkpointing's cost (``ckpt``) and the FSDP
+    implementations' own work (``fsdp``), both at the plan's first precision and taken for
+    every precision."""
+    per_replica = args.global_batch // args.world_size or 1
+    ranks = min(args.world_size, args.gpus_per_node)
+    print(f"calibrating: {args.model}, DDP on {ranks} ranks here, {per_replica} per replica")
+    folder = out / "calibration"
+    runs = calibration_runs(args.model, precisions, per_replica, folder, ranks)
+    fitted = rates_of(runs, args, target, precisions)
+    first = precisions[0]
+    if ckpt:
+        print(f"calibrating: {args.model}'s activation checkpointing on {ranks} ranks here")
+        run = ckpt_run(args.model, first, per_replica, folder, ranks)
+        o = optimiser_ms(4 * sum(param_bytes(args.model)), target.device.bandwidth_GBps)
+        factor = ckpt_factor(run, fitted[first], o, recompute_ratio(args.model, per_replica))
+        said = f"checkpointing x{factor:.2f} its FLOPs' time"
+        fitted = {
+            p: replace(r, ckpt_factor=factor, source=f"{r.source}; {said}")
             for p, r in fitted.items()
         }
-    return rates_of(runs, args, target, precisions)
+    if not fsdp:
+        return fitted
+    print(f"calibrating: {args.model}'s FSDP ({', '.join(fsdp)}) on {ranks} ranks here")
+    run = fsdp_run(args.model, list(fsdp), first, per_replica, folder, ranks)
+    extra = fsdp_extra(run, runs[0], first)
+    said = ", ".join(f"{key} {ms:.1f} ms" for key, ms in sorted(extra.items()))
+    return {
+        p: replace(r, fsdp_ms=extra, source=f"{r.source}; FSDP's own work per step: {said}")
+        for p, r in fitted.items()
+    }
 
 
 def rates_of(runs: list[Path], args, target: Target, precisions: tuple[str, ...]):

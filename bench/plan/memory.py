@@ -35,7 +35,7 @@ from bench.plan.fakes import (
     resolve_ddp_hooks,
     untracked_propagation,
 )
-from bench.plan.tracked import Tracked, failed, shifted
+from bench.plan.tracked import Tracked, collinear, failed, shifted
 from bench.plan.workspace import kernel_workspaces
 from bench.runfolder.points import PointRecord
 from bench.runner.session.distenv import DistEnv
@@ -169,10 +169,12 @@ def track_phases(
     step apart (``Tracked.stages``), or from two and three where the implementation's row says
     one block is laid out unlike the rest (``memory_blocks_from``: FSDP1's); a point whose
     peak lies elsewhere with one block more (``tracked.shifted``) is tracked with a block
-    more again, until it stays, for at most ``STEPS`` blocks, and in full beyond (llama:1b's FSDP2
-    HYBRID_SHARD/8 at 16 ranks, fp32 with checkpointing, moves from one block to two and from
-    two to three: extrapolated from two and three it read 61 % over its tracking in full, from
-    three and four exact). A build or step that fails is every point's error, in one line.
+    more again, until it stays, for at most ``STEPS`` blocks (llama:1b's FSDP2 HYBRID_SHARD/8 at
+    16 ranks, fp32 with checkpointing, moves from one block to two and from two to three:
+    extrapolated from two and three it read 61 % over its tracking in full, from three and
+    four exact); one still moving there is extrapolated along the line its last three
+    trackings lie on where they do (``tracked.collinear``), else tracked in full. A build or
+    step that fails is every point's error, in one line.
     ``gpu``: the target is a GPU, where AdamW runs as foreach (torch's default there, whose
     step holds temporaries the size of the state; on a CPU, one tensor at a time) and the
     collectives as NCCL runs them (on a CPU, as gloo does: ``fakes.backend_copies``)."""
@@ -204,16 +206,27 @@ def _stepped(
     while True:
         moving = []
         for i, (a, b) in enumerate(zip(at[k], at[k + 1], strict=True)):
-            if out[i] is None and not shifted(a, b):
+            if out[i] is not None:
+                continue
+            if not shifted(a, b):
                 how = f"tracked with {k} and {k + 1} of its {n} blocks, extrapolated"
                 out[i] = replace(a.plus(b.minus(a), n - k), how=how)
-            elif out[i] is None:
+            else:
                 moving.append(i)
         if not moving:
             return out
         if k + 2 > STEPS:
-            full = track([points[i] for i in moving], blocks=None)
-            for i, t in zip(moving, full, strict=True):
+            # still moving: along the line its last three trackings lie on, if they do
+            # (``tracked.collinear``), else tracked in full
+            lined = [i for i in moving if collinear(at[k - 1][i], at[k][i], at[k + 1][i])]
+            for i in lined:
+                a, b = at[k][i], at[k + 1][i]
+                how = f"tracked with {k - 1} to {k + 1} of its {n} blocks, on one line"
+                how += ", extrapolated"
+                out[i] = replace(a.plus(b.minus(a), n - k), how=how)
+            rest = [i for i in moving if i not in lined]
+            full = track([points[i] for i in rest], blocks=None) if rest else []
+            for i, t in zip(rest, full, strict=True):
                 how = f"tracked in full (its peak still moved from {k} blocks to {k + 1})"
                 out[i] = replace(t, how=how)
             return out
@@ -336,6 +349,12 @@ def _flops(model: str, micro_batch: int, checkpointed: bool, blocks: int | None)
     if micro_batch == 1 or _counted_flops(model, 2, checkpointed, blocks) != 2 * one:
         return _counted_flops(model, micro_batch, checkpointed, blocks)
     return one * micro_batch
+
+
+def recompute_ratio(model: str, micro_batch: int) -> float:
+    """A checkpointed micro-batch's FLOPs over a plain one's (its recomputation; the whole
+    model's, counted)."""
+    return _flops(model, micro_batch, True, None) / _flops(model, micro_batch, False, None)
 
 
 @functools.cache

@@ -103,7 +103,10 @@ def compute_profile(
     simulate the last micro-batch, which communicates)."""
     accum = int(point.knobs["grad_accum"])
     total_ms = 1e3 * flops / (rate.tflops * 1e12) / accum + rate.micro_ms
-    forward = 0.25 if point.knobs["activation_checkpointing"] == "on" else 1 / 3
+    checkpointed = point.knobs["activation_checkpointing"] == "on"
+    if checkpointed:  # what checkpointing costs this host beyond its FLOPs (calibrate.py)
+        total_ms *= rate.ckpt_factor
+    forward = 0.25 if checkpointed else 1 / 3
     sizes = [b // point.tp_size for b in param_bytes(point.model)]
     done, ready = 0, []
     backward_ms = total_ms * (1 - forward)
@@ -157,9 +160,9 @@ def predict_step(
     if not (flops > 0 and math.isfinite(flops)):
         return {"time_error": "no FLOPs count (the tracked step failed)"}
     prof = compute_profile(point, flops, rate, bandwidth_GBps)
-    strategy = point.knobs.get("sharding_strategy")
-    if strategy is not None:
-        prof = replace(prof, fsdp_extra_ms=rate.fsdp_extra_ms(point.impl, strategy))
+    if point.schedule == "fsdp":
+        extra = rate.fsdp_extra_ms(point.impl, point.knobs["sharding_strategy"])
+        prof = replace(prof, fsdp_extra_ms=extra)
     try:
         timeline = sch.simulate(_program(point, prof, topo), share=topo.share)
     except Unmodelled as e:
