@@ -801,6 +801,46 @@ def test_checkpointings_cost_is_its_measured_ratio_over_the_predicted_one(tmp_pa
 
 
 @pytest.mark.unit
+def test_the_calibrations_own_configuration_measured_again_says_the_launches_drift(tmp_path):
+    """The verification measures DDP at its defaults, which is the one-micro-batch calibration
+    run's own point where the batch agrees: its step in the two launches is the machine's
+    drift between them, which every row's error holds, apart from the model's own error where
+    it was fitted."""
+    from bench.plan import table
+    from bench.plan.verify import launch_drift
+    from bench.runfolder.points import write_points
+
+    def folder(name: str, points: dict, steps: dict):
+        path = tmp_path / name
+        path.mkdir()
+        write_points(path / "points.jsonl", [replace(p, id=i) for i, p in points.items()])
+        rows = [{"point": i, "status": "ok", "step_ms_median": ms} for i, ms in steps.items()]
+        pd.DataFrame(rows).to_csv(path / "results.csv", index=False)
+        return path
+
+    calibration = folder("calibration", {"fp32": _point(batch=8, precision="fp32")}, {"fp32": 20.0})
+    default = _point(batch=8, bucket_cap_mb=25, activation_checkpointing="off", precision="fp32")
+    other = _point(batch=8, bucket_cap_mb=5, precision="fp32")
+    small = _point(batch=4, precision="fp32")  # another micro-batch: not the calibration's
+    verification = folder(
+        "verify", {"v01": other, "v02": default, "v03": small}, {"v01": 20.5, "v02": 21.0, "v03": 9}
+    )
+    got = launch_drift(calibration, verification)
+    assert got["launch_drift_point"] == "v02" and got["launch_drift_ms"] == [20.0, 21.0]
+    assert got["launch_drift_pct"] == pytest.approx(5.0)
+    summary = {**got, "calibration_predicted_ms": 18.0, "calibration_error_pct": -10.0}
+    line = table.render_verify(pd.DataFrame({"name": []}), summary)
+    assert "20.0 ms in the calibration's launch against 18.0 predicted (-10.0 %" in line
+    assert "21.0 ms in this one (+5.0 %: the machine's drift" in line
+    # no verified point is the calibration's, or no calibration here (--compute): nothing said
+    wider = replace(_point(world=4, batch=8, precision="fp32"), knobs=default.knobs)
+    steps = dict.fromkeys(("v01", "v03", "v04"), 20.5)
+    narrowed = folder("narrowed", {"v01": other, "v03": small, "v04": wider}, steps)
+    assert launch_drift(calibration, narrowed) == {}
+    assert launch_drift(tmp_path / "none", verification) == {}
+
+
+@pytest.mark.unit
 def test_the_measured_best_is_not_one_of_the_longest_cyclers_when_an_early_leaver_beats_it():
     """The cycles race each implementation's candidates apart: FSDP1's rows left once their
     group was decided, and the verification named the best of FSDP2's, which FSDP1's NO_SHARD

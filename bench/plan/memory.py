@@ -218,7 +218,9 @@ def _stepped(
         if k + 2 > STEPS:
             # still moving: along the line its last three trackings lie on, if they do
             # (``tracked.collinear``), else tracked in full
-            lined = [i for i in moving if collinear(at[k - 1][i], at[k][i], at[k + 1][i])]
+            lined = [
+                i for i in moving if k - 1 in at and collinear(at[k - 1][i], at[k][i], at[k + 1][i])
+            ]
             for i in lined:
                 a, b = at[k][i], at[k + 1][i]
                 how = f"tracked with {k - 1} to {k + 1} of its {n} blocks, on one line"

@@ -163,6 +163,21 @@ def render_verify(df: pd.DataFrame, summary: dict) -> str:
             f"measured best: {summary['measured_best']}; the predicted best "
             f"({summary['predicted_best']}) {verdict} ({how})"
         )
+    if "launch_drift_pct" in summary:
+        before, after = summary["launch_drift_ms"]
+        said = ""
+        if "calibration_error_pct" in summary:
+            said = (
+                f" against {summary['calibration_predicted_ms']:.1f} predicted "
+                f"({summary['calibration_error_pct']:+.1f} %: the model's own error where it "
+                "was fitted)"
+            )
+        lines.append(
+            f"the calibration's own configuration ({summary['launch_drift_point']}): "
+            f"{before:.1f} ms in the calibration's launch{said}, {after:.1f} ms in this one "
+            f"({summary['launch_drift_pct']:+.1f} %: the machine's drift between the two "
+            "launches, in every row's error)"
+        )
     if summary.get("failed"):
         lines.append(f"{summary['failed']} configurations failed to run: see verify.csv")
     return "\n".join(lines)

@@ -24,12 +24,15 @@ import pandas as pd
 from scipy import stats
 
 from bench.plan.launch import RUN_PY, describe, outcome
+from bench.runfolder.points import RunFolderError, read_points
 from bench.runner.cli import RESOLVED_ENV, resolve
 from bench.runner.plan.config import Resolved
 from bench.runner.plan.flags import parse_config
 from bench.stats.paired import DECIDED, look_confidence, versus_best_paired
 
 DEFAULT_DDP = {"config": "ddp bucket 25 MB", "precision": "fp32", "activation_checkpointing": "off"}
+# The one-micro-batch DDP calibration run of a plan for this machine (``calibrate.py``).
+CALIBRATION = Path("calibration") / "accum1"
 # The verification's configurations are one verdict's candidates (``racing.py``).
 VERDICT_GROUP = "plan verification"
 # Each verified configuration's timing budget: its seconds of interleaved cycles.
@@ -146,7 +149,58 @@ def verify(
             }
         )
     df = pd.DataFrame(table)
-    return df, summary(df, _cycles(folder, df))
+    got = summary(df, _cycles(folder, df))
+    drift = launch_drift(out / CALIBRATION, folder)
+    if drift and "point" in df:
+        # the model's own error where it was fitted: its prediction against the launch it was
+        # fitted to, apart from the drift to this one
+        predicted = df.loc[df["point"] == drift["launch_drift_point"], "predicted_step_ms"]
+        if len(predicted) == 1:
+            drift["calibration_predicted_ms"] = ms = float(predicted.iloc[0])
+            drift["calibration_error_pct"] = 100 * (ms / drift["launch_drift_ms"][0] - 1)
+    got.update(drift)
+    return df, got
+
+
+def launch_drift(calibration: Path, verification: Path) -> dict:
+    """The calibration's own configuration measured again by the verification: the point of
+    the one-micro-batch DDP calibration run (``calibrate.calibration_runs``) whose model,
+    strategy, implementation, knobs, batch and ranks a verified point has, and its step in each
+    launch. Its change is the two launches' drift, which every row's error holds, not the
+    model's (llama:tiny's computation per step read 21.0 to 26.8 ms in five calibrations of
+    one hour here): ``launch_drift_pct``, empty where no verified point is it (a plan given
+    ``--compute``, or narrowed away from DDP at its defaults)."""
+    try:
+        there = read_points(calibration)
+        here = read_points(verification)
+        steps = {
+            folder: pd.read_csv(folder / "results.csv", keep_default_na=False)
+            for folder in (calibration, verification)
+        }
+    except (RunFolderError, OSError):
+        return {}
+
+    def same(p) -> tuple:
+        knobs = sorted(p.knobs.items())
+        return (p.model, p.strategy, p.impl, knobs, p.batch_per_replica, p.world_size)
+
+    def step(folder: Path, point: str) -> float:
+        df = steps[folder]
+        rows = df[(df["point"] == point) & (df["status"] == "ok")]
+        return float(rows["step_ms_median"].iloc[-1]) if not rows.empty else math.nan
+
+    for p in there.values():
+        match = [q for q in here.values() if same(q) == same(p)]
+        if not match:
+            continue
+        before, after = step(calibration, p.id), step(verification, match[0].id)
+        if before > 0 and after > 0:
+            return {
+                "launch_drift_pct": 100 * (after / before - 1),
+                "launch_drift_ms": [before, after],
+                "launch_drift_point": match[0].id,
+            }
+    return {}
 
 
 def _cycles(folder: Path, df: pd.DataFrame) -> dict[str, list[float]]:
