@@ -801,6 +801,31 @@ def test_checkpointings_cost_is_its_measured_ratio_over_the_predicted_one(tmp_pa
 
 
 @pytest.mark.unit
+@pytest.mark.timeout(60)
+def test_the_planners_process_runs_one_thread_and_forks_its_workers():
+    """``python -m bench.plan`` loads torch on one thread, so its tracking workers are forked
+    (spawned afresh, each imports torch and the models again: llama:1b at 1024 ranks planned
+    in 53 s against 49); a user's own OMP_NUM_THREADS is kept."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import os, bench.plan.__main__, bench.plan.planner as p; "
+        "print(os.environ['OMP_NUM_THREADS'], len(os.listdir('/proc/self/task')), "
+        "p._start_method().get_start_method())"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    for given, expected in ((None, "1 1 fork"), ("2", "2 ")):
+        run_env = env if given is None else {**env, "OMP_NUM_THREADS": given}
+        done = subprocess.run(
+            [sys.executable, "-c", code], env=run_env, capture_output=True, text=True, timeout=50
+        )
+        assert done.returncode == 0, done.stderr[-500:]
+        assert done.stdout.strip().startswith(expected), done.stdout
+
+
+@pytest.mark.unit
 def test_the_calibrations_own_configuration_measured_again_says_the_launches_drift(tmp_path):
     """The verification measures DDP at its defaults, which is the one-micro-batch calibration
     run's own point where the batch agrees: its step in the two launches is the machine's

@@ -21,6 +21,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
+import bench.plan.one_thread  # noqa: F401 - first: one thread before torch loads
 from bench.plan import inputs, table
 from bench.plan.page import write_page
 from bench.plan.planner import plan_rows
