@@ -107,7 +107,7 @@ def calibrated(
     if ckpt:
         print(f"calibrating: {args.model}'s activation checkpointing on {ranks} ranks here")
         run = ckpt_run(args.model, first, per_replica, folder, ranks)
-        o = optimiser_ms(4 * sum(param_bytes(args.model)), target.device.bandwidth_GBps)
+        o = _optimiser_ms(args, target)
         factor = ckpt_factor(run, fitted[first], o, recompute_ratio(args.model, per_replica))
         said = f"checkpointing x{factor:.2f} its FLOPs' time"
         fitted = {
@@ -139,8 +139,7 @@ def rates_of(runs: list[Path], args, target: Target, precisions: tuple[str, ...]
             )
             for p in precisions
         }
-    params = sum(param_bytes(args.model)) / 4
-    fitted = fit_rates(runs, optimiser_ms(16 * params, target.device.bandwidth_GBps))
+    fitted = fit_rates(runs, _optimiser_ms(args, target))
     missing = [p for p in precisions if p not in fitted]
     if missing:
         raise ValueError(f"--compute: no {missing[0]} point of {args.model} to fit its rate from")
@@ -157,6 +156,13 @@ def rates_of(runs: list[Path], args, target: Target, precisions: tuple[str, ...]
         )
         for p in precisions
     }
+
+
+def _optimiser_ms(args, target: Target) -> float:
+    """AdamW's step over the whole model on the target: what the fits take out of a DDP
+    step's computation (ZeRO's 16 bytes of state per fp32 parameter)."""
+    params = sum(param_bytes(args.model)) / 4
+    return optimiser_ms(16 * params, target.device.bandwidth_GBps)
 
 
 def _peak_of(run: Path, precision: str) -> float:

@@ -77,12 +77,8 @@ def shifted(fewer: Tracked, more: Tracked) -> bool:
         fell = any(b.get(k, 0.0) < v - slack for k, v in a.items())
         return fell or (transient and abs(grew) > slack)
 
-    if fewer.stages and len(fewer.stages) == len(more.stages):
-        return any(
-            moved(a, b, transient=i == 0)
-            for i, ((_, a), (_, b)) in enumerate(zip(fewer.stages, more.stages, strict=True))
-        )
-    return moved(fewer.parts_mib, more.parts_mib, transient=True)
+    pairs = zip(*_stages(fewer, more), strict=True)
+    return any(moved(a, b, transient=i == 0) for i, ((_, a), (_, b)) in enumerate(pairs))
 
 
 def collinear(a: Tracked, b: Tracked, c: Tracked) -> bool:
@@ -95,14 +91,10 @@ def collinear(a: Tracked, b: Tracked, c: Tracked) -> bool:
     moving transient. Asked only of a peak still moving at ``memory.STEPS`` blocks, which
     would otherwise be tracked in full: three on one line there read that tracking exactly (a
     transient that grows over the first blocks and then stays has stayed by then)."""
-
-    def stages(t: Tracked) -> tuple:
-        return t.stages or ((t.peak_mib, t.parts_mib),)  # a tracking without stages: one
-
-    if a.error or b.error or c.error or not (len(stages(a)) == len(stages(b)) == len(stages(c))):
+    if a.error or b.error or c.error:
         return False
     slack = 1e-3 * a.peak_mib
-    for (p, x), (q, y), (r, z) in zip(stages(a), stages(b), stages(c), strict=True):
+    for (p, x), (q, y), (r, z) in zip(*_stages(a, b, c), strict=True):
         if abs((r - q) - (q - p)) > slack:
             return False
         for k, v in y.items():
@@ -110,3 +102,11 @@ def collinear(a: Tracked, b: Tracked, c: Tracked) -> bool:
             if grew < -slack or abs(grew - (v - x.get(k, 0.0))) > slack:
                 return False
     return True
+
+
+def _stages(*tracked: Tracked) -> list[tuple]:
+    """The trackings' stages, to compare stage by stage; each as one stage (its peak and
+    breakdown) where any has none or they have not as many (made-up trackings)."""
+    if all(t.stages for t in tracked) and len({len(t.stages) for t in tracked}) == 1:
+        return [t.stages for t in tracked]
+    return [((t.peak_mib, t.parts_mib),) for t in tracked]
