@@ -825,6 +825,44 @@ def test_the_planners_process_runs_one_thread_and_forks_its_workers():
         assert done.stdout.strip().startswith(expected), done.stdout
 
 
+def _collector(build) -> list:
+    """A build as a tracking worker sees its garbage collector (``test_tracking_workers_...``)."""
+    import gc
+
+    return [(gc.get_threshold()[0], gc.get_freeze_count() > 0)]
+
+
+@pytest.mark.unit
+@pytest.mark.timeout(120)
+def test_tracking_workers_collect_young_objects_less_often_and_never_scan_what_was_forked():
+    import gc
+
+    before = gc.get_threshold()
+    builds = [(i,) for i in range(8)]
+    forked = planner._start_method().get_start_method() == "fork"
+    assert planner._map(_collector, builds, 2, None) == [[(planner.GEN0, forked)]] * 8
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0  # this process as it was
+    # in this process alone (too few builds for a pool): the threshold for the builds only
+    assert planner._map(_collector, builds[:3], 2, None) == [[(planner.GEN0, False)]] * 3
+    assert gc.get_threshold() == before
+
+
+@pytest.mark.unit
+def test_failures_are_one_line_per_reason_most_first_naming_their_layouts():
+    from bench.plan import table
+
+    failed = pd.DataFrame(
+        {
+            "config": ["fsdp1 NO_SHARD", "tp2 x ddp", "tp2 x ddp", "tp4 x fsdp"],
+            "error": ["RuntimeError: " + "word " * 60, "cannot", "cannot", "cannot"],
+        }
+    )
+    lines = table.failures(failed, width=40)
+    assert lines[0] == "3 x tp2 x ddp, tp4 x fsdp: cannot"
+    assert lines[1].startswith("1 x fsdp1 NO_SHARD: RuntimeError: word") and len(lines) == 2
+    assert lines[1].endswith(" word ...") and len(lines[1].split(": ", 1)[1]) <= 40
+
+
 @pytest.mark.unit
 def test_the_calibrations_own_configuration_measured_again_says_the_launches_drift(tmp_path):
     """The verification measures DDP at its defaults, which is the one-micro-batch calibration

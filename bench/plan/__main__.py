@@ -26,7 +26,6 @@ from bench.plan import inputs, table
 from bench.plan.page import write_page
 from bench.plan.planner import plan_rows
 from bench.plan.space import enumerate_space
-from bench.plan.verify import verify
 from parallel_kernels.strategies import STRATEGIES
 
 
@@ -174,6 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     print(table.render(rows, args.top, args.tie_pct))
     print(f"planned {len(configs)} configurations in {took:.1f} s; {out / 'plan.csv'}, {page}")
     if args.verify:
+        # imported here: it brings scipy (0.8 s of a plan's start), which only a verification uses
+        from bench.plan.verify import verify
+
         checked, summary = verify(rows, args.verify, args.world_size, out)
         checked.to_csv(out / "verify.csv", index=False)
         meta["verify"] = summary

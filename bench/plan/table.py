@@ -87,20 +87,32 @@ def render(rows: pd.DataFrame, top: int, tie_pct: float) -> str:
             f"recommended: {describe(best)}: {best['step_ms']:.1f} ms per step, "
             f"{best['peak_mem_gib']:.2f} GiB peak per rank"
         )
+        others = len(near) - 1
         lines.append(
-            f"  tied with it (within {tie_pct:g} %, the prediction's error): {len(near) - 1} "
-            "other configurations"
+            f"  tied with it (within {tie_pct:g} %, the prediction's error): {others} other "
+            f"configuration{'' if others == 1 else 's'}"
         )
         lines.append(f"  its command: {best['command']}")
     over = int((~rows["fits"] & rows["error"].eq("")).sum())
     failed = rows[rows["error"].ne("")]
     lines.append(f"{over} configurations do not fit (predicted peak + allowance over the device)")
     if not failed.empty:
-        lines.append(
-            f"{len(failed)} could not be tracked; the first: {failed['config'].iloc[0]}: "
-            f"{failed['error'].iloc[0]}"
-        )
+        lines.append(f"{len(failed)} configurations have no prediction, by reason:")
+        lines += [f"  {line}" for line in failures(failed)]
     return "\n".join(lines)
+
+
+def failures(failed: pd.DataFrame, width: int = 160) -> list[str]:
+    """One line per reason, most configurations first: how many, the layouts they are of, and
+    the reason (cut at ``width`` characters; plan.csv holds it whole). A plan at scale has few
+    reasons over many rows (llama:1b at 1024 ranks: 64 of TP's accumulating rows, which its
+    implementation cannot run, and FSDP1's NO_SHARD accumulating in bf16)."""
+    lines = []
+    for error, rows in sorted(failed.groupby("error", sort=False), key=lambda g: -len(g[1])):
+        why = error if len(error) <= width else error[: width - 3].rsplit(" ", 1)[0] + " ..."
+        labels = ", ".join(dict.fromkeys(rows["config"]))
+        lines.append(f"{len(rows)} x {labels}: {why}")
+    return lines
 
 
 def meta(args, target: Target, took_s: float, n: int) -> dict:
