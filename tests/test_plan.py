@@ -562,19 +562,45 @@ def test_a_plan_writes_its_rows_and_says_what_it_recommends(capsys, tmp_path):
 
 @pytest.mark.e2e
 @pytest.mark.timeout(300)
-def test_checkpointings_calibration_run_measures_both_in_one_launch(tmp_path):
-    """The short run a CPU plan with checkpointed rows makes: DDP with checkpointing off and on,
-    interleaved in one launch of 2 ranks, whose computations give the rate's factor."""
-    from bench.plan.calibrate import ckpt_factor, ckpt_run
+def test_the_calibration_measures_its_points_in_one_launch_and_fits_the_rates_there(tmp_path):
+    """The short launch a CPU plan makes: DDP in one micro-batch and in accumulated ones, with
+    checkpointing, and FSDP2's three shardings, all interleaved in one launch of 2 ranks, its
+    points told apart by their roles; the rate, checkpointing's factor and FSDP's own work
+    come from it."""
+    from bench.plan.calibrate import (
+        CKPT,
+        FSDP,
+        MANY,
+        ONE,
+        at_precision,
+        calibration_launch,
+        ckpt_factor,
+        fit_launch,
+        fsdp_extra,
+        launch_tables,
+    )
     from bench.plan.memory import recompute_ratio
 
-    run = ckpt_run("llama:tiny", "fp32", 4, tmp_path, 2, timeout_s=240)
+    run = calibration_launch(
+        "llama:tiny", ("fp32",), 4, tmp_path / "c", 2, ckpt=True, fsdp=("native",), timeout_s=240
+    )
     results = pd.read_csv(run / "results.csv")
-    assert sorted(results["value"]) == ["off", "on"] and set(results["status"]) == {"ok"}
-    assert set(results["method"]) == {"paired"}  # one launch, interleaved
+    assert set(results["status"]) == {"ok"} and set(results["method"]) == {"paired"}
     assert (results["compute_ms"] > 0).all()
-    factor = ckpt_factor(run, Rate(0.05, 1.0, "test rate"), 0.5, recompute_ratio("llama:tiny", 4))
+    tables = launch_tables(run)
+    assert {k: len(v) for k, v in tables.items()} == {ONE: 1, MANY: 1, CKPT: 1, FSDP: 3}
+    many = tables[MANY].iloc[0]
+    assert (many["grad_accum"], many["batch_per_replica"]) == (4, 1)
+    assert set(tables[FSDP]["value"]) == {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"}
+    # one verdict's candidates: they cycled together, whatever their implementations
+    assert {p.verdict_group for p in read_points(run).values()} == {"plan calibration"}
+    rate = fit_launch(tables, 0.5, run)["fp32"]
+    assert rate.tflops > 0 and rate.micro_ms >= 0 and str(run) in rate.source
+    off, on = at_precision(tables[ONE], "fp32"), tables[CKPT].iloc[0].to_dict()
+    factor = ckpt_factor(off, on, rate, 0.5, recompute_ratio("llama:tiny", 4))
     assert 0.3 < factor < 5  # a ratio of two measured computations, whatever this host does
+    extra = fsdp_extra(tables[FSDP], off)
+    assert set(extra) == {"native"} and all(ms >= 0 for ms in extra["native"].values())
 
 
 @pytest.mark.e2e
@@ -607,12 +633,13 @@ def test_verify_runs_the_best_here_and_sets_measured_beside_predicted(capsys, tm
     ]
     assert plan_cli.main(argv) == 0
     printed = capsys.readouterr().out
-    assert "calibrating: llama:tiny, DDP on 2 ranks here" in printed
+    # DDP, and FSDP's own work measured against DDP's computation at the same micro-batch, in
+    # one launch
+    assert "calibrating: llama:tiny, DDP, FSDP (native) on 2 ranks here" in printed
     # no --link: this machine's collectives, measured, price the communication
     assert "calibrating: the collectives on 2 ranks here" in printed
-    # FSDP's own work, measured against DDP's computation at the same micro-batch
-    assert "calibrating: llama:tiny's FSDP (native) on 2 ranks here" in printed
-    fsdp = pd.read_csv(out / "calibration" / "fsdp" / "results.csv")
+    training = pd.read_csv(out / "calibration" / "training" / "results.csv")
+    fsdp = training[training["strategy"] == "fsdp"]
     assert list(fsdp["status"]) == ["ok"] * 3 and set(fsdp["impl"]) == {"native"}
     coll = out / "calibration" / "collectives"
     assert f"links: gloo collectives fitted to {coll}" in printed
@@ -719,35 +746,25 @@ def test_a_rank_correlation_over_equal_predictions_is_said_undefined_not_nan():
     assert summary(ordered)["spearman_rho"] == pytest.approx(-0.866, abs=1e-3)
 
 
-def _calibration_run(folder, rows):
-    folder.mkdir(parents=True)
-    pd.DataFrame(
-        [{"status": "ok", "flops_per_step": 1e9, "step_ms_median": 99.0, **r} for r in rows]
-    ).to_csv(folder / "results.csv", index=False)
-    return folder
-
-
 @pytest.mark.unit
 def test_fsdps_own_work_is_its_computation_over_ddps_and_lengthens_its_predicted_step(tmp_path):
     """A CPU plan's FSDP rows carry FSDP's own computation (its copies and hooks), measured as
     a calibration point's computation over DDP's at the same micro-batch and precision."""
-    from bench.plan.calibrate import fsdp_extra
+    from bench.plan.calibrate import at_precision, fsdp_extra
     from bench.plan.timing import predict_step
 
-    ddp = _calibration_run(tmp_path / "ddp", [{"value": "fp32", "compute_ms": 20.0}])
-    fsdp = _calibration_run(
-        tmp_path / "fsdp",
+    ddp = pd.DataFrame([{"value": "fp32", "compute_ms": 20.0}])
+    fsdp = pd.DataFrame(
         [
             {"impl": "native", "value": "FULL_SHARD", "compute_ms": 26.0},
             {"impl": "native", "value": "NO_SHARD", "compute_ms": 19.0},  # below DDP: none
             {"impl": "native_fsdp1", "value": "FULL_SHARD", "compute_ms": 23.5},
-        ],
+        ]
     )
-    extra = fsdp_extra(fsdp, ddp, "fp32")
+    extra = fsdp_extra(fsdp, at_precision(ddp, "fp32"))
     assert extra == {
-        "native FULL_SHARD": 6.0,
-        "native NO_SHARD": 0.0,
-        "native_fsdp1 FULL_SHARD": 3.5,
+        "native": {"FULL_SHARD": 6.0, "NO_SHARD": 0.0},
+        "native_fsdp1": {"FULL_SHARD": 3.5},
     }
     rate = Rate(0.05, 0.0, "test rate", fsdp_ms=extra)
     # a strategy the calibration did not run takes its implementation's highest
@@ -761,8 +778,8 @@ def test_fsdps_own_work_is_its_computation_over_ddps_and_lengthens_its_predicted
         # every micro-batch does its gathers' copies: the last one's all of it
         assert with_it["compute_ms"] - without["compute_ms"] == pytest.approx(6.0 * accum)
         assert 0 < with_it["step_ms"] - without["step_ms"] <= 6.0 * accum + 1e-9
-    with pytest.raises(ValueError, match="no bf16 point to compare FSDP with"):
-        fsdp_extra(fsdp, ddp, "bf16")
+    with pytest.raises(ValueError, match="no bf16 DDP point to compare with"):
+        at_precision(ddp, "bf16")
 
 
 @pytest.mark.unit
@@ -775,19 +792,19 @@ def test_checkpointings_cost_is_its_measured_ratio_over_the_predicted_one(tmp_pa
     from bench.plan.memory import recompute_ratio
     from bench.plan.timing import predict_step
 
-    rows = [{"value": "off", "compute_ms": 22.0}, {"value": "on", "compute_ms": 32.0}]
-    run = _calibration_run(tmp_path / "ckpt", rows)
+    off = {"compute_ms": 22.0, "flops_per_step": 1e9}
+    on = {"compute_ms": 32.0, "flops_per_step": 1e9}
     rate = Rate(0.05, 0.0, "test rate")  # 1e9 FLOPs at 0.05 TFLOP/s: 20 ms
     # measured (32 - 2) / (22 - 2) = 1.5 against the FLOPs' 4/3
-    assert ckpt_factor(run, rate, 2.0, 4 / 3) == pytest.approx(1.5 / (4 / 3))
+    assert ckpt_factor(off, on, rate, 2.0, 4 / 3) == pytest.approx(1.5 / (4 / 3))
     # a cost per micro-batch whatever its size takes part in both: (4/3 20 + 5) / (20 + 5)
     slow = Rate(0.05, 5.0, "test rate")
-    assert ckpt_factor(run, slow, 2.0, 4 / 3) == pytest.approx(1.5 / ((80 / 3 + 5) / 25))
+    assert ckpt_factor(off, on, slow, 2.0, 4 / 3) == pytest.approx(1.5 / ((80 / 3 + 5) / 25))
     # an optimiser step longer than the computation is not taken out
-    assert ckpt_factor(run, rate, 50.0, 1.0) == pytest.approx(32 / 22)
+    assert ckpt_factor(off, on, rate, 50.0, 1.0) == pytest.approx(32 / 22)
     # llama:tiny recomputes its blocks' forward: more than none, less than the whole forward's
     assert 1.15 < recompute_ratio("llama:tiny", 4) < 4 / 3
-    factor = ckpt_factor(run, rate, 2.0, 4 / 3)
+    factor = ckpt_factor(off, on, rate, 2.0, 4 / 3)
     measured = Rate(0.05, 0.0, "test rate", ckpt_factor=factor)
     topo = Topology.of_links("eth_25g", 2, 1.0)
     for ckpt, scale in (("on", factor), ("off", 1.0)):
@@ -796,8 +813,6 @@ def test_checkpointings_cost_is_its_measured_ratio_over_the_predicted_one(tmp_pa
         without = predict_step(point, 1e9, rate, 100.0, topo)
         optimiser = without["compute_ms"] - 20.0  # the FLOPs' 20 ms and AdamW's step
         assert with_it["compute_ms"] - optimiser == pytest.approx(20.0 * scale)
-    with pytest.raises(ValueError, match="checkpointing off and on"):
-        ckpt_factor(_calibration_run(tmp_path / "off", [{"value": "off"}]), rate, 0.0, 1.0)
 
 
 @pytest.mark.unit

@@ -12,14 +12,19 @@ import pandas as pd
 from bench.model.errors import FitError
 from bench.model.predict import overlap_share
 from bench.plan.calibrate import (
+    CALIBRATION,
+    CKPT,
+    FSDP,
+    ONE,
     Rate,
-    calibration_runs,
+    at_precision,
+    calibration_launch,
     ckpt_factor,
-    ckpt_run,
     collectives_run,
+    fit_launch,
     fit_rates,
     fsdp_extra,
-    fsdp_run,
+    launch_tables,
 )
 from bench.plan.devices import device
 from bench.plan.memory import recompute_ratio
@@ -93,22 +98,32 @@ def rates(
 def calibrated(
     args, target: Target, precisions: tuple[str, ...], out: Path, fsdp: tuple[str, ...], ckpt: bool
 ) -> dict[str, Rate]:
-    """``rates`` fitted to short runs here: DDP's (``calibrate.calibration_runs``), and where
-    the plan holds them, activation checkpointing's cost (``ckpt``) and the FSDP
-    implementations' own work (``fsdp``), both at the plan's first precision and taken for
-    every precision."""
+    """``rates`` fitted to one short launch here (``calibrate.calibration_launch``): DDP's
+    points, and where the plan holds them, activation checkpointing's cost (``ckpt``) and the
+    FSDP implementations' own work (``fsdp``), both at the plan's first precision and taken
+    for every precision."""
     per_replica = args.global_batch // args.world_size or 1
     ranks = min(args.world_size, args.gpus_per_node)
-    print(f"calibrating: {args.model}, DDP on {ranks} ranks here, {per_replica} per replica")
-    folder = out / "calibration"
-    runs = calibration_runs(args.model, precisions, per_replica, folder, ranks)
-    fitted = rates_of(runs, args, target, precisions)
+    what = (
+        ["DDP"] + (["checkpointing"] if ckpt else []) + [f"FSDP ({', '.join(fsdp)})"] * bool(fsdp)
+    )
+    print(
+        f"calibrating: {args.model}, {', '.join(what)} on {ranks} ranks here, {per_replica} "
+        "per replica, interleaved in one launch"
+    )
+    run = calibration_launch(
+        args.model, precisions, per_replica, out / CALIBRATION, ranks, ckpt=ckpt, fsdp=fsdp
+    )
+    tables = launch_tables(run)
+    o = _optimiser_ms(args, target)
+    fitted = _scaled(fit_launch(tables, o, run), run, args, target, precisions)
     first = precisions[0]
     if ckpt:
-        print(f"calibrating: {args.model}'s activation checkpointing on {ranks} ranks here")
-        run = ckpt_run(args.model, first, per_replica, folder, ranks)
-        o = _optimiser_ms(args, target)
-        factor = ckpt_factor(run, fitted[first], o, recompute_ratio(args.model, per_replica))
+        if CKPT not in tables:
+            raise ValueError(f"the calibration launch {run}: its checkpointed point failed")
+        on = tables[CKPT].iloc[0].to_dict()
+        off = at_precision(tables[ONE], first)
+        factor = ckpt_factor(off, on, fitted[first], o, recompute_ratio(args.model, per_replica))
         said = f"checkpointing x{factor:.2f} its FLOPs' time"
         fitted = {
             p: replace(r, ckpt_factor=factor, source=f"{r.source}; {said}")
@@ -116,10 +131,12 @@ def calibrated(
         }
     if not fsdp:
         return fitted
-    print(f"calibrating: {args.model}'s FSDP ({', '.join(fsdp)}) on {ranks} ranks here")
-    run = fsdp_run(args.model, list(fsdp), first, per_replica, folder, ranks)
-    extra = fsdp_extra(run, runs[0], first)
-    said = ", ".join(f"{key} {ms:.1f} ms" for key, ms in sorted(extra.items()))
+    extra = fsdp_extra(tables.get(FSDP, tables[ONE].iloc[:0]), at_precision(tables[ONE], first))
+    said = ", ".join(
+        f"{impl} {strategy} {ms:.1f} ms"
+        for impl, by in sorted(extra.items())
+        for strategy, ms in sorted(by.items())
+    )
     return {
         p: replace(r, fsdp_ms=extra, source=f"{r.source}; FSDP's own work per step: {said}")
         for p, r in fitted.items()
@@ -139,14 +156,18 @@ def rates_of(runs: list[Path], args, target: Target, precisions: tuple[str, ...]
             )
             for p in precisions
         }
-    fitted = fit_rates(runs, _optimiser_ms(args, target))
+    return _scaled(fit_rates(runs, _optimiser_ms(args, target)), runs[0], args, target, precisions)
+
+
+def _scaled(fitted: dict[str, Rate], run: Path, args, target: Target, precisions) -> dict:
+    """Fitted rates on the target: times its peak over the peak they were measured against
+    (``run``'s), each precision the plan holds."""
     missing = [p for p in precisions if p not in fitted]
     if missing:
         raise ValueError(f"--compute: no {missing[0]} point of {args.model} to fit its rate from")
     # the same device when the target is this host: no ratio (two measurements of one peak)
     peaks_there = {
-        p: _peak_of(runs[0], p) if target.device.gpu_name else target.peak_tflops(p)
-        for p in precisions
+        p: _peak_of(run, p) if target.device.gpu_name else target.peak_tflops(p) for p in precisions
     }
     return {
         p: Rate(

@@ -3,9 +3,16 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import tempfile
+from dataclasses import replace
 from pathlib import Path
+
+from bench.runner.cli import RESOLVED_ENV, resolve
+from bench.runner.plan.config import Resolved
+from bench.runner.plan.flags import parse_config
 
 RUN_PY = Path(__file__).resolve().parents[2] / "bench" / "run.py"
 
@@ -15,6 +22,43 @@ def run_bench(args: list[str], timeout_s: float) -> str:
     one-line error says). A run past ``timeout_s`` raises ``subprocess.TimeoutExpired``."""
     cmd = [sys.executable, str(RUN_PY), *args]
     return outcome(subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s))
+
+
+def launch_points(
+    named: list[tuple[str, str, list[str]]], world: int, out: Path, group: str, timeout_s: float
+) -> str:
+    """Several ``bench/run.py`` commands' points in one launch of ``world`` ranks here,
+    interleaved in its cycles as one verdict's candidates (``group``): each ``(name, what,
+    args)`` resolved as ``bench/run.py args`` resolves it at ``world`` ranks, its points' ids
+    prefixed ``name-`` (unique in the folder, and what a reader of ``out`` tells them by), and
+    the whole handed to the ranks as ``bench/run.py`` hands them a resolved run. "" when it
+    ran, else why not, in one line (``what`` names a command that does not resolve)."""
+    points, runs = [], []
+    for name, what, args in named:
+        args = [*args, "--out", str(out), "--no-report", "--interleave", "on"]
+        try:
+            runs.append(resolve(parse_config(args), world))
+        except SystemExit:
+            return f"{what} does not resolve at {world} ranks"
+        points += [replace(p, id=f"{name}-{p.id}", verdict_group=group) for p in runs[-1].points]
+    # the run's settings as bench/run.py resolves them (its budget, its rounds): the first's
+    config = replace(runs[0].config, argv=())
+    with tempfile.TemporaryDirectory(prefix="plan-launch-") as tmp:
+        handed = Path(tmp) / "resolved.json"
+        handed.write_text(Resolved(config=config, points=tuple(points)).to_json())
+        env = {**os.environ, RESOLVED_ENV: str(handed), "OMP_NUM_THREADS": "1"}
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        cmd += [f"--nproc-per-node={world}", str(RUN_PY)]
+        try:
+            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return f"timed out after {timeout_s:g} s"
+    return outcome(done)
+
+
+def role(point_id: str) -> str:
+    """The name a point of ``launch_points`` was handed under (its id's prefix)."""
+    return str(point_id).split("-", 1)[0]
 
 
 def outcome(done: subprocess.CompletedProcess) -> str:

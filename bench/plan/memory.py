@@ -210,7 +210,7 @@ def _stepped(
                 continue
             if not shifted(a, b):
                 how = f"tracked with {k} and {k + 1} of its {n} blocks, extrapolated"
-                out[i] = replace(a.plus(b.minus(a), n - k), how=how)
+                out[i] = replace(_along(a, b, k, n), how=how)
             else:
                 moving.append(i)
         if not moving:
@@ -222,10 +222,8 @@ def _stepped(
                 i for i in moving if k - 1 in at and collinear(at[k - 1][i], at[k][i], at[k + 1][i])
             ]
             for i in lined:
-                a, b = at[k][i], at[k + 1][i]
                 how = f"tracked with {k - 1} to {k + 1} of its {n} blocks, on one line"
-                how += ", extrapolated"
-                out[i] = replace(a.plus(b.minus(a), n - k), how=how)
+                out[i] = replace(_along(at[k][i], at[k + 1][i], k, n), how=how + ", extrapolated")
             rest = [i for i in moving if i not in lined]
             full = track([points[i] for i in rest], blocks=None) if rest else []
             for i, t in zip(rest, full, strict=True):
@@ -236,6 +234,12 @@ def _stepped(
         more = iter(track([points[i] for i in moving], blocks=k + 2))
         at[k + 2] = [next(more) if i in moving else at[k + 1][i] for i in range(len(points))]
         k += 1
+
+
+def _along(a: Tracked, b: Tracked, k: int, n: int) -> Tracked:
+    """At ``n`` blocks, on the line through ``a`` (tracked with ``k``) and ``b`` (``k + 1``):
+    every block adds what the last one did."""
+    return a.plus(b.minus(a), n - k)
 
 
 def _track(

@@ -78,11 +78,12 @@ def _map(fn, items: list[tuple[Job, ...]], workers: int, progress) -> list[list[
                     progress(i, len(items), build[0].config)
                 out.append(fn(build))
         return out
-    gc.collect()
-    gc.freeze()  # what is here now (torch, the models) is not scanned again, here or forked
-    pool = ProcessPoolExecutor(workers, mp_context=_start_method(), initializer=_collect_less)
-    with pool, contextlib.ExitStack() as undo:
-        undo.callback(gc.unfreeze)
+    with contextlib.ExitStack() as stack:
+        gc.collect()
+        gc.freeze()  # what is here now (torch, the models) is not scanned again, here or forked
+        stack.callback(gc.unfreeze)
+        pool = ProcessPoolExecutor(workers, mp_context=_start_method(), initializer=_collect_less)
+        stack.enter_context(pool)
         # the builds of most steps first, so that no worker is left with a long one at the end
         order = sorted(range(len(items)), key=lambda i: -len(items[i]))
         futures = {pool.submit(fn, items[i]): i for i in order}

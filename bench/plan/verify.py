@@ -12,27 +12,18 @@ measured best is the predicted best or tied with it (the paired comparison of th
 from __future__ import annotations
 
 import math
-import os
 import shlex
-import subprocess
-import sys
-import tempfile
-from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
 from scipy import stats
 
-from bench.plan.launch import RUN_PY, describe, outcome
+from bench.plan.calibrate import CALIBRATION
+from bench.plan.launch import describe, launch_points, role
 from bench.runfolder.points import RunFolderError, read_points
-from bench.runner.cli import RESOLVED_ENV, resolve
-from bench.runner.plan.config import Resolved
-from bench.runner.plan.flags import parse_config
 from bench.stats.paired import DECIDED, look_confidence, versus_best_paired
 
 DEFAULT_DDP = {"config": "ddp bucket 25 MB", "precision": "fp32", "activation_checkpointing": "off"}
-# The one-micro-batch DDP calibration run of a plan for this machine (``calibrate.py``).
-CALIBRATION = Path("calibration") / "accum1"
 # The verification's configurations are one verdict's candidates (``racing.py``).
 VERDICT_GROUP = "plan verification"
 # Each verified configuration's timing budget: its seconds of interleaved cycles.
@@ -62,32 +53,14 @@ def _run_args(row: pd.Series) -> list[str]:
 
 
 def _launch(chosen: pd.DataFrame, world: int, out: Path, timeout_s: float) -> str:
-    """The chosen rows' points (each as its command resolves it) handed to one launch of
-    ``world`` ranks here, as ``bench/run.py`` hands its ranks a resolved run: "" when it ran,
-    else why not, in one line."""
-    points, runs = [], []
-    for i, (_, row) in enumerate(chosen.iterrows(), 1):
-        args = [*_run_args(row), "--out", str(out), "--no-report", "--interleave", "on", *BUDGET]
-        try:
-            runs.append(resolve(parse_config(args), world))
-        except SystemExit:
-            return f"{describe(row)} does not resolve at {world} ranks"
-        (point,) = runs[-1].points
-        # unique in the folder; raced as one cohort, whatever their implementations
-        points.append(replace(point, id=f"v{i:02d}-{point.id}", verdict_group=VERDICT_GROUP))
-    # the run's settings as bench/run.py resolves them (its budget, its rounds): the first's
-    config = replace(runs[0].config, argv=())
-    with tempfile.TemporaryDirectory(prefix="plan-verify-") as tmp:
-        handed = Path(tmp) / "resolved.json"
-        handed.write_text(Resolved(config=config, points=tuple(points)).to_json())
-        env = {**os.environ, RESOLVED_ENV: str(handed), "OMP_NUM_THREADS": "1"}
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-        cmd += [f"--nproc-per-node={world}", str(RUN_PY)]
-        try:
-            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            return f"timed out after {timeout_s:g} s"
-    return outcome(done)
+    """The chosen rows' points (each as its command resolves it) in one launch of ``world``
+    ranks here, raced as one cohort whatever their implementations: "" when it ran, else why
+    not, in one line."""
+    named = [
+        (f"v{i:02d}", describe(row), [*_run_args(row), *BUDGET])
+        for i, (_, row) in enumerate(chosen.iterrows(), 1)
+    ]
+    return launch_points(named, world, out, VERDICT_GROUP, timeout_s)
 
 
 def _measured(out: Path, n: int, failure: str) -> list[dict]:
@@ -96,7 +69,7 @@ def _measured(out: Path, n: int, failure: str) -> list[dict]:
     if failure or not results.is_file():
         return [{"measured_status": "error", "measured_error": failure or "no results.csv"}] * n
     df = pd.read_csv(results, keep_default_na=False).drop_duplicates("point", keep="last")
-    by = {str(r["point"]).split("-", 1)[0]: r for r in df.to_dict("records")}
+    by = {role(r["point"]): r for r in df.to_dict("records")}
     num = lambda r, c: float(r[c]) if r.get(c, "") != "" else math.nan  # noqa: E731
     got = []
     for i in range(1, n + 1):
@@ -164,7 +137,7 @@ def verify(
 
 def launch_drift(calibration: Path, verification: Path) -> dict:
     """The calibration's own configuration measured again by the verification: the point of
-    the one-micro-batch DDP calibration run (``calibrate.calibration_runs``) whose model,
+    the calibration launch (``calibrate.calibration_launch``) whose model,
     strategy, implementation, knobs, batch and ranks a verified point has, and its step in each
     launch. Its change is the two launches' drift, which every row's error holds, not the
     model's (llama:tiny's computation per step read 21.0 to 26.8 ms in five calibrations of
