@@ -880,8 +880,8 @@ def test_failures_are_one_line_per_reason_most_first_naming_their_layouts():
 
 @pytest.mark.unit
 def test_the_calibrations_own_configuration_measured_again_says_the_launches_drift(tmp_path):
-    """The verification measures DDP at its defaults, which is the one-micro-batch calibration
-    run's own point where the batch agrees: its step in the two launches is the machine's
+    """The verification measures DDP at its defaults, which is the calibration launch's point
+    of one micro-batch where the batch agrees: its step in the two launches is the machine's
     drift between them, which every row's error holds, apart from the model's own error where
     it was fitted."""
     from bench.plan import table

@@ -13,7 +13,8 @@ the cost model's schedules over the target's links, ranked; the best verified he
 - ``planner.py``: the rows, sharing what tracking costs, worlds extrapolated; ``table.py``: the
   console and ``plan.json``; ``verify.py``: ``--verify K``;
 - ``inputs.py``, ``devices.py``: the command line, checked before any work, and the devices;
-  ``launch.py``: ``bench/run.py`` launched here, and a row's configuration in words.
+  ``launch.py``: ``bench/run.py`` launched here (several commands' points interleaved in one
+  launch), and a row's configuration in words.
 
 Not to be confused with ``bench.runner.plan``, which turns one sweep into its points.
 """
