@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import shlex
 from dataclasses import replace
@@ -860,6 +861,31 @@ def test_tracking_workers_collect_young_objects_less_often_and_never_scan_what_w
     # in this process alone (too few builds for a pool): the threshold for the builds only
     assert planner._map(_collector, builds[:3], 2, None) == [[(planner.GEN0, False)]] * 3
     assert gc.get_threshold() == before
+
+
+@pytest.mark.unit
+@pytest.mark.timeout(60)
+def test_the_speed_benchmark_sums_the_memory_of_the_planner_and_its_workers():
+    """``bench/selftime/plan_speed.py`` holds the planner to 2 GB summed over its process and
+    its tracking workers: a child's memory counts, another process's does not."""
+    import subprocess
+    import sys
+
+    from bench.selftime.plan_speed import _resident
+
+    code = "import time; b = bytearray(200 * 2**20); b[::4096] = b'x' * len(b[::4096]); "
+    code += "print(1, flush=True); time.sleep(30)"
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    try:
+        child.stdout.readline()  # its 200 MiB are written, so resident
+        alone = _resident(child.pid)
+        assert alone > 200 * 2**20
+        # this process's sum holds the child's
+        assert _resident(os.getpid()) >= alone + 10 * 2**20
+        assert _resident(child.pid) < _resident(os.getpid())
+    finally:
+        child.kill()
+        child.wait()
 
 
 @pytest.mark.unit
