@@ -64,14 +64,15 @@ class Rate:
         return own[strategy] if strategy in own else max(own.values(), default=0.0)
 
 
-def _read(run: Path) -> pd.DataFrame:
+def _read(run: Path, what: str = "--compute") -> pd.DataFrame:
+    """A run's ok points with their FLOPs; ``what`` names the run in an error."""
     results = run / "results.csv"
     if not results.is_file():
-        raise ValueError(f"--compute {run}: not a run folder (no results.csv)")
+        raise ValueError(f"{what} {run}: not a run folder (no results.csv)")
     df = pd.read_csv(results, keep_default_na=False)
     ok = df[df["status"] == "ok"]
     if ok.empty or "flops_per_step" not in ok:
-        raise ValueError(f"--compute {run}: no ok point with its FLOPs")
+        raise ValueError(f"{what} {run}: no ok point with its FLOPs")
     return ok
 
 
@@ -216,7 +217,7 @@ def calibration_launch(
 
 def launch_tables(run: Path) -> dict[str, pd.DataFrame]:
     """A calibration launch's ok points by role (``ONE``, ``MANY``, ``CKPT``, ``FSDP``)."""
-    df = _read(run).drop_duplicates("point", keep="last")
+    df = _read(run, "the calibration launch").drop_duplicates("point", keep="last")
     roles = df["point"].map(role)
     return {name: df[roles == name] for name in roles.unique()}
 
