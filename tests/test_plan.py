@@ -151,11 +151,16 @@ def test_blocks_and_worlds_extrapolate_to_what_tracking_in_full_gives(monkeypatc
         128,
     )
     big = replace(c, micro_batch=4)
-    jobs, assemble = scaling.schedule([c, big])
-    # the largest micro-batch is tracked at the smaller proxy only: three trackings, not four
-    assert sorted((j.config.micro_batch, j.world) for j in jobs) == [(1, 16), (1, 32), (4, 16)]
+    ckpt = replace(c, knobs={**c.knobs, "activation_checkpointing": "on"})
+    jobs, assemble = scaling.schedule([c, big, ckpt])
+    # the largest micro-batch, and a checkpointed layout with its plain twin in the plan, are
+    # tracked at the smaller proxy only: four trackings, not six
+    got = sorted((j.config.knobs["activation_checkpointing"], j.config.micro_batch, j.world)
+                 for j in jobs)  # fmt: skip
+    assert got == [("off", 1, 16), ("off", 1, 32), ("off", 4, 16), ("on", 1, 16)]
     memo = assemble({j.key: scaling.run_job(j, 8) for j in jobs})
-    for one in (c, big):
+    assert "moved to 128 as checkpointing off" in scaling.figures(ckpt, memo).how
+    for one in (c, big, ckpt):
         scaled = scaling.figures(one, memo)
         assert "a + b/n" in scaled.how or "moved to 128" in scaled.how, scaled.how
         direct = memory.track(one.point())

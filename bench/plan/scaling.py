@@ -192,12 +192,19 @@ def _largest(c: Config, lo: Config, ws: tuple[int, ...], got: dict, lo_at: Track
     smallest micro-batch's change from there to the world (see the module's docstring)."""
     if len(ws) == 1:
         return _at_world(c, ws, got)
+    return _moved(c, lo, ws, got, lo_at, f"micro-batch {lo.micro_batch}")
+
+
+def _moved(c: Config, like: Config, ws: tuple[int, ...], got: dict, like_at: Tracked, as_: str):
+    """``c`` at its world: tracked at the smaller proxy world, moved from there by ``like``'s
+    change to the world (``like_at``): the world moves the sharded state, which ``c`` and
+    ``like`` hold alike; what tells them apart (a micro-batch's activations, checkpointing's)
+    the world does not move."""
     here = _got(got, c, ws[0])
-    if here.error or lo_at.error:
-        return here if here.error else lo_at
-    moved = here.plus(lo_at.minus(_got(got, lo, ws[0])), 1.0)
-    how = f"{here.how}; at {ws[0]} ranks, moved to {c.world_size} as micro-batch {lo.micro_batch}"
-    return replace(moved, how=how)
+    if here.error or like_at.error:
+        return here if here.error else like_at
+    moved = here.plus(like_at.minus(_got(got, like, ws[0])), 1.0)
+    return replace(moved, how=f"{here.how}; at {ws[0]} ranks, moved to {c.world_size} as {as_}")
 
 
 def schedule(configs: list[Config]) -> tuple[list[Job], Callable[[dict[tuple, Tracked]], dict]]:
@@ -207,11 +214,25 @@ def schedule(configs: list[Config]) -> tuple[list[Job], Callable[[dict[tuple, Tr
     for c in map(tracked_as, configs):
         key = memory_key(c)
         by_layout.setdefault(key[:3] + key[4:], {}).setdefault(c.micro_batch, c)
+    smallest = {key: group[min(group)] for key, group in by_layout.items()}
+    lows = {memory_key(c) for c in smallest.values()}
+
+    def plain(c: Config) -> Config | None:
+        """``c``'s plain twin where ``c`` is checkpointed and its twin is a layout's smallest
+        micro-batch too (tracked at every world ``c``'s would be)."""
+        if c.knobs["activation_checkpointing"] != "on":
+            return None
+        twin = replace(c, knobs={**c.knobs, "activation_checkpointing": "off"})
+        return twin if memory_key(twin) in lows else None
+
     jobs: dict[tuple, Job] = {}
-    for group in by_layout.values():
-        lo, hi = group[min(group)], group[max(group)]
+    for lo in smallest.values():
+        group = by_layout[memory_key(lo)[:3] + memory_key(lo)[4:]]
+        hi = group[max(group)]
         ws = worlds(lo)
-        for job in [_job(lo, w) for w in ws] + [_job(hi, ws[0])]:
+        # a checkpointed layout with a plain twin: its own trackings at the smaller proxy only
+        at = ws[:1] if len(ws) > 1 and plain(lo) is not None else ws
+        for job in [_job(lo, w) for w in at] + [_job(hi, ws[0])]:
             jobs.setdefault(job.key, job)
 
     def assemble(got: dict[tuple, Tracked]) -> dict[tuple, Tracked]:
@@ -219,7 +240,12 @@ def schedule(configs: list[Config]) -> tuple[list[Job], Callable[[dict[tuple, Tr
         for group in by_layout.values():
             lo, hi = group[min(group)], group[max(group)]
             ws = worlds(lo)
-            memo[memory_key(lo)] = lo_at = _at_world(lo, ws, got)
+            twin = plain(lo) if len(ws) > 1 else None
+            if twin is None:
+                lo_at = _at_world(lo, ws, got)
+            else:
+                lo_at = _moved(lo, twin, ws, got, _at_world(twin, ws, got), "checkpointing off")
+            memo[memory_key(lo)] = lo_at
             if hi is lo:
                 continue
             memo[memory_key(hi)] = hi_at = _largest(hi, lo, ws, got, lo_at)
