@@ -22,6 +22,11 @@ where the memory cannot differ, and the rest is derived from the fewest tracking
   interpolated (activations and FLOPs grow with the micro-batch). The largest is tracked at
   the smaller proxy world only and takes the smallest's change with the world: the world
   moves the sharded state, the micro-batch the activations, and neither moves the other.
+- A checkpointed layout of a world-sharded kind whose plain twin (checkpointing off, its
+  smallest micro-batch) is in the plan: tracked at the smaller proxy world only and moved to
+  the world as its twin is (checkpointing moves the activations, not the sharded state; one of
+  llama:1b's 176 rows at 1024 ranks reads 0.4 % over its tracking at both proxies: its peak
+  holds more gradient shards than its twin's, which the world shrinks less).
 - The trackings of one layout at one world, whatever their micro-batch, accumulation and
   checkpointing (``PHASE_KNOBS``), share one build (``builds``): ``memory.track_phases``
   steps each in turn on it. An accumulating configuration of an implementation that cannot
