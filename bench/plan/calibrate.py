@@ -27,7 +27,7 @@ configuration's computation per step less DDP's (``fsdp_ms``). The host's cost, 
 this host's plans only.
 
 On a CPU plan all of these are points of one launch (``calibration_launch``), interleaved in
-its cycles and traced minutes apart no more: as four launches, a slow first launch read
+its cycles, no longer minutes apart: as four launches, a slow first launch read
 llama:tiny's one micro-batch at 46.4 ms per step and its four accumulated at 37.3, so that a
 micro-batch's cost came out as none and every accumulation was predicted alike; the
 verification, minutes later, measured 27.8 ms.
