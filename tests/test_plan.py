@@ -602,6 +602,8 @@ def test_the_calibration_measures_its_points_in_one_launch_and_fits_the_rates_th
     assert {p.verdict_group for p in read_points(run).values()} == {"plan calibration"}
     rate = fit_launch(tables, 0.5, run)["fp32"]
     assert rate.tflops > 0 and rate.micro_ms >= 0 and str(run) in rate.source
+    # the accumulated point's extra from the two points' cycles, timed moments apart
+    assert "paired cycle by cycle" in rate.source or "more than the whole step" in rate.source
     off, on = at_precision(tables[ONE], "fp32"), tables[CKPT].iloc[0].to_dict()
     factor = ckpt_factor(off, on, rate, 0.5, recompute_ratio("llama:tiny", 4))
     assert 0.3 < factor < 5  # a ratio of two measured computations, whatever this host does
@@ -786,6 +788,37 @@ def test_fsdps_own_work_is_its_computation_over_ddps_and_lengthens_its_predicted
         assert 0 < with_it["step_ms"] - without["step_ms"] <= 6.0 * accum + 1e-9
     with pytest.raises(ValueError, match="no bf16 DDP point to compare with"):
         at_precision(ddp, "bf16")
+
+
+@pytest.mark.unit
+def test_the_calibration_pairs_its_points_cycle_by_cycle_and_fits_no_impossible_rate(tmp_path):
+    """A micro-batch's fixed cost comes from the accumulated point's step less the one
+    micro-batch's, cycle by cycle, where the launch kept its cycles; one that would leave the
+    one micro-batch no computation of its own is no fit (it read so on a loaded machine, and
+    the rate came out negative)."""
+    from bench.plan.calibrate import MANY, ONE, fit_launch, paired_difference
+
+    run = tmp_path / "launch"
+    run.mkdir()
+    a, b = "one-x-precision=fp32-native", "many-x-precision=fp32-native"
+    # b runs 6 ms over a in every cycle, while the machine slows by 20 ms over the launch
+    cycles = [(p, 1, i, 20.0 + 2 * i + (6.0 if p == b else 0.0)) for i in range(10) for p in (a, b)]
+    samples = pd.DataFrame(cycles, columns=["point", "round", "index", "ms"])
+    samples.to_csv(run / "samples.csv", index=False)
+    assert paired_difference(run, a, b) == pytest.approx(6.0)
+    assert paired_difference(run, a, "many-y") is None  # no shared cycles
+    row = {"value": "fp32", "flops_per_step": 1e9, "batch_per_replica": 4, "status": "ok"}
+    one = pd.DataFrame([{**row, "point": a, "compute_ms": 22.0}])
+    many = pd.DataFrame([{**row, "point": b, "compute_ms": 115.0, "grad_accum": 4}])
+    # the traced computations (115 against 22) say 31 ms a micro-batch; the cycles say 2
+    rate = fit_launch({ONE: one, MANY: many}, 0.0, run)["fp32"]
+    assert rate.micro_ms == pytest.approx(2.0) and "paired cycle by cycle" in rate.source
+    assert rate.tflops == pytest.approx(1e9 / 20e-3 / 1e12)
+    # without the cycles, the traced computations: more than the whole step, so none
+    (run / "samples.csv").unlink()
+    rate = fit_launch({ONE: one, MANY: many}, 0.0, run)["fp32"]
+    assert rate.micro_ms == 0.0 and "it read more than the whole step" in rate.source
+    assert rate.tflops == pytest.approx(1e9 / 22e-3 / 1e12)
 
 
 @pytest.mark.unit

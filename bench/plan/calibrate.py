@@ -84,7 +84,7 @@ def _accum(run: Path) -> int:
     return int(json.loads(first)["knobs"].get("grad_accum", 1))
 
 
-def _computation_ms(row) -> float:
+def computation_ms(row) -> float:
     """A results row's computation per step: the analyser's, else (no traces) the step."""
     try:
         value = float(row["compute_ms"])
@@ -103,18 +103,35 @@ def fit_rates(runs: list[Path], optimiser_ms: float) -> dict[str, Rate]:
 
 
 def _fit(
-    one: pd.DataFrame, many: pd.DataFrame, a: int, optimiser_ms: float, at: str, then: str
+    one: pd.DataFrame,
+    many: pd.DataFrame,
+    a: int,
+    optimiser_ms: float,
+    at: str,
+    then: str,
+    paired: dict[str, float] | None = None,
 ) -> dict[str, Rate]:
     """Per precision (each table's ``value``), the rate from ``one`` (a micro-batch per step)
-    and the per-micro-batch cost from ``many`` (``a`` per step) where ``a`` > 1."""
+    and the per-micro-batch cost from ``many`` (``a`` per step) where ``a`` > 1: from the two
+    points' computations, or where ``paired`` has the precision, from its difference of their
+    steps cycle by cycle (``paired_difference``). A cost per micro-batch that leaves the one
+    micro-batch no computation of its own is noise, not a fit (llama:tiny's four accumulated
+    micro-batches traced at 115 ms on a loaded machine, its one at 26.7): none is fitted."""
     rates = {}
     for _, row in one.iterrows():
         precision = str(row["value"])
-        t1 = _computation_ms(row)
-        c = 0.0
+        t1 = computation_ms(row)
+        c, said = 0.0, ""
         match = many[many["value"].astype(str) == precision]
         if a > 1 and not match.empty:
-            c = max(0.0, (_computation_ms(match.iloc[0]) - t1) / (a - 1))
+            delta = (paired or {}).get(precision)
+            if delta is None:
+                delta = computation_ms(match.iloc[0]) - t1
+            else:
+                said = ", paired cycle by cycle"
+            c = max(0.0, delta / (a - 1))
+            if t1 - c - optimiser_ms <= 0:
+                c, said = 0.0, f"; none per micro-batch {then}: it read more than the whole step"
         compute_ms = t1 - c - optimiser_ms
         if compute_ms <= 0:
             compute_ms = t1 - c
@@ -123,7 +140,7 @@ def _fit(
         how += f"samples {at}"
         if c:
             how += f", {c:.2f} ms per micro-batch {then}"
-        rates[precision] = Rate(tflops, c, how)
+        rates[precision] = Rate(tflops, c, how + said)
     if not rates or any(not math.isfinite(r.tflops) for r in rates.values()):
         raise ValueError(f"no rate could be fitted {at}")
     return rates
@@ -223,14 +240,40 @@ def launch_tables(run: Path) -> dict[str, pd.DataFrame]:
 
 
 def fit_launch(tables: dict[str, pd.DataFrame], optimiser_ms: float, run: Path) -> dict[str, Rate]:
-    """Per precision, the rate and per-micro-batch cost a calibration launch gives."""
+    """Per precision, the rate and per-micro-batch cost a calibration launch gives: the
+    accumulated point's extra computation is its step less the one micro-batch's, cycle by
+    cycle (DDP synchronises once a step either way), where the launch kept its cycles."""
     one = tables.get(ONE)
     if one is None:
         raise ValueError(f"the calibration launch {run}: no ok point of one micro-batch")
     many = tables.get(MANY, one.iloc[:0])
     a = int(many["grad_accum"].iloc[0]) if not many.empty else 1
+    paired = {}
+    for _, row in many.iterrows():
+        base = one[one["value"].astype(str) == str(row["value"])]
+        if not base.empty:
+            delta = paired_difference(run, base.iloc[0]["point"], row["point"])
+            if delta is not None:
+                paired[str(row["value"])] = delta
     where = f"in {run}"
-    return _fit(one, many, a, optimiser_ms, where, f"from {a} accumulated there")
+    return _fit(one, many, a, optimiser_ms, where, f"from {a} accumulated there", paired)
+
+
+def paired_difference(run: Path, a: str, b: str) -> float | None:
+    """The median over the cycles both points ran of point ``b``'s step less ``a``'s, each pair
+    timed moments apart (the launch's ``samples.csv``): what drift and load within a launch
+    leave of the difference. None where fewer than two cycles are shared."""
+    path = run / "samples.csv"
+    if not path.is_file():
+        return None
+    samples = pd.read_csv(path)
+    if not {"point", "index", "ms"} <= set(samples.columns):
+        return None
+    by = [samples[samples["point"] == p].set_index("index")["ms"] for p in (a, b)]
+    shared = by[0].index.intersection(by[1].index)
+    if len(shared) < 2:
+        return None
+    return float((by[1][shared] - by[0][shared]).median())
 
 
 def at_precision(table: pd.DataFrame, precision: str) -> dict:
@@ -243,10 +286,10 @@ def at_precision(table: pd.DataFrame, precision: str) -> dict:
 def fsdp_extra(fsdp: pd.DataFrame, ddp: dict) -> dict[str, dict[str, float]]:
     """Per FSDP point (by implementation, then sharding strategy), its computation per step
     less DDP's (``ddp``: its row at the same micro-batch and precision), at least 0."""
-    ddp_ms = _computation_ms(ddp)
+    ddp_ms = computation_ms(ddp)
     extra: dict[str, dict[str, float]] = {}
     for _, row in fsdp.iterrows():
-        own = max(0.0, _computation_ms(row) - ddp_ms)
+        own = max(0.0, computation_ms(row) - ddp_ms)
         extra.setdefault(str(row["impl"]), {})[str(row["value"])] = own
     return extra
 
@@ -258,7 +301,7 @@ def ckpt_factor(off: dict, on: dict, rate: Rate, optimiser_ms: float, recompute:
     c)``, ``F`` the plain micro-batch's FLOPs (the harness's count), ``recompute`` the
     checkpointed micro-batch's FLOPs over the plain one's (the planner's count, its
     recomputation included)."""
-    off_ms, on_ms = _computation_ms(off), _computation_ms(on)
+    off_ms, on_ms = computation_ms(off), computation_ms(on)
     o = optimiser_ms if min(off_ms, on_ms) > optimiser_ms else 0.0
     measured = (on_ms - o) / (off_ms - o)
     flops_ms = float(off["flops_per_step"]) / (rate.tflops * 1e12) * 1e3

@@ -21,10 +21,12 @@ from bench.plan.calibrate import (
     calibration_launch,
     ckpt_factor,
     collectives_run,
+    computation_ms,
     fit_launch,
     fit_rates,
     fsdp_extra,
     launch_tables,
+    paired_difference,
 )
 from bench.plan.devices import device
 from bench.plan.memory import recompute_ratio
@@ -123,6 +125,11 @@ def calibrated(
             raise ValueError(f"the calibration launch {run}: its checkpointed point failed")
         on = tables[CKPT].iloc[0].to_dict()
         off = at_precision(tables[ONE], first)
+        # the two computations apart by their steps' difference cycle by cycle (the same
+        # synchronisation in both), where the launch kept its cycles
+        delta = paired_difference(run, off["point"], on["point"])
+        if delta is not None:
+            on = {**on, "compute_ms": computation_ms(off) + delta}
         factor = ckpt_factor(off, on, fitted[first], o, recompute_ratio(args.model, per_replica))
         said = f"checkpointing x{factor:.2f} its FLOPs' time"
         fitted = {
