@@ -583,6 +583,7 @@ def test_the_calibration_measures_its_points_in_one_launch_and_fits_the_rates_th
         ckpt_factor,
         fit_launch,
         fsdp_extra,
+        launch_ckpt_factor,
         launch_tables,
     )
     from bench.plan.memory import recompute_ratio
@@ -607,6 +608,9 @@ def test_the_calibration_measures_its_points_in_one_launch_and_fits_the_rates_th
     off, on = at_precision(tables[ONE], "fp32"), tables[CKPT].iloc[0].to_dict()
     factor = ckpt_factor(off, on, rate, 0.5, recompute_ratio("llama:tiny", 4))
     assert 0.3 < factor < 5  # a ratio of two measured computations, whatever this host does
+    # as the plan takes it: the checkpointed computation paired with the plain one by cycle
+    paired = launch_ckpt_factor(tables, run, "fp32", rate, 0.5, recompute_ratio("llama:tiny", 4))
+    assert 0.3 < paired < 5
     extra = fsdp_extra(tables[FSDP], off)
     assert set(extra) == {"native"} and all(ms >= 0 for ms in extra["native"].values())
 

@@ -84,7 +84,7 @@ def _accum(run: Path) -> int:
     return int(json.loads(first)["knobs"].get("grad_accum", 1))
 
 
-def computation_ms(row) -> float:
+def _computation_ms(row) -> float:
     """A results row's computation per step: the analyser's, else (no traces) the step."""
     try:
         value = float(row["compute_ms"])
@@ -120,13 +120,13 @@ def _fit(
     rates = {}
     for _, row in one.iterrows():
         precision = str(row["value"])
-        t1 = computation_ms(row)
+        t1 = _computation_ms(row)
         c, said = 0.0, ""
         match = many[many["value"].astype(str) == precision]
         if a > 1 and not match.empty:
             delta = (paired or {}).get(precision)
             if delta is None:
-                delta = computation_ms(match.iloc[0]) - t1
+                delta = _computation_ms(match.iloc[0]) - t1
             else:
                 said = ", paired cycle by cycle"
             c = max(0.0, delta / (a - 1))
@@ -286,12 +286,34 @@ def at_precision(table: pd.DataFrame, precision: str) -> dict:
 def fsdp_extra(fsdp: pd.DataFrame, ddp: dict) -> dict[str, dict[str, float]]:
     """Per FSDP point (by implementation, then sharding strategy), its computation per step
     less DDP's (``ddp``: its row at the same micro-batch and precision), at least 0."""
-    ddp_ms = computation_ms(ddp)
+    ddp_ms = _computation_ms(ddp)
     extra: dict[str, dict[str, float]] = {}
     for _, row in fsdp.iterrows():
-        own = max(0.0, computation_ms(row) - ddp_ms)
+        own = max(0.0, _computation_ms(row) - ddp_ms)
         extra.setdefault(str(row["impl"]), {})[str(row["value"])] = own
     return extra
+
+
+def launch_ckpt_factor(
+    tables: dict[str, pd.DataFrame],
+    run: Path,
+    precision: str,
+    rate: Rate,
+    optimiser_ms: float,
+    recompute: float,
+) -> float:
+    """``ckpt_factor`` of a calibration launch: its checkpointed point against its one
+    micro-batch at ``precision``, the checkpointed computation that one's plus their steps'
+    difference cycle by cycle (the same synchronisation in both), where the launch kept its
+    cycles."""
+    if CKPT not in tables:
+        raise ValueError(f"the calibration launch {run}: its checkpointed point failed")
+    on = tables[CKPT].iloc[0].to_dict()
+    off = at_precision(tables[ONE], precision)
+    delta = paired_difference(run, off["point"], on["point"])
+    if delta is not None:
+        on = {**on, "compute_ms": _computation_ms(off) + delta}
+    return ckpt_factor(off, on, rate, optimiser_ms, recompute)
 
 
 def ckpt_factor(off: dict, on: dict, rate: Rate, optimiser_ms: float, recompute: float) -> float:
@@ -301,7 +323,7 @@ def ckpt_factor(off: dict, on: dict, rate: Rate, optimiser_ms: float, recompute:
     c)``, ``F`` the plain micro-batch's FLOPs (the harness's count), ``recompute`` the
     checkpointed micro-batch's FLOPs over the plain one's (the planner's count, its
     recomputation included)."""
-    off_ms, on_ms = computation_ms(off), computation_ms(on)
+    off_ms, on_ms = _computation_ms(off), _computation_ms(on)
     o = optimiser_ms if min(off_ms, on_ms) > optimiser_ms else 0.0
     measured = (on_ms - o) / (off_ms - o)
     flops_ms = float(off["flops_per_step"]) / (rate.tflops * 1e12) * 1e3

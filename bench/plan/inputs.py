@@ -13,20 +13,17 @@ from bench.model.errors import FitError
 from bench.model.predict import overlap_share
 from bench.plan.calibrate import (
     CALIBRATION,
-    CKPT,
     FSDP,
     ONE,
     Rate,
     at_precision,
     calibration_launch,
-    ckpt_factor,
     collectives_run,
-    computation_ms,
     fit_launch,
     fit_rates,
     fsdp_extra,
+    launch_ckpt_factor,
     launch_tables,
-    paired_difference,
 )
 from bench.plan.devices import device
 from bench.plan.memory import recompute_ratio
@@ -121,16 +118,8 @@ def calibrated(
     fitted = _scaled(fit_launch(tables, o, run), run, args, target, precisions)
     first = precisions[0]
     if ckpt:
-        if CKPT not in tables:
-            raise ValueError(f"the calibration launch {run}: its checkpointed point failed")
-        on = tables[CKPT].iloc[0].to_dict()
-        off = at_precision(tables[ONE], first)
-        # the two computations apart by their steps' difference cycle by cycle (the same
-        # synchronisation in both), where the launch kept its cycles
-        delta = paired_difference(run, off["point"], on["point"])
-        if delta is not None:
-            on = {**on, "compute_ms": computation_ms(off) + delta}
-        factor = ckpt_factor(off, on, fitted[first], o, recompute_ratio(args.model, per_replica))
+        recompute = recompute_ratio(args.model, per_replica)
+        factor = launch_ckpt_factor(tables, run, first, fitted[first], o, recompute)
         said = f"checkpointing x{factor:.2f} its FLOPs' time"
         fitted = {
             p: replace(r, ckpt_factor=factor, source=f"{r.source}; {said}")

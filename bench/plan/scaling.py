@@ -230,13 +230,16 @@ def schedule(configs: list[Config]) -> tuple[list[Job], Callable[[dict[tuple, Tr
         twin = replace(c, knobs={**c.knobs, "activation_checkpointing": "off"})
         return twin if memory_key(twin) in lows else None
 
+    def moved_as(lo: Config, ws: tuple[int, ...]) -> Config | None:
+        """The plain twin a layout tracked at two proxy worlds is moved to the world as."""
+        return plain(lo) if len(ws) > 1 else None
+
     jobs: dict[tuple, Job] = {}
-    for lo in smallest.values():
-        group = by_layout[memory_key(lo)[:3] + memory_key(lo)[4:]]
-        hi = group[max(group)]
+    for key, lo in smallest.items():
+        hi = by_layout[key][max(by_layout[key])]
         ws = worlds(lo)
         # a checkpointed layout with a plain twin: its own trackings at the smaller proxy only
-        at = ws[:1] if len(ws) > 1 and plain(lo) is not None else ws
+        at = ws if moved_as(lo, ws) is None else ws[:1]
         for job in [_job(lo, w) for w in at] + [_job(hi, ws[0])]:
             jobs.setdefault(job.key, job)
 
@@ -245,7 +248,7 @@ def schedule(configs: list[Config]) -> tuple[list[Job], Callable[[dict[tuple, Tr
         for group in by_layout.values():
             lo, hi = group[min(group)], group[max(group)]
             ws = worlds(lo)
-            twin = plain(lo) if len(ws) > 1 else None
+            twin = moved_as(lo, ws)
             if twin is None:
                 lo_at = _at_world(lo, ws, got)
             else:
