@@ -818,6 +818,16 @@ def test_the_calibration_pairs_its_points_cycle_by_cycle_and_fits_no_impossible_
     rate = fit_launch({ONE: one, MANY: many}, 0.0, run)["fp32"]
     assert rate.micro_ms == pytest.approx(2.0) and "paired cycle by cycle" in rate.source
     assert rate.tflops == pytest.approx(1e9 / 20e-3 / 1e12)
+    # checkpointing's extra, paired likewise; a checkpointed step no longer than the plain
+    # one in the pairs is noise: the traced computations then
+    from bench.plan.calibrate import CKPT, launch_ckpt_factor
+
+    ck = pd.DataFrame([{**row, "point": b, "compute_ms": 40.0}])
+    tables = {ONE: one, CKPT: ck}
+    assert launch_ckpt_factor(tables, run, "fp32", rate, 0.0, 1.0) == pytest.approx(28 / 22)
+    fast = samples.assign(ms=samples["ms"] - 12.0 * (samples["point"] == b))
+    fast.to_csv(run / "samples.csv", index=False)
+    assert launch_ckpt_factor(tables, run, "fp32", rate, 0.0, 1.0) == pytest.approx(40 / 22)
     # without the cycles, the traced computations: more than the whole step, so none
     (run / "samples.csv").unlink()
     rate = fit_launch({ONE: one, MANY: many}, 0.0, run)["fp32"]
