@@ -293,3 +293,39 @@ def test_nccl_kernels_without_a_record_are_calls_of_unknown_size(tmp_path):
     assert seq["op"].tolist() == ["all_reduce"] * 4 and seq["step"].tolist() == [0, 0, 1, 1]
     assert seq["count"].isna().all() and not seq["group_known"].any()
     assert (seq["traced_us"] == 3.0).all()
+
+
+@pytest.mark.unit
+def test_gloo_spans_started_out_of_order_keep_the_order_they_were_issued(tmp_path):
+    """gloo's two threads take calls first in, first out, but one descheduled between taking
+    its call and starting its span lets the next call's span start first (a loaded machine
+    traced DDP's buckets so on one rank). The ops that issued them, on the caller's thread, say
+    the order; a span with no issuing op (no shapes recorded) keeps its own start."""
+
+    def op(name, ts, dur, tid, dims, types):
+        args = {"Input Dims": dims, "Input type": types}
+        return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": tid, "ts": ts,
+                "dur": dur, "args": args}  # fmt: skip
+
+    def span(name, ts, dur, tid, n):
+        return {**op(name, ts, dur, tid, [[n]], ["float"]), "cat": "user_annotation"}
+
+    step = {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1,
+            "ts": 0.0, "dur": 1000.0}  # fmt: skip
+    events = [
+        step,
+        op("c10d::allreduce_", 10.0, 2.0, 1, [[[300]], [], []], ["TensorList", "", ""]),
+        op("c10d::allreduce_", 20.0, 2.0, 1, [[[200]], [], []], ["TensorList", "", ""]),
+        # an all-gather names its output first; its span lists the input
+        op("c10d::_allgather_base_", 30.0, 2.0, 1, [[400], [200], []], ["float", "float", ""]),
+        span("gloo:all_reduce", 60.0, 50.0, 8, 300),  # the first call's thread started late
+        span("gloo:all_reduce", 40.0, 10.0, 9, 200),
+        span("gloo:all_gather", 55.0, 10.0, 9, 200),
+        span("gloo:broadcast", 50.0, 1.0, 9, 7),  # no issuing op: its own start
+    ]
+    meta = {"distributedInfo": {"rank": 0, "world_size": 2, "backend": "gloo"}}
+    seq = trace_sequence(load_trace(write_trace(tmp_path / "t.pt.trace.json", events, meta)))
+    assert seq["op"].tolist() == ["all_reduce", "all_reduce", "all_gather", "broadcast"]
+    assert seq["count"].tolist() == [300, 200, 200, 7]
+    assert seq["traced_us"].tolist() == [50.0, 10.0, 10.0, 1.0]
+    assert seq["ts"].tolist() == [10.0, 20.0, 30.0, 50.0]

@@ -15,6 +15,8 @@ newline cannot occur inside a JSON string). Text laid out otherwise is decoded w
 
 Collective calls' host events also keep what the call was (the ``comm_*`` columns, for
 sequence.py): gathered sparsely, a few per thousand events, spread into columns at the end.
+The ops that issue them (``c10d::allreduce_``) keep their first two arguments' element counts
+there (``comm_count``, ``comm_out_count``), and no name, type or group.
 """
 
 from __future__ import annotations
@@ -30,7 +32,14 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from bench.analysis.trace_events import Args, Event, call_facts, num, payload_bytes
+from bench.analysis.trace_events import (
+    Args,
+    Event,
+    argument_elements,
+    call_facts,
+    num,
+    payload_bytes,
+)
 
 CHUNK = 1 << 18  # characters read and decoded at a time (small batches stay in cache)
 WHOLE_LIMIT = 64 << 20  # text not laid out as Kineto's is decoded whole up to this size
@@ -44,6 +53,12 @@ COMM_NAME = re.compile(r"^(?:nccl|gloo:|hccl)|ncclKernel|ncclDevKernel|^record_p
 SIZED_NAME = re.compile(COMM_NAME.pattern + r"|^torch::autograd::AccumulateGrad$")
 # A collective call's host events, whose arguments say what it was (its kernels say nothing).
 COMM_CALL_NAME = re.compile(r"^(?:nccl:|gloo:)|^record_param_comms$")
+# The ops that issue a collective on the caller's thread (c10d's dispatcher namespaces): their
+# arguments' sizes let sequence.py put gloo's spans, which gloo's threads may start out of order,
+# back in the order they were issued.
+ISSUE_NAME = re.compile(r"^_?c10d\w*::")
+# What an event name keeps (bit flags): its input bytes in ``nbytes``; a row in the call table
+_BYTES, _CALL, _ISSUE = 1, 2, 4
 
 
 class TraceError(ValueError):
@@ -111,18 +126,30 @@ class _Columns:
         sized = self.sized_names
         distinct = set(names)
         for n in distinct - sized.keys():
-            sized[n] = 2 if COMM_CALL_NAME.search(n) else int(bool(SIZED_NAME.search(n)))
+            if COMM_CALL_NAME.search(n):
+                sized[n] = _BYTES | _CALL
+            elif ISSUE_NAME.search(n):
+                sized[n] = _ISSUE
+            else:
+                sized[n] = _BYTES if SIZED_NAME.search(n) else 0
         self.nbytes.extend(
-            [payload_bytes(a) if sized[n] else np.nan for n, a in zip(names, args, strict=True)]
+            [
+                payload_bytes(a) if sized[n] & _BYTES else np.nan
+                for n, a in zip(names, args, strict=True)
+            ]
         )
-        if any(sized[n] == 2 for n in distinct):  # most batches hold no collective call
-            hits = [i for i, n in enumerate(names) if sized[n] == 2]
-            self._add_comm([args[i] for i in hits], len(self.name) - len(xs), hits)
+        if any(sized[n] & (_CALL | _ISSUE) for n in distinct):  # most batches hold no call
+            hits = [i for i, n in enumerate(names) if sized[n] & (_CALL | _ISSUE)]
+            facts = [
+                call_facts(args[i]) if sized[names[i]] & _CALL else argument_elements(args[i])
+                for i in hits
+            ]
+            self._add_comm(facts, len(self.name) - len(xs), hits)
         self.correlation.extend([_int_or(a.correlation) for a in args])
         self.stream.extend([_int_or(a.stream) for a in args])
 
-    def _add_comm(self, args: list[Args], first_row: int, hits: list[int]) -> None:
-        count, out, *texts = zip(*[call_facts(a) for a in args], strict=True)
+    def _add_comm(self, facts: list[tuple], first_row: int, hits: list[int]) -> None:
+        count, out, *texts = zip(*facts, strict=True)
         codes = [
             [-1 if v is None else c for v, c in zip(vs, self.codes(list(vs)), strict=True)]
             for vs in texts

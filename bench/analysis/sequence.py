@@ -12,9 +12,9 @@ launch inside an ``nccl:<op>`` annotation and no ``record_param_comms`` (``_allg
 in those traces) is a call too: leaving it out would make the replay skip a collective.
 
 CPU (gloo) traces: a call is a ``gloo:<op>`` span, the op's own run on one of gloo's threads,
-ordered by start: ProcessGroupGloo's threads take queued calls first in, first out, so they
-start in the order they were issued. Gloo names no group: each call is taken to be on all the
-ranks of the job, or on the one group whose members are exactly the ranks traced.
+ordered by when the op that issued it (``c10d::allreduce_`` on the caller's thread) began; by
+its own start where the trace has no such op. Gloo names no group: each call is taken to be on
+all the ranks of the job, or on the one group whose members are exactly the ranks traced.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from bench.analysis.folder import load_trace_dir
-from bench.analysis.reader import TraceError
+from bench.analysis.reader import ISSUE_NAME, TraceError
 from bench.analysis.sequence_groups import gloo_group
 from bench.analysis.sequence_groups import span as _span
 from bench.analysis.trace import Trace, common_steps, name_matches, prepared, step_windows
@@ -175,6 +175,41 @@ def _gpu_call(ev: pd.DataFrame, src: dict, kernel, launch) -> dict:
     }
 
 
+def _issued_at(spans: pd.DataFrame, ev: pd.DataFrame) -> np.ndarray:
+    """When each gloo span's call was issued: the start of the earliest op not yet matched that
+    issued a call of the same op with the span's element count among its first two arguments'
+    (``c10d::allreduce_`` on the caller's thread), and began before the span; the span's own
+    start where no op matches (a trace recorded without shapes). gloo's threads take calls first
+    in, first out, but a thread descheduled between taking a call and starting its span lets
+    the next call's span start first (seen on a loaded machine: DDP's buckets traced out of
+    order on one rank), so the spans' starts alone do not give the order."""
+    issue = ev[name_matches(ev["name"], ISSUE_NAME) & ev["comm_count"].notna()]
+    issue = issue.sort_values("ts", kind="stable")
+    outer, end_of = [], {}
+    for i, tid, ts, dur in zip(issue.index, issue["tid"], issue["ts"], issue["dur"], strict=True):
+        if ts >= end_of.get(tid, -np.inf):  # an op inside another one issues nothing more
+            outer.append(i)
+            end_of[tid] = ts + dur
+    waiting: dict = {}  # op -> [(ts, counts)], in issue order
+    for i in outer:
+        counts = {ev.at[i, "comm_count"], ev.at[i, "comm_out_count"]}
+        waiting.setdefault(op_name(str(ev.at[i, "name"])), []).append((ev.at[i, "ts"], counts))
+    out = spans["ts"].to_numpy(dtype=float).copy()
+    order = np.argsort(out, kind="stable")
+    ops = spans["name"].astype(str).map(op_name).to_numpy()
+    counts = spans["comm_count"].to_numpy(dtype=float)
+    for k in order:
+        queue = waiting.get(ops[k], [])
+        for j, (ts, sizes) in enumerate(queue):
+            if ts > out[k]:
+                break
+            if counts[k] in sizes:
+                out[k] = ts
+                del queue[j]
+                break
+    return out
+
+
 def _cpu_calls(ev: pd.DataFrame) -> pd.DataFrame:
     comm = ev[ev["kind"] == "comm"]
     return pd.DataFrame(
@@ -186,7 +221,7 @@ def _cpu_calls(ev: pd.DataFrame) -> pd.DataFrame:
             "out_count": np.nan,
             "label": np.nan,
             "traced_us": comm["dur"],
-            "ts": comm["ts"],
+            "ts": _issued_at(comm, ev),
         }
     )
 

@@ -62,6 +62,26 @@ def payload_bytes(a: Args) -> float:
     return total
 
 
+def _elements(dims) -> float:
+    """Elements of one argument's shape: a tensor's (a list of ints), or a list of tensors' (or
+    of lists of them) summed; NaN where it holds no tensor."""
+    if not isinstance(dims, list) or not dims:
+        return np.nan
+    if all(isinstance(x, int) for x in dims):
+        return float(np.prod(dims))
+    parts = [_elements(d) for d in dims]
+    known = [p for p in parts if p == p]
+    return float(sum(known)) if known else np.nan
+
+
+def argument_elements(a: Args) -> tuple:
+    """call_facts' tuple for an op that issues a collective (``c10d::_allgather_base_``): its
+    first two arguments' elements, which of them the backend's own span lists depends on the
+    op (an all-gather's input is the second), and nothing else."""
+    dims = [*(a.input_dims or ()), None, None]
+    return (_elements(dims[0]), _elements(dims[1]), None, None, None)
+
+
 def call_facts(a: Args) -> tuple:
     """(input elements, output elements, collective name, dtype as spelled, process group as
     JSON) of a call: record_param_comms' metadata, else its input shapes summed as
