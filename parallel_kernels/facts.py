@@ -74,6 +74,7 @@ _OPS = {
     "gather": "gather",
     "scatter": "scatter",
 }
+OPS = frozenset(_OPS.values())  # every op's one name
 
 
 def op_name(spelling: str) -> str:

@@ -322,10 +322,13 @@ def test_gloo_spans_started_out_of_order_keep_the_order_they_were_issued(tmp_pat
         span("gloo:all_reduce", 40.0, 10.0, 9, 200),
         span("gloo:all_gather", 55.0, 10.0, 9, 200),
         span("gloo:broadcast", 50.0, 1.0, 9, 7),  # no issuing op: its own start
+        # gloo runs FSDP's reduce-scatter as an all-reduce of its input
+        op("c10d::_reduce_scatter_base_", 35.0, 2.0, 1, [[100], [200], []], ["float"] * 2 + [""]),
+        span("gloo:all_reduce", 70.0, 5.0, 9, 200),
     ]
     meta = {"distributedInfo": {"rank": 0, "world_size": 2, "backend": "gloo"}}
     seq = trace_sequence(load_trace(write_trace(tmp_path / "t.pt.trace.json", events, meta)))
-    assert seq["op"].tolist() == ["all_reduce", "all_reduce", "all_gather", "broadcast"]
-    assert seq["count"].tolist() == [300, 200, 200, 7]
-    assert seq["traced_us"].tolist() == [50.0, 10.0, 10.0, 1.0]
-    assert seq["ts"].tolist() == [10.0, 20.0, 30.0, 50.0]
+    assert seq["op"].tolist() == [*["all_reduce"] * 2, "all_gather", "all_reduce", "broadcast"]
+    assert seq["count"].tolist() == [300, 200, 200, 200, 7]
+    assert seq["traced_us"].tolist() == [50.0, 10.0, 10.0, 5.0, 1.0]
+    assert seq["ts"].tolist() == [10.0, 20.0, 30.0, 35.0, 50.0]

@@ -32,7 +32,7 @@ from bench.analysis.reader import ISSUE_NAME, TraceError
 from bench.analysis.sequence_groups import gloo_group
 from bench.analysis.sequence_groups import span as _span
 from bench.analysis.trace import Trace, common_steps, name_matches, prepared, step_windows
-from parallel_kernels.facts import ITEM_BYTES, POINT_TO_POINT, TORCH_DTYPE, op_name
+from parallel_kernels.facts import ITEM_BYTES, OPS, POINT_TO_POINT, TORCH_DTYPE, op_name
 
 SEQUENCE_COLUMNS = [
     "rank",
@@ -177,36 +177,30 @@ def _gpu_call(ev: pd.DataFrame, src: dict, kernel, launch) -> dict:
 
 def _issued_at(spans: pd.DataFrame, ev: pd.DataFrame) -> np.ndarray:
     """When each gloo span's call was issued: the start of the earliest op not yet matched that
-    issued a call of the same op with the span's element count among its first two arguments'
-    (``c10d::allreduce_`` on the caller's thread), and began before the span; the span's own
-    start where no op matches (a trace recorded without shapes). gloo's threads take calls first
-    in, first out, but a thread descheduled between taking a call and starting its span lets
-    the next call's span start first (seen on a loaded machine: DDP's buckets traced out of
-    order on one rank), so the spans' starts alone do not give the order."""
+    issued a collective with the span's element count among its first two arguments'
+    (``c10d::allreduce_`` on the caller's thread) and began before the span, one of the same
+    op first (gloo runs some calls as another op: FSDP's reduce-scatter as an all-reduce of
+    its input); the span's own start where no op matches (a trace recorded without shapes).
+    gloo's threads take calls first in, first out, but a thread descheduled between taking a
+    call and starting its span lets the next call's span start first (seen on a loaded machine:
+    DDP's buckets traced out of order on one rank), so the spans' starts alone do not give the
+    order."""
     issue = ev[name_matches(ev["name"], ISSUE_NAME) & ev["comm_count"].notna()]
     issue = issue.sort_values("ts", kind="stable")
-    outer, end_of = [], {}
+    pending, end_of = [], {}  # (ts, op, counts) in issue order
     for i, tid, ts, dur in zip(issue.index, issue["tid"], issue["ts"], issue["dur"], strict=True):
-        if ts >= end_of.get(tid, -np.inf):  # an op inside another one issues nothing more
-            outer.append(i)
+        op = op_name(str(ev.at[i, "name"]))
+        if op in OPS and ts >= end_of.get(tid, -np.inf):  # an op inside another issues nothing
+            pending.append((ts, op, {ev.at[i, "comm_count"], ev.at[i, "comm_out_count"]}))
             end_of[tid] = ts + dur
-    waiting: dict = {}  # op -> [(ts, counts)], in issue order
-    for i in outer:
-        counts = {ev.at[i, "comm_count"], ev.at[i, "comm_out_count"]}
-        waiting.setdefault(op_name(str(ev.at[i, "name"])), []).append((ev.at[i, "ts"], counts))
     out = spans["ts"].to_numpy(dtype=float).copy()
-    order = np.argsort(out, kind="stable")
     ops = spans["name"].astype(str).map(op_name).to_numpy()
     counts = spans["comm_count"].to_numpy(dtype=float)
-    for k in order:
-        queue = waiting.get(ops[k], [])
-        for j, (ts, sizes) in enumerate(queue):
-            if ts > out[k]:
-                break
-            if counts[k] in sizes:
-                out[k] = ts
-                del queue[j]
-                break
+    for k in np.argsort(out, kind="stable"):
+        sized = [j for j, (ts, _, n) in enumerate(pending) if ts <= out[k] and counts[k] in n]
+        same = [j for j in sized if pending[j][1] == ops[k]]
+        if sized:
+            out[k] = pending.pop((same or sized)[0])[0]
     return out
 
 
