@@ -42,6 +42,7 @@ from bench.analysis.breakdown import load_trace
 from bench.analysis.reader import TraceError
 from bench.runner.measure.kept import OwnState
 from bench.runner.measure.quiet import without_lines
+from bench.runner.measure.released import released_collectives
 from bench.runner.session.distenv import synchronize
 
 
@@ -232,22 +233,25 @@ def point_memory(
 
     The baseline is taken before the build, ``WARM_STEPS`` steps make the gradients, the
     optimiser's state and DDP's final buckets, ``steps`` steps are measured (``step_memory``)
-    and the trainer is released for ``own_memory``."""
+    and the trainer is released for ``own_memory``. The steps' collectives let go of their
+    tensors when the program does (``released_collectives``: on a loaded CPU, gloo's threads
+    otherwise free some a moment late, and a peak read one buffer high)."""
     gc.collect()  # earlier builds' modules hold reference cycles (hooks): freed first
     with c10_counting(device):
         baseline = MemoryBaseline.now(device)
         trainer = build()
-        # Two steps first, unmeasured: DDP rebuilds its buckets at the second step's start
-        # (a collective and new bucket tensors), which the timed build had long done.
-        for _ in range(WARM_STEPS):
-            step(trainer)
-        got = step_memory(
-            lambda: step(trainer),
-            baseline=baseline,
-            release=lambda: trainer.opt.zero_grad(set_to_none=True),
-            scratch_dir=scratch_dir,
-            steps=steps,
-        )
+        with released_collectives(device):
+            # Two steps first, unmeasured: DDP rebuilds its buckets at the second step's start
+            # (a collective and new bucket tensors), which the timed build had long done.
+            for _ in range(WARM_STEPS):
+                step(trainer)
+            got = step_memory(
+                lambda: step(trainer),
+                baseline=baseline,
+                release=lambda: trainer.opt.zero_grad(set_to_none=True),
+                scratch_dir=scratch_dir,
+                steps=steps,
+            )
         metrics = {
             "peak_mem_mb": got.peak_bytes / 2**20,
             "peak_reserved_mb": got.reserved_bytes / 2**20,
