@@ -16,6 +16,11 @@ caller's own references holds the call's tensors (their storages' use counts bac
 were before the call), for at most ``LIMIT_S``: a count that does not come back (the caller kept
 another view) costs that bound, not a hang. A call made without ``async_op`` waits so before it
 returns. Only the memory build runs inside it: the timed steps run as they are.
+
+What it cannot see: a copy the backend made that only its call holds (gloo's reduce-scatter
+works on a clone of its input), freed with the call, and the functional collectives (TP's),
+which do not go through these names. Under load those still move a peak by up to one unit's
+tensors (ResNet's FSDP2 rows, 0.4 to 0.5 MiB; docs/plan.md, "Memory per rank").
 """
 
 from __future__ import annotations
