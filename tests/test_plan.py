@@ -23,7 +23,7 @@ from bench.plan.calibrate import Rate
 from bench.plan.devices import DEVICES, Device
 from bench.plan.space import Config, enumerate_space, micro_batches
 from bench.plan.timing import Topology
-from bench.plan.verify import VERDICT_GROUP
+from bench.plan.verify import VERDICT_GROUP, picks
 from bench.report import __main__ as report_cli
 from bench.runfolder.points import read_points
 from bench.runner.cli import resolve
@@ -613,6 +613,38 @@ def test_the_calibration_measures_its_points_in_one_launch_and_fits_the_rates_th
     assert 0.3 < paired < 5
     extra = fsdp_extra(tables[FSDP], off)
     assert set(extra) == {"native"} and all(ms >= 0 for ms in extra["native"].values())
+
+
+@pytest.mark.unit
+def test_verify_picks_rows_the_plan_tells_apart_and_ddp_at_its_defaults():
+    def row(config, step, peak=1.0, micro=8, accum=1, fits=True, ckpt="off"):
+        return {"config": config, "family": config.split()[0], "strategy": config.split()[0],
+                "impl": "native", "tp_degree": 1, "activation_checkpointing": ckpt,
+                "precision": "fp32", "micro_batch": micro, "grad_accum": accum,
+                "step_ms": step, "peak_mem_gib": peak, "fits": fits}  # fmt: skip
+
+    plan = pd.DataFrame(
+        [
+            row("ddp bucket 5 MB", 20.0),  # the three buckets alike: one bucket each
+            row("ddp bucket 25 MB", 20.0),
+            row("ddp bucket 100 MB", 20.0),
+            row("fsdp2 FULL_SHARD", 21.0, peak=0.5),
+            row("ddp bucket 5 MB", 22.0, micro=4, accum=2),
+            row("ddp bucket 25 MB", 22.0, micro=4, accum=2),
+            row("ddp bucket 5 MB", 23.0, ckpt="on"),
+            row("ddp bucket 5 MB", 24.0, fits=False),
+            row("ddp bucket 25 MB", 25.0, ckpt="on"),
+        ]
+    )
+    got = picks(plan, 3)
+    # DDP at its defaults stands for the rows alike with it, in their place
+    assert got.index.tolist() == [1, 3, 4]
+    assert picks(plan, 10).index.tolist() == [1, 3, 4, 6, 8]  # not the one that does not fit
+    # told apart by their step: each its own
+    apart = plan.assign(step_ms=[20.0, 20.5, 21.0, 21.0, 22.0, 22.5, 23.0, 24.0, 25.0])
+    assert picks(apart, 3).index.tolist() == [0, 1, 2]
+    # DDP at its defaults beyond the first k: added after them
+    assert picks(apart, 1).index.tolist() == [0, 1]
 
 
 @pytest.mark.e2e

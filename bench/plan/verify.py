@@ -30,20 +30,47 @@ VERDICT_GROUP = "plan verification"
 BUDGET = ["--max-point-s", "6", "--rounds", "1", "--warmup-steps", "3", "--profile-steps", "1"]
 
 
+# What a row says beyond its name: two rows alike in all of these the plan cannot tell apart
+# (DDP's bucket sizes where the model's gradients fill one bucket of each: the same schedule,
+# step and memory), and timing both would measure only the machine's noise.
+TOLD_APART = (
+    "family",
+    "strategy",
+    "impl",
+    "tp_degree",
+    "activation_checkpointing",
+    "precision",
+    "micro_batch",
+    "grad_accum",
+    "step_ms",
+    "peak_mem_gib",
+)
+
+
 def picks(rows: pd.DataFrame, k: int) -> pd.DataFrame:
-    """The first ``k`` fitting, timed rows (the plan's ranking) and DDP at its defaults (25 MB
-    buckets, fp32, no checkpointing, no accumulation) where it is not among them."""
+    """The first ``k`` fitting, timed rows (the plan's ranking) that the plan tells apart
+    (``TOLD_APART``: of rows alike, the first stands for them, or DDP at its defaults where it
+    is one of them), and DDP at its defaults (25 MB buckets, fp32, no checkpointing, no
+    accumulation) where it is not among them: the calibration's own point, whose two launches
+    give their drift (``launch_drift``)."""
     ok = rows[rows["fits"] & rows["step_ms"].notna()]
-    chosen = ok.head(k)
     default = ok[
         (ok["config"] == DEFAULT_DDP["config"])
         & (ok["precision"] == DEFAULT_DDP["precision"])
         & (ok["activation_checkpointing"] == DEFAULT_DDP["activation_checkpointing"])
         & (ok["grad_accum"] == 1)
-    ]
-    if not default.empty and default.index[0] not in chosen.index:
-        chosen = pd.concat([chosen, default.head(1)])
-    return chosen
+    ].index[:1]
+    alike = ok[[c for c in TOLD_APART if c in ok.columns]].astype(str).apply(tuple, axis=1)
+    stand_in = {alike[i]: i for i in default}
+    chosen: list = []
+    for i in ok.index:
+        if len(chosen) == k:
+            break
+        pick = stand_in.get(alike[i], i)
+        if pick not in chosen and not any(alike[j] == alike[i] for j in chosen):
+            chosen.append(pick)
+    chosen += [i for i in default if i not in chosen]
+    return ok.loc[chosen]
 
 
 def _run_args(row: pd.Series) -> list[str]:
