@@ -578,6 +578,7 @@ def test_the_calibration_measures_its_points_in_one_launch_and_fits_the_rates_th
         FSDP,
         MANY,
         ONE,
+        TP,
         at_precision,
         calibration_launch,
         ckpt_factor,
@@ -585,17 +586,30 @@ def test_the_calibration_measures_its_points_in_one_launch_and_fits_the_rates_th
         fsdp_extra,
         launch_ckpt_factor,
         launch_tables,
+        tp_extra,
     )
     from bench.plan.memory import recompute_ratio
 
     run = calibration_launch(
-        "llama:tiny", ("fp32",), 4, tmp_path / "c", 2, ckpt=True, fsdp=("native",), timeout_s=240
+        "llama:tiny",
+        ("fp32",),
+        4,
+        tmp_path / "c",
+        2,
+        ckpt=True,
+        fsdp=("native",),
+        tp=("native",),
+        timeout_s=240,
     )
     results = pd.read_csv(run / "results.csv")
     assert set(results["status"]) == {"ok"} and set(results["method"]) == {"paired"}
     assert (results["compute_ms"] > 0).all()
     tables = launch_tables(run)
-    assert {k: len(v) for k, v in tables.items()} == {ONE: 1, MANY: 1, CKPT: 1, FSDP: 3}
+    assert {k: len(v) for k, v in tables.items()} == {ONE: 1, MANY: 1, CKPT: 1, FSDP: 3, TP: 1}
+    # TP over the 2 ranks with their 8 samples: a rank computes DDP's FLOPs of 4
+    tp = tables[TP].iloc[0]
+    assert (str(tp["value"]), tp["batch_per_replica"]) == ("2", 8), tp
+    assert tp["flops_per_step"] == pytest.approx(tables[ONE].iloc[0]["flops_per_step"], rel=0.05)
     many = tables[MANY].iloc[0]
     assert (many["grad_accum"], many["batch_per_replica"]) == (4, 1)
     assert set(tables[FSDP]["value"]) == {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"}
@@ -613,6 +627,33 @@ def test_the_calibration_measures_its_points_in_one_launch_and_fits_the_rates_th
     assert 0.3 < paired < 5
     extra = fsdp_extra(tables[FSDP], off)
     assert set(extra) == {"native"} and all(ms >= 0 for ms in extra["native"].values())
+    own = tp_extra(tables[TP], off)
+    assert set(own) == {"native"} and own["native"] >= 0
+
+
+@pytest.mark.unit
+def test_tps_own_work_is_its_computation_over_ddps_at_its_flops_and_lands_in_its_steps():
+    from bench.model.compute import ComputeProfile
+    from bench.plan.calibrate import tp_extra
+    from bench.plan.timing import _with_own_work
+
+    ddp = {"compute_ms": 16.0, "step_ms_median": 20.0, "flops_per_step": 8e8}
+    tp = pd.DataFrame(
+        [
+            {"impl": "native", "compute_ms": 26.0, "step_ms_median": 40.0, "flops_per_step": 8e8},
+            # half the FLOPs: DDP's 8 ms of them, 4 of its own
+            {"impl": "other", "compute_ms": 12.0, "step_ms_median": 15.0, "flops_per_step": 4e8},
+            {"impl": "quick", "compute_ms": 10.0, "step_ms_median": 12.0, "flops_per_step": 8e8},
+        ]
+    )
+    assert tp_extra(tp, ddp) == {"native": 10.0, "other": 4.0, "quick": 0.0}
+    prof = ComputeProfile(6.0, 12.0, 1.0, grad_ready_ms=(3.0, 12.0))
+    got = _with_own_work(prof, 9.0)
+    assert (got.forward_ms, got.backward_ms, got.after_ms) == (9.0, 18.0, 1.0)
+    assert got.grad_ready_ms == (4.5, 18.0)  # the last gradient still ends backward
+    assert _with_own_work(prof, 0.0) is prof
+    rate = Rate(1.0, 0.0, "test", tp_ms={"native": 10.0})
+    assert (rate.tp_extra_ms("native"), rate.tp_extra_ms("other")) == (10.0, 0.0)
 
 
 @pytest.mark.unit

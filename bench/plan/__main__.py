@@ -113,13 +113,14 @@ def _measured(args, target, configs: list, out: Path):
     """The target with its computation's rates and its links, measured here where the plan
     is for this machine (``inputs.rates``, ``inputs.collectives_here``)."""
     precisions = tuple(dict.fromkeys(c.knobs["precision"] for c in configs))
-    # what a calibrated CPU plan measures beyond DDP: the FSDP implementations' own work, and
-    # checkpointing's cost, where the plan holds them
+    # what a calibrated CPU plan measures beyond DDP: the FSDP and TP implementations' own
+    # work, and checkpointing's cost, where the plan holds them
     fsdp = tuple(
         dict.fromkeys(c.impl for c in configs if STRATEGIES[c.strategy].schedule == "fsdp")
     )
     ckpt = any(c.knobs["activation_checkpointing"] == "on" for c in configs)
-    target = replace(target, rates=inputs.rates(args, target, precisions, out, fsdp, ckpt))
+    tp = tuple(dict.fromkeys(c.impl for c in configs if STRATEGIES[c.strategy].schedule == "tp"))
+    target = replace(target, rates=inputs.rates(args, target, precisions, out, fsdp, ckpt, tp))
     return replace(target, topology=inputs.collectives_here(args, target, out))
 
 

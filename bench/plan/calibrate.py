@@ -26,6 +26,14 @@ each FSDP implementation it holds at three shardings (the first precision, ``B``
 configuration's computation per step less DDP's (``fsdp_ms``). The host's cost, and taken for
 this host's plans only.
 
+TP's implementations do work of their own too: DTensor's dispatch decides each op's sharding
+in Python, a cost per op, not per FLOP (the custom example's TP over 2 ranks computed 26.9 ms
+a step where DDP computed 16.5 for the same FLOPs per rank, and a plan without it read the TP
+row's step 44 % under the measurement). A CPU plan with TP rows measures each TP
+implementation over all its ranks (the first precision, the ranks' samples, so that a rank
+computes DDP's FLOPs): its computation per step less DDP's, scaled to its FLOPs (``tp_ms``),
+taken for every TP degree of the plan, as a cost per op is.
+
 On a CPU plan all of these are points of one launch (``calibration_launch``), interleaved in
 its cycles, no longer minutes apart: as four launches, a slow first launch read
 llama:tiny's one micro-batch at 46.4 ms per step and its four accumulated at 37.3, so that a
@@ -55,6 +63,8 @@ class Rate:
     # a checkpointed micro-batch's computation over what its FLOPs at this rate say
     # (``ckpt_factor``); 1: none measured
     ckpt_factor: float = 1.0
+    # implementation -> TP's own computation per step beyond the model's, ms (``tp_extra``)
+    tp_ms: dict[str, float] = field(default_factory=dict, hash=False)
 
     def fsdp_extra_ms(self, impl: str, strategy: str) -> float:
         """FSDP's own computation per step of ``impl`` at ``strategy``: its calibrated figure,
@@ -62,6 +72,10 @@ class Rate:
         HYBRID_SHARD at fewer than 4 ranks), else none."""
         own = self.fsdp_ms.get(impl, {})
         return own[strategy] if strategy in own else max(own.values(), default=0.0)
+
+    def tp_extra_ms(self, impl: str) -> float:
+        """TP's own computation per step of ``impl``: its calibrated figure, else none."""
+        return self.tp_ms.get(impl, 0.0)
 
 
 def _read(run: Path, what: str = "--compute") -> pd.DataFrame:
@@ -181,7 +195,7 @@ def _launch_here(args: list[str], ranks: int, run: Path, what: str, timeout_s: f
 
 
 # The roles of a calibration launch's points (``calibration_launch``), their ids' prefixes.
-ONE, MANY, CKPT, FSDP = "one", "many", "ckpt", "fsdp"
+ONE, MANY, CKPT, FSDP, TP = "one", "many", "ckpt", "fsdp", "tp"
 FSDP_CALIBRATED = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD")  # HYBRID_SHARD needs 4 ranks
 CALIBRATION_GROUP = "plan calibration"
 CALIBRATION = Path("calibration") / "training"  # a plan's folder: the launch's run folder
@@ -199,15 +213,17 @@ def calibration_launch(
     *,
     ckpt: bool = False,
     fsdp: tuple[str, ...] = (),
+    tp: tuple[str, ...] = (),
     timeout_s: float = 600,
 ) -> Path:
     """The calibration's points, all in one launch of ``ranks`` ranks here, interleaved in its
     cycles (``launch.launch_points``): DDP with ``per_replica`` samples in one micro-batch
     (``ONE``) and in 4 (or 2) accumulated ones (``MANY``, where the batch splits), each
     precision; and at the first precision, ``per_replica`` samples in one micro-batch, DDP with
-    activation checkpointing (``CKPT``, where ``ckpt``) and each FSDP implementation of
-    ``fsdp`` at ``FSDP_CALIBRATED`` (``FSDP``). The folder ``out``, or the ValueError that says
-    why the launch failed (one line)."""
+    activation checkpointing (``CKPT``, where ``ckpt``), each FSDP implementation of ``fsdp``
+    at ``FSDP_CALIBRATED`` (``FSDP``) and each TP implementation of ``tp`` over the ``ranks``
+    with their ``ranks * per_replica`` samples (``TP``: a rank's FLOPs are DDP's). The folder
+    ``out``, or the ValueError that says why the launch failed (one line)."""
     first = precisions[0]
     ddp = ["--model", model, "--impl", "native", *BUDGET]
     named = [(ONE, model, ["--sweep", "precision", "--values", ",".join(precisions), *ddp,
@@ -226,6 +242,11 @@ def calibration_launch(
         named.append((FSDP, f"{model}'s FSDP", [
             "--sweep", "sharding_strategy", "--values", ",".join(FSDP_CALIBRATED),
             "--model", model, "--impl", ",".join(fsdp), *BUDGET, *at_first]))  # fmt: skip
+    if tp:
+        named.append((TP, f"{model}'s TP", [
+            "--sweep", "tp_degree", "--values", str(ranks), "--model", model,
+            "--impl", ",".join(tp), *BUDGET, "--batch-size", str(per_replica * ranks),
+            "--option", f"precision={first}"]))  # fmt: skip
     failure = launch_points(named, ranks, out, CALIBRATION_GROUP, timeout_s)
     if failure:
         raise ValueError(f"the calibration launch of {model} failed: {failure}")
@@ -233,7 +254,8 @@ def calibration_launch(
 
 
 def launch_tables(run: Path) -> dict[str, pd.DataFrame]:
-    """A calibration launch's ok points by role (``ONE``, ``MANY``, ``CKPT``, ``FSDP``)."""
+    """A calibration launch's ok points by role (``ONE``, ``MANY``, ``CKPT``, ``FSDP``,
+    ``TP``)."""
     df = _read(run, "the calibration launch").drop_duplicates("point", keep="last")
     roles = df["point"].map(role)
     return {name: df[roles == name] for name in roles.unique()}
@@ -291,6 +313,20 @@ def fsdp_extra(fsdp: pd.DataFrame, ddp: dict) -> dict[str, dict[str, float]]:
     for _, row in fsdp.iterrows():
         own = max(0.0, _computation_ms(row) - ddp_ms)
         extra.setdefault(str(row["impl"]), {})[str(row["value"])] = own
+    return extra
+
+
+def tp_extra(tp: pd.DataFrame, ddp: dict) -> dict[str, float]:
+    """Per TP point's implementation, its computation per step less DDP's (``ddp``: its row at
+    the same precision) scaled by their FLOPs per step (where both are known), at least 0."""
+    extra: dict[str, float] = {}
+    for _, row in tp.iterrows():
+        try:
+            ratio = float(row["flops_per_step"]) / float(ddp["flops_per_step"])
+        except (KeyError, TypeError, ValueError, ZeroDivisionError):
+            ratio = math.nan
+        ratio = ratio if math.isfinite(ratio) and ratio > 0 else 1.0
+        extra[str(row["impl"])] = max(0.0, _computation_ms(row) - ratio * _computation_ms(ddp))
     return extra
 
 

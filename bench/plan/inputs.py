@@ -15,6 +15,7 @@ from bench.plan.calibrate import (
     CALIBRATION,
     FSDP,
     ONE,
+    TP,
     Rate,
     at_precision,
     calibration_launch,
@@ -24,6 +25,7 @@ from bench.plan.calibrate import (
     fsdp_extra,
     launch_ckpt_factor,
     launch_tables,
+    tp_extra,
 )
 from bench.plan.devices import device
 from bench.plan.memory import recompute_ratio
@@ -84,59 +86,72 @@ def rates(
     out: Path,
     fsdp: tuple[str, ...] = (),
     ckpt: bool = False,
+    tp: tuple[str, ...] = (),
 ) -> dict[str, Rate]:
     """Per precision, the computation's rate on the target: fitted to ``--compute`` runs (scaled
     by the target's peak over theirs), to short runs the planner makes here for a CPU target
     (``calibrated``), or the peak times an assumed MFU."""
     runs = list(args.compute or [])
     if not runs and not target.device.gpu_name and args.mfu is None:
-        return calibrated(args, target, precisions, out, fsdp, ckpt)
+        return calibrated(args, target, precisions, out, fsdp, ckpt, tp)
     return rates_of(runs, args, target, precisions)
 
 
 def calibrated(
-    args, target: Target, precisions: tuple[str, ...], out: Path, fsdp: tuple[str, ...], ckpt: bool
+    args,
+    target: Target,
+    precisions: tuple[str, ...],
+    out: Path,
+    fsdp: tuple[str, ...],
+    ckpt: bool,
+    tp: tuple[str, ...] = (),
 ) -> dict[str, Rate]:
     """``rates`` fitted to one short launch here (``calibrate.calibration_launch``): DDP's
     points, and where the plan holds them, activation checkpointing's cost (``ckpt``) and the
-    FSDP implementations' own work (``fsdp``), both at the plan's first precision and taken
-    for every precision."""
+    FSDP and TP implementations' own work (``fsdp``, ``tp``), at the plan's first precision and
+    taken for every precision."""
     per_replica = args.global_batch // args.world_size or 1
     ranks = min(args.world_size, args.gpus_per_node)
+    tp = tp if ranks > 1 else ()
     what = (
-        ["DDP"] + (["checkpointing"] if ckpt else []) + [f"FSDP ({', '.join(fsdp)})"] * bool(fsdp)
+        ["DDP"]
+        + (["checkpointing"] if ckpt else [])
+        + [f"FSDP ({', '.join(fsdp)})"] * bool(fsdp)
+        + [f"TP ({', '.join(tp)})"] * bool(tp)
     )
     print(
         f"calibrating: {args.model}, {', '.join(what)} on {ranks} ranks here, {per_replica} "
         "per replica, interleaved in one launch"
     )
     run = calibration_launch(
-        args.model, precisions, per_replica, out / CALIBRATION, ranks, ckpt=ckpt, fsdp=fsdp
+        args.model, precisions, per_replica, out / CALIBRATION, ranks, ckpt=ckpt, fsdp=fsdp, tp=tp
     )
     tables = launch_tables(run)
     o = _optimiser_ms(args, target)
     fitted = _scaled(fit_launch(tables, o, run), run, args, target, precisions)
     first = precisions[0]
+    said, extra = [], {}
     if ckpt:
         recompute = recompute_ratio(args.model, per_replica)
         factor = launch_ckpt_factor(tables, run, first, fitted[first], o, recompute)
-        said = f"checkpointing x{factor:.2f} its FLOPs' time"
-        fitted = {
-            p: replace(r, ckpt_factor=factor, source=f"{r.source}; {said}")
-            for p, r in fitted.items()
-        }
-    if not fsdp:
+        said.append(f"checkpointing x{factor:.2f} its FLOPs' time")
+        extra["ckpt_factor"] = factor
+    ddp = at_precision(tables[ONE], first)
+    if fsdp:
+        extra["fsdp_ms"] = fsdp_extra(tables.get(FSDP, tables[ONE].iloc[:0]), ddp)
+        own = ", ".join(
+            f"{impl} {strategy} {ms:.1f} ms"
+            for impl, by in sorted(extra["fsdp_ms"].items())
+            for strategy, ms in sorted(by.items())
+        )
+        said.append(f"FSDP's own work per step: {own}")
+    if tp:
+        extra["tp_ms"] = tp_extra(tables.get(TP, tables[ONE].iloc[:0]), ddp)
+        own = ", ".join(f"{impl} {ms:.1f} ms" for impl, ms in sorted(extra["tp_ms"].items()))
+        said.append(f"TP's own work per step: {own or 'not measured (its point failed)'}")
+    if not said:
         return fitted
-    extra = fsdp_extra(tables.get(FSDP, tables[ONE].iloc[:0]), at_precision(tables[ONE], first))
-    said = ", ".join(
-        f"{impl} {strategy} {ms:.1f} ms"
-        for impl, by in sorted(extra.items())
-        for strategy, ms in sorted(by.items())
-    )
-    return {
-        p: replace(r, fsdp_ms=extra, source=f"{r.source}; FSDP's own work per step: {said}")
-        for p, r in fitted.items()
-    }
+    return {p: replace(r, **extra, source="; ".join([r.source, *said])) for p, r in fitted.items()}
 
 
 def rates_of(runs: list[Path], args, target: Target, precisions: tuple[str, ...]):

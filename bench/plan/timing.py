@@ -152,6 +152,22 @@ def _program(point: PointRecord, prof: ComputeProfile, topo: Topology) -> list:
     raise Unmodelled(f"schedule {case.schedule} is not modelled")
 
 
+def _with_own_work(prof: ComputeProfile, extra_ms: float) -> ComputeProfile:
+    """``prof`` with ``extra_ms`` of the implementation's own work per step (TP's: DTensor's
+    dispatch, per op), a third in forward and two in backward as FSDP's (``predict.fsdp``: a
+    backward op is two of a forward's), the gradients' ready times stretched with backward."""
+    if not extra_ms:
+        return prof
+    backward = prof.backward_ms + 2 * extra_ms / 3
+    stretch = backward / prof.backward_ms if prof.backward_ms > 0 else 1.0
+    return replace(
+        prof,
+        forward_ms=prof.forward_ms + extra_ms / 3,
+        backward_ms=backward,
+        grad_ready_ms=tuple(t * stretch for t in prof.grad_ready_ms),
+    )
+
+
 def predict_step(
     point: PointRecord, flops: float, rate: Rate, bandwidth_GBps: float, topo: Topology
 ) -> dict:
@@ -163,6 +179,8 @@ def predict_step(
     if point.schedule == "fsdp":
         extra = rate.fsdp_extra_ms(point.impl, point.knobs["sharding_strategy"])
         prof = replace(prof, fsdp_extra_ms=extra)
+    if point.schedule == "tp":
+        prof = _with_own_work(prof, rate.tp_extra_ms(point.impl))
     try:
         timeline = sch.simulate(_program(point, prof, topo), share=topo.share)
     except Unmodelled as e:
