@@ -14,6 +14,9 @@ implementation uses ``DistributedDataParallel``/``fully_shard`` on the DTensor m
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -81,6 +84,30 @@ class MeshParallel(nn.Module):
         else:
             state = {k: p.detach() for k, p in self._params.items()}
         return {name: self._full(name, t) for name, t in state.items()}
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward without the data-parallel dimension's gradient synchronisation, for
+        gradient accumulation: its wrapper's ``no_sync`` (DDP's, the reference DDP's) or
+        FSDP2's ``set_requires_gradient_sync`` switch (``dp_shard``). TP's own calls still run:
+        they carry activations the computation needs. With one data-parallel rank there is
+        nothing to skip. A wrapper with neither (the reference FSDP) raises ValueError."""
+        if self.dims.dp == 1:
+            yield
+            return
+        own = getattr(self.module, "no_sync", None)
+        if own is not None:
+            with own():
+                yield
+            return
+        switch = getattr(self._model[0], "set_requires_gradient_sync", None)
+        if switch is None:
+            raise ValueError(f"{type(self.module).__name__} has no way to skip gradient sync")
+        switch(False)
+        try:
+            yield
+        finally:
+            switch(True)
 
     @torch.no_grad()
     def full_grads(self) -> dict[str, torch.Tensor]:

@@ -297,6 +297,7 @@ STRATEGIES: dict[str, Strategy] = {
                     buckets="ddp",
                     tp_layer="megatron",
                     full_state=mesh_parameters,
+                    skip_sync="no_sync",  # MeshParallel.no_sync: DDP's, or FSDP2's switch
                 ),
                 # With dp_shard its data-parallel ranks run ReferenceFSDP, which waits on
                 # each unit's reduction (reduce_blocks).

@@ -37,7 +37,29 @@ def test_accumulation_syncs_once_per_optimiser_step(pool, tmp_path):
     points += build_points(
         "grad_accum", world_size=2, values="2", models="mlp", strategy="tp", impls="reference"
     )
-    rows = pool(2).run(run_points, points, str(tmp_path), FAST)[0]
+    # TP's native implementation over each data-parallel wrapper it can have at 2 ranks: DDP
+    # over both (TP of one), FSDP2 over both (dp_shard), and none (TP over both)
+    meshes = {
+        "tp1 ddp": ["tp_degree=1"],
+        "tp1 fsdp2": ["tp_degree=1", "dp_shard=True"],
+        "tp2": ["tp_degree=2"],
+    }
+    tp_points = {
+        (name, k): build_points(
+            "grad_accum",
+            world_size=2,
+            values=str(k),
+            models="mlp",
+            strategy="tp",
+            impls="native",
+            options=options,
+        )[0]
+        for name, options in meshes.items()
+        for k in (1, 4)
+    }
+    rows = pool(2).run(run_points, points + list(tp_points.values()), str(tmp_path), FAST)[0]
+    tp_rows = dict(zip(tp_points, rows[len(points) :], strict=True))
+    rows = rows[: len(points)]
     by = {(r["strategy"], r["value"], r["impl"]): r for r in rows}
     for impl in ("native", "reference"):
         one, four = by[("ddp", 1, impl)], by[("ddp", 4, impl)]
@@ -56,3 +78,21 @@ def test_accumulation_syncs_once_per_optimiser_step(pool, tmp_path):
         assert fsdp["loss"] == pytest.approx(ddp["loss"], rel=1e-5), (impl, fsdp["loss"])
     tp = by[("tp", 2, "reference")]
     assert tp["status"] == "error" and "no way to skip gradient synchronisation" in tp["error"]
+    for name in meshes:
+        one, four = tp_rows[(name, 1)], tp_rows[(name, 4)]
+        assert one["status"] == four["status"] == "ok", (name, one["error"], four["error"])
+        # its first step, accumulated, against one step of the plain model on the global batch
+        assert str(four["checked"]).startswith("ok"), (name, four["checked"])
+        if name != "tp2":  # DDP's data, micro-batches and AdamW steps: DDP's training
+            assert four["loss"] == pytest.approx(ddp["loss"], rel=1e-5), (name, four["loss"])
+            assert one["loss"] == pytest.approx(by[("ddp", 1, "native")]["loss"], rel=1e-5)
+        # the data-parallel gradients synchronised once per optimiser step; TP's own calls
+        # (activations) and FSDP2's gathers once per micro-batch
+        if name == "tp2":
+            assert four["comm_calls_per_step"] == 4 * one["comm_calls_per_step"], name
+        elif name == "tp1 ddp":
+            assert four["comm_bytes_per_step"] == one["comm_bytes_per_step"] == one["grad_bytes"]
+        else:  # three of four micro-batches' reduce-scatters skipped, every gather made
+            gathers_and_one_reduce = 4 * one["comm_bytes_per_step"] - 3 * one["grad_bytes"]
+            assert four["comm_bytes_per_step"] < 4 * one["comm_bytes_per_step"], name
+            assert four["comm_bytes_per_step"] == pytest.approx(gathers_and_one_reduce, rel=0.05)

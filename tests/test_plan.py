@@ -327,7 +327,7 @@ def test_one_build_tracks_its_phases_as_a_build_each_would():
     layouts = [
         ("ddp", {"bucket_cap_mb": 25.0}, 2, (1, 2, 2, 1)),
         ("fsdp", {"sharding_strategy": "FULL_SHARD"}, 4, (1, 2, 2, 1)),
-        ("tp", {"tp_degree": 2, "dp_shard": False}, 4, (1, 1, 1, 1)),  # TP cannot accumulate
+        ("tp", {"tp_degree": 2, "dp_shard": False}, 4, (1, 1, 1, 1)),  # the plan's TP: one
     ]
     for strategy, layout, world, accums in layouts:
         knobs = {**plain, **layout}
@@ -346,7 +346,10 @@ def test_one_build_tracks_its_phases_as_a_build_each_would():
             assert got.flops == alone.flops, where
     # a phase that fails is its row; the earlier keep their figures
     tp = {**plain, "activation_checkpointing": "off", "tp_degree": 2, "dp_shard": False}
-    ok, bad = (_point(strategy="tp", world=4, batch=4, grad_accum=a, **tp) for a in (1, 2))
+    ok, bad = (
+        _point(strategy="tp", impl="reference", world=4, batch=4, grad_accum=a, **tp)
+        for a in (1, 2)
+    )
     first, second = memory.track_phases([ok, bad])
     assert not first.error and "skip gradient synchronisation" in second.error, second.error
     # and the later ones are tracked on a build of their own: FSDP1's NO_SHARD in bf16 fails
@@ -360,9 +363,12 @@ def test_one_build_tracks_its_phases_as_a_build_each_would():
     failed, then = memory.track_phases([bad, ok])
     assert "grad_dtype" in failed.error and not then.error, then.error
     assert then.peak_mib == pytest.approx(memory.track(ok).peak_mib, rel=1e-6)
-    # the planner does not build what cannot accumulate: the row says so
-    c = Config("tp", "tp2 x ddp", "llama:tiny", "tp", "native", {**tp, "grad_accum": 2}, 2, 4)
+    # the planner does not build what cannot accumulate, nor TP's accumulating steps (their
+    # cost): the row says so
+    c = Config("tp", "tp2 x ddp", "llama:tiny", "tp", "reference", {**tp, "grad_accum": 2}, 2, 4)
     assert scaling.track_config(c).error == scaling.CANNOT_ACCUMULATE
+    c = replace(c, impl="native")
+    assert scaling.track_config(c).error == scaling.TP_ACCUMULATION_UNTRACKED
 
 
 @pytest.mark.unit
