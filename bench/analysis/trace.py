@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from bench.analysis import intervals as iv
-from bench.analysis.reader import TraceError, read_trace
+from bench.analysis.reader import ISSUE_NAME, TraceError, read_trace
 
 __all__ = ["TraceError"]
 
@@ -30,7 +30,7 @@ NOT_COMPUTE_KERNEL = re.compile(
 # collectives included, and the comms record): calls into communication, never computation.
 # Time the thread spends blocked elsewhere is found from what the threads do
 # (``breakdown.blocking_waits``), not from names.
-COMM_CPU_OP = re.compile(r"^(?:_?c10d\w*::|record_param_comms$|nccl:|gloo:)")
+COMM_CPU_OP = re.compile(rf"{ISSUE_NAME.pattern}|^(?:record_param_comms$|nccl:|gloo:)")
 GLOO_SPAN = re.compile(r"^gloo:")
 STEP = re.compile(r"^ProfilerStep#(\d+)$")
 

@@ -62,13 +62,13 @@ def picks(rows: pd.DataFrame, k: int) -> pd.DataFrame:
     ].index[:1]
     alike = ok[[c for c in TOLD_APART if c in ok.columns]].astype(str).apply(tuple, axis=1)
     stand_in = {alike[i]: i for i in default}
-    chosen: list = []
+    chosen, seen = [], set()
     for i in ok.index:
         if len(chosen) == k:
             break
-        pick = stand_in.get(alike[i], i)
-        if pick not in chosen and not any(alike[j] == alike[i] for j in chosen):
-            chosen.append(pick)
+        if alike[i] not in seen:
+            seen.add(alike[i])
+            chosen.append(stand_in.get(alike[i], i))
     chosen += [i for i in default if i not in chosen]
     return ok.loc[chosen]
 
