@@ -1,8 +1,9 @@
 """``bench.hang`` on torch's own dumps of a user's script (no ``record_hangs()``: no ``job``, no
 stacks files), kept in ``tests/data/hang/`` (``make_dumps.py`` writes them; one is made here
 live); on dumps of older torch; when torch's analyser cannot read them; and on dumps that are
-not what they claim: a pickle that would run code is refused unread, every bad input is one
-line and exit 2, never a traceback."""
+not what they claim: a pickle that would run code is refused unread, a field handed to torch's
+analyser that is not the data it must be (a group's ranks that it would evaluate) is refused
+before it sees it, every bad input is one line and exit 2, never a traceback."""
 
 import importlib
 import importlib.util
@@ -19,7 +20,7 @@ import pytest
 
 from bench.hang import DumpError, diagnose, load
 from bench.hang.__main__ import main
-from bench.hang.torch_view import summary
+from bench.hang.torch_view import first_problem, summary
 from tests.test_hang import call, hang, steps, write
 
 REPO = Path(__file__).resolve().parents[1]
@@ -488,3 +489,178 @@ def test_without_frames_a_skip_across_groups_reads_as_the_deadlock_the_calls_sho
     assert diag.kind == "cycle", diag.line
     assert "a deadlock across group 1 and group default" in diag.line
     assert "at ?" in diag.line
+
+
+def _plain_dumps(folder: Path, form: str, change) -> Path:
+    """Two ranks' dumps of plain data (no function named: the unpickler admits them), as torch
+    writes them in ``form``; ``change(record)`` edits rank 1's. Returns rank 1's path."""
+    for rank in (0, 1):
+        write(folder, rank, steps(2), job=None)
+    path = folder / "fr_rank1"
+    rec = pickle.loads(path.read_bytes())
+    change(rec)
+    if form == "json":
+        path.write_text(json.dumps(rec))
+    else:
+        path.write_bytes(pickle.dumps(rec))
+    return path
+
+
+def _one_line_exit_2(folder: Path, capsys) -> list[str]:
+    """``--torch`` on ``folder``, in this process: exit 2, nothing on stdout; stderr's lines."""
+    with pytest.raises(SystemExit) as e:
+        main([str(folder), "--torch"])
+    out = capsys.readouterr()
+    assert e.value.code == 2
+    assert out.out == ""
+    return out.err.splitlines()
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("form", ["json", "pickle"])
+@pytest.mark.parametrize("quoted", [True, False], ids=["quoted", "bare"])
+def test_a_group_whose_ranks_are_code_is_refused_and_runs_nothing(tmp_path, capsys, form, quoted):
+    """torch's analyser evaluates a group's ``ranks`` that it cannot read as a literal list (a
+    quoted expression reads as a string, which it then runs): the loader refuses any ``ranks``
+    that is not a list of integers, before torch's analyser sees it."""
+    marker = tmp_path / "ran"
+    code = f"__import__('pathlib').Path({str(marker)!r}).touch()"
+    ranks = repr(code) if quoted else code
+
+    def change(rec):
+        rec["pg_config"]["0"]["ranks"] = ranks
+
+    path = _plain_dumps(tmp_path / "dumps", form, change)
+    lines = _one_line_exit_2(tmp_path / "dumps", capsys)
+    assert not marker.exists()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"error: {path}: refused: pg_config group '0': ranks is ")
+    assert lines[0].endswith(", not a list of integers (torch's analyser would run it as code)"), (
+        lines[0]
+    )
+    with pytest.raises(DumpError, match="refused: pg_config group '0': ranks"):
+        load(tmp_path / "dumps")
+    assert not marker.exists()
+
+
+def _set_group(**fields):
+    return lambda rec: rec["pg_config"]["0"].update(fields)
+
+
+def _set_entry(**fields):
+    return lambda rec: rec["entries"][0].update(fields)
+
+
+def _set_record(**fields):
+    return lambda rec: rec.update(fields)
+
+
+BAD_FIELDS = {
+    "ranks_of_strings": (
+        _set_group(ranks=["0", "1"]),
+        "not a flight-recorder dump (pg_config group '0': ranks is not a list of integers)",
+    ),
+    "ranks_a_number": (
+        _set_group(ranks=2),
+        "not a flight-recorder dump (pg_config group '0': ranks is not a list of integers)",
+    ),
+    "ranks_text_of_strings": (
+        _set_group(ranks="['0', '1']"),
+        "not a flight-recorder dump (pg_config group '0': ranks is not a list of integers)",
+    ),
+    "ranks_text_of_code": (
+        _set_group(ranks="[0, 1] + __import__('os').getpid()"),
+        "refused: pg_config group '0': ranks is \"[0, 1] + __import__('os').getpid()\", not a "
+        "list of integers (torch's analyser would run it as code)",
+    ),
+    "ranks_text_long": (
+        _set_group(ranks="'" + "x" * 100 + "'"),
+        # the value shown in 48 characters at most: one short line
+        "refused: pg_config group '0': ranks is \"'" + "x" * 43 + "..., not a list of integers "
+        "(torch's analyser would run it as code)",
+    ),
+    "desc": (
+        _set_group(desc=["default_pg"]),
+        "not a flight-recorder dump (pg_config group '0': desc is no string)",
+    ),
+    "group_no_table": (
+        lambda rec: rec["pg_config"].update({"0": "[0, 1]"}),
+        "not a flight-recorder dump (pg_config group '0' is no table)",
+    ),
+    "group_name": (
+        lambda rec: rec.update(pg_config={0: rec["pg_config"]["0"]}),
+        "not a flight-recorder dump (pg_config group 0: its name is no string)",
+    ),
+    "version": (
+        _set_record(version=2.1),
+        "not a flight-recorder dump (version is not a string)",
+    ),
+    "sizes": (
+        _set_entry(input_sizes="[[1000]]"),
+        "entry 0 is not a flight-recorder entry (input_sizes is not a list of shapes (lists "
+        "of integers))",
+    ),
+    "dtypes": (
+        _set_entry(output_dtypes=[7]),
+        "entry 0 is not a flight-recorder entry (output_dtypes is not a list of strings)",
+    ),
+    "profiling_name": (
+        _set_entry(profiling_name=["gloo:all_reduce"]),
+        "entry 0 is not a flight-recorder entry (profiling_name is not a string)",
+    ),
+    "state": (
+        _set_entry(state=None),
+        "entry 0 is not a flight-recorder entry (state is not a string)",
+    ),
+    "seq": (
+        _set_entry(collective_seq_id="1"),
+        "entry 0 is not a flight-recorder entry (collective_seq_id is not an integer)",
+    ),
+    "record_id": (
+        _set_entry(record_id=1.5),
+        "entry 0 is not a flight-recorder entry (record_id is not an integer)",
+    ),
+    "is_p2p": (
+        _set_entry(is_p2p="no"),
+        "entry 0 is not a flight-recorder entry (is_p2p is not true or false)",
+    ),
+    "group_of_entry": (
+        _set_entry(process_group=[0, "default_pg"]),
+        "entry 0 is not a flight-recorder entry (process_group is not a (name, description) "
+        "pair of strings)",
+    ),
+    "frames": (
+        _set_entry(frames=[{"name": "step", "filename": "/job/train.py", "line": "10"}]),
+        "entry 0 is not a flight-recorder entry (frames is not a list of frames (name, "
+        "filename: strings; line: an integer))",
+    ),
+}
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("case", sorted(BAD_FIELDS))
+def test_a_field_torchs_analyser_reads_must_be_its_type(tmp_path, capsys, case):
+    """Every field handed to torch's analyser is checked by the loader to be the data it must
+    be: anything else is one line naming the file and the field, exit 2, torch never asked."""
+    change, said = BAD_FIELDS[case]
+    form = "pickle" if case == "group_name" else "json"  # JSON names its keys by strings
+    path = _plain_dumps(tmp_path, form, change)
+    assert _one_line_exit_2(tmp_path, capsys) == [f"error: {path}: {said}"]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("ranks", [[0, 1], (0, 1), "[0,1]", "(0, 1)"], ids=repr)
+def test_ranks_as_a_list_or_its_literal_text_are_read_and_handed_to_torch_as_text(tmp_path, ranks):
+    """A group's ranks may be a list of integers or its plain literal text: torch's analyser is
+    handed the text its own dumps hold (``"[0, 1]"``), which it reads as a literal."""
+    for rank, last in ((0, call(3, line=42)), (1, call(3, shape=(999,), line=42))):
+        write(tmp_path, rank, [*steps(2), last], job=None)
+        path = tmp_path / f"fr_rank{rank}"
+        rec = pickle.loads(path.read_bytes())
+        rec["pg_config"]["0"]["ranks"] = ranks
+        path.write_bytes(pickle.dumps(rec))
+    d = load(tmp_path)
+    assert d.world == [0, 1]
+    assert all(r.record["pg_config"]["0"]["ranks"] == [0, 1] for r in d.ranks.values())
+    found = first_problem(d)
+    assert (found.group, found.seq, found.name) == ("0", 3, "all_reduce")

@@ -9,7 +9,10 @@ member ranks), ``pg_status`` and ``entries`` (the collectives, oldest first);
 dumps name none (dicts, lists, tuples, strings, numbers; at most the list builders of its
 TorchScript pickler, read here as lists), so one that names anything else is refused unread: a
 crafted dump runs nothing here (``--torch`` hands torch's analyser the records read here, not
-the files).
+the files). Plain data can still carry code: torch's analyser evaluates a group's ``ranks`` text
+that is no literal (``eval``), so every field it or this package reads is checked here to be
+the data it must be (a group's ranks a list of integers, names strings, sizes lists of
+integers...) and a dump with any other is refused, naming the file and the field.
 """
 
 from __future__ import annotations
@@ -101,6 +104,9 @@ def _read(path: Path) -> dict:
             raise DumpError(f"{path}: entry {i} is not a flight-recorder entry ({problem})")
     if not isinstance(rec.get("pg_config") or {}, dict):
         raise DumpError(f"{path}: not a flight-recorder dump (pg_config is no table)")
+    if "version" in rec and not isinstance(rec["version"], str):
+        raise DumpError(f"{path}: not a flight-recorder dump (version is not a string)")
+    _check_groups(path, rec.get("pg_config") or {})
     return rec
 
 
@@ -110,6 +116,67 @@ def seq_id(entry: dict):
     return entry.get("collective_seq_id", entry.get("seq_id"))
 
 
+def _int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _int_or_none(v) -> bool:
+    return v is None or _int(v)
+
+
+def _str(v) -> bool:
+    return isinstance(v, str)
+
+
+def _bool(v) -> bool:
+    return isinstance(v, bool)
+
+
+def _ints(v) -> bool:
+    return isinstance(v, list | tuple) and all(map(_int, v))
+
+
+def _strs(v) -> bool:
+    return isinstance(v, list | tuple) and all(map(_str, v))
+
+
+def _shapes(v) -> bool:
+    return isinstance(v, list | tuple) and all(map(_ints, v))
+
+
+def _frames(v) -> bool:
+    """Frames as torch records them (``name``, ``filename``, ``line``; the suite's stacks say
+    ``file``)."""
+    return isinstance(v, list | tuple) and all(
+        isinstance(f, dict)
+        and all(_str(f[k]) for k in ("name", "filename", "file") if k in f)
+        and _int(f.get("line", 0))
+        for f in v
+    )
+
+
+# The fields of an entry that torch's analyser or this package reads, and what each must be
+# where the entry has it (older formats lack some): data of these types only, so that nothing
+# downstream meets a value it would parse, evaluate or choke on.
+_ENTRY_FIELDS = {
+    **dict.fromkeys(
+        ("record_id", "pg_id", "collective_seq_id", "p2p_seq_id", "seq_id", "op_id", "stack_id"),
+        (_int, "an integer"),
+    ),
+    **dict.fromkeys(
+        ("time_created_ns", "time_discovered_started_ns", "time_discovered_completed_ns"),
+        (_int_or_none, "an integer or null"),
+    ),
+    **dict.fromkeys(("profiling_name", "state"), (_str, "a string")),
+    **dict.fromkeys(("is_p2p", "retired"), (_bool, "true or false")),
+    **dict.fromkeys(
+        ("input_sizes", "output_sizes"), (_shapes, "a list of shapes (lists of integers)")
+    ),
+    **dict.fromkeys(("input_dtypes", "output_dtypes"), (_strs, "a list of strings")),
+    "frames": (_frames, "a list of frames (name, filename: strings; line: an integer)"),
+}
+
+
 def _bad_entry(e) -> str | None:
     """What keeps an entry from being read, or None."""
     if not isinstance(e, dict):
@@ -117,19 +184,81 @@ def _bad_entry(e) -> str | None:
     pg = e.get("process_group")
     if not isinstance(pg, list | tuple) or len(pg) != 2:
         return "no process_group (name, description)"
-    try:
-        int(seq_id(e))
-    except (TypeError, ValueError):
+    if not _strs(pg):
+        return "process_group is not a (name, description) pair of strings"
+    if seq_id(e) is None:
         return "no sequence number: neither collective_seq_id nor seq_id"
+    for key, (ok, what) in _ENTRY_FIELDS.items():
+        if key in e and not ok(e[key]):
+            return f"{key} is not {what}"
     return None
 
 
-def _members(text) -> list[int]:
+_NO_LITERAL = object()
+
+
+def _literal(text: str):
+    """The value ``text`` spells as JSON or as a Python literal (read, never evaluated), or
+    ``_NO_LITERAL``."""
     try:
-        ranks = ast.literal_eval(text) if isinstance(text, str) else list(text)
-        return [int(r) for r in ranks]
-    except (ValueError, SyntaxError, TypeError):
-        return []
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        pass
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return _NO_LITERAL
+
+
+def ranks_of(value) -> list[int] | None:
+    """A group's member ranks, from a list of integers or from its text as torch's dumps write it
+    (``"[0, 1]"``, a literal); None for anything else."""
+    if isinstance(value, str):
+        value = _literal(value)
+    return [int(r) for r in value] if _ints(value) else None
+
+
+def _runs_in_torch(value) -> bool:
+    """Whether torch's analyser would evaluate ``ranks`` as code: text that is no literal
+    (``eval`` where it transforms groups) or a literal string (``eval`` of what
+    ``ast.literal_eval`` gave, where it builds groups)."""
+    if not isinstance(value, str):
+        return False
+    parsed = _literal(value)
+    return parsed is _NO_LITERAL or isinstance(parsed, str)
+
+
+def _shown(value, width: int = 48) -> str:
+    text = repr(value)
+    return text if len(text) <= width else f"{text[: width - 3]}..."
+
+
+def _check_groups(path: Path, pg_config: dict) -> None:
+    """Each group of ``pg_config`` a table whose name and description are strings and whose
+    ``ranks`` are a list of integers or its literal text, rewritten as that list; any other is
+    refused here, before anything reads it (torch's analyser evaluates some as code)."""
+    for name, cfg in pg_config.items():
+        where = f"pg_config group {_shown(name)}"
+        if not isinstance(name, str):
+            raise DumpError(f"{path}: not a flight-recorder dump ({where}: its name is no string)")
+        if not isinstance(cfg, dict):
+            raise DumpError(f"{path}: not a flight-recorder dump ({where} is no table)")
+        for key in ("name", "desc"):
+            if key in cfg and not isinstance(cfg[key], str):
+                raise DumpError(f"{path}: not a flight-recorder dump ({where}: {key} is no string)")
+        if "ranks" not in cfg:
+            continue
+        ranks = ranks_of(cfg["ranks"])
+        if ranks is None and _runs_in_torch(cfg["ranks"]):
+            raise DumpError(
+                f"{path}: refused: {where}: ranks is {_shown(cfg['ranks'])}, not a list of "
+                "integers (torch's analyser would run it as code)"
+            )
+        if ranks is None:
+            raise DumpError(
+                f"{path}: not a flight-recorder dump ({where}: ranks is not a list of integers)"
+            )
+        cfg["ranks"] = ranks
 
 
 def load(folder: Path) -> Dumps:
@@ -175,7 +304,7 @@ def load(folder: Path) -> Dumps:
             r
             for d in ranks.values()
             for cfg in _pg_config(d).values()
-            for r in _members(cfg.get("ranks"))
+            for r in cfg.get("ranks", [])
         }
     )
     groups = _groups(ranks, world)
@@ -183,8 +312,9 @@ def load(folder: Path) -> Dumps:
 
 
 def _pg_config(d: RankDump) -> dict[str, dict]:
-    """The dump's groups: name -> name, description, ranks (the entries that are tables)."""
-    return {str(k): v for k, v in (d.record.get("pg_config") or {}).items() if isinstance(v, dict)}
+    """The dump's groups, as ``_read`` checked them: name -> name, description, ranks (a list of
+    integers)."""
+    return d.record.get("pg_config") or {}
 
 
 def _check_one_job(folder: Path, ranks: dict[int, RankDump]) -> None:
@@ -210,8 +340,8 @@ def _check_one_job(folder: Path, ranks: dict[int, RankDump]) -> None:
     defaults = {}
     for d in ranks.values():
         for cfg in _pg_config(d).values():
-            if cfg.get("desc") == "default_pg" and _members(cfg.get("ranks")):
-                defaults.setdefault(tuple(_members(cfg["ranks"])), d.path.name)
+            if cfg.get("desc") == "default_pg" and cfg.get("ranks"):
+                defaults.setdefault(tuple(cfg["ranks"]), d.path.name)
     if len(defaults) > 1:
         (a, fa), (b, fb) = list(defaults.items())[:2]
         raise DumpError(
@@ -228,7 +358,7 @@ def _groups(ranks: dict[int, RankDump], world: list[int]) -> dict[str, tuple[str
     out: dict[str, tuple[str, list[int]]] = {}
     for d in ranks.values():
         for name, cfg in _pg_config(d).items():
-            members = _members(cfg.get("ranks", "[]"))
+            members = cfg.get("ranks", [])
             if members and name not in out:
                 out[name] = (str(cfg.get("desc", "undefined")), members)
     seen: dict[str, set[int]] = {}

@@ -2,7 +2,9 @@
 the same dumps: its first collective that fails its checks. ``bench.hang`` shows it next to its
 own line (``--torch``) and the tests check that the two name the same call. Dumps it cannot
 read (gloo's own, whose ``pg_config`` lists no group its entries name; point-to-point calls it
-cannot pair) make it raise: that is one line, ``summary``'s."""
+cannot pair) make it raise: that is one line, ``summary``'s. It is handed the records the loader
+checked (``bench.hang.dumps``), never the files, and each group's ranks as text made here from
+their list of integers: torch's analyser evaluates that text."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import io
 import logging
 from dataclasses import dataclass
 
-from bench.hang.dumps import Dumps
+from bench.hang.dumps import DumpError, Dumps, ranks_of
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,23 @@ class TorchFinding:
         return f"{self.name} #{self.seq} of group {self.group} fails its checks{kind}{missing}"
 
 
+def _groups_for_torch(name: str, pg_config: dict) -> dict[str, dict]:
+    """The dump's groups as torch's analyser reads them: name, description, and ranks as the text
+    torch's own dumps hold (``"[0, 1]"``), written here from the list of integers the loader
+    checked, so that what torch evaluates is that list and nothing else."""
+    out = {}
+    for group, cfg in pg_config.items():
+        out[group] = {k: cfg[k] for k in ("name", "desc") if k in cfg}
+        if "ranks" in cfg:
+            ranks = ranks_of(cfg["ranks"])
+            if ranks is None:  # a Dumps the loader did not make
+                raise DumpError(
+                    f"{name}: pg_config group {group!r}: ranks is not a list of integers"
+                )
+            out[group]["ranks"] = str(ranks)
+    return out
+
+
 def first_problem(d: Dumps) -> TorchFinding | None:
     """torch's first collective with ``pass_check`` false, or None (all matched)."""
     details = {
@@ -38,7 +57,7 @@ def first_problem(d: Dumps) -> TorchFinding | None:
             "rank": rank,
             "entries": copy.deepcopy(dump.record["entries"]),
             "version": dump.record.get("version", "2.0"),
-            "pg_config": dump.record.get("pg_config", {}),
+            "pg_config": _groups_for_torch(dump.path.name, dump.record.get("pg_config") or {}),
         }
         for rank, dump in d.ranks.items()
     }
