@@ -2,6 +2,7 @@
 what they say, ties and differences are declared as they are."""
 
 import math
+import tracemalloc
 
 import numpy as np
 import pandas as pd
@@ -11,7 +12,7 @@ from bench.analysis.confidence import noise_floor_pct, rounds_disagree, verdicts
 from bench.stats import distributions
 from bench.stats.estimates import Estimate, estimates, paired_cycles_ratio, paired_ratio, ratio
 from bench.stats.intervals import half_width_pct, median_interval
-from bench.stats.signed_rank import EXACT_N, hodges_lehmann, signed_rank_p
+from bench.stats.signed_rank import EXACT_N, _lower_index, hodges_lehmann, signed_rank_p
 from bench.stats.ties import adjusted, versus_best
 
 
@@ -131,6 +132,87 @@ def test_the_hodges_lehmann_interval_is_the_signed_rank_test_inverted():
             assert p(low - 1e-6) < alpha and p(high + 1e-6) < alpha
             i, j = np.triu_indices(n)
             assert centre == pytest.approx(float(np.median((d[i] + d[j]) / 2)))
+
+
+def quadratic_hodges_lehmann(d, confidence: float) -> tuple[float, float, float]:
+    """``hodges_lehmann`` the quadratic way: every Walsh average formed and sorted."""
+    d = np.asarray(d, dtype=float)
+    d = d[np.isfinite(d)]
+    n = len(d)
+    if n == 0:
+        return math.nan, math.nan, math.nan
+    i, j = np.triu_indices(n)
+    walsh = np.sort((d[i] + d[j]) / 2)
+    m = len(walsh)
+    k = _lower_index(n, 1 - confidence)
+    centre = float((walsh[(m - 1) // 2] + walsh[m // 2]) / 2)
+    if k < 1:
+        return centre, math.nan, math.nan
+    return centre, float(walsh[k - 1]), float(walsh[m - k])
+
+
+def walsh_cases(rng: np.random.Generator, n: int) -> list[np.ndarray]:
+    """Differences of n: continuous, rounded (ties, and sums that round), few repeated values,
+    all equal, heavy-tailed at scales near overflow and underflow, and with non-finite ones."""
+    big, tiny = np.finfo(float).max, np.finfo(float).smallest_subnormal
+    with_gaps = rng.standard_normal(n)
+    gaps = rng.random(n) < 0.1
+    with_gaps[gaps] = rng.choice([np.nan, np.inf, -np.inf], gaps.sum())
+    return [
+        rng.standard_normal(n) * 0.05 - 0.01,
+        np.round(rng.standard_normal(n), 1),
+        rng.integers(-3, 4, n).astype(float),
+        np.full(n, -0.3),
+        rng.standard_t(2, n) * 10.0 ** rng.choice([-300, 300]),
+        rng.choice([big, -big, big / 3, tiny, -2 * tiny, 0.0, -2.5], n),
+        with_gaps,
+    ]
+
+
+@pytest.mark.unit
+def test_hodges_lehmann_selects_the_same_walsh_averages_as_forming_them_all():
+    """The selection in linear memory returns the very order statistics that forming and
+    sorting all n(n+1)/2 Walsh averages gives, bit for bit (overflowing sums included), for
+    exact and normal-approximated sizes and every usual confidence."""
+    rng = np.random.default_rng(9)
+    sizes = (*range(30), 50, 101, 199, EXACT_N, EXACT_N + 1, 257, 300)
+    with np.errstate(over="ignore", invalid="ignore"):  # the near-overflow cases
+        for n in sizes:
+            for d in walsh_cases(rng, n):
+                for confidence in (0.9, 0.95, 0.99):
+                    expected = quadratic_hodges_lehmann(d, confidence)
+                    np.testing.assert_array_equal(
+                        hodges_lehmann(d, confidence), expected, err_msg=f"n={n} {d[:6]}"
+                    )
+
+
+def traced_peak(f) -> int:
+    """The most bytes ``f()`` held at once, as tracemalloc sees them (numpy reports its
+    arrays to it)."""
+    tracing = tracemalloc.is_tracing()
+    if not tracing:
+        tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        f()
+        return tracemalloc.get_traced_memory()[1] - before
+    finally:
+        if not tracing:
+            tracemalloc.stop()
+
+
+@pytest.mark.unit
+def test_hodges_lehmann_of_a_long_run_takes_memory_linear_in_its_length():
+    """40,000 steps a point would be 800 million Walsh averages, GiBs to form. The bound, 50
+    floats a difference, is checked at 1,000 first, where forming them all takes ~45 MiB: a
+    quadratic implementation fails there, before it could ask for the GiBs."""
+    assert traced_peak(lambda: np.ones(10**6)) >= 8 * 10**6  # numpy's arrays are seen
+    rng = np.random.default_rng(10)
+    for n in (1_000, 40_000):
+        d = rng.standard_t(4, n) * 0.05 + 0.01
+        peak = traced_peak(lambda d=d: hodges_lehmann(d, 0.95))
+        assert peak < 50 * n * 8, f"{n} differences: a peak of {peak / 2**20:.1f} MiB"
 
 
 @pytest.mark.unit
