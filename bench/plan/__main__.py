@@ -25,7 +25,7 @@ import bench.plan.one_thread  # noqa: F401 - first: one thread before torch load
 from bench.plan import inputs, table
 from bench.plan.page import write_page
 from bench.plan.planner import plan_rows
-from bench.plan.space import enumerate_space
+from bench.plan.space import enumerate_space, names_checkpoint_units
 from parallel_kernels.strategies import STRATEGIES
 
 
@@ -118,7 +118,10 @@ def _measured(args, target, configs: list, out: Path):
     fsdp = tuple(
         dict.fromkeys(c.impl for c in configs if STRATEGIES[c.strategy].schedule == "fsdp")
     )
-    ckpt = any(c.knobs["activation_checkpointing"] == "on" for c in configs)
+    # a model without checkpoint units has no checkpointed row to time: its point would fail
+    ckpt = names_checkpoint_units(args.model) and any(
+        c.knobs["activation_checkpointing"] == "on" for c in configs
+    )
     tp = tuple(dict.fromkeys(c.impl for c in configs if STRATEGIES[c.strategy].schedule == "tp"))
     target = replace(target, rates=inputs.rates(args, target, precisions, out, fsdp, ckpt, tp))
     return replace(target, topology=inputs.collectives_here(args, target, out))

@@ -292,7 +292,20 @@ def _track(
     # phase may run where that one fails: FSDP1's NO_SHARD in bf16 fails accumulating ("a
     # gradient with dtype BFloat16 to a tensor with grad_dtype Float", as its run does), not in
     # one micro-batch with checkpointing, which followed it on the build: the rest on a new one.
-    return out + (_track(rest, gpus_per_node, blocks, gpu) if rest else [])
+    return out + (_rebuilt(rest, gpus_per_node, blocks, gpu) if rest else [])
+
+
+def _rebuilt(
+    points: list[PointRecord], gpus_per_node: int, blocks: int | None, gpu: bool
+) -> list[Tracked]:
+    """``_track`` of the phases after a failed one, on a build of their own: where that build
+    fails too (its first phase's knobs cannot be built), the failure is theirs, not the
+    tracked phases' before them (a checkpointed phase of a model without blocks, first on a
+    new build, had failed every phase of its layout)."""
+    try:
+        return _track(points, gpus_per_node, blocks, gpu)
+    except Exception as e:  # noqa: BLE001 - these phases' rows
+        return [_failure(e)] * len(points)
 
 
 def _checkpointed(point: PointRecord) -> bool:

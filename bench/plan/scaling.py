@@ -30,7 +30,8 @@ where the memory cannot differ, and the rest is derived from the fewest tracking
 - The trackings of one layout at one world, whatever their micro-batch, accumulation and
   checkpointing (``PHASE_KNOBS``), share one build (``builds``): ``memory.track_phases``
   steps each in turn on it. An accumulating configuration of an implementation that cannot
-  skip gradient synchronisation is its error row, unbuilt.
+  skip gradient synchronisation is its error row, unbuilt, and so is a checkpointed one of a
+  model that names no checkpoint units (``space.names_checkpoint_units``).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from bench.plan.memory import track_phases
-from bench.plan.space import Config
+from bench.plan.space import NO_CHECKPOINT_UNITS, Config, names_checkpoint_units
 from bench.plan.tracked import Tracked, failed
 from parallel_kernels.fsdp_layout import shard_group_size
 from parallel_kernels.strategies import STRATEGIES
@@ -61,6 +62,10 @@ PROXY_MIN = 16  # the smaller proxy world's floor (shards of real models split e
 
 def _accumulates(c: Config) -> bool:
     return int(c.knobs.get("grad_accum", 1)) > 1
+
+
+def _checkpointed(c: Config) -> bool:
+    return c.knobs.get("activation_checkpointing") == "on"
 
 
 def memory_key(c: Config) -> tuple:
@@ -159,6 +164,9 @@ def run_build(jobs: tuple[Job, ...], gpus_per_node: int, gpu: bool = False) -> l
             point = job.config.point(world_size=job.world)
         except ValueError as e:
             got.append(failed(f"{e}"))
+            continue
+        if _checkpointed(job.config) and not names_checkpoint_units(point.model):
+            got.append(failed(NO_CHECKPOINT_UNITS))  # as its build would raise, unbuilt
             continue
         if _accumulates(job.config) and point.impl_facts["skip_sync"] is None:
             got.append(failed(CANNOT_ACCUMULATE))  # as the harness refuses it, before a build

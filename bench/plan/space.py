@@ -29,6 +29,20 @@ OPTIONS = {  # what --option narrows, and each one's values
 }
 # The sweep whose values set each strategy's layout knob (what a row's command runs).
 LAYOUT_SWEEP = {"ddp": "bucket_cap_mb", "fsdp": "sharding_strategy", "tp": "tp_degree"}
+# A checkpointed row of a model whose workload names no blocks to recompute: its build raises
+# (``parallel_kernels.checkpointing``), as ``bench/run.py``'s point of it fails (an error row).
+NO_CHECKPOINT_UNITS = (
+    "the model names no checkpoint units (nor FSDP units, their default): activation "
+    "checkpointing recomputes per block, and the row's run fails saying so"
+)
+
+
+def names_checkpoint_units(model: str) -> bool:
+    """Whether ``model``'s workload names the blocks activation checkpointing recomputes (its
+    ``checkpoint_units``, by default its ``fsdp_units``). Without them only the checkpointed
+    rows cannot be planned: DDP needs no units, and FSDP wraps each linear layer and the root
+    (``parallel_kernels.fsdp_layout.fsdp_units``), which the planner tracks as it is built."""
+    return bool(workload(model).block_types)
 
 
 def _text(value: Any) -> str:
