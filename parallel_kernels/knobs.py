@@ -23,12 +23,28 @@ MIXED_PRECISIONS = ("none", "bf16", "fp16")
 PRECISIONS = ("fp32", "bf16", "fp16")
 
 
+# The bounds of the numeric knobs, each checked by its row's parser before any rank starts, so
+# that a value no implementation takes is one line at the command line, not an error deep in
+# torch on every rank.
+# A DDP bucket of at most 1 TiB: above every model's gradients, so every larger cap runs as this
+# one (one bucket). torch's DDP turns the cap into bytes in an int64 (``int(mb * 2**20)``, its
+# C++ Reducer's ``bucket_bytes_cap``), which fails past 2**43 MB.
+MAX_BUCKET_MB = 2**20
+# Micro-batches per optimiser step: a step loads all of them on the device before its first
+# forward.
+MAX_GRAD_ACCUM = 2**16
+# Ranks in a parallel dimension (TP degree, FSDP shard group): more than any job launches.
+MAX_RANKS = 2**20
+
+
 def positive_float(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
         raise ValueError(f"{text!r} is not a number") from None
-    if not math.isfinite(value) or value <= 0:
+    if not math.isfinite(value):
+        raise ValueError(f"{text!r} is not a finite number")
+    if value <= 0:
         raise ValueError(f"{text!r} must be a positive number")
     return value
 
@@ -41,6 +57,19 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise ValueError(f"{text!r} must be a positive integer")
     return value
+
+
+def at_most(parse: Callable[[str], Any], bound: int, unit: str) -> Callable[[str], Any]:
+    """``parse``, refusing a value above ``bound`` (in ``unit``, which the message names with
+    why the bound is there); None (a knob's "unset") passes."""
+
+    def bounded(text: str) -> Any:
+        value = parse(text)
+        if value is not None and value > bound:
+            raise ValueError(f"{text!r} is more than {bound} {unit}")
+        return value
+
+    return bounded
 
 
 def boolean(text: str) -> bool:
@@ -99,7 +128,7 @@ KNOBS: dict[str, Knob] = {
         Knob(
             name="bucket_cap_mb",
             description="DDP gradient bucket size, MB (2**20 bytes)",
-            parse=positive_float,
+            parse=at_most(positive_float, MAX_BUCKET_MB, "MB (a 1 TiB bucket, one for any model)"),
             default=25.0,
             strategies=("ddp",),
         ),
@@ -120,7 +149,7 @@ KNOBS: dict[str, Knob] = {
         Knob(
             name="shard_size",
             description="HYBRID_SHARD: ranks per shard group (default n/2)",
-            parse=optional_positive_int,
+            parse=at_most(optional_positive_int, MAX_RANKS, "ranks"),
             default=None,
             strategies=("fsdp",),
         ),
@@ -158,7 +187,7 @@ KNOBS: dict[str, Knob] = {
         Knob(
             name="tp_degree",
             description="tensor-parallel degree (the rest of the ranks data parallel)",
-            parse=positive_int,
+            parse=at_most(positive_int, MAX_RANKS, "ranks"),
             default=1,
             strategies=("tp",),
         ),
@@ -179,7 +208,9 @@ KNOBS: dict[str, Knob] = {
         Knob(
             name="grad_accum",
             description="micro-batches per optimiser step (gradients synchronised on the last)",
-            parse=positive_int,
+            parse=at_most(
+                positive_int, MAX_GRAD_ACCUM, "micro-batches (a step loads them all at once)"
+            ),
             default=1,
         ),
         Knob(

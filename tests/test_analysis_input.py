@@ -111,3 +111,51 @@ def test_memory_does_not_grow_with_the_file(tmp_path):
     # typed columns: under 150 bytes an event, plus one read chunk and its decoded batch
     limit = 150 * n_events + 16e6
     assert 0 < grown < limit, f"peak memory grew by {grown / 1e6:.0f} MB (limit {limit / 1e6:.0f})"
+
+
+def profiler_trace(path: Path, name: str) -> Path:
+    """A real trace: torch's profiler on the CPU, one ``record_function`` named ``name``."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof, record_function(name):
+        torch.ones(4).add_(1)
+    prof.export_chrome_trace(str(path))
+    return path
+
+
+@pytest.mark.unit
+def test_a_quote_in_a_record_function_name_is_named_not_called_truncation(tmp_path):
+    """torch's profiler writes a name as given, so a ``"`` in it breaks the JSON mid-file: the
+    reader says what is wrong and where, not that the file ended early."""
+    from bench.analysis.reader import TraceError, read_trace
+
+    path = profiler_trace(tmp_path / "quote.pt.trace.json", 'a"b')
+    text = path.read_text()
+    assert '"name": "a"b"' in text  # torch's own output: the quote is not escaped
+    with pytest.raises(TraceError) as e:
+        read_trace(path)
+    message = str(e.value)
+    assert "truncated" not in message, message
+    at = text.index('"a"b"')
+    assert f"{path}: invalid JSON at byte " in message
+    byte = int(message.split("at byte ")[1].split()[0])
+    assert at < byte < at + 8  # where it breaks: just past the name's second quote
+    assert f"line {text[:at].count(chr(10)) + 1}" in message
+    assert "unescaped quote" in message and 'a"b' in message  # what, and an excerpt
+    assert len(message.splitlines()) == 1
+
+
+@pytest.mark.unit
+def test_a_trace_cut_anywhere_in_its_events_says_truncated(tmp_path):
+    """A real trace cut at any character of its events is truncated, never 'invalid'."""
+    from bench.analysis.reader import TraceError, read_trace
+
+    text = profiler_trace(tmp_path / "whole.pt.trace.json", "step").read_text()
+    cut = tmp_path / "cut.pt.trace.json"
+    start = text.index('"traceEvents"')
+    for end in range(start + 20, len(text.rstrip()) - 1, 3):
+        cut.write_text(text[:end])
+        with pytest.raises(TraceError) as e:
+            read_trace(cut)
+        assert f"{cut}: truncated" in str(e.value), (end, text[end - 20 : end], str(e.value))

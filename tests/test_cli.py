@@ -29,7 +29,7 @@ def run_main(args, capsys) -> tuple[int, str]:
         (["--sweep", "bucket_cap_mb", "--values", "-1"], "must be a positive number"),
         (["--sweep", "bucket_cap_mb", "--values", "0"], "must be a positive number"),
         (["--sweep", "bucket_cap_mb", "--values", "1,abc"], "'abc' is not a number"),
-        (["--sweep", "bucket_cap_mb", "--values", "nan"], "must be a positive number"),
+        (["--sweep", "bucket_cap_mb", "--values", "nan"], "'nan' is not a finite number"),
         (["--sweep", "bucket_cap_mb", "--values", ","], "empty value list"),
         (["--sweep", "bucket_cap_mb", "--model", "resnet"], "unknown model 'resnet'"),
         (["--sweep", "bucket_cap_mb", "--impl", "native,fast"], "unknown implementation fast"),
@@ -260,3 +260,126 @@ def test_every_command_prints_its_help(module, capsys):
     with pytest.raises(SystemExit) as e:
         importlib.import_module(module).main(["--help"])
     assert e.value.code == 0 and "usage:" in capsys.readouterr().out
+
+
+@pytest.fixture
+def no_launch(monkeypatch):
+    """Bad input is refused before any rank starts: a launch fails the test at once."""
+    from bench.runner import cli
+
+    def launch(*_a, **_k):
+        raise AssertionError("ranks were started")
+
+    monkeypatch.setattr(cli, "self_launch", launch)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--sweep", "bucket_cap_mb", "--values", "1,1"], "--values: 1 is given twice"),
+        (
+            ["--sweep", "bucket_cap_mb", "--values", "25,5,25.0"],
+            "--values: 25.0 is given twice (25 and 25.0 are one value)",
+        ),
+        (
+            ["--sweep", "sharding_strategy", "--values", "FULL_SHARD,full_shard"],
+            "--values: full_shard is given twice",
+        ),
+        (
+            ["--sweep", "bucket_cap_mb,precision", "--values2", "bf16,fp32,bf16"],
+            "--values2: bf16 is given twice",
+        ),
+        (
+            ["--sweep", "mesh", "--values", "fsdp_tp,fsdp_tp2", "--nproc-per-node", "4"],
+            "--values: fsdp_tp and fsdp_tp2 set the same knobs (tp_degree=2, dp_shard=True)",
+        ),
+        (
+            ["--sweep", "world_size", "--values", "1,2,02", "--nproc-per-node", "2"],
+            "--values: 02 is given twice (2 and 02 are one value)",
+        ),
+        (["--sweep", "bucket_cap_mb", "--model", "mlp,mlp"], "--model: mlp is given twice"),
+        (["--sweep", "bucket_cap_mb", "--impl", "native,native"], "--impl: native is given twice"),
+        (
+            ["--sweep", "world_size", "--scaling", "weak,weak", "--nproc-per-node", "2"],
+            "--scaling: weak is given twice",
+        ),
+        (
+            ["--sweep", "message_size", "--collectives", "all_reduce,all_reduce"],
+            "--collectives: all_reduce is given twice",
+        ),
+    ],
+)
+def test_a_repeated_value_is_refused_before_any_rank_starts(args, message, capsys, no_launch):
+    """Each value of a comma list makes points: one given twice (as text, as the value it parses
+    to, or as the knobs it sets) would run two points under one id, two rows each."""
+    code, err = run_main(args, capsys)
+    assert code == 2
+    assert message in err, err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.unit
+def test_points_of_distinct_values_have_distinct_ids():
+    """Two values that print alike at six digits still make two ids."""
+    from bench.runner.plan.points import build_points
+
+    points = build_points(
+        "bucket_cap_mb", world_size=2, models="mlp", values="0.1234567,0.1234568", impls="native"
+    )
+    assert len({p.id for p in points}) == 2
+    assert points[0].id == "mlp-bucket_cap_mb=0.1234567-native"
+    one = build_points("bucket_cap_mb", world_size=2, models="mlp", values="25", impls="native")
+    assert one[0].id == "mlp-bucket_cap_mb=25-native"  # ids of earlier runs unchanged
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--sweep", "bucket_cap_mb", "--values", "1e30"], "'1e30' is more than 1048576"),
+        (["--sweep", "bucket_cap_mb", "--values", "25,1048577"], "'1048577' is more than 1048576"),
+        (["--sweep", "bucket_cap_mb", "--values", "inf"], "'inf' is not a finite number"),
+        (["--sweep", "bucket_cap_mb", "--values=-inf"], "'-inf' is not a finite number"),
+        (["--sweep", "bucket_cap_mb", "--values", "nan"], "'nan' is not a finite number"),
+        (
+            ["--sweep", "comm_hook", "--option", "bucket_cap_mb=1e30"],
+            "bad --option bucket_cap_mb: '1e30' is more than 1048576",
+        ),
+        (
+            ["--sweep", "bucket_cap_mb,precision", "--values", "1e30"],
+            "'1e30' is more than 1048576",
+        ),
+        (["--sweep", "grad_accum", "--values", "1" + "0" * 30], "is more than 65536"),
+        (["--sweep", "grad_accum", "--values", "inf"], "'inf' is not an integer"),
+    ],
+)
+def test_a_value_no_implementation_can_take_is_refused_in_one_line(
+    args, message, capsys, no_launch
+):
+    """DDP turns bucket_cap_mb into bytes in an int64 (over 2**43 MB: an error deep in torch on
+    every rank); the knob's row bounds it, and refuses inf and nan, before any rank starts."""
+    code, err = run_main(args, capsys)
+    assert code == 2
+    assert message in err, err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.unit
+def test_every_numeric_knob_refuses_inf_nan_and_absurd_magnitudes():
+    """Every row whose parser reads numbers bounds them: no name is special."""
+    from parallel_kernels.knobs import KNOBS
+
+    numeric = []
+    for knob in KNOBS.values():
+        try:
+            knob.parse("2")
+        except ValueError:
+            continue  # a knob of names or booleans
+        if isinstance(knob.parse("2"), bool):
+            continue
+        numeric.append(knob.name)
+        for text in ("inf", "-inf", "nan", "1e30", "9" * 30, "0", "-1"):
+            with pytest.raises(ValueError):
+                knob.parse(text)
+    assert {"bucket_cap_mb", "grad_accum", "tp_degree", "shard_size"} <= set(numeric)

@@ -44,6 +44,9 @@ from bench.analysis.trace_events import (
 CHUNK = 1 << 18  # characters read and decoded at a time (small batches stay in cache)
 WHOLE_LIMIT = 64 << 20  # text not laid out as Kineto's is decoded whole up to this size
 _WS = re.compile(r"[ \t\n\r]*")
+# What may stand between a parse failure and the end of the text when the text only ran out:
+# the start of a token (``tru``, ``1.``, ``\\u12``), then whitespace.
+_TOKEN_START = re.compile(r"[\w.+\-\\]*\s*")
 _DECODER = json.JSONDecoder()
 _EVENT_END = "\n  },"
 
@@ -251,14 +254,26 @@ def _read_whole(data: str, path: Path):
     return (meta, *cols.frames())
 
 
+def _runs_out(text: str, e: json.JSONDecodeError) -> bool:
+    """Whether ``text`` fails to parse only because it ends: more text could complete it (an
+    open string, a token cut short, nothing at all where a value or delimiter is due). Anything
+    else after the failure point is a fault in the text itself."""
+    return e.msg.startswith("Unterminated string") or bool(_TOKEN_START.fullmatch(text, e.pos))
+
+
 class _Stream:
     def __init__(self, f, path: Path) -> None:
         self.f, self.path = f, path
         self.buf, self.pos, self.eof = "", 0, False
+        # bytes (UTF-8) and lines of the text read before ``buf``: where a fault is in the file
+        self.done_bytes, self.done_lines = 0, 0
 
     def fill(self) -> None:
         data = self.f.read(CHUNK)
         self.eof = len(data) < CHUNK  # text reads return less only at the end
+        done = self.buf[: self.pos]
+        self.done_bytes += len(done.encode("utf-8"))
+        self.done_lines += done.count("\n")
         self.buf = self.buf[self.pos :] + data
         self.pos = 0
 
@@ -273,20 +288,29 @@ class _Stream:
 
     def expect(self, ch: str, where: str) -> None:
         got = self.peek()
+        if got == "":
+            raise TraceError(f"{self.path}: truncated (the text ends where {ch!r} is due {where})")
         if got != ch:
-            what = "end of file" if got == "" else repr(got)
-            raise TraceError(f"{self.path}: expected {ch!r} {where}, found {what}")
+            raise TraceError(f"{self.path}: expected {ch!r} {where}, found {got!r}")
         self.pos += 1
 
-    def value(self):
+    def value(self, events: int | None = None):
+        """The next JSON value. Text that fails to parse is read on while it only ran out (the
+        value may end in the next chunk); at the end of the file that is a truncated trace, and
+        anything else is invalid JSON, said with where it is. ``events``: the events of
+        traceEvents read before this one, when it is one."""
         self.peek()  # raw_decode does not skip leading whitespace
         while True:
             try:
                 obj, end = _DECODER.raw_decode(self.buf, self.pos)
             except json.JSONDecodeError as e:
+                if not _runs_out(self.buf, e):
+                    raise TraceError(self.invalid(e, events)) from None
                 if self.eof:
+                    inside = "a value" if events is None else f"event {events + 1}"
+                    after = "" if events is None else f" after {events} events"
                     raise TraceError(
-                        f"{self.path}: invalid JSON ({e.msg} at char {e.pos})"
+                        f"{self.path}: truncated{after} (the text ends inside {inside})"
                     ) from None
                 self.fill()
                 continue
@@ -295,6 +319,31 @@ class _Stream:
                 continue
             self.pos = end
             return obj
+
+    def invalid(self, e: json.JSONDecodeError, events: int | None) -> str:
+        """What is wrong at ``e.pos`` and where: the byte and line in the file (of its text,
+        for a gzip file), the event, the parser's complaint, and the line it is on. A string
+        followed on its line by what cannot follow one most likely holds a quote unescaped:
+        torch's profiler writes ``record_function`` names into its JSON as given."""
+        buf, at = self.buf, e.pos
+        byte = self.done_bytes + len(buf[:at].encode("utf-8"))
+        line = self.done_lines + buf.count("\n", 0, at) + 1
+        event = "" if events is None else f", event {events + 1} of traceEvents"
+        start = buf.rfind("\n", 0, at) + 1
+        stop = buf.find("\n", at)
+        text = buf[start : stop if stop >= 0 else len(buf)]
+        column = at - start
+        excerpt = text[max(0, column - 60) : column + 60].strip()
+        hint = ""
+        if buf[start:at].rstrip(" \t").endswith('"') and "delimiter" in e.msg:
+            hint = (
+                " just after a string: an unescaped quote in it? (torch's profiler writes "
+                "names as given)"
+            )
+        return (
+            f"{self.path}: invalid JSON at byte {byte} (line {line}{event}): {e.msg}{hint} "
+            f"near {excerpt!r}"
+        )
 
 
 def _read_streaming(s: _Stream, path: Path) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
@@ -341,15 +390,7 @@ def _read_events(s: _Stream, cols: _Columns, path: Path) -> None:
                 kineto_layout = False  # laid out otherwise: one event at a time from here
         pending = []
         while len(pending) < 4096 and s.peek() not in ("]", ""):
-            try:
-                event = s.value()
-            except TraceError as e:
-                if not s.eof:
-                    raise
-                raise TraceError(
-                    f"{path}: truncated after {cols.count + len(pending)} events "
-                    f"({str(e).split(': ', 1)[-1]})"
-                ) from None
+            event = s.value(events=cols.count + len(pending))
             if s.peek() == ",":
                 s.pos += 1
             if isinstance(event, dict):

@@ -72,10 +72,10 @@ def collective_plan(c: RunConfig) -> CollectivePlan:
         raise ValueError(f"unknown reduction {c.op!r} (known: sum, avg, max)")
     return CollectivePlan(
         sizes=message_sizes(c.min_bytes, c.max_bytes, c.factor),
-        collectives=parse_list(c.collectives, "collective", COLLECTIVES)
+        collectives=parse_list(c.collectives, "collective", COLLECTIVES, flag="--collectives")
         if c.collectives
         else list(COLLECTIVES),
-        impls=parse_list(c.impl, "implementation", IMPLS) if c.impl else list(IMPLS),
+        impls=parse_list(c.impl, "implementation", IMPLS, flag="--impl") if c.impl else list(IMPLS),
         dtype=c.dtype,
         op=c.op,
         iters=c.iters,

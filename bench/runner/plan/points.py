@@ -19,7 +19,7 @@ import torch
 
 from bench.runfolder.points import PointRecord
 from bench.runner.plan.config import DEFAULTS
-from bench.runner.plan.sweeps import SWEEPS, Sweep, parse_list, sweep_names
+from bench.runner.plan.sweeps import SWEEPS, Sweep, distinct, parse_list, sweep_names
 from parallel_kernels.fsdp_layout import fsdp_units, unit_params
 from parallel_kernels.knobs import KNOBS, by_param, positive_int, step_knobs
 from parallel_kernels.mesh import local_layout
@@ -33,7 +33,12 @@ SCALINGS = ("weak", "strong")
 
 
 def _fmt(value: Any) -> str:
-    return f"{value:g}" if isinstance(value, float) else f"{value}"
+    """A value as an id writes it: a float short (``25``, ``0.25``) where that reads back as
+    the same number, else in full, so that two values never share an id."""
+    if isinstance(value, float):
+        short = f"{value:g}"
+        return short if float(short) == value else repr(value)
+    return f"{value}"
 
 
 def point_id(model: str, values: dict[str, Any], impl: str, suffix: str = "") -> str:
@@ -216,26 +221,34 @@ def parse_options(items: list[str], known: dict[str, Any], swept: tuple[str, ...
 
 def _models_and_impls(sweep: Sweep, strategy: Strategy, models: str | None, impls: str | None):
     """The models and implementations asked for, or the sweep's and the strategy's defaults."""
-    model_names = parse_list(models, "model") if models else list(sweep.default_models)
+    model_names = (
+        parse_list(models, "model", flag="--model") if models else list(sweep.default_models)
+    )
     for name in model_names:
         check_workload(name)  # resolved (and refused) here, on every rank alike
     impl_names = (
-        parse_list(impls, "implementation", strategy.impls)
+        parse_list(impls, "implementation", strategy.impls, flag="--impl")
         if impls
         else list(strategy.default_impls)
     )
     return model_names, impl_names
 
 
-def _axis_values(sweep: Sweep, text: str | None, world: int) -> list[tuple[Any, dict]]:
-    """[(value, knobs it sets)] of one sweep: the values asked for, or its defaults that fit."""
-    raw = parse_list(text, "value") if text else list(sweep.default_values)
+def _axis_values(
+    sweep: Sweep, text: str | None, world: int, flag: str = "--values"
+) -> list[tuple[Any, dict]]:
+    """[(value, knobs it sets)] of one sweep: the values asked for (``flag``), or its defaults
+    that fit. Values given are distinct as text, as parsed and as the knobs they set (a mesh
+    layout with its TP degree named and one without): each is a point of its own."""
+    raw = parse_list(text, "value", flag=flag) if text else list(sweep.default_values)
     parsed = []
     for v in raw:
         try:
             parsed.append(sweep.parse(v))
         except ValueError as e:
             raise ValueError(f"bad value for --sweep {sweep.name}: {e}") from None
+    if text:
+        distinct(flag, raw, parsed)
     if not text and sweep.expand is not None:
         parsed = [v for v in parsed if sweep.fits(v, world)]
     out = []
@@ -244,6 +257,15 @@ def _axis_values(sweep: Sweep, text: str | None, world: int) -> list[tuple[Any, 
             out.append((v, sweep.knobs_for(v, world)))
         except ValueError as e:
             raise ValueError(f"bad value for --sweep {sweep.name}: {e}") from None
+    sets: dict[tuple, Any] = {}
+    for v, knobs in out:
+        key = tuple(sorted(knobs.items()))
+        if key in sets:
+            knob_text = ", ".join(f"{k}={x}" for k, x in knobs.items())
+            raise ValueError(
+                f"{flag}: {_fmt(sets[key])} and {_fmt(v)} set the same knobs ({knob_text})"
+            )
+        sets[key] = v
     return out
 
 
@@ -305,7 +327,10 @@ def build_points(
     if scaling is not None:
         raise ValueError("--scaling is for the world_size sweep")
     row = _strategy_of(sweeps, strategy)
-    axes = [_axis_values(s, v, world_size) for s, v in zip(sweeps, (values, values2), strict=False)]
+    axes = [
+        _axis_values(s, v, world_size, flag)
+        for s, v, flag in zip(sweeps, (values, values2), ("--values", "--values2"), strict=False)
+    ]
     known = {k.name: k for k in (*row.knobs, *step_knobs())}
     for s in sweeps:
         if s.knob and s.knob not in known:
@@ -313,7 +338,23 @@ def build_points(
     set_by_sweeps = tuple(k for s in sweeps for k in s.knobs_set)
     fixed = parse_options(options or [], known, set_by_sweeps)
     model_names, impl_names = _models_and_impls(sweeps[0], row, models, impls)
-    return _grid_points(sweeps, axes, row, model_names, impl_names, fixed, world_size, budget)
+    return _one_id_each(
+        _grid_points(sweeps, axes, row, model_names, impl_names, fixed, world_size, budget)
+    )
+
+
+def _one_id_each(points: list[PointRecord]) -> list[PointRecord]:
+    """The points, refused if two share an id (two model names that become one folder-safe
+    name): a run keeps its rows, traces and resume by id."""
+    seen: set[str] = set()
+    for p in points:
+        if p.id in seen:
+            raise ValueError(
+                f"two points would share the id {p.id} (two --model names alike but for "
+                "characters an id writes as _)"
+            )
+        seen.add(p.id)
+    return points
 
 
 def _grid_points(
@@ -361,12 +402,13 @@ def _world_size_points(
     largest size), split over each point's data-parallel replicas."""
     row = strategy_row(strategy or "ddp")
     if values:
-        sizes = []
-        for v in parse_list(values, "value"):
+        sizes, texts = [], parse_list(values, "value", flag="--values")
+        for v in texts:
             try:
                 sizes.append(positive_int(v))
             except ValueError as e:
                 raise ValueError(f"bad value for --sweep world_size: {e}") from None
+        distinct("--values", texts, sizes)
         too_big = [k for k in sizes if k > world_size]
         if too_big:
             raise ValueError(
@@ -374,12 +416,16 @@ def _world_size_points(
             )
     else:
         sizes = [1 << i for i in range(world_size.bit_length()) if 1 << i <= world_size]
-    scalings = parse_list(scaling, "scaling", dict.fromkeys(SCALINGS)) if scaling else SCALINGS
+    scalings = (
+        parse_list(scaling, "scaling", dict.fromkeys(SCALINGS), flag="--scaling")
+        if scaling
+        else SCALINGS
+    )
     known = {k.name: k for k in (*row.knobs, *step_knobs())}
     fixed = parse_options(options or [], known, ())
     model_names, impl_names = _models_and_impls(sweep, row, models, impls)
     global_batch = budget["batch_size"] * max(sizes)
-    return [
+    points = [
         resolve_point(
             sweep=sweep.name,
             values={sweep.name: k},
@@ -398,3 +444,4 @@ def _world_size_points(
         for k in sizes
         for i in impl_names
     ]
+    return _one_id_each(points)

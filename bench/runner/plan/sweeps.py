@@ -252,8 +252,11 @@ def message_sizes(min_bytes: str, max_bytes: str, factor: str) -> list[int]:
     return sizes
 
 
-def parse_list(text: str | None, what: str, allowed: dict | None = None) -> list[str]:
-    """Split a comma list; check names against ``allowed`` when given."""
+def parse_list(
+    text: str | None, what: str, allowed: dict | None = None, flag: str = ""
+) -> list[str]:
+    """Split a comma list; check names against ``allowed`` when given. Each item makes its own
+    points, so one given twice is refused (``flag``: the flag the message names)."""
     items = [t.strip() for t in (text or "").split(",") if t.strip()]
     if not items:
         raise ValueError(f"empty {what} list")
@@ -261,4 +264,17 @@ def parse_list(text: str | None, what: str, allowed: dict | None = None) -> list
         unknown = [i for i in items if i not in allowed]
         if unknown:
             raise ValueError(f"unknown {what} {', '.join(unknown)} (known: {', '.join(allowed)})")
+    distinct(flag or f"the {what} list", items, items)
     return items
+
+
+def distinct(flag: str, texts: list[str], values: list) -> None:
+    """Refuse a value given twice, as text or as two texts that parse to one value (``25`` and
+    ``25.0``, ``FULL_SHARD`` and ``full_shard``): both would make the same points, under one id.
+    ``values``: what each text parses to (hashable), in the order of ``texts``."""
+    first: dict = {}
+    for text, value in zip(texts, values, strict=True):
+        if value in first:
+            same = "" if first[value] == text else f" ({first[value]} and {text} are one value)"
+            raise ValueError(f"{flag}: {text} is given twice{same}")
+        first[value] = text
