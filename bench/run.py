@@ -5,6 +5,7 @@ Parse, build the sweep, run it, write results, report; see ``bench/runner/cli.py
 
 import faulthandler
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -19,7 +20,11 @@ if __name__ == "__main__":
     # Its own copy of stderr: the profiler's window sends stderr itself to a temporary file
     # (bench/runner/measure/quiet.py), and a crash there must still reach the console.
     faulthandler.enable(file=os.fdopen(os.dup(sys.stderr.fileno()), "w"))
-    code = main()
+    try:
+        code = main()
+    except KeyboardInterrupt:  # Ctrl-C before the ranks' own handlers were set (start-up)
+        print("interrupted (SIGINT) before the sweep began", file=sys.stderr)
+        code = 128 + signal.SIGINT
     # Every result is on disk (each row fsync'd, meta.json replaced atomically) and every process
     # group destroyed: leave without running native static destructors, where a backend thread
     # still joinable aborts the process now and then ("terminate called without an active

@@ -355,7 +355,7 @@ def test_the_report_draws_the_path_and_tables_its_communication_share(tmp_path):
     from bench.report.critical_section import path_comm_pct
     from bench.report.page import TRAINING_TABLE
     from bench.report.timeline_section import point_timeline
-    from bench.runfolder.folder import read_run
+    from bench.runfolder.schema import read_run
 
     run = read_run(Path(__file__).parent / "data" / "runs" / "bucket2")
     ok = run.results[run.results["status"] == "ok"]

@@ -11,8 +11,7 @@ import pandas as pd
 import pytest
 
 from bench.runfolder import columns
-from bench.runfolder.folder import read_run
-from bench.runfolder.verdicts import read_verdicts
+from bench.runfolder.schema import read_run, read_verdicts
 
 pytestmark = pytest.mark.e2e
 

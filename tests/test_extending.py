@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.runfolder.folder import read_run
+from bench.runfolder.schema import read_run
 
 pytestmark = pytest.mark.e2e
 

@@ -570,7 +570,7 @@ def test_report_and_console_show_mfu_next_to_throughput(tmp_path):
     import pandas as pd
 
     from bench.report.page import write_report
-    from bench.runfolder.folder import read_run
+    from bench.runfolder.schema import read_run
     from bench.runner.train.sweep import _summary
     from tests.report_fixtures import make_training_run
 

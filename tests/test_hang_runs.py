@@ -155,7 +155,9 @@ def test_a_rank_aborted_by_gloo_ends_the_run_with_the_diagnosis(tmp_path):
     """3. sizes that differ: gloo aborts the rank that receives more than its tensor holds; the
     survivor dumps (the launcher's SIGTERM waits for it), writes the row with the diagnosis, and
     the run ends with every finished row kept (``--resume`` runs the rest)."""
-    proc, _ = sweep(tmp_path / "run", ["none", "sizes", "none"])
+    # the third point is never reached: the run ends with the second (a model named twice would
+    # be refused: its points would share one id)
+    proc, _ = sweep(tmp_path / "run", ["none", "sizes", "raises"])
     assert proc.returncode != 0
     df = pd.read_csv(tmp_path / "run" / "results.csv", keep_default_na=False)
     assert df["status"].tolist() == ["ok", "error"]

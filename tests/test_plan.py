@@ -1053,8 +1053,10 @@ def test_the_calibrations_own_configuration_measured_again_says_the_launches_dri
         path = tmp_path / name
         path.mkdir()
         write_points(path / "points.jsonl", [replace(p, id=i) for i, p in points.items()])
-        rows = [{"point": i, "status": "ok", "step_ms_median": ms} for i, ms in steps.items()]
+        keys = {"model": "m", "value": 1, "impl": "native", "status": "ok"}
+        rows = [{"point": i, **keys, "step_ms_median": ms} for i, ms in steps.items()]
         pd.DataFrame(rows).to_csv(path / "results.csv", index=False)
+        (path / "meta.json").write_text(json.dumps({"sweep": "plan", "schema_version": "2.14"}))
         return path
 
     calibration = folder("calibration", {"fp32": _point(batch=8, precision="fp32")}, {"fp32": 20.0})

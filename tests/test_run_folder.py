@@ -17,8 +17,8 @@ import pytest
 
 from bench.report.__main__ import main as report_main
 from bench.runfolder import columns
-from bench.runfolder.folder import SCHEMA_VERSION, read_run
 from bench.runfolder.points import POINTS_FILE, RunFolderError, read_points
+from bench.runfolder.schema import SCHEMA_VERSION, read_run
 
 REPO = Path(__file__).resolve().parents[1]
 RUNS = REPO / "tests" / "data" / "runs"

@@ -231,3 +231,38 @@ def test_a_gpu_nccl_timeline_has_kernels_and_calls_with_bytes():
 def test_calls_in_flight_together_get_their_own_rows():
     starts, ends = np.array([0.0, 1.0, 2.0, 5.0]), np.array([3.0, 4.0, 2.5, 6.0])
     assert _rows(starts, ends) == [0, 1, 2, 0]
+
+
+@pytest.mark.unit
+def test_no_event_name_can_end_or_comment_out_the_views_data(tmp_path):
+    """Names are data: ``</script>``, ``<!--<script>`` (which would leave the page blank) and
+    ``&`` reach the viewer as they are, and the page's data element holds none of them raw."""
+    from bench.report.trace_view import view_page
+
+    traces = load_trace_dir(REPO / "tests/data/runs/bucket2/traces/mlp-bucket_cap_mb=1-native")
+    traces = traces.traces
+    hostile = ["<!--<script>", "</script><b>bold</b>", "a & b -->", "<\u2028>"]
+    events = traces[0].events
+    names = events["name"].astype(object).to_numpy().copy()
+    names[: len(hostile)] = hostile
+    events["name"] = names
+    page = view_page(traces, "t")
+    data = re.search(r"<script type='application/json' id='data'>(.*?)</script>", page, re.S)
+    assert data, page[:500]
+    for raw in ("<!--", "<script", "</", "-->", "&"):
+        assert raw not in data.group(1), raw
+    assert json.loads(data.group(1)) == json.loads(json.dumps(view_data(traces)))
+    assert set(hostile) <= set(json.loads(data.group(1))["names"])
+
+
+@pytest.mark.unit
+def test_a_point_id_that_climbs_out_of_the_run_is_refused(tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(REPO / "tests/data/runs/bucket2", run)
+    results = run / "results.csv"
+    results.write_text(results.read_text().replace("mlp-bucket_cap_mb=1-native", "x/../../.."))
+    for point in ("x/../../..", "../bucket2/traces/mlp-bucket_cap_mb=1-native"):
+        code = report_main([str(run), "--view", point, "--reports-dir", str(tmp_path / "r")])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1, err
+    assert not list(tmp_path.rglob("*.html"))  # no page written, inside or outside

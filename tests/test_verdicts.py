@@ -11,8 +11,8 @@ from bench.report.answers import (
     verdict_table,
 )
 from bench.report.page import write_report
-from bench.runfolder.folder import read_run
-from bench.runfolder.verdicts import VERDICTS_COLUMNS, read_verdicts, write_verdicts
+from bench.runfolder.schema import read_run, read_verdicts
+from bench.runfolder.verdicts import VERDICTS_COLUMNS, write_verdicts
 from tests.report_fixtures import make_training_run
 
 pytestmark = pytest.mark.unit

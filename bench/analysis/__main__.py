@@ -13,6 +13,7 @@ from bench.analysis import critical_cli
 from bench.analysis.folder import DEFINITIONS, analyse, load_trace_dir
 from bench.analysis.trace import TraceError
 from bench.console import records
+from bench.runfolder.atomic import OutputError, write_with
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,7 +46,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.csv:
         args.csv.mkdir(parents=True, exist_ok=True)
         for name, df in tables.items():
-            df.to_csv(args.csv / f"{name}.csv", index=False)
+            try:
+                write_with(args.csv / f"{name}.csv", lambda f, df=df: df.to_csv(f, index=False))
+            except OutputError as e:
+                print(f"error: {e}", file=sys.stderr)
+                return 1
     if args.json:
         print(
             json.dumps(

@@ -13,8 +13,8 @@ from typing import NamedTuple
 import pandas as pd
 
 from bench.model.errors import FitError
-from bench.runfolder.folder import Run, read_run
 from bench.runfolder.points import POINTS_FILE, PointRecord, RunFolderError
+from bench.runfolder.schema import Run, read_run
 
 # What must agree between the runs of one model: the machine and the software that timed them
 # (cpu_count only where both runs record it: older runs do not).
@@ -35,7 +35,7 @@ class RunError(FitError):
 
 def _read(run_dir: Path) -> Run:
     run_dir = Path(run_dir)
-    if not (run_dir / "meta.json").is_file() or not (run_dir / "results.csv").is_file():
+    if not (run_dir / "meta.json").exists() or not (run_dir / "results.csv").exists():
         raise RunError(f"{run_dir} is not a run folder (no meta.json and results.csv)")
     try:
         return read_run(run_dir)

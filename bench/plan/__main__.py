@@ -26,6 +26,7 @@ from bench.plan import inputs, table
 from bench.plan.page import write_page
 from bench.plan.planner import plan_rows
 from bench.plan.space import enumerate_space, names_checkpoint_units
+from bench.runfolder.atomic import OutputError, write_text, write_with
 from parallel_kernels.strategies import STRATEGIES
 
 
@@ -170,20 +171,30 @@ def main(argv: list[str] | None = None) -> int:
         progress=table.progress_printer(),
     )
     took = time.perf_counter() - t0
-    rows.to_csv(out / "plan.csv", index=False)
     meta = table.meta(args, target, took, len(configs))
-    (out / "plan.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
+    try:
+        return _outputs(args, rows, meta, out, f"in {took:.1f} s")
+    except OutputError as e:  # a full disk: whatever was written before is whole
+        print(f"bench.plan: {e}", file=sys.stderr)
+        return 1
+
+
+def _outputs(args, rows, meta: dict, out: Path, took: str) -> int:
+    """plan.csv, plan.json and plan.html, each whole or not at all, the table, and the
+    verification where asked for (verify.csv, plan.json again with its summary)."""
+    write_with(out / "plan.csv", lambda f: rows.to_csv(f, index=False))
+    write_text(out / "plan.json", json.dumps(meta, indent=2, default=str) + "\n")
     page = write_page(rows, meta, args.tie_pct, out / "plan.html")
     print(table.render(rows, args.top, args.tie_pct))
-    print(f"planned {len(configs)} configurations in {took:.1f} s; {out / 'plan.csv'}, {page}")
+    print(f"planned {meta['configurations']} configurations {took}; {out / 'plan.csv'}, {page}")
     if args.verify:
         # imported here: it brings scipy (0.8 s of a plan's start), which only a verification uses
         from bench.plan.verify import verify
 
         checked, summary = verify(rows, args.verify, args.world_size, out)
-        checked.to_csv(out / "verify.csv", index=False)
         meta["verify"] = summary
-        (out / "plan.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
+        write_with(out / "verify.csv", lambda f: checked.to_csv(f, index=False))
+        write_text(out / "plan.json", json.dumps(meta, indent=2, default=str) + "\n")
         print(table.render_verify(checked, summary))
     return 0
 

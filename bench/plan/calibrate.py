@@ -50,6 +50,8 @@ from pathlib import Path
 import pandas as pd
 
 from bench.plan.launch import launch_points, role, run_bench
+from bench.runfolder.points import RunFolderError, read_points
+from bench.runfolder.schema import read_results, read_samples
 
 
 @dataclass(frozen=True)
@@ -80,10 +82,12 @@ class Rate:
 
 def _read(run: Path, what: str = "--compute") -> pd.DataFrame:
     """A run's ok points with their FLOPs; ``what`` names the run in an error."""
-    results = run / "results.csv"
-    if not results.is_file():
-        raise ValueError(f"{what} {run}: not a run folder (no results.csv)")
-    df = pd.read_csv(results, keep_default_na=False)
+    try:
+        df = read_results(run)
+    except RunFolderError as e:
+        raise ValueError(f"{what} {run}: {e}") from None
+    if df.empty:
+        raise ValueError(f"{what} {run}: not a run folder with results (no results.csv rows)")
     ok = df[df["status"] == "ok"]
     if ok.empty or "flops_per_step" not in ok:
         raise ValueError(f"{what} {run}: no ok point with its FLOPs")
@@ -92,10 +96,11 @@ def _read(run: Path, what: str = "--compute") -> pd.DataFrame:
 
 def _accum(run: Path) -> int:
     """A run's gradient accumulation, from its points record's knobs."""
-    import json
-
-    first = (run / "points.jsonl").read_text().splitlines()[0]
-    return int(json.loads(first)["knobs"].get("grad_accum", 1))
+    try:
+        first = next(iter(read_points(run).values()))
+    except (RunFolderError, StopIteration):
+        raise ValueError(f"--compute {run}: no points record to read its knobs from") from None
+    return int(first.knobs.get("grad_accum", 1))
 
 
 def _computation_ms(row) -> float:
@@ -285,11 +290,9 @@ def paired_difference(run: Path, a: str, b: str) -> float | None:
     """The median over the cycles both points ran of point ``b``'s step less ``a``'s, each pair
     timed moments apart (the launch's ``samples.csv``): what drift and load within a launch
     leave of the difference. None where fewer than two cycles are shared."""
-    path = run / "samples.csv"
-    if not path.is_file():
-        return None
-    samples = pd.read_csv(path)
-    if not {"point", "index", "ms"} <= set(samples.columns):
+    try:
+        samples = read_samples(run)
+    except RunFolderError:
         return None
     by = [samples[samples["point"] == p].set_index("index")["ms"] for p in (a, b)]
     shared = by[0].index.intersection(by[1].index)

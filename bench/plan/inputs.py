@@ -7,8 +7,6 @@ import math
 from dataclasses import replace
 from pathlib import Path
 
-import pandas as pd
-
 from bench.model.errors import FitError
 from bench.model.predict import overlap_share
 from bench.plan.calibrate import (
@@ -33,6 +31,7 @@ from bench.plan.planner import Target
 from bench.plan.space import FAMILIES, OPTIONS, micro_batches
 from bench.plan.timing import Topology, optimiser_ms, param_bytes
 from bench.runfolder import peaks
+from bench.runfolder.schema import read_results
 from parallel_kernels.models import workload
 
 DEFAULT_MFU_PCT = 40.0  # what a tuned dense training step reaches on recent GPUs (torchtitan)
@@ -199,7 +198,7 @@ def _optimiser_ms(args, target: Target) -> float:
 
 def _peak_of(run: Path, precision: str) -> float:
     """The peak a run's points of ``precision`` were measured against (its results.csv)."""
-    df = pd.read_csv(run / "results.csv")
+    df = read_results(run)
     rows = df[(df["status"] == "ok") & (df["value"].astype(str) == precision)]
     return float(rows["peak_tflops"].iloc[0]) if not rows.empty else math.nan
 

@@ -14,6 +14,7 @@ from bench.plan.launch import describe
 from bench.plan.table import tied
 from bench.report.style import CSS
 from bench.report.tables import html_table
+from bench.runfolder.atomic import write_text
 
 PARTS = ("params", "grads", "optim", "activations", "temporaries", "buffers", "inputs", "other")
 COLOURS = ("#4a7", "#7ab", "#c84", "#a6c", "#bbb", "#dd8", "#8ad", "#888")
@@ -161,5 +162,4 @@ def _assumed(meta: dict) -> list[str]:
 
 
 def write_page(rows: pd.DataFrame, meta: dict, tie_pct: float, path: Path) -> Path:
-    path.write_text(page(rows, meta, tie_pct))
-    return path
+    return write_text(path, page(rows, meta, tie_pct))

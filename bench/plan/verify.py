@@ -21,6 +21,7 @@ from scipy import stats
 from bench.plan.calibrate import CALIBRATION
 from bench.plan.launch import describe, launch_points, role
 from bench.runfolder.points import RunFolderError, read_points
+from bench.runfolder.schema import read_results, read_samples
 from bench.stats.paired import DECIDED, look_confidence, versus_best_paired
 
 DEFAULT_DDP = {"config": "ddp bucket 25 MB", "precision": "fp32", "activation_checkpointing": "off"}
@@ -95,7 +96,10 @@ def _measured(out: Path, n: int, failure: str) -> list[dict]:
     results = out / "results.csv"
     if failure or not results.is_file():
         return [{"measured_status": "error", "measured_error": failure or "no results.csv"}] * n
-    df = pd.read_csv(results, keep_default_na=False).drop_duplicates("point", keep="last")
+    try:
+        df = read_results(out).astype(object).fillna("").drop_duplicates("point", keep="last")
+    except RunFolderError as e:
+        return [{"measured_status": "error", "measured_error": str(e)}] * n
     by = {role(r["point"]): r for r in df.to_dict("records")}
     num = lambda r, c: float(r[c]) if r.get(c, "") != "" else math.nan  # noqa: E731
     got = []
@@ -173,10 +177,7 @@ def launch_drift(calibration: Path, verification: Path) -> dict:
     try:
         there = read_points(calibration)
         here = read_points(verification)
-        steps = {
-            folder: pd.read_csv(folder / "results.csv", keep_default_na=False)
-            for folder in (calibration, verification)
-        }
+        steps = {folder: read_results(folder) for folder in (calibration, verification)}
     except (RunFolderError, OSError):
         return {}
 
@@ -206,10 +207,12 @@ def launch_drift(calibration: Path, verification: Path) -> dict:
 def _cycles(folder: Path, df: pd.DataFrame) -> dict[str, list[float]]:
     """Each measured configuration's step per cycle (its samples in order: sample i of each
     shares cycle i), by its ``name``; empty where the launch left no samples."""
-    path = folder / "samples.csv"
-    if not path.is_file() or "point" not in df:
+    if not (folder / "samples.csv").is_file() or "point" not in df:
         return {}
-    samples = pd.read_csv(path).sort_values("index")
+    try:
+        samples = read_samples(folder).sort_values("index")
+    except RunFolderError:
+        return {}
     ok = df[df["measured_status"] == "ok"]
     return {
         r["name"]: samples.loc[samples["point"] == r["point"], "ms"].tolist()

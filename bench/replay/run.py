@@ -16,14 +16,8 @@ from bench.analysis.collectives import busbw_gbps
 from bench.analysis.sequence import JobSequence
 from bench.replay import play, price
 from bench.runfolder import columns
-from bench.runfolder.folder import (
-    SCHEMA_VERSION,
-    ResultsWriter,
-    default_run_dir,
-    git_commit,
-    utc_now,
-    write_meta,
-)
+from bench.runfolder.folder import ResultsWriter, default_run_dir, git_commit, utc_now, write_meta
+from bench.runfolder.schema import SCHEMA_VERSION, read_results
 from bench.runner.faults import launcher
 from bench.runner.session.distenv import DistEnv
 
@@ -205,7 +199,7 @@ def run_dir_of(args) -> Path:
 
 def summary(run_dir: Path) -> str:
     """The console's lines: each step's communication, traced and as each source costs it."""
-    df = pd.read_csv(run_dir / "results.csv")
+    df = read_results(run_dir)
     steps = df[df["kind"] == "step"]
     lines = []
     for r in steps.itertuples():

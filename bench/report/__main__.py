@@ -11,8 +11,9 @@ from pathlib import Path
 
 from bench.report.page import write_report
 from bench.report.timeline_section import TIMELINES, write_diff, write_view
-from bench.runfolder.folder import read_run
+from bench.runfolder.atomic import OutputError
 from bench.runfolder.points import RunFolderError
+from bench.runfolder.schema import read_run
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -97,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     except (RunFolderError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except OutputError as e:  # a full disk: the page that was there is still whole
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     print(f"report: {out}")
     if cmp is not None:
         return _print_comparison(cmp, args.fail_on_regression)

@@ -17,8 +17,8 @@ from bench.analysis.scaling import scaling_efficiency
 from bench.report import claims
 from bench.report.mfu import mfu_note
 from bench.runfolder import columns
-from bench.runfolder.folder import Run
 from bench.runfolder.points import PointRecord
+from bench.runfolder.schema import Run
 from bench.runfolder.verdicts import TIED_SEP, VERDICTS_COLUMNS, write_verdicts
 from bench.stats.estimates import ratio
 

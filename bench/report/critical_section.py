@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from bench.analysis.critical_path import best_changes, folder_paths, path_bars, trace_paths
-from bench.runfolder.folder import Run
+from bench.runfolder.schema import Run
 
 
 def path_comm_pct(run: Run, points: pd.Series) -> pd.Series:

@@ -13,7 +13,7 @@ import pandas as pd
 from bench.analysis.folder import DEFINITIONS, analyse, load_trace_dir
 from bench.analysis.reader import TraceError
 from bench.report.tables import html_table
-from bench.runfolder.folder import Run
+from bench.runfolder.schema import Run
 
 COLUMNS = [
     "point",

@@ -34,9 +34,10 @@ from bench.report.style import CSS, LOAD_CHECK
 from bench.report.tables import html_table
 from bench.report.timeline_section import timeline_sections
 from bench.runfolder import columns
-from bench.runfolder.folder import Run, RunFolderError, ours_and_native, read_run
+from bench.runfolder.atomic import write_text
+from bench.runfolder.folder import ours_and_native
 from bench.runfolder.placement import cost_rows
-from bench.runfolder.verdicts import read_verdicts
+from bench.runfolder.schema import Run, RunFolderError, read_run, read_verdicts
 
 TRAINING_TABLE = columns.report_columns(columns.TRAINING)
 # the critical path's communication share, from the traces (bench/report/critical_section.py)
@@ -341,5 +342,5 @@ def write_report(
         comparison = (cmp, Path(baseline), held)
     reports_dir.mkdir(parents=True, exist_ok=True)
     out = reports_dir / f"{run.path.name}.html"
-    out.write_text(render(run, comparison, collectives, timelines, definitions))
+    write_text(out, render(run, comparison, collectives, timelines, definitions))
     return out, comparison[0] if comparison else None

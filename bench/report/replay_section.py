@@ -12,7 +12,7 @@ import pandas as pd
 from bench.report.figures import png
 from bench.report.tables import html_table
 from bench.runfolder import columns
-from bench.runfolder.folder import Run
+from bench.runfolder.schema import Run
 
 CALL_TABLE = columns.report_columns(columns.REPLAY)
 

@@ -23,8 +23,9 @@ from bench.report.style import CSS, LOAD_CHECK
 from bench.report.tables import html_table
 from bench.report.timeline_figure import timeline_figure
 from bench.report.trace_view import view_page
-from bench.runfolder.folder import Run
+from bench.runfolder.atomic import write_text
 from bench.runfolder.points import RunFolderError
+from bench.runfolder.schema import Run
 
 TIMELINES = ("best", "all", "none")  # --timelines: best and default per group, every point, none
 CAPTION = (
@@ -163,7 +164,7 @@ def diff_page(run: Run, a: str, b: str) -> str:
 def write_diff(run: Run, a: str, b: str, reports_dir: Path) -> Path:
     reports_dir.mkdir(parents=True, exist_ok=True)
     out = reports_dir / f"{run.path.name}-diff.html"
-    out.write_text(diff_page(run, a, b))
+    write_text(out, diff_page(run, a, b))
     return out
 
 
@@ -172,5 +173,5 @@ def write_view(run: Run, point: str, reports_dir: Path) -> Path:
     traces = point_traces(run, point)
     reports_dir.mkdir(parents=True, exist_ok=True)
     out = reports_dir / f"{run.path.name}-{point}-trace.html"
-    out.write_text(view_page(traces, f"{point} ({run.path.name})"))
+    write_text(out, view_page(traces, f"{point} ({run.path.name})"))
     return out

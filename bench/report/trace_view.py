@@ -53,11 +53,18 @@ def view_data(traces: list[Trace]) -> dict:
     return {"lanes": lanes, "names": list(names), "kinds": KINDS, **cols}
 
 
+def script_safe(data: str) -> str:
+    """JSON that no name inside it can end or comment out of its ``<script>`` element: every
+    ``<``, ``>`` and ``&`` written as its JSON escape (``</script>``, ``<!--`` and ``<script``
+    then never appear, and the parsed data is the same)."""
+    return data.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
 SCRIPT = (Path(__file__).with_name("trace_view.js")).read_text()  # package data
 
 
 def view_page(traces: list[Trace], title: str) -> str:
-    data = json.dumps(view_data(traces), separators=(",", ":")).replace("</", "<\\/")
+    data = script_safe(json.dumps(view_data(traces), separators=(",", ":")))
     return "\n".join(
         [
             "<!doctype html><html lang='en'><head><meta charset='utf-8'>"

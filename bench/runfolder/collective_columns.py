@@ -15,17 +15,20 @@ COLLECTIVE: tuple[Column, ...] = (
         report=1,
     ),
     Column(name="impl", ranks=POINT, contract=True, meaning="native or reference", report=6),
-    Column(name="world_size", unit="ranks", ranks=POINT, contract=True, meaning="ranks"),
+    Column(
+        name="world_size", numeric=True, unit="ranks", ranks=POINT, contract=True, meaning="ranks"
+    ),
     Column(name="dtype", ranks=POINT, contract=True, meaning="element type", report=3),
     Column(
         name="size_bytes",
+        numeric=True,
         unit="B",
         ranks=POINT,
         contract=True,
         meaning="S, the whole buffer (nccl-tests' size)",
         report=4,
     ),
-    Column(name="count", ranks=POINT, contract=True, meaning="elements", report=5),
+    Column(name="count", numeric=True, ranks=POINT, contract=True, meaning="elements", report=5),
     Column(
         name="time_us",
         unit="us",
@@ -48,6 +51,7 @@ COLLECTIVE: tuple[Column, ...] = (
     ),
     Column(
         name="wrong",
+        numeric=True,
         ranks=POINT,
         contract=True,
         meaning="elements differing from the exact result, all ranks",
@@ -104,9 +108,17 @@ COLLECTIVE: tuple[Column, ...] = (
         meaning="busbw at time_us_ci_low",
         report=12,
     ),
-    Column(name="iters", ranks=POINT, meaning="timed calls, all blocks (adaptive: at least -n)"),
     Column(
-        name="block_calls", ranks=POINT, meaning="calls per block: -n, or --max-steps / 6 if fewer"
+        name="iters",
+        numeric=True,
+        ranks=POINT,
+        meaning="timed calls, all blocks (adaptive: at least -n)",
+    ),
+    Column(
+        name="block_calls",
+        numeric=True,
+        ranks=POINT,
+        meaning="calls per block: -n, or --max-steps / 6 if fewer",
     ),
     Column(
         name="stop", ranks=POINT, meaning="what ended the timing: target, max_steps or max_point_s"

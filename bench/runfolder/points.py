@@ -11,11 +11,49 @@ folder keeps its meaning after the code that wrote it has moved on.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from bench.runfolder.atomic import write_text
+
 POINTS_FILE = "points.jsonl"
+# A point id is folder-safe: the report reads ``traces/<id>/`` and writes pages named by it, so
+# an id that could climb out of the run folder (``x/../..``) is refused wherever it is read.
+POINT_ID = re.compile(r"[A-Za-z0-9_.=+-]+")
+
+
+def is_point_id(value: object) -> bool:
+    return isinstance(value, str) and bool(POINT_ID.fullmatch(value)) and value not in (".", "..")
+
+
+# The fields of a record the reading side computes with, and the JSON types each must hold.
+RECORD_TYPES: dict[str, tuple[type, ...]] = {
+    "id": (str,),
+    "sweep": (str,),
+    "model": (str,),
+    "strategy": (str,),
+    "impl": (str,),
+    "schedule": (str,),
+    "swept": (list,),
+    "values": (dict,),
+    "swept_defaults": (dict,),
+    "impl_facts": (dict,),
+    "knobs": (dict,),
+    "defaults": (dict,),
+    "figures": (dict,),
+    "world_size": (int,),
+    "ranks": (list,),
+    "dp_size": (int,),
+    "tp_size": (int,),
+    "batch_per_replica": (int,),
+    "steps": (int,),
+    "warmup_steps": (int,),
+    "profile_steps": (int,),
+    "global_batch": (int, type(None)),
+    "verdict_group": (str,),
+}
 
 
 class RunFolderError(ValueError):
@@ -87,6 +125,14 @@ class PointRecord:
         """A record from its JSON; fields a newer minor version added are left aside."""
         names = {f.name for f in fields(cls)}
         kwargs = {k: v for k, v in data.items() if k in names}
+        for key, types in RECORD_TYPES.items():
+            value = kwargs.get(key)
+            if key in kwargs and (not isinstance(value, types) or isinstance(value, bool)):
+                raise RunFolderError(
+                    f"field {key!r} is {type(value).__name__}, not {types[0].__name__}"
+                )
+        if "id" in kwargs and not is_point_id(kwargs["id"]):
+            raise RunFolderError(f"point id {kwargs['id']!r} is not folder-safe")
         for key in ("swept", "ranks"):
             if key in kwargs:
                 kwargs[key] = tuple(kwargs[key])
@@ -98,9 +144,7 @@ class PointRecord:
 
 def write_points(path: Path, points: list[PointRecord]) -> None:
     """All of a run's points, written once before the first runs (atomic, like meta.json)."""
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(p.to_json() + "\n" for p in points))
-    tmp.replace(path)
+    write_text(path, "".join(p.to_json() + "\n" for p in points))
 
 
 def read_points(run_dir: Path) -> dict[str, PointRecord]:

@@ -36,9 +36,17 @@ REPLAY: tuple[Column, ...] = (
         contract=True,
         meaning="call (one collective) or step (the step's totals)",
     ),
-    Column(name="step", ranks=POINT, contract=True, meaning="the traced profiler step", report=1),
+    Column(
+        name="step",
+        numeric=True,
+        ranks=POINT,
+        contract=True,
+        meaning="the traced profiler step",
+        report=1,
+    ),
     Column(
         name="index",
+        numeric=True,
         ranks=POINT,
         contract=True,
         meaning="the call's place in its step (calls in issue order)",
@@ -52,9 +60,12 @@ REPLAY: tuple[Column, ...] = (
         report=5,
     ),
     Column(name="dtype", ranks=POINT, contract=True, meaning="element type", report=6),
-    Column(name="count", ranks=POINT, contract=True, meaning="elements of a rank's input"),
+    Column(
+        name="count", numeric=True, ranks=POINT, contract=True, meaning="elements of a rank's input"
+    ),
     Column(
         name="size_bytes",
+        numeric=True,
         unit="B",
         ranks=POINT,
         contract=True,
@@ -63,6 +74,7 @@ REPLAY: tuple[Column, ...] = (
     ),
     Column(
         name="group_size",
+        numeric=True,
         unit="ranks",
         ranks=POINT,
         contract=True,
@@ -97,6 +109,7 @@ REPLAY: tuple[Column, ...] = (
     ),
     Column(
         name="wrong",
+        numeric=True,
         ranks=POINT,
         contract=True,
         meaning="replayed: elements differing from the exact result, all ranks",
@@ -125,7 +138,9 @@ REPLAY: tuple[Column, ...] = (
         meaning="replayed: median over repetitions of the longest duration across ranks",
     ),
     Column(name="traced_busbw_GBps", unit="GB/s", ranks=DERIVED, meaning="busbw of traced_us"),
-    Column(name="reps", ranks=POINT, meaning="replayed: timed repetitions of the step"),
+    Column(
+        name="reps", numeric=True, ranks=POINT, meaning="replayed: timed repetitions of the step"
+    ),
     Column(name="point", ranks=POINT, meaning="the row's id"),
     *RAN_ON,
 )

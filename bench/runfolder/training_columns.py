@@ -33,6 +33,7 @@ TRAINING: tuple[Column, ...] = (
     Column(name="strategy", ranks=POINT, contract=True, meaning="ddp, fsdp, tp or accelerate"),
     Column(
         name="world_size",
+        numeric=True,
         unit="ranks",
         ranks=POINT,
         contract=True,
@@ -177,6 +178,7 @@ TRAINING: tuple[Column, ...] = (
     ),
     Column(
         name="comm_bytes_expected",
+        numeric=True,
         unit="B",
         ranks=POINT,
         meaning="analytical payload per step",
@@ -189,7 +191,11 @@ TRAINING: tuple[Column, ...] = (
         meaning="parameters, gradients and optimiser state held",
     ),
     Column(
-        name="state_mb_expected", unit="MiB", ranks=POINT, meaning="the ZeRO accounting of state_mb"
+        name="state_mb_expected",
+        numeric=True,
+        unit="MiB",
+        ranks=POINT,
+        meaning="the ZeRO accounting of state_mb",
     ),
     Column(name="param_mb", unit="MiB", ranks=MAX, meaning="parameter bytes held by a rank"),
     Column(name="grad_mb", unit="MiB", ranks=MAX, meaning="gradient bytes held by a rank"),
@@ -227,8 +233,14 @@ TRAINING: tuple[Column, ...] = (
         "minus 1: what tracing adds to the breakdown's steps",
         report=27,
     ),
-    Column(name="params", ranks=POINT, meaning="parameters of the plain model"),
-    Column(name="grad_bytes", unit="B", ranks=POINT, meaning="gradient bytes of the plain model"),
+    Column(name="params", numeric=True, ranks=POINT, meaning="parameters of the plain model"),
+    Column(
+        name="grad_bytes",
+        numeric=True,
+        unit="B",
+        ranks=POINT,
+        meaning="gradient bytes of the plain model",
+    ),
     Column(
         name="comm_calls_per_step",
         ranks=MEAN,
@@ -260,6 +272,7 @@ TRAINING: tuple[Column, ...] = (
     Column(name="cohort", ranks=POINT, meaning="paired: its cohort (samples pair within one)"),
     Column(
         name="cycles",
+        numeric=True,
         ranks=POINT,
         meaning="paired: the cycles it was timed in (a sample each; decided early, fewer)",
     ),
@@ -272,12 +285,14 @@ TRAINING: tuple[Column, ...] = (
     ),
     Column(
         name="round",
+        numeric=True,
         ranks=POINT,
         meaning="the round of this visit: a point has a row per round, the last ok one is "
         "its answer",
     ),
     Column(
         name="rounds",
+        numeric=True,
         ranks=POINT,
         meaning="rounds pooled in this row's figures",
         report=26,
@@ -289,7 +304,7 @@ TRAINING: tuple[Column, ...] = (
         ranks=TIMED,
         meaning="largest over smallest round median, minus 1: drift between rounds",
     ),
-    Column(name="loss", ranks=POINT, meaning="loss of the last step", report=25),
+    Column(name="loss", numeric=True, ranks=POINT, meaning="loss of the last step", report=25),
     Column(
         name="checked",
         ranks=POINT,
@@ -313,9 +328,18 @@ TRAINING: tuple[Column, ...] = (
         report=4,
         console=4,
     ),
-    Column(name="global_batch", ranks=POINT, meaning="strong scaling: the global batch"),
-    Column(name="batch_per_replica", ranks=POINT, meaning="samples per replica and micro-batch"),
-    Column(name="grad_accum", ranks=POINT, meaning="micro-batches per optimiser step"),
+    Column(
+        name="global_batch", numeric=True, ranks=POINT, meaning="strong scaling: the global batch"
+    ),
+    Column(
+        name="batch_per_replica",
+        numeric=True,
+        ranks=POINT,
+        meaning="samples per replica and micro-batch",
+    ),
+    Column(
+        name="grad_accum", numeric=True, ranks=POINT, meaning="micro-batches per optimiser step"
+    ),
     Column(
         name="comm_bytes_per_sample",
         unit="B",
@@ -332,6 +356,7 @@ TRAINING: tuple[Column, ...] = (
     ),
     Column(
         name="flops_per_step",
+        numeric=True,
         unit="FLOP",
         ranks=POINT,
         meaning="model FLOPs of one optimiser step per rank: "

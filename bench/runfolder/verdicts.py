@@ -3,7 +3,8 @@ implementation (and grid value): the best value, the values tied with it, the de
 cost over the best with the interval, and the method the verdict came from.
 
 Written once the sweep is done, by the reading side's answers (``bench/report/answers.py``),
-from what the folder holds; ``--baseline`` reads both runs' to say whether the answer moved.
+from what the folder holds; ``--baseline`` reads both runs' (``schema.read_verdicts``) to say
+whether the answer moved.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
+
+from bench.runfolder.atomic import write_with
 
 VERDICTS_FILE = "verdicts.csv"
 VERDICTS_COLUMNS = [
@@ -35,19 +38,5 @@ TIED_SEP = ";"
 
 def write_verdicts(run_dir: Path, table: pd.DataFrame) -> Path:
     """The table (VERDICTS_COLUMNS), atomically: a reader never sees half a file."""
-    path = Path(run_dir) / VERDICTS_FILE
-    tmp = path.with_suffix(".tmp")
-    table.reindex(columns=VERDICTS_COLUMNS).to_csv(tmp, index=False)
-    tmp.replace(path)
-    return path
-
-
-def read_verdicts(run_dir: Path) -> pd.DataFrame | None:
-    """The run's verdicts (``tied`` as lists of strings), or None for a run without them (a
-    collectives run, or one made before they were written)."""
-    path = Path(run_dir) / VERDICTS_FILE
-    if not path.exists():
-        return None
-    df = pd.read_csv(path, dtype={"best": str, "default": str, "value2": str, "tied": str})
-    df["tied"] = [[] if pd.isna(t) or t == "" else str(t).split(TIED_SEP) for t in df["tied"]]
-    return df
+    table = table.reindex(columns=VERDICTS_COLUMNS)
+    return write_with(Path(run_dir) / VERDICTS_FILE, lambda f: table.to_csv(f, index=False))

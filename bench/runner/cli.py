@@ -7,13 +7,18 @@ with what the launcher checked. Under the user's own torchrun each rank is that 
 
 from __future__ import annotations
 
+import logging
 import os
+import signal
 import sys
 import tempfile
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from bench.runfolder import lock
+from bench.runfolder.atomic import OutputError
 from bench.runfolder.folder import has_results
+from bench.runfolder.points import RunFolderError
 from bench.runner.collectives.sweep import CollectivePlan, run_collective_sweep
 from bench.runner.plan.config import (
     COLLECTIVE_MAX_STEPS,
@@ -31,6 +36,8 @@ from bench.runner.train.sweep import run_sweep
 from parallel_kernels.collectives import COLLECTIVES, DTYPES, IMPLS
 
 REPO = Path(__file__).resolve().parents[2]
+# A rank's exit code when an output could not be written (sysexits' EX_IOERR): it said which.
+OUTPUT_FAILED = 74
 # Where a self-launched rank finds the run its launching process resolved (a JSON file).
 RESOLVED_ENV = "BENCH_RESOLVED_RUN"
 
@@ -90,10 +97,15 @@ def collective_plan(c: RunConfig) -> CollectivePlan:
 def self_launch(nproc: int, argv: list[str], entry: list[str] | None = None) -> int:
     """Start the ranks through torchrun's own launcher (what ``torchrun --standalone`` does),
     each running ``entry`` (default: bench/run.py; ``["-m", "bench.replay"]``: a module)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # The agent's warnings retell what the ranks and ``describe_failures`` say in one line each
+    # (the signal it passed on, the ranks it stopped); its errors still show.
+    for name in ("agent.server.api", "multiprocessing.api"):
+        logging.getLogger(f"torch.distributed.elastic.{name}").setLevel(logging.ERROR)
     entry = entry or [str(REPO / "bench" / "run.py")]
     launcher_args = get_args_parser().parse_args(
         ["--standalone", f"--nproc-per-node={nproc}", *entry, *argv]
@@ -104,8 +116,14 @@ def self_launch(nproc: int, argv: list[str], entry: list[str] | None = None) -> 
         codes = {f.exitcode for f in e.failures.values()}
         if codes == {2}:  # bad input found after start-up: each rank printed its line
             return 2
+        if OUTPUT_FAILED in codes:  # rank 0 said which output it could not write
+            return OUTPUT_FAILED
         print(f"error: {describe_failures(e.failures)}", file=sys.stderr)
         return 1
+    except (SignalException, KeyboardInterrupt) as e:
+        # Ctrl-C or SIGTERM: torchrun's agent passed the signal on and waited for the ranks,
+        # which ended the running point as an error row, recorded the run's end and said so.
+        return 128 + int(getattr(e, "sigval", signal.SIGINT))
     return 0
 
 
@@ -182,9 +200,15 @@ def resolve(config: RunConfig, world: int | None) -> Resolved:
 
 
 def _check_out(config: RunConfig) -> None:
-    """--out and --resume agree with what the folder holds, or one line and exit 2."""
+    """--out and --resume agree with what the folder holds, and no other run holds it now, or
+    one line and exit 2."""
     if config.resume and config.out is None:
         fail("--resume needs --out RUN_DIR (the run to continue)")
+    if config.out is not None:
+        try:
+            lock.check_free(config.out)  # checked here to fail before launch; rank 0 holds it
+        except RunFolderError as e:
+            fail(str(e))
     if config.resume:
         problem = resume_problem(config.out, config, _world_size(config))
         if problem:
@@ -239,6 +263,10 @@ def main(argv: list[str] | None = None) -> int:
         if config.nproc_per_node is None:
             fail(_launch_hint(list(config.argv)))
         return _launch(run)
-    if run.collective_plan is not None:
-        return run_collective_sweep(config, CollectivePlan(**run.collective_plan))
-    return run_sweep(config, list(run.points))
+    try:
+        if run.collective_plan is not None:
+            return run_collective_sweep(config, CollectivePlan(**run.collective_plan))
+        return run_sweep(config, list(run.points))
+    except OutputError as e:  # a full disk: the rows before are whole, this one is said
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return OUTPUT_FAILED

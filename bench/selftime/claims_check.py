@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.analysis.confidence import run_estimates
-from bench.runfolder.folder import read_run
+from bench.runfolder.schema import read_run
 from bench.stats.estimates import paired_ratio, ratio
 from bench.stats.ties import versus_best
 

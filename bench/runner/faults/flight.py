@@ -33,6 +33,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from bench.runfolder.atomic import OutputError, write_bytes
+
 # set while a dump is written (faults/watchdog.py defers SIGTERM meanwhile)
 DUMPING = threading.Event()
 BUFFER_ENTRIES = 2000  # collectives kept per process: a few steps of the largest model here
@@ -106,9 +108,14 @@ def thread_stacks(skip: int | None = None) -> list[dict]:
 
 
 def _write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")  # hidden: no reader takes a half-written dump
-    tmp.write_bytes(data)
-    tmp.replace(path)
+    """Whole or not at all (a hidden temporary file renamed into place: no reader takes a
+    half-written dump); a full disk is one line on stderr, not a second failure of the rank
+    whose point already failed."""
+    try:
+        write_bytes(path, data)
+    except OutputError as e:
+        with contextlib.suppress(OSError, ValueError):
+            print(f"flight record not kept: {e}", file=sys.stderr, flush=True)
 
 
 def dump(

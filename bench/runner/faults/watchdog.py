@@ -57,17 +57,23 @@ class _Ending:
     lock: threading.Lock = field(default_factory=threading.Lock)
     write_error: Callable[[str], None] | None = None  # rank 0: writes the point's error row
     written: bool = False
+    record_end: Callable[[str], None] | None = None  # rank 0: meta.json's end (``on_exit``)
 
 
 _ENDING = _Ending()
 
 
+SIGINT_WHY = "interrupted (SIGINT): the point was cancelled"
+
+
 def _on_term(signum, frame) -> None:
-    """SIGTERM outside a point ends the rank at once, as by default. Inside one, the point is
-    ended as failed instead (the watchdog dumps the rank and interrupts it), its row is written,
-    and the rank leaves then (``point_done``): a launcher stops the other ranks the moment one
-    dies (torchrun does), and the survivors' dumps are what says why."""
-    terminate(SIGTERM_WHY, 128 + signum)
+    """SIGTERM (or SIGINT, Ctrl-C, which a terminal sends to the launcher and every rank)
+    outside a point ends the rank at once, as by default. Inside one, the point is ended as
+    failed instead (the watchdog dumps the rank and interrupts it), its row is written, and the
+    rank leaves then (``point_done``): a launcher stops the other ranks the moment one dies
+    (torchrun does), and the survivors' dumps are what says why. Either way the rank leaves
+    with 128 + the signal's number, after ``on_exit``'s record of the run's end."""
+    terminate(SIGINT_WHY if signum == signal.SIGINT else SIGTERM_WHY, 128 + signum)
 
 
 def terminate(why: str, code: int) -> None:
@@ -94,7 +100,22 @@ def check_terminated() -> None:
         raise PointInterrupted(_ENDING.why)
 
 
+def on_exit(record: Callable[[str], None] | None) -> None:
+    """``record(why)`` runs once before this rank leaves early (rank 0: meta.json's end)."""
+    _ENDING.record_end = record
+
+
 def _exit(code: int) -> None:
+    """Leave with ``code``: rank 0 first records the run's end (``on_exit``) and says why in
+    one line (the other ranks leave quietly: one line for the job, not one per rank)."""
+    record, _ENDING.record_end = _ENDING.record_end, None
+    if record is not None:
+        try:
+            record(_ENDING.why)
+        except Exception as e:  # noqa: BLE001  (leaving anyway: say what was not recorded)
+            say(f"the run's end was not recorded: {e}")
+    if os.environ.get("RANK", "0") == "0":
+        say(f"{_ENDING.why}: every finished row is in results.csv")
     for stream in (sys.stdout, sys.stderr):
         # a pipe whose reader (the launcher) is gone must not keep the rank alive
         with contextlib.suppress(OSError, ValueError):
@@ -135,7 +156,6 @@ def end_now() -> None:
                 _ENDING.written = True
         except Exception as e:  # noqa: BLE001  (leaving anyway: say what was not written)
             say(f"the point's error row was not written: {e}")
-    say(f"{_ENDING.why}: every finished row is in results.csv")
     _exit(_ENDING.code)
 
 
@@ -145,16 +165,16 @@ def point_done() -> None:
     with _ENDING.lock:
         _ENDING.write_error = None
     if _TERMINATE.is_set():
-        say(f"{_ENDING.why}: every finished row is in results.csv")
         _exit(_ENDING.code)
 
 
 def install() -> bool:
-    """The main thread's handlers for the watchdog's signal and for SIGTERM (False where they
-    cannot be set)."""
+    """The main thread's handlers for the watchdog's signal, SIGTERM and SIGINT (False where
+    they cannot be set)."""
     try:
         signal.signal(signal.SIGUSR1, _on_signal)
         signal.signal(signal.SIGTERM, _on_term)
+        signal.signal(signal.SIGINT, _on_term)
     except ValueError:  # not the main thread
         return False
     return True

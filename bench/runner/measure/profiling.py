@@ -3,6 +3,9 @@ the process's peak resident memory (a step's peak memory: ``memory.py``)."""
 
 from __future__ import annotations
 
+import errno
+import os
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -12,6 +15,9 @@ from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trac
 
 from bench.runner.measure.quiet import without_lines
 from bench.runner.session.distenv import synchronize
+
+# Room left under which a filesystem counts as full: below one block of a trace's writes.
+FULL_BELOW_BYTES = 64 << 10
 
 
 def _status_kb(field: str) -> int | None:
@@ -83,6 +89,23 @@ def profile_steps(
     traces = sorted(
         trace_dir.glob(f"{worker_name}.*.pt.trace.json"), key=lambda p: p.stat().st_mtime
     )
+    if disk_full(trace_dir):
+        # Kineto says only "Failed to write to log file!" and leaves what it wrote: take the
+        # fragment back, so that the point's error row still has room to be written.
+        for partial in traces:
+            partial.unlink(missing_ok=True)
+        raise OSError(
+            errno.ENOSPC,
+            f"cannot write {worker_name}'s trace in {trace_dir}: {os.strerror(errno.ENOSPC)}",
+        )
     if not traces:
         raise RuntimeError(f"profiler wrote no trace for {worker_name} in {trace_dir}")
     return traces[-1], active_ms
+
+
+def disk_full(folder: Path) -> bool:
+    """Whether the filesystem of ``folder`` has less room left than a trace's smallest write."""
+    try:
+        return shutil.disk_usage(folder).free < FULL_BELOW_BYTES
+    except OSError:
+        return False

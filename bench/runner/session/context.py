@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import sys
@@ -14,29 +13,28 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from bench.runfolder import lock
 from bench.runfolder.columns import NOISE_COLUMNS
 from bench.runfolder.folder import (
-    SCHEMA_VERSION,
     ResultsWriter,
-    Run,
     SamplesWriter,
-    check_schema,
     default_run_dir,
     done_visits,
     git_commit,
     has_results,
-    read_run,
     utc_now,
     write_meta,
 )
 from bench.runfolder.points import POINTS_FILE, PointRecord, RunFolderError, write_points
-from bench.runner.faults import launcher
+from bench.runfolder.schema import SCHEMA_VERSION, Run, read_meta, read_run
+from bench.runner.faults import launcher, watchdog
 from bench.runner.plan.config import RunConfig
 from bench.runner.plan.sweeps import SWEEPS, sweep_names
 from bench.runner.session.distenv import DistEnv, fail, init_distributed
 from bench.runner.session.scheduler import jobs_so_far, slurm_job
 
 REPO = Path(__file__).resolve().parents[2]
+FINISHED = "finished"  # meta.json's ``ended`` for a run that ran every point
 
 
 @dataclass
@@ -90,12 +88,8 @@ def resume_problem(run_dir: Path, config: RunConfig, world_size: int | None) -> 
         return f"--resume: {run_dir} is not a run folder (no meta.json)"
     if not has_results(run_dir):
         return f"--resume: {run_dir} holds no results.csv to continue"
-    try:
-        meta = json.loads(meta_path.read_text())
-    except (OSError, ValueError) as e:
-        return f"--resume: cannot read {meta_path}: {e}"
     try:  # a run of another schema has other columns: appending to it would mix them
-        check_schema(run_dir, meta)
+        meta = read_meta(run_dir)
     except RunFolderError as e:
         return f"--resume: {e}"
     then = meta.get("config", {})
@@ -112,24 +106,36 @@ def resume_problem(run_dir: Path, config: RunConfig, world_size: int | None) -> 
 
 
 def _prepare_run_dir(config: RunConfig, world_size: int) -> tuple[Path | None, str | None]:
-    """Rank 0 only: pick the folder, refuse to overwrite finished results, or to resume a run
-    made with other settings."""
+    """Rank 0 only: pick the folder and hold it for the run's life (``lock.py``), refuse to
+    overwrite finished results, or to resume a run made with other settings."""
     c = config
     run_dir = c.out if c.out is not None else default_run_dir(Path("results"), c.sweep)
-    finished = has_results(run_dir)
-    if finished and not c.resume:
-        return None, (
-            f"{run_dir} already holds results: pass --resume to continue it, or "
-            f"choose another --out"
-        )
-    if c.resume:
-        problem = resume_problem(run_dir, c, world_size)
-        if problem:
-            return None, problem
     try:
         (run_dir / "traces").mkdir(parents=True, exist_ok=True)
     except OSError as e:
         return None, f"cannot create {run_dir}: {e.strerror}"
+    try:
+        held = lock.hold(run_dir, list(c.argv))
+    except RunFolderError as e:
+        return None, str(e)
+    problem = None
+    if has_results(run_dir) and not c.resume:
+        problem = (
+            f"{run_dir} already holds results: pass --resume to continue it, or "
+            f"choose another --out"
+        )
+    elif c.resume:
+        problem = resume_problem(run_dir, c, world_size)
+    if problem:
+        held.finished()  # refused, not interrupted: nothing for the next run to take over
+        return None, problem
+    if held.stale:
+        print(
+            f"note: {run_dir} was held by a run that ended without finishing ({held.stale}); "
+            "this run takes it over",
+            file=sys.stderr,
+            flush=True,
+        )
     return run_dir, None
 
 
@@ -162,6 +168,7 @@ def _meta(config: RunConfig, env: DistEnv, run_dir: Path) -> dict:
         "git_commit": git_commit(REPO),
         "start_time": utc_now(),
         "end_time": None,
+        "ended": None,
         "config": config.settings(),
         # the batch job this launch ran in (None outside SLURM), and every job that worked on
         # this folder (a resubmitted or requeued job continues it with --resume)
@@ -172,8 +179,8 @@ def _meta(config: RunConfig, env: DistEnv, run_dir: Path) -> dict:
 
 def _previous_meta(run_dir: Path) -> dict | None:
     try:
-        return json.loads((run_dir / "meta.json").read_text())
-    except (OSError, ValueError):
+        return read_meta(run_dir)
+    except RunFolderError:
         return None
 
 
@@ -198,9 +205,11 @@ def start_run(
         dist.destroy_process_group()
         fail(error)
     ctx = RunContext(config=config, env=env, run_dir=run_dir, skip=set())
+    watchdog.install()  # SIGINT and SIGTERM end the running point as an error row
     if env.is_main:
         ctx.meta = _meta(config, env, run_dir)
         write_meta(run_dir / "meta.json", ctx.meta)
+        watchdog.on_exit(lambda why: record_end(ctx, why))
         if points is not None:
             write_points(run_dir / POINTS_FILE, points)
         ctx.writer = ResultsWriter(run_dir / "results.csv", columns)
@@ -230,13 +239,21 @@ def _resumed(run_dir: Path) -> tuple[set, dict[str, History], int]:
     return skip, history, len(run.noise)
 
 
+def record_end(ctx: RunContext, why: str) -> None:
+    """meta.json's end: when, and how (``FINISHED``, or why the run stopped early)."""
+    ctx.meta["end_time"] = utc_now()
+    ctx.meta["ended"] = why
+    write_meta(ctx.run_dir / "meta.json", ctx.meta)
+
+
 def finish_run(ctx: RunContext, summary: Callable[[Run], str]) -> int:
     """Rank 0: close meta.json, print the summary (table and answers), write the report, name
     both last."""
     launcher.stop()  # the ranks now leave one by one: one gone first is no lost launcher
+    watchdog.on_exit(None)
     if ctx.env.is_main:
-        ctx.meta["end_time"] = utc_now()
-        write_meta(ctx.run_dir / "meta.json", ctx.meta)
+        record_end(ctx, FINISHED)
+        lock.held(ctx.run_dir).finished()
         run = read_run(ctx.run_dir)
         df = run.results
         print("\n" + summary(run), flush=True)

@@ -11,8 +11,9 @@ import torch.distributed as dist
 
 from bench.console import human_duration
 from bench.runfolder import columns
-from bench.runfolder.folder import Run, write_meta
+from bench.runfolder.folder import write_meta
 from bench.runfolder.points import PointRecord
+from bench.runfolder.schema import Run
 from bench.runner.faults import watchdog
 from bench.runner.faults.hangs import diagnosis
 from bench.runner.measure.noise import NoiseFloor
