@@ -87,7 +87,7 @@ class Impl:
         default=state_dict_parameters, repr=False
     )
     # The implementation of the same strategy whose planned memory stands for this one's
-    # (bench/plan/scaling.py: FSDP2's for FSDP1's, the same shards gathered unit by unit);
+    # (bench/plan/trackings.py: FSDP2's for FSDP1's, the same shards gathered unit by unit);
     # None: its own. ``memory_own``: a knob's values where it is tracked as itself all the
     # same, its memory being its own there.
     memory_as: str | None = None

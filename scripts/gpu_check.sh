@@ -72,7 +72,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.analysis.folder import analyse, load_trace_dir
+from bench.analysis.trace_folder import analyse, load_trace_dir
 
 out = Path(sys.argv[1])
 pd.set_option("display.width", 250)

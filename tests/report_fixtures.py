@@ -12,7 +12,7 @@ from bench.runfolder.columns import NOISE_COLUMNS
 from bench.runfolder.folder import ResultsWriter, SamplesWriter, write_meta
 from bench.runfolder.points import POINTS_FILE, write_points
 from bench.runfolder.schema import SCHEMA_VERSION
-from bench.runner.plan.points import resolve_point
+from bench.runner.configure.resolve import resolve_point
 from parallel_kernels.knobs import KNOBS
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from bench.runner.plan.points import build_points
+from bench.runner.configure.resolve import build_points
 from parallel_kernels.models import MODELS
 from parallel_kernels.strategies import STRATEGIES
 from tests.test_fsdp import CPU, rank_batches, single_process, tiny

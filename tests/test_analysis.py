@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from bench.analysis import breakdown as analysis
-from bench.analysis.collectives import collective_summary, wait_split
+from bench.analysis.collective_calls import collective_summary, wait_split
 from parallel_kernels.facts import op_name
 
 pytestmark = pytest.mark.unit

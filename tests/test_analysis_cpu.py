@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 from torch.profiler import record_function
 
-from bench.analysis import folder as trace_folder
+from bench.analysis import trace_folder as trace_folder
 from bench.runner.measure.profiling import profile_steps
 from bench.runner.train.data import Batches
 from parallel_kernels.models import MODELS, build_model

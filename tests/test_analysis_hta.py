@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 
 from bench.analysis import breakdown as analysis
-from bench.analysis import folder as trace_folder
-from bench.analysis import intervals as iv
+from bench.analysis import interval_sets as iv
 from bench.analysis import reader as trace_reader
+from bench.analysis import trace_folder as trace_folder
 
 DATA = Path(__file__).parent / "data" / "hta"
 REPO = Path(__file__).resolve().parents[1]

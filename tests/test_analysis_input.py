@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.analysis import folder as trace_folder
+from bench.analysis import trace_folder as trace_folder
 from tests.kineto_writer import gpu_step_events, write_trace
 
 REPO = Path(__file__).resolve().parents[1]

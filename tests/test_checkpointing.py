@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from bench.runner.plan.points import build_points
+from bench.runner.configure.resolve import build_points
 from parallel_kernels.checkpointing import checkpoint_blocks
 from parallel_kernels.models import MLP, MODELS
 from parallel_kernels.strategies import STRATEGIES

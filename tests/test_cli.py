@@ -201,7 +201,7 @@ def test_a_rank_whose_error_rank_0_did_not_share_says_it_itself(monkeypatch, cap
 
 @pytest.mark.unit
 def test_tp_sweeps_fit_their_defaults_to_the_world_size():
-    from bench.runner.plan.points import build_points
+    from bench.runner.configure.resolve import build_points
 
     def values(sweep, world):
         return sorted({p.value for p in build_points(sweep, world_size=world)}, key=str)
@@ -322,7 +322,7 @@ def test_a_repeated_value_is_refused_before_any_rank_starts(args, message, capsy
 @pytest.mark.unit
 def test_points_of_distinct_values_have_distinct_ids():
     """Two values that print alike at six digits still make two ids."""
-    from bench.runner.plan.points import build_points
+    from bench.runner.configure.resolve import build_points
 
     points = build_points(
         "bucket_cap_mb", world_size=2, models="mlp", values="0.1234567,0.1234568", impls="native"

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from bench.runfolder import columns
-from bench.runner.collectives.sweep import UNSUPPORTED, CollectivePlan, _run_size
+from bench.runner.collectives.message_sweep import UNSUPPORTED, CollectivePlan, _run_size
 from bench.runner.measure import timing
 from parallel_kernels.collectives import COLLECTIVES
 from tests.test_harness import pool_env

@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from bench.runner.plan.points import build_points
+from bench.runner.configure.resolve import build_points
 from parallel_kernels.models import build_model
 from tests.test_harness import FAST, run_points
 

@@ -50,3 +50,15 @@ def test_the_knob_table_in_the_docs_is_made_from_the_knob_rows():
     text = (REPO / "docs" / "sweeps.md").read_text()
     block = re.search(r"<!-- knobs:start[^>]*-->\n(.*)\n<!-- knobs:end -->", text, re.S)
     assert block and block.group(1) == knobs.docs_table()
+
+
+@pytest.mark.unit
+def test_every_docs_page_says_its_command_first():
+    """A page opens with what it is for and the command (a fenced block in its first 30 lines),
+    so that a reader who stops there can run it."""
+    late = [
+        p.name
+        for p in sorted((REPO / "docs").glob("*.md"))
+        if not any(line.startswith("```") for line in p.read_text().splitlines()[:30])
+    ]
+    assert late == []

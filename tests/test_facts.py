@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.analysis.collectives import busbw_gbps
+from bench.analysis.collective_calls import busbw_gbps
 from bench.replay.play import registry_count
 from parallel_kernels import facts
 from parallel_kernels.collectives import COLLECTIVES
@@ -41,7 +41,7 @@ def test_precision_names_map_to_their_dtypes_and_counts_follow_the_registry():
 @pytest.mark.e2e
 def test_the_facts_and_the_analysis_import_without_torch():
     code = (
-        "import sys; import parallel_kernels.facts, bench.analysis.collectives; "
+        "import sys; import parallel_kernels.facts, bench.analysis.collective_calls; "
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
     proc = subprocess.run(

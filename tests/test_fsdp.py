@@ -9,8 +9,8 @@ import torch.distributed as dist
 from bench.runner.train.data import Batches
 from parallel_kernels.fsdp_layout import fsdp_units, unit_params
 from parallel_kernels.models import MODELS, Transformer
-from parallel_kernels.step import unsynced
 from parallel_kernels.strategies import STRATEGIES
+from parallel_kernels.wrapped_step import unsynced
 
 pytestmark = pytest.mark.ranks
 
@@ -476,7 +476,7 @@ def test_fsdp1_options_run_or_say_why(pool, tmp_path):
 
 
 def clipped_worker(impl: str, max_norm: float) -> dict:
-    from parallel_kernels.step import clip_grad_norm
+    from parallel_kernels.wrapped_step import clip_grad_norm
 
     world, rank = dist.get_world_size(), dist.get_rank()
     model = STRATEGIES["fsdp"].apply(

@@ -4,7 +4,7 @@ large-batch step is proven in test_ddp.py for DDP, test_fsdp.py for FSDP1 and FS
 
 import pytest
 
-from bench.runner.plan.points import build_points
+from bench.runner.configure.resolve import build_points
 from tests.test_harness import FAST, run_points
 
 

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from bench.runfolder.points import PointRecord
-from bench.runner.plan.points import resolve_point
+from bench.runner.configure.resolve import resolve_point
 from bench.runner.session.distenv import DistEnv
 from bench.runner.train.harness import HarnessConfig, run_point
 from parallel_kernels.ddp import apply_reference_ddp

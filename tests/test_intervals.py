@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from bench.analysis import intervals as iv
+from bench.analysis import interval_sets as iv
 
 pytestmark = pytest.mark.unit
 

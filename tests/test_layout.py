@@ -30,3 +30,21 @@ def test_no_function_is_over_60_lines_and_fmt_skip_stays_rare():
                     long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name} {lines}")
     assert long == []
     assert skips <= 40  # kept only where a table's alignment carries meaning
+
+
+SHARED_BY_CONVENTION = ("__init__.py", "__main__.py", "conftest.py")  # names Python and pytest give
+
+
+def test_no_two_modules_share_a_name_and_one_package_is_plan():
+    """A module's name is found once in the tree, so that a name in a traceback, an import or
+    a conversation means one file; ``plan`` is the planner's package alone."""
+    names: dict[str, list[str]] = {}
+    for package in ("bench", "parallel_kernels", "tests", "examples", "scripts"):
+        for p in (REPO / package).rglob("*.py"):
+            if p.name not in SHARED_BY_CONVENTION and ".venv" not in p.parts:
+                names.setdefault(p.name, []).append(str(p.relative_to(REPO)))
+    assert {n: ps for n, ps in names.items() if len(ps) > 1} == {}
+    plans = [
+        p for p in (REPO / "bench").rglob("plan") if p.is_dir() and "__pycache__" not in str(p)
+    ]
+    assert [str(p.relative_to(REPO)) for p in plans] == ["bench/plan"]

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from bench.runner.measure.memory import MemoryBaseline, c10_counting, point_memory, step_memory
+from bench.runner.measure.peak_memory import MemoryBaseline, c10_counting, point_memory, step_memory
 from bench.runner.train.data import Batches
 from parallel_kernels.workload import Workload, tensor_bytes
 
@@ -152,7 +152,7 @@ def test_a_memory_step_whose_trace_cannot_be_read_is_measured_once_more(monkeypa
     """torch's export once wrote a trace that was not UTF-8 (a native DDP step on gloo): the
     step measured again gives the figure; a second unreadable trace is the point's error."""
     from bench.analysis.reader import TraceError
-    from bench.runner.measure import memory
+    from bench.runner.measure import peak_memory as memory
 
     real, calls = memory.load_trace, []
 

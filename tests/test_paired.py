@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from bench.analysis.confidence import verdicts
+from bench.runner.configure.config import RunConfig
+from bench.runner.configure.resolve import build_points
 from bench.runner.measure.timing import MAX_SECONDS, MAX_STEPS
-from bench.runner.plan.config import RunConfig
-from bench.runner.plan.points import build_points
 from bench.runner.session.distenv import DistEnv
 from bench.runner.train import racing
 from bench.runner.train.cohort import split_cohorts, state_bytes

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from bench.runner.measure.memory import MEMORY_STEPS, WARM_STEPS
+from bench.runner.measure.peak_memory import MEMORY_STEPS, WARM_STEPS
 from bench.runner.measure.timing import Budget
 from bench.runner.train import plain_check, plain_compare
 from bench.runner.train.harness import Visit, run_point

@@ -18,17 +18,18 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from bench.plan import __main__ as plan_cli
-from bench.plan import fakes, memory, planner, scaling, tracked
+from bench.plan import fakes, memory, planner, tracked
+from bench.plan import trackings as scaling
 from bench.plan.calibrate import Rate
 from bench.plan.devices import DEVICES, Device
 from bench.plan.space import Config, enumerate_space, micro_batches
-from bench.plan.timing import Topology
+from bench.plan.step_time import Topology
 from bench.plan.verify import VERDICT_GROUP, picks
 from bench.report import __main__ as report_cli
 from bench.runfolder.points import read_points
 from bench.runner.cli import resolve
-from bench.runner.plan.flags import parse_config
-from bench.runner.plan.points import resolve_point
+from bench.runner.configure.flags import parse_config
+from bench.runner.configure.resolve import resolve_point
 from parallel_kernels.workload import tensor_bytes
 from tests.rank_pool import RankPool
 from tests.test_harness import run_points
@@ -641,7 +642,7 @@ def test_the_calibration_measures_its_points_in_one_launch_and_fits_the_rates_th
 def test_tps_own_work_is_its_computation_over_ddps_at_its_flops_and_lands_in_its_steps():
     from bench.model.compute import ComputeProfile
     from bench.plan.calibrate import tp_extra
-    from bench.plan.timing import _with_own_work
+    from bench.plan.step_time import _with_own_work
 
     ddp = {"compute_ms": 16.0, "step_ms_median": 20.0, "flops_per_step": 8e8}
     tp = pd.DataFrame(
@@ -846,7 +847,7 @@ def test_fsdps_own_work_is_its_computation_over_ddps_and_lengthens_its_predicted
     """A CPU plan's FSDP rows carry FSDP's own computation (its copies and hooks), measured as
     a calibration point's computation over DDP's at the same micro-batch and precision."""
     from bench.plan.calibrate import at_precision, fsdp_extra
-    from bench.plan.timing import predict_step
+    from bench.plan.step_time import predict_step
 
     ddp = pd.DataFrame([{"value": "fp32", "compute_ms": 20.0}])
     fsdp = pd.DataFrame(
@@ -926,7 +927,7 @@ def test_checkpointings_cost_is_its_measured_ratio_over_the_predicted_one(tmp_pa
     their measurement without it)."""
     from bench.plan.calibrate import ckpt_factor
     from bench.plan.memory import recompute_ratio
-    from bench.plan.timing import predict_step
+    from bench.plan.step_time import predict_step
 
     off = {"compute_ms": 22.0, "flops_per_step": 1e9}
     on = {"compute_ms": 32.0, "flops_per_step": 1e9}

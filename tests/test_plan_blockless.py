@@ -14,7 +14,7 @@ from bench.plan import memory, planner
 from bench.plan.calibrate import Rate
 from bench.plan.devices import Device
 from bench.plan.space import NO_CHECKPOINT_UNITS, enumerate_space, names_checkpoint_units
-from bench.plan.timing import Topology
+from bench.plan.step_time import Topology
 
 WORLD, BATCH = 2, 16
 

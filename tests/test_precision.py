@@ -2,7 +2,7 @@
 
 import pytest
 
-from bench.runner.plan.points import build_points
+from bench.runner.configure.resolve import build_points
 from tests.test_harness import FAST, run_points
 
 pytestmark = pytest.mark.ranks

@@ -18,7 +18,7 @@ import pytest
 from bench.analysis.sequence import job_sequence
 from bench.replay.__main__ import build_parser, prepare
 from bench.replay.__main__ import main as replay_main
-from bench.replay.run import replay_on
+from bench.replay.job import replay_on
 from tests.test_harness import make_point, pool_env, run_points
 
 REPO = Path(__file__).resolve().parents[1]

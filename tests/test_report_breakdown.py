@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 from matplotlib.axes import Axes
 
-from bench.report import figures
+from bench.report import charts as figures
 
 pytestmark = pytest.mark.unit
 

@@ -9,7 +9,7 @@ import pytest
 from bench.model.comm import fit_rows
 from bench.model.compute import ComputeProfile
 from bench.model.predict import case_of, simulate_case
-from bench.runner.plan.points import build_points
+from bench.runner.configure.resolve import build_points
 from parallel_kernels import knobs, strategies
 from tests.test_harness import FAST, run_points
 from tests.test_model import synthetic
@@ -22,7 +22,7 @@ IMPLS = {"reference_nooverlap": "after_backward", "native": "torch_ddp"}
 def renamed_rows():
     """The DDP knob and two implementations registered under new names (copies of their rows,
     the old names gone), and a sweep over the renamed knob."""
-    from bench.runner.plan import sweeps
+    from bench.runner.configure import sweeps
 
     ddp = strategies.STRATEGIES["ddp"]
     saved_knobs, saved_impls = dict(knobs.KNOBS), dict(ddp.impls)

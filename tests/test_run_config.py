@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 
 from bench.runner import cli
-from bench.runner.plan.config import (
+from bench.runner.configure.config import (
     COLLECTIVE_MAX_STEPS,
     DEFAULTS,
     TRAINING_MAX_STEPS,
     Resolved,
     RunConfig,
 )
-from bench.runner.plan.flags import build_parser, parse_config
-from bench.runner.plan.points import build_points
+from bench.runner.configure.flags import build_parser, parse_config
+from bench.runner.configure.resolve import build_points
 from bench.runner.session.distenv import TORCHRUN_VARS
 
 REPO = Path(__file__).resolve().parents[1]

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import torch.distributed as dist
 
-from bench.analysis.collectives import collective_calls, collective_summary, wait_split
+from bench.analysis.collective_calls import collective_calls, collective_summary, wait_split
 from bench.analysis.sequence import (
     SEQUENCE_COLUMNS,
     SequenceError,

@@ -25,9 +25,9 @@ import numpy as np
 import pytest
 
 from bench.analysis.breakdown import load_trace
-from bench.analysis.folder import load_trace_dir
 from bench.analysis.timeline import step_timeline
 from bench.analysis.trace_diff import trace_diff
+from bench.analysis.trace_folder import load_trace_dir
 from bench.report.__main__ import main as report_main
 from bench.report.timeline_figure import _rows
 from bench.report.trace_view import view_data

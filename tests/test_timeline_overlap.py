@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.analysis.folder import load_trace_dir
 from bench.analysis.timeline import LANES, TIMELINE_COLUMNS, inside, step_timeline
+from bench.analysis.trace_folder import load_trace_dir
 from tests.test_timeline import POINT, sweep
 
 # The check reads when gloo's thread got to run: with the parallel pass's other tests beside

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from bench.runner.cli import main
-from bench.runner.plan.points import resolve_point
+from bench.runner.configure.resolve import resolve_point
 from parallel_kernels.models import build_model, workload
 from tests.test_harness import FAST, FAST_STEPS, pool_env
 

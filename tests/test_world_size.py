@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 
 from bench.analysis.scaling import scaling_efficiency
-from bench.runner.plan.points import build_points
+from bench.runner.configure.resolve import build_points
 from tests.test_harness import FAST, run_points
 
 

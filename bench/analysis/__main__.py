@@ -10,8 +10,8 @@ from pathlib import Path
 import pandas as pd
 
 from bench.analysis import critical_cli
-from bench.analysis.folder import DEFINITIONS, analyse, load_trace_dir
 from bench.analysis.trace import TraceError
+from bench.analysis.trace_folder import DEFINITIONS, analyse, load_trace_dir
 from bench.console import records
 from bench.runfolder.atomic import OutputError, write_with
 

@@ -44,7 +44,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from bench.analysis import intervals as iv
+from bench.analysis import interval_sets as iv
 from bench.analysis.trace import (
     STEP,
     Trace,

@@ -37,7 +37,7 @@ from bench.analysis.critical_lanes import (
     GraphError,
     rank_graphs,
 )
-from bench.analysis.folder import load_trace_dir
+from bench.analysis.trace_folder import load_trace_dir
 
 PATH_COLUMNS = ["step", "rank", "start_us", "end_us", "dur_us", "category", "label", "op"]
 

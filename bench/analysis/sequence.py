@@ -27,11 +27,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from bench.analysis.folder import load_trace_dir
 from bench.analysis.reader import ISSUE_NAME, TraceError
 from bench.analysis.sequence_groups import gloo_group
 from bench.analysis.sequence_groups import span as _span
 from bench.analysis.trace import Trace, common_steps, name_matches, prepared, step_windows
+from bench.analysis.trace_folder import load_trace_dir
 from parallel_kernels.facts import ITEM_BYTES, OPS, POINT_TO_POINT, TORCH_DTYPE, op_name
 
 SEQUENCE_COLUMNS = [

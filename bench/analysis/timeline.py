@@ -27,7 +27,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from bench.analysis import intervals as iv
+from bench.analysis import interval_sets as iv
 from bench.analysis.breakdown import cpu_compute
 from bench.analysis.trace import (
     Trace,

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from bench.analysis import intervals as iv
+from bench.analysis import interval_sets as iv
 from bench.analysis.reader import ISSUE_NAME, TraceError, read_trace
 
 __all__ = ["TraceError"]

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from bench.analysis import breakdown as analysis
-from bench.analysis import intervals as iv
+from bench.analysis import interval_sets as iv
 from bench.model.comm import FitError
 
 AUTOGRAD_NODE = "autograd::engine::evaluate_function"

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from bench.analysis.collectives import collective_calls, wait_split
+from bench.analysis.collective_calls import collective_calls, wait_split
 from bench.model import schedule as sch
 from bench.model.comm import CommModel
 from bench.model.compute import ComputeProfile, from_traces, point_traces, pooled
@@ -123,7 +123,7 @@ def fsdp(
     case: Case, prof: ComputeProfile, comm: CommModel, n: int | None = None, outer=None
 ) -> list[sch.Op]:
     """``outer``: the costs of HYBRID_SHARD's all-reduce across shard groups, where it runs
-    on another link (across nodes; the planner's topology, bench/plan/timing.py)."""
+    on another link (across nodes; the planner's topology, bench/plan/step_time.py)."""
     n, outer = n or case.world, outer or comm
     strategy = case.knobs["sharding_strategy"]
     s = shard_group_size(strategy, n, case.knobs.get("shard_size"))
@@ -163,7 +163,7 @@ def tp(
     case: Case, prof: ComputeProfile, comm: CommModel, n: int | None = None, outer=None
 ) -> list[sch.Op]:
     """``outer``: the costs of the data-parallel all-reduces, where they run on another link
-    than the TP group's (across nodes; the planner's topology, bench/plan/timing.py)."""
+    than the TP group's (across nodes; the planner's topology, bench/plan/step_time.py)."""
     n, outer = n or case.world, outer or comm
     calls = case.figures.get("tp_comm_calls")
     if calls is None:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from bench.analysis import intervals as iv
+from bench.analysis import interval_sets as iv
 
 
 @dataclass(frozen=True)

@@ -16,5 +16,5 @@ the cost model's schedules over the target's links, ranked; the best verified he
   ``launch.py``: ``bench/run.py`` launched here (several commands' points interleaved in one
   launch), and a row's configuration in words.
 
-Not to be confused with ``bench.runner.plan``, which turns one sweep into its points.
+Not to be confused with ``bench.runner.configure``, which turns one sweep into its points.
 """

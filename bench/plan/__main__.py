@@ -23,7 +23,7 @@ from pathlib import Path
 
 import bench.plan.one_thread  # noqa: F401 - first: one thread before torch loads
 from bench.plan import inputs, table
-from bench.plan.page import write_page
+from bench.plan.plan_page import write_page
 from bench.plan.planner import plan_rows
 from bench.plan.space import enumerate_space, names_checkpoint_units
 from bench.runfolder.atomic import OutputError, write_text, write_with

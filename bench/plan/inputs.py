@@ -29,7 +29,7 @@ from bench.plan.devices import device
 from bench.plan.memory import recompute_ratio
 from bench.plan.planner import Target
 from bench.plan.space import FAMILIES, OPTIONS, micro_batches
-from bench.plan.timing import Topology, optimiser_ms, param_bytes
+from bench.plan.step_time import Topology, optimiser_ms, param_bytes
 from bench.runfolder import peaks
 from bench.runfolder.schema import read_results
 from parallel_kernels.models import workload

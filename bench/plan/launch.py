@@ -11,8 +11,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from bench.runner.cli import RESOLVED_ENV, resolve
-from bench.runner.plan.config import Resolved
-from bench.runner.plan.flags import parse_config
+from bench.runner.configure.config import Resolved
+from bench.runner.configure.flags import parse_config
 
 RUN_PY = Path(__file__).resolve().parents[2] / "bench" / "run.py"
 

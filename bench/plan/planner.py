@@ -21,10 +21,10 @@ import pandas as pd
 
 from bench.plan.calibrate import Rate
 from bench.plan.devices import Device
-from bench.plan.scaling import Job, builds, figures, run_build, schedule
 from bench.plan.space import Config
-from bench.plan.timing import Topology, predict_step
+from bench.plan.step_time import Topology, predict_step
 from bench.plan.tracked import Tracked
+from bench.plan.trackings import Job, builds, figures, run_build, schedule
 
 MiB_PER_GiB = 1024
 

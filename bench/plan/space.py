@@ -5,7 +5,7 @@ strategy (hybrid with one node's ranks per shard group, where the world spans no
 parallelism at each degree within a node, the rest of the ranks data parallel, replicated (DDP)
 or sharded (FSDP); each with activation checkpointing off and on, in fp32 and bf16, and at each
 (micro-batch, accumulation) pair whose product over the replicas is the global batch. Every
-row resolves to a ``PointRecord`` (``bench.runner.plan.points.resolve_point``, what
+row resolves to a ``PointRecord`` (``bench.runner.configure.resolve.resolve_point``, what
 ``bench/run.py`` resolves) and names the exact ``bench/run.py`` command that runs it.
 """
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from bench.runfolder.points import PointRecord
-from bench.runner.plan.points import resolve_point
+from bench.runner.configure.resolve import resolve_point
 from parallel_kernels.models import workload
 
 BUCKETS_MB = (5.0, 25.0, 100.0)

@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     seq, costs = prepare(args)
-    from bench.replay import run
+    from bench.replay import job as run
 
     if not args.impls:
         return run.price_only(args, argv, seq, costs)

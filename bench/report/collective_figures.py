@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from bench.report.figures import plt, png
+from bench.report.charts import plt, png
 
 
 def busbw_figure(ok: pd.DataFrame, limits: dict) -> str:

@@ -10,8 +10,8 @@ import html
 
 import pandas as pd
 
-from bench.analysis.folder import DEFINITIONS, analyse, load_trace_dir
 from bench.analysis.reader import TraceError
+from bench.analysis.trace_folder import DEFINITIONS, analyse, load_trace_dir
 from bench.report.tables import html_table
 from bench.runfolder.schema import Run
 

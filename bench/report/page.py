@@ -13,8 +13,8 @@ from pathlib import Path
 import pandas as pd
 
 from bench.analysis.scaling import scaling_efficiency
+from bench.report import charts as figs
 from bench.report import claims
-from bench.report import figures as figs
 from bench.report.answers import (
     ANSWERS_TABLE,
     answers_then_and_now,

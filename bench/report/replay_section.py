@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from bench.report.figures import png
+from bench.report.charts import png
 from bench.report.tables import html_table
 from bench.runfolder import columns
 from bench.runfolder.schema import Run

@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.patches import Patch
 
-from bench.report.figures import png
+from bench.report.charts import png
 
 STYLE = {  # lane -> (face colour, hatch)
     "compute": ("#4c72b0", ""),

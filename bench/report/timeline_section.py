@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.analysis.folder import load_trace_dir
 from bench.analysis.reader import TraceError
 from bench.analysis.timeline import TimelineError, step_timeline
 from bench.analysis.trace_diff import DIFF_COLUMNS, trace_diff
+from bench.analysis.trace_folder import load_trace_dir
 from bench.report.claims import fmt_value
 from bench.report.critical_section import with_path
 from bench.report.style import CSS, LOAD_CHECK

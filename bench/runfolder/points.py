@@ -1,11 +1,11 @@
 """The points record of a run folder (``points.jsonl``): each point resolved once, in full.
 
-The running side resolves everything a point is before it runs (``bench/runner/plan/points.py``):
-sweep and swept values, model, strategy, implementation with its facts, every knob with its
-value and default, world size and ranks, batch, steps, and the inputs of its expected
-figures. It writes one JSON line per point; the reading side (report, comparison, analysis,
-cost model) takes these records and nothing of the running side's tables, so that a run
-folder keeps its meaning after the code that wrote it has moved on.
+The running side resolves everything a point is before it runs
+(``bench/runner/configure/resolve.py``): sweep and swept values, model, strategy, implementation
+with its facts, every knob with its value and default, world size and ranks, batch, steps, and the
+inputs of its expected figures. It writes one JSON line per point; the reading side (report,
+comparison, analysis, cost model) takes these records and nothing of the running side's tables, so
+that a run folder keeps its meaning after the code that wrote it has moved on.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The training table's columns around a point's peak memory (results.csv, in their place in
 ``training_columns.py``): what the allocator reserved, what stayed in use once the point was
-released, and of that what is the point's own (bench/runner/measure/memory.py's
+released, and of that what is the point's own (bench/runner/measure/peak_memory.py's
 ``own_memory``)."""
 
 from __future__ import annotations

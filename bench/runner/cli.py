@@ -19,17 +19,17 @@ from bench.runfolder import lock
 from bench.runfolder.atomic import OutputError
 from bench.runfolder.folder import has_results
 from bench.runfolder.points import RunFolderError
-from bench.runner.collectives.sweep import CollectivePlan, run_collective_sweep
-from bench.runner.plan.config import (
+from bench.runner.collectives.message_sweep import CollectivePlan, run_collective_sweep
+from bench.runner.configure.config import (
     COLLECTIVE_MAX_STEPS,
     DEFAULT_ROUNDS,
     TRAINING_MAX_STEPS,
     Resolved,
     RunConfig,
 )
-from bench.runner.plan.flags import parse_config
-from bench.runner.plan.points import build_points
-from bench.runner.plan.sweeps import SWEEPS, message_sizes, parse_list, sweep_names
+from bench.runner.configure.flags import parse_config
+from bench.runner.configure.resolve import build_points
+from bench.runner.configure.sweeps import SWEEPS, message_sizes, parse_list, sweep_names
 from bench.runner.session.context import resume_problem
 from bench.runner.session.distenv import fail, launched_by_torchrun
 from bench.runner.train.sweep import run_sweep

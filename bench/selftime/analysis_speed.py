@@ -27,7 +27,7 @@ import warnings
 from pathlib import Path
 
 from bench.analysis import breakdown as analysis
-from bench.analysis import folder as trace_folder
+from bench.analysis import trace_folder as trace_folder
 from bench.runner.measure.profiling import peak_rss_bytes, reset_peak_rss
 
 REPO = Path(__file__).resolve().parents[2]

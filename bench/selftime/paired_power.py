@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import numpy as np
 
-from bench.runner.plan.config import DEFAULTS, TRAINING_MAX_STEPS
-from bench.runner.plan.points import build_points
+from bench.runner.configure.config import DEFAULTS, TRAINING_MAX_STEPS
+from bench.runner.configure.resolve import build_points
 from bench.runner.session.distenv import init_distributed, rank0_print
 from bench.runner.train.harness import HarnessConfig
 from bench.runner.train.interleave import CycleBudget, run_cohort

@@ -69,7 +69,7 @@ def _configs(models, batch, ranks, layouts):
 
 
 def predict(models, batch, ranks=2, gpu=False, layouts=()) -> list[dict]:
-    from bench.plan.scaling import track_config
+    from bench.plan.trackings import track_config
 
     rows = []
     for c in _configs(models, batch, ranks, layouts):

@@ -4,12 +4,12 @@
     torchrun --standalone --nproc_per_node=2 bench/selftime/speed.py --strategy fsdp  # FULL_SHARD
     torchrun --standalone --nproc_per_node=2 bench/selftime/speed.py --strategy tp    # TP degree 2
 
-Implementations are interleaved round by round (native, reference, ..., native, ...) so that
-machine drift hits them alike; each round builds the model afresh, warms up, and times steps
-with the harness's timing (slowest rank per step). The figure printed is the median over rounds
-of each implementation's median step time, and their ratio. Peak memory is the harness's
-(``bench.runner.measure.memory.point_memory``: the allocator's bytes at a step's peak, above what
-it held before the model was built), the largest over ranks. Communication per step is read
+Implementations are interleaved round by round (native, reference, ..., native, ...) so that machine
+drift hits them alike; each round builds the model afresh, warms up, and times steps with the
+harness's timing (slowest rank per step). The figure printed is the median over rounds of each
+implementation's median step time, and their ratio. Peak memory is the harness's
+(``bench.runner.measure.peak_memory.point_memory``: the allocator's bytes at a step's peak, above
+what it held before the model was built), the largest over ranks. Communication per step is read
 from a profiled run of each implementation (the bytes the traces record), and compared.
 """
 
@@ -29,10 +29,10 @@ import torch.distributed as dist
 from bench.analysis import breakdown as analysis
 from bench.analysis.breakdown import load_trace
 from bench.runfolder.points import PointRecord
-from bench.runner.measure.memory import point_memory
+from bench.runner.configure.resolve import resolve_point
+from bench.runner.measure.peak_memory import point_memory
 from bench.runner.measure.profiling import profile_steps
 from bench.runner.measure.timing import timed_steps
-from bench.runner.plan.points import resolve_point
 from bench.runner.session.distenv import init_distributed, rank0_print
 from bench.runner.train.step import build_trainer
 from parallel_kernels.knobs import KNOBS

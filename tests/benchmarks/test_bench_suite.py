@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench.analysis import breakdown as analysis
-from bench.analysis.folder import analyse, load_trace_dir
+from bench.analysis.trace_folder import analyse, load_trace_dir
 from bench.report.page import write_report
 from tests.report_fixtures import make_training_run
 

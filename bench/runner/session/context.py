@@ -27,9 +27,9 @@ from bench.runfolder.folder import (
 )
 from bench.runfolder.points import POINTS_FILE, PointRecord, RunFolderError, write_points
 from bench.runfolder.schema import SCHEMA_VERSION, Run, read_meta, read_run
+from bench.runner.configure.config import RunConfig
+from bench.runner.configure.sweeps import SWEEPS, sweep_names
 from bench.runner.faults import launcher, watchdog
-from bench.runner.plan.config import RunConfig
-from bench.runner.plan.sweeps import SWEEPS, sweep_names
 from bench.runner.session.distenv import DistEnv, fail, init_distributed
 from bench.runner.session.scheduler import jobs_so_far, slurm_job
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from bench.runfolder.points import PointRecord
-from bench.runner.plan.config import RunConfig
+from bench.runner.configure.config import RunConfig
 from bench.runner.session.distenv import DistEnv
 
 # fp32 parameter, gradient and AdamW's two moments: bytes of state per parameter, where the

@@ -25,8 +25,8 @@ from bench.runner.faults.hangs import diagnosis, hang_dir, run_watched
 from bench.runner.faults.root_cause import root_cause
 from bench.runner.measure import flops
 from bench.runner.measure.collector import settled
-from bench.runner.measure.memory import point_memory
 from bench.runner.measure.nvml import NvmlSampler
+from bench.runner.measure.peak_memory import point_memory
 from bench.runner.measure.profiling import profile_steps, reset_peak_rss
 from bench.runner.measure.timing import Budget, adaptive_steps, common_clock
 from bench.runner.session.distenv import DistEnv, synchronize

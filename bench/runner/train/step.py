@@ -18,8 +18,8 @@ from parallel_kernels.checkpointing import checkpoint_blocks
 from parallel_kernels.facts import torch_dtype
 from parallel_kernels.mesh import data_parallel_coords
 from parallel_kernels.models import build_model, workload
-from parallel_kernels.step import clip_grad_norm, unsynced
 from parallel_kernels.strategies import STRATEGIES
+from parallel_kernels.wrapped_step import clip_grad_norm, unsynced
 
 # The AdamW learning rate every point trains with (the harness takes it from here).
 LR = 1e-3

@@ -14,11 +14,11 @@ from bench.runfolder import columns
 from bench.runfolder.folder import write_meta
 from bench.runfolder.points import PointRecord
 from bench.runfolder.schema import Run
+from bench.runner.configure.config import RunConfig
 from bench.runner.faults import watchdog
 from bench.runner.faults.hangs import diagnosis
 from bench.runner.measure.noise import NoiseFloor
 from bench.runner.measure.timing import Budget
-from bench.runner.plan.config import RunConfig
 from bench.runner.session.context import History, finish_run, start_run
 from bench.runner.session.distenv import rank0_print
 from bench.runner.train.cohort import free_bytes, split_cohorts

@@ -20,7 +20,12 @@ from bench.analysis.breakdown import (
     load_trace,
     rank_summary,
 )
-from bench.analysis.collectives import collective_calls, collective_summary, stragglers, wait_split
+from bench.analysis.collective_calls import (
+    collective_calls,
+    collective_summary,
+    stragglers,
+    wait_split,
+)
 from bench.analysis.reader import TraceError
 
 TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz", ".json", ".json.gz")

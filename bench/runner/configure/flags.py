@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 
 from bench.console import fail, parse_duration
-from bench.runner.plan.config import (
+from bench.runner.configure.config import (
     COLLECTIVE_MAX_STEPS,
     DEFAULT_ROUNDS,
     DEFAULTS,
@@ -18,7 +18,7 @@ from bench.runner.plan.config import (
     TRAINING_MAX_STEPS,
     RunConfig,
 )
-from bench.runner.plan.sweeps import SWEEPS
+from bench.runner.configure.sweeps import SWEEPS
 from parallel_kernels.collectives import COLLECTIVES, DTYPES
 
 

@@ -18,8 +18,8 @@ from typing import Any
 import torch
 
 from bench.runfolder.points import PointRecord
-from bench.runner.plan.config import DEFAULTS
-from bench.runner.plan.sweeps import SWEEPS, Sweep, distinct, parse_list, sweep_names
+from bench.runner.configure.config import DEFAULTS
+from bench.runner.configure.sweeps import SWEEPS, Sweep, distinct, parse_list, sweep_names
 from parallel_kernels.fsdp_layout import fsdp_units, unit_params
 from parallel_kernels.knobs import KNOBS, by_param, positive_int, step_knobs
 from parallel_kernels.mesh import local_layout

@@ -12,7 +12,7 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 
-from bench.analysis.collectives import busbw_gbps
+from bench.analysis.collective_calls import busbw_gbps
 from bench.analysis.sequence import JobSequence
 from bench.replay import play, price
 from bench.runfolder import columns

@@ -30,11 +30,11 @@ import torch.distributed as dist
 from bench.console import human_bytes
 from bench.runfolder import columns
 from bench.runfolder.folder import write_meta
-from bench.runner.collectives.table import UNSUPPORTED, footer, header, print_line
+from bench.runner.collectives.console_table import UNSUPPORTED, footer, header, print_line
+from bench.runner.configure.config import RunConfig
 from bench.runner.faults import watchdog
 from bench.runner.faults.root_cause import root_cause
 from bench.runner.measure.timing import Budget, adaptive_steps, common_clock, timed_steps
-from bench.runner.plan.config import RunConfig
 from bench.runner.session.context import finish_run, start_run
 from bench.runner.session.distenv import DistEnv, rank0_print, synchronize
 from bench.stats.intervals import median_interval
