@@ -23,8 +23,8 @@ import torch
 import torch.distributed as dist
 
 # Rings cut each chunk in two segments (pipelining needs two; each more adds a message, which
-# costs more than it hides on an oversubscribed CPU), of 2 to 8 MiB. Measured here with gloo
-# at 2 and 4 ranks from 4 to 64 MiB, against fixed 1, 2, 4 and 8 MiB segments.
+# costs more than it hides on an oversubscribed CPU), of 2 to 8 MiB (docs/benchmarks.md,
+# "Collectives").
 RING_SEGMENT_MIN, RING_SEGMENT_MAX = 2 << 20, 8 << 20
 
 Reduce = Callable[[torch.Tensor, torch.Tensor], None]  # acc <- acc (op) incoming

@@ -149,9 +149,9 @@ class ReferenceDDP(nn.Module):
         self._next_launch = 0
         self._callback_queued = False
         # The hook holds the wrapper weakly: a parameter's hook lives in autograd's C++ side,
-        # where the collector cannot see a cycle through it, and a bound method kept the
-        # whole model (parameters, buckets) alive after its last reference went: 115 MiB of
-        # wide_mlp per point, until the process ended.
+        # where the collector cannot see a cycle through it, so a bound method would keep the
+        # whole model (parameters, buckets) alive until the process ends (docs/benchmarks.md,
+        # "Measured memory").
         on_ready = WeakMethod(self._on_grad_ready)
         for p in trainable:
             p.register_post_accumulate_grad_hook(lambda param: (on_ready() or _gone)(param))

@@ -238,18 +238,15 @@ STRATEGIES: dict[str, Strategy] = {
                     skip_sync="no_sync",
                     memory_as="native",
                     # Tracked as itself but for SHARD_GRAD_OP, which torch's FSDP1 cannot
-                    # step under fake tensors. NO_SHARD reduces its flat gradient in place
-                    # where FSDP2's keeps a gradient apart from the reduced one (FSDP2's
-                    # figure read 3 to 11 % over FSDP1's measured peak on the five models at
-                    # 2 ranks, its own 0 to 2 %); FULL_SHARD gathers a flat unit ahead in
-                    # backward and holds it with the current one (ResNet's read 0.947 on
-                    # FSDP2's figure, 1.000 on its own)
+                    # step under fake tensors: NO_SHARD reduces its flat gradient in place
+                    # where FSDP2 keeps a gradient apart from the reduced one, and FULL_SHARD
+                    # gathers a flat unit ahead in backward and holds it with the current one
+                    # (docs/benchmarks.md, "Planned memory")
                     memory_own={"sharding_strategy": ("NO_SHARD", "FULL_SHARD", "HYBRID_SHARD")},
                     # With one block there is no next flat unit to gather ahead in backward,
-                    # and its parameters show it (not its temporaries, as FSDP2's do, which a
-                    # move between two trackings is told by): from one and two blocks,
-                    # llama:1b's FULL_SHARD at 16 ranks, accumulating in fp32 with
-                    # checkpointing, read 48 % over its tracking in full
+                    # and it shows in FSDP1's parameters, where FSDP2's shows in the temporaries
+                    # that tell a move between two trackings: so FSDP1 is extrapolated from two
+                    # blocks (docs/benchmarks.md, "Planned memory")
                     memory_blocks_from=2,
                 ),
             ),

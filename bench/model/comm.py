@@ -216,7 +216,7 @@ class CommModel:
     """Fitted costs by (implementation, collective), from one backend and machine: one fit over
     every world size measured (for other world sizes), and one per world size when several were
     measured (used at that size: oversubscribed CPUs add latency the algorithm's n alone does
-    not explain, e.g. alpha per ring step 0.2 ms at 2 ranks on 2 cores but 0.8 ms at 4)."""
+    not explain; docs/benchmarks.md, "Collectives")."""
 
     backend: str
     host: str

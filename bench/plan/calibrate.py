@@ -1,44 +1,30 @@
 """The computation's rate from profiled steps of the model: what ``--compute`` reads, and the
 short launch the planner makes where it plans for this machine.
 
-DDP steps of the model, one batch per replica ``B``: ``B`` samples in one micro-batch, and
-``B / a`` in each of ``a`` accumulated ones. A step's computation (the analyser's
-``compute_ms``: the main thread's work less its collectives) of ``a`` micro-batches of ``m``
-samples is ``a (c + k m) + o`` (``c``: what a micro-batch costs whatever its size, launches and
-Python; ``k m``: its FLOPs at the rate ``R``; ``o``: the optimiser step), so the pair gives
-``c = (T_a - T_1) / (a - 1)`` and ``R = F / (T_1 - c - o)``, ``F`` the rank's FLOPs per step
-(the harness's count) and ``o`` AdamW's traffic (``timing.ADAMW_BYTES_PER_PARAM``). One point
-gives ``R`` with ``c = 0``. Another device's rate is this one's times the ratio of the two
-devices' peaks at the precision.
+A step's computation (the analyser's ``compute_ms``: the main thread's work less its
+collectives) of ``a`` micro-batches of ``m`` samples is ``a (c + k m) + o``: ``c`` what a
+micro-batch costs whatever its size (launches, Python), ``k m`` its FLOPs at the rate ``R``,
+``o`` the optimiser step (AdamW's traffic, ``timing.ADAMW_BYTES_PER_PARAM``). Two DDP points,
+``B`` samples per replica in one micro-batch and in ``a``, give ``c = (T_a - T_1) / (a - 1)``
+and ``R = F / (T_1 - c - o)`` (``F``: the rank's FLOPs per step, the harness's count); one
+point gives ``R`` with ``c = 0``. Another device's rate is this one's times the ratio of the
+two devices' peaks at the precision.
 
-Activation checkpointing costs a host more than its recomputation's FLOPs at that rate: the
-forward's launches and Python again, the checkpoint's own bookkeeping (llama:tiny on this CPU,
-8 samples: 27 % more computation checkpointed, where its FLOPs at the rate said 10 %). A CPU
-plan with checkpointed configurations measures DDP with checkpointing on too (the plan's first
-precision, ``B`` samples), and the rate's ``ckpt_factor`` is the ratio of the two computations
-over the one the rate predicts: a checkpointed micro-batch's predicted computation is
-multiplied by it (``timing.compute_profile``). A host's cost, taken for its plans only.
+A CPU plan also measures what the FLOPs at that rate miss, as this host's costs, taken for its
+own plans only (the plan's first precision):
 
-FSDP does computation of its own that the model's FLOPs do not count: per unit, the copies into
-and out of its collectives' buffers (an all-gather's input and its output into the unit's
-parameters, a reduce-scatter's input from the gradients) and its hooks. A CPU plan measures
-each FSDP implementation it holds at three shardings (the first precision, ``B`` samples): a
-configuration's computation per step less DDP's (``fsdp_ms``). The host's cost, and taken for
-this host's plans only.
+- ``ckpt_factor``: DDP checkpointed over DDP plain (``B`` samples), against what the rate
+  predicts; a checkpoint replays the forward's launches and Python and keeps books of its
+  own. It multiplies a checkpointed micro-batch's computation (``timing.compute_profile``).
+- ``fsdp_ms``: each FSDP implementation at three shardings (``B`` samples) less DDP: the
+  copies into and out of its collectives' buffers, its hooks.
+- ``tp_ms``: each TP implementation over all its ranks (the ranks' samples, so that a rank
+  computes DDP's FLOPs) less DDP, scaled to its FLOPs: DTensor decides each op's sharding in
+  Python, a cost per op, so it is taken for every TP degree of the plan.
 
-TP's implementations do work of their own too: DTensor's dispatch decides each op's sharding
-in Python, a cost per op, not per FLOP (the custom example's TP over 2 ranks computed 26.9 ms
-a step where DDP computed 16.5 for the same FLOPs per rank, and a plan without it read the TP
-row's step 44 % under the measurement). A CPU plan with TP rows measures each TP
-implementation over all its ranks (the first precision, the ranks' samples, so that a rank
-computes DDP's FLOPs): its computation per step less DDP's, scaled to its FLOPs (``tp_ms``),
-taken for every TP degree of the plan, as a cost per op is.
-
-On a CPU plan all of these are points of one launch (``calibration_launch``), interleaved in
-its cycles, no longer minutes apart: as four launches, a slow first launch read
-llama:tiny's one micro-batch at 46.4 ms per step and its four accumulated at 37.3, so that a
-micro-batch's cost came out as none and every accumulation was predicted alike; the
-verification, minutes later, measured 27.8 ms.
+All are points of one launch (``calibration_launch``), interleaved in its cycles, so that the
+machine's drift falls on all of them alike. The measurements behind these choices:
+docs/benchmarks.md, "The calibration".
 """
 
 from __future__ import annotations
@@ -134,8 +120,8 @@ def _fit(
     and the per-micro-batch cost from ``many`` (``a`` per step) where ``a`` > 1: from the two
     points' computations, or where ``paired`` has the precision, from its difference of their
     steps cycle by cycle (``paired_difference``). A cost per micro-batch that leaves the one
-    micro-batch no computation of its own is noise, not a fit (llama:tiny's four accumulated
-    micro-batches traced at 115 ms on a loaded machine, its one at 26.7): none is fitted."""
+    micro-batch no computation of its own is noise, not a fit (a loaded machine slows one point
+    and not the other): none is fitted (docs/benchmarks.md, "The calibration")."""
     rates = {}
     for _, row in one.iterrows():
         precision = str(row["value"])
@@ -167,10 +153,9 @@ def _fit(
 
 def collectives_run(out: Path, ranks: int, timeout_s: float = 600) -> Path:
     """A short ``--sweep message_size`` run on ``ranks`` ranks here of the collectives the
-    schedules price (all-reduce, all-gather, reduce-scatter; native, 4 KiB to 16 MiB: 15 s on
-    2 ranks), whose fit prices a CPU plan's communication as this machine runs it. The link
-    presets are GPU fabrics: a CPU plan of llama:tiny at 2 ranks priced its DDP step's
-    all-reduces at 0.06 ms on them, where gloo took 5.7 ms."""
+    schedules price (all-reduce, all-gather, reduce-scatter; native, 4 KiB to 16 MiB), whose
+    fit prices a CPU plan's communication as this machine runs it: the link presets are GPU
+    fabrics, far faster than gloo on a CPU (docs/benchmarks.md, "The calibration")."""
     run = out / "collectives"
     args = [
         "--sweep",

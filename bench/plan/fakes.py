@@ -27,8 +27,7 @@ from parallel_kernels.groups import forget_groups
 class PeakTracker(MemTracker):
     """Torch's ``MemTracker`` keeping the process's peak and not each module's: after every op
     it walks every module it has seen to raise their own peaks, which the planner does not
-    read (a third of a tracking's time here: llama:1b's DDP build 0.95 s against 0.65 s, its
-    FSDP2 FULL_SHARD at 16 ranks 1.3 s against 0.86 s, the same peaks to the byte)."""
+    read and which cost a third of a tracking's time (docs/benchmarks.md, "Planning time")."""
 
     _paused = 0  # inside DTensor's sharding propagation (``untracked_propagation``)
 
@@ -66,9 +65,9 @@ class PeakTracker(MemTracker):
 def untracked_propagation(tracker: PeakTracker) -> Iterator[None]:
     """DTensor's sharding propagation kept out of ``tracker``'s count. The first time an op
     meets its shapes, DTensor runs it under the fake mode it finds active, the planner's, to
-    learn its output's shape, and the tracker counted those tensors as the step's: bert:tiny's
-    TP step read 7.90 MiB tracked first in a process and 7.15 once the propagation's cache
-    held its shapes, as the real step does (7.17 by the tracker on real tensors here)."""
+    learn its output's shape, and the tracker would count those tensors as the step's, so that
+    a step tracked first in a process read more than one tracked once the propagation's cache
+    holds its shapes, as the real step does (docs/benchmarks.md, "Planned memory")."""
     from torch.distributed.tensor._sharding_prop import ShardingPropagator
 
     original = getattr(ShardingPropagator, "_propagate_tensor_meta_non_cached", None)

@@ -102,9 +102,9 @@ def _blocks_of(model: str) -> int:
 def _meta_plain(model: str, blocks: int | None) -> torch.nn.Module | None:
     """The plain model (its first ``blocks`` blocks where given) on the meta device, built
     outside the fake mode and the tracker: building under fake tensors runs every initialiser
-    of all the blocks through both (llama:1b: 0.6 s a build against 0.06 s), and the weights'
-    values are no concern of fake tensors. None for a model that keeps a tensor outside its
-    parameters and buffers, which would stay on the meta device."""
+    of all the blocks through both, slowly (docs/benchmarks.md, "Planning time"), and the
+    weights' values are no concern of fake tensors. None for a model that keeps a tensor
+    outside its parameters and buffers, which would stay on the meta device."""
     with torch.device("meta"):
         twin = _shortened(model, blocks)
     if any(isinstance(v, torch.Tensor) for m in twin.modules() for v in vars(m).values()):
@@ -169,12 +169,10 @@ def track_phases(
     step apart (``Tracked.stages``), or from two and three where the implementation's row says
     one block is laid out unlike the rest (``memory_blocks_from``: FSDP1's); a point whose
     peak lies elsewhere with one block more (``tracked.shifted``) is tracked with a block
-    more again, until it stays, for at most ``STEPS`` blocks (llama:1b's FSDP2 HYBRID_SHARD/8 at
-    16 ranks, fp32 with checkpointing, moves from one block to two and from two to three:
-    extrapolated from two and three it read 61 % over its tracking in full, from three and
-    four exact); one still moving there is extrapolated along the line its last three
-    trackings lie on where they do (``tracked.collinear``), else tracked in full. A build or
-    step that fails is every point's error, in one line.
+    more again, until it stays, for at most ``STEPS`` blocks (a peak can move twice:
+    docs/benchmarks.md, "Planned memory"); one still moving there is extrapolated along the
+    line its last three trackings lie on where they do (``tracked.collinear``), else tracked
+    in full. A build or step that fails is every point's error, in one line.
     ``gpu``: the target is a GPU, where AdamW runs as foreach (torch's default there, whose
     step holds temporaries the size of the state; on a CPU, one tensor at a time) and the
     collectives as NCCL runs them (on a CPU, as gloo does: ``fakes.backend_copies``)."""
@@ -330,8 +328,7 @@ def _peak_of_step(tracker: PeakTracker, trainer, micro_batches: list, *, here: b
         backward = tracker.restart_peak()
         trainer.finish_step()
     # The step's micro-batches, fetched at its start and live to its end (``Trainer.step``):
-    # real tensors made before the tracker, which it does not count (ResNet's 8 images at
-    # 64 x 64: 0.4 MiB, 2.4 % of its DDP peak).
+    # real tensors made before the tracker, which it does not count, added here.
     inputs = tensor_bytes(micro_batches) / MiB
     stages = []
     for peak in (backward, tracker.get_tracker_snapshot("peak")):
@@ -381,8 +378,8 @@ def _counted_flops(model: str, micro_batch: int, checkpointed: bool, blocks: int
     """FLOPs of one micro-batch's forward and backward (recomputation included), counted by
     torch's ``FlopCounterMode`` on the plain model under fake tensors: the same for every
     layout of it (a TP rank's share is the planner's division), so counted once. Counted apart
-    from the tracked step: both modes at once change what activation checkpointing keeps (the
-    peak of llama:tiny's read 25 % higher)."""
+    from the tracked step: both modes at once change what activation checkpointing keeps, and
+    so the tracked peak (docs/benchmarks.md, "Planned memory")."""
     wl = workload(model)
     data = wl.dataset(micro_batch, 0)
     x, y = next(iter(Batches(data, batch_size=micro_batch, rank=0, world_size=1, device=CPU)))

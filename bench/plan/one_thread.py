@@ -2,11 +2,9 @@
 imports this first): it computes nothing a thread pool would speed (fake tensors, no
 weights), and a process with more than one thread spawns its tracking workers afresh
 (``planner._start_method``: a fork copies a lock another thread may hold), each importing
-torch and the models again, where one thread forks them. Without it, loading torch and
-numpy started OpenMP's and OpenBLAS's pools (three threads) and the planner always spawned:
-planning llama:1b at 1024 ranks took 53.1 and 53.6 s against 49.4 and 48.4 s forked, run
-alternately (2026-12-05), the workers' start 3 s and their end 1.8 s of it. A user's own
-``OMP_NUM_THREADS`` is kept (OpenBLAS reads it too), as ``bench/run.py`` keeps it for its
+torch and the models again, where one thread forks them; loading torch and numpy would
+otherwise start OpenMP's and OpenBLAS's pools (docs/benchmarks.md, "Planning time"). A user's
+own ``OMP_NUM_THREADS`` is kept (OpenBLAS reads it too), as ``bench/run.py`` keeps it for its
 ranks."""
 
 import os

@@ -97,11 +97,9 @@ def _map(fn, items: list[tuple[Job, ...]], workers: int, progress) -> list[list[
 # The garbage collector's first generation collected every GEN0 allocations, not every 700
 # (Python's default): a tracked step allocates hundreds of thousands of short-lived objects
 # (fake tensors, their metadata, pytree specs), which young collections scan again and again.
-# With the objects made before the pool frozen (``gc.freeze``: torch and the models, never
-# scanned again nor copied into a worker's pages by a collection) and verify's scipy imported
-# only for a verification, planning llama:1b at 1024 ranks took 0.972 of the whole command's
-# time (55.1 against 56.6 s, medians of three pairs run alternately, 2026-12-05), 424 MiB
-# resident against 443.
+# The objects made before the pool are frozen (``gc.freeze``: torch and the models), so that
+# no collection scans them again nor copies them into a worker's pages (docs/benchmarks.md,
+# "Planning time").
 GEN0 = 20_000
 
 

@@ -58,16 +58,12 @@ def shifted(fewer: Tracked, more: Tracked) -> bool:
     falls, or, in forward and backward, its temporaries (one op's transient, which a block
     more leaves as it was) change; the optimiser's step holds temporaries that grow with the
     state where it runs foreach (a GPU's). A block adds to every part of a peak that stays
-    where it was. With one block, the custom example's FSDP2 FULL_SHARD has no next unit to
-    gather ahead in backward (temporaries 0.88 MiB, 1.38 with two or three). Two trackings
-    cannot show every move: its FSDP1 FULL_SHARD holds that unit as parameters (1.50, 2.25 and
-    2.51 MiB with one, two and three blocks; its temporaries and no part falling), and from one
-    and two it read 9 % over (a test on parameters would take FSDP's SHARD_GRAD_OP, whose
-    parameters grow by a whole block, for a move). So a model of few blocks is tracked in
-    full, and FSDP1 from two blocks (``memory.track_phases``). A peak that leaves one stage
-    for the other is no move: the custom example's TP peaks in the optimiser's step with one
-    block, its gradients whole and no activation, and in the last block's backward with two;
-    each stage extrapolated apart reads its tracking in full, as one peak 15 % under."""
+    where it was. With one block, FSDP's FULL_SHARD has no next unit to gather ahead in
+    backward: FSDP2's temporaries show it, but FSDP1 holds that unit as parameters, which a
+    test cannot take for a move (SHARD_GRAD_OP's parameters grow by a whole block). So a model
+    of few blocks is tracked in full, and FSDP1 from two blocks (``memory.track_phases``). A
+    peak that leaves one stage for the other is no move: each stage is extrapolated apart
+    (docs/benchmarks.md, "Planned memory")."""
     if fewer.error or more.error:
         return False
     slack = 1e-3 * fewer.peak_mib

@@ -46,9 +46,9 @@ from parallel_kernels.fsdp_layout import shard_group_size
 from parallel_kernels.strategies import STRATEGIES
 
 CANNOT_ACCUMULATE = "the implementation cannot accumulate gradients (no way to skip their sync)"
-# An accumulating step under DTensor's fake dispatch costs two micro-batches' steps: tracking
-# the 64 accumulating TP rows took llama:1b's plan at 1024 ranks from 57 to 86 s (the target:
-# 60), so those rows are not tracked; ``bench/run.py`` runs them (MeshParallel.no_sync).
+# An accumulating step under DTensor's fake dispatch costs two micro-batches' steps, too slow
+# for a plan's time target, so those TP rows are not tracked; ``bench/run.py`` runs them
+# (MeshParallel.no_sync). The cost: docs/benchmarks.md, "Planning time".
 TP_ACCUMULATION_UNTRACKED = (
     "not tracked: TP's accumulating step costs the plan two micro-batches' steps under "
     "DTensor's fake dispatch; bench/run.py runs it (its command)"

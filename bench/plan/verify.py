@@ -1,9 +1,9 @@
 """``--verify K``: the K best configurations a plan for this machine predicts (and DDP at its
 defaults), run here in one launch, interleaved: each built once, then timed one step of each
 per cycle in a fresh random order (the sweep's cohorts, ``bench/runner/train/interleave.py``),
-so that what the machine does meanwhile falls on all of them alike. One launch each would
-measure each in its own state of the machine: llama:tiny's FSDP2 NO_SHARD read 45.2 ms in one
-and 74.4 ms in another, minutes apart. Measured against predicted: step time and peak memory
+so that what the machine does meanwhile falls on all of them alike; one launch each would
+measure each in its own state of the machine (docs/benchmarks.md, "The calibration").
+Measured against predicted: step time and peak memory
 side by side in ``verify.csv``, Spearman's rank correlation of the steps, and whether the
 measured best is the predicted best or tied with it (the paired comparison of their cycles,
 ``bench.stats.paired``). The launch is a run folder under ``DIR/verify/``.
@@ -171,9 +171,9 @@ def launch_drift(calibration: Path, verification: Path) -> dict:
     the calibration launch (``calibrate.calibration_launch``) whose model,
     strategy, implementation, knobs, batch and ranks a verified point has, and its step in each
     launch. Its change is the two launches' drift, which every row's error holds, not the
-    model's (llama:tiny's computation per step read 21.0 to 26.8 ms in five calibrations of
-    one hour here): ``launch_drift_pct``, empty where no verified point is it (a plan given
-    ``--compute``, or narrowed away from DDP at its defaults)."""
+    model's (docs/benchmarks.md, "The calibration"): ``launch_drift_pct``, empty where no
+    verified point is it (a plan given ``--compute``, or narrowed away from DDP at its
+    defaults)."""
     try:
         there = read_points(calibration)
         here = read_points(verification)

@@ -4,8 +4,8 @@ visible to the tracker as a scratch tensor beside the op's outputs.
 
 On the CPU, oneDNN's convolutions reorder their input, weight and output into blocked
 layouts inside the kernel (``aten::mkldnn_convolution`` and ``aten::convolution_backward``
-allocate and free them before they return): ResNet's step here held 0.56 MiB of them at
-once, 0.74 MiB over its tracked peak of 15.5 MiB, 4.7 %. Which ops do this is a fact of the
+allocate and free them before they return), enough to move a convolutional model's peak
+(docs/benchmarks.md, "Planned memory"). Which ops do this is a fact of the
 kernels (``WORKSPACE_OPS``); how much is measured, not modelled: a reorder's size depends on
 the layout oneDNN picks for the shapes and the machine. Only a target whose kernels run here
 (a ``cpu`` plan) is measured; a GPU's (cuDNN's workspaces) is the allowance's part.

@@ -1,18 +1,16 @@
 """Python's garbage collector kept out of the measurements' way.
 
-A full collection walks every object the process tracks: after torch, the suite and a point's
-lazy imports that is 230-350 thousand objects, 0.15-0.22 s on this 2-core machine, and a point
-asks for several (before its memory baseline, after the check against the plain model, when it
-ends); the collector's own full collections can also come during a timed step. Objects alive
-when a point starts (modules, the run's state) are not the point's garbage: ``settled()``
-collects once and sets them aside in CPython's permanent generation (``gc.freeze``), so that
-the point's own collections walk only what the point made, and gives them back to the collector
-when the point ends (``gc.unfreeze``), so that nothing set aside escapes collection past it.
-Measured here: a 20-point plain-check case in the test rank pool spent a third of rank 0's time
-in ``gc.collect`` before this (65 s, then 44 s), and a 5-point 2-rank bucket sweep of 10 steps
-used 37-43 CPU-s, then 26. The FLOP counter's first use imports torch._dynamo inside the point,
-whose objects every later collection walked again: imported before the block's collection
-(``prepare``), a 4-candidate cohort's 17 collections on a rank took 0.22 s, not 1.1.
+A full collection walks every object the process tracks (after torch, the suite and a point's
+lazy imports, hundreds of thousands), and a point asks for several (before its memory baseline,
+after the check against the plain model, when it ends); the collector's own full collections
+can also come during a timed step. Objects alive when a point starts (modules, the run's state)
+are not the point's garbage: ``settled()`` collects once and sets them aside in CPython's
+permanent generation (``gc.freeze``), so that the point's own collections walk only what the
+point made, and gives them back to the collector when the point ends (``gc.unfreeze``), so that
+nothing set aside escapes collection past it. The FLOP counter's first use imports
+torch._dynamo, whose objects every later collection would walk again: ``prepare`` imports it
+before the block's collection. The measurements behind both: docs/benchmarks.md, "Measured
+time".
 """
 
 from __future__ import annotations

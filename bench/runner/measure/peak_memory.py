@@ -11,17 +11,15 @@ counted: what lies outside the allocator (NCCL's and gloo's own buffers, the CUD
 C heap's other users: the interpreter's objects), and in ``peak_bytes`` fragmentation, which
 ``reserved_bytes`` holds on CUDA.
 
-Why not the C heap (until run folder 2.11 the CPU's figure was the heap in use at the step's
-start, glibc's ``mallinfo2``, plus the counter's rise in the step): the heap holds gloo's
-buffers and the interpreter's objects, which other points leave differently, so a figure moved
-with the points run before it. FSDP2's NO_SHARD llama:tiny at 2 ranks read 13.5 MiB measured
-first in a launch and 18.4 after other points; c10's count reads 18.32 MiB in both, every step,
-which is what ``MemTracker`` counts of the same step.
+Why not the C heap (glibc's ``mallinfo2``): it holds gloo's buffers and the interpreter's
+objects, which other points leave differently, so a figure would move with the points run
+before it; c10's count does not, and is what ``MemTracker`` counts of the same step.
 
 Why a build of its own: c10 counts a free only of what it counted, so the count must be on from
 before the point's first tensor, and on, it makes every allocation take a lock and an entry in
-a table: a small model's step here runs 8 % slower. The timed steps run without it, on the
-point's first build; its memory is measured on a second build, after the first is released.
+a table, which slows a step. The timed steps run without it, on the point's first build; its
+memory is measured on a second build, after the first is released. The measurements behind
+both: docs/benchmarks.md, "Measured memory".
 """
 
 from __future__ import annotations
@@ -81,9 +79,9 @@ def c10_counting(device: torch.device) -> Iterator[None]:
 
 
 def _read_twice(read: Callable[[], float]) -> float:
-    """``read`` once more where the trace it exported cannot be read: torch's export once
-    wrote a byte that is not UTF-8 into a native DDP memory step's trace on gloo (a clean-clone
-    CI run's test_two_node_sweep, 2026-12-04). A second failure is the point's."""
+    """``read`` once more where the trace it exported cannot be read: torch's export can
+    write a byte that is not UTF-8 into a native DDP memory step's trace on gloo (seen in a
+    clean-clone CI run's test_two_node_sweep). A second failure is the point's."""
     try:
         return read()
     except TraceError:
@@ -167,16 +165,15 @@ def own_memory(metrics: dict, baseline: MemoryBaseline, *, data_bytes: int, own:
     kept = own.kept_bytes(baseline.device)
     for key in ("peak_mem_mb", "peak_reserved_mb"):
         metrics[key] -= (left - kept + data_bytes) / 2**20
-    # Said, so that a leak shows: the reference DDP's hooks once kept its whole model (115 MiB
-    # of wide_mlp) after its point, which this figure would otherwise have hidden.
+    # Said, so that a leak shows, which the figures above would hide: an implementation that
+    # keeps its model alive past its point (see the hooks in ``parallel_kernels/ddp.py``).
     metrics["mem_left_mb"] = left / 2**20
     metrics["mem_kept_mb"] = kept / 2**20
 
 
 # Steps whose highest peak is a point's: running out of memory is the highest one's doing.
-# c10's count reads the same peak at every step of a point here (four steps of llama:tiny's
-# DDP and FSDP2 at 2 ranks, to the byte), where the heap's figure moved (a CPU FSDP2 step of
-# the custom example peaked 4.5 to 7.4 MiB above its start over consecutive identical steps).
+# c10's count reads the same peak at every step of a point, so two are enough
+# (docs/benchmarks.md, "Measured memory").
 MEMORY_STEPS = 2
 WARM_STEPS = 2  # a build's steps before its memory is measured (``point_memory``)
 

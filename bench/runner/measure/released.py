@@ -3,11 +3,10 @@
 ProcessGroupGloo's worker thread keeps the call it ran (and so the call's tensors) until it next
 takes its queue's lock, after the call's waiter has woken. On a loaded machine that is often
 after the waiter has dropped the tensors and gone on allocating, and the storage is freed only
-then, on the worker: bert:tiny's FSDP2 FULL_SHARD step at 2 ranks peaked at 10.37 MiB in some
-steps and 11.12 in others, the 0.75 MiB being the previous block's all-gather output, which
-FSDP2 had dropped after copying it out (its free showed on no traced thread, and its address
-was next handed out well after the peak). The figure then said how the scheduler ran the worker,
-not what the configuration holds, which is what the planner predicts and a user sizes for.
+then, on the worker, so that a step's peak can hold a collective's tensors the program let go
+of (docs/benchmarks.md, "Measured memory"). The figure would then say how the scheduler ran the
+worker, not what the configuration holds, which is what the planner predicts and a user sizes
+for.
 
 Inside ``released_collectives()`` the Python API's collectives used by DDP's, FSDP's and the
 reference's step (``torch.distributed.<name>``, looked up by their callers at each call) hand
@@ -20,7 +19,7 @@ returns. Only the memory build runs inside it: the timed steps run as they are.
 What it cannot see: a copy the backend made that only its call holds (gloo's reduce-scatter
 works on a clone of its input), freed with the call, and the functional collectives (TP's),
 which do not go through these names. Under load those still move a peak by up to one unit's
-tensors (ResNet's FSDP2 rows, 0.4 to 0.5 MiB; docs/plan.md, "Memory per rank").
+tensors (docs/plan.md, "Memory per rank").
 """
 
 from __future__ import annotations
