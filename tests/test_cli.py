@@ -308,6 +308,10 @@ def no_launch(monkeypatch):
             ["--sweep", "message_size", "--collectives", "all_reduce,all_reduce"],
             "--collectives: all_reduce is given twice",
         ),
+        (
+            ["--sweep", "comm_hook", "--option", "bucket_cap_mb=5", "--option", "bucket_cap_mb=1"],
+            "--option bucket_cap_mb is given twice",
+        ),
     ],
 )
 def test_a_repeated_value_is_refused_before_any_rank_starts(args, message, capsys, no_launch):

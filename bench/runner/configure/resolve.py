@@ -212,6 +212,8 @@ def parse_options(items: list[str], known: dict[str, Any], swept: tuple[str, ...
             raise ValueError(f"unknown option {key!r} (known: {', '.join(known)})")
         if known[key].param in swept:
             raise ValueError(f"--option {key} is what the sweep varies: use --values")
+        if known[key].param in out:  # the last would win unseen: which was meant?
+            raise ValueError(f"--option {key} is given twice")
         try:
             out[known[key].param] = known[key].parse(value)
         except ValueError as e:
