@@ -254,8 +254,9 @@ def _short(value: object) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _raw(path: Path) -> pd.DataFrame | None:
-    """The CSV as pandas reads it, None where the file is absent or empty."""
+def _raw(path: Path, text: tuple[str, ...] = ()) -> pd.DataFrame | None:
+    """The CSV as pandas reads it (the ``text`` columns as strings), None where the file is
+    absent or empty."""
     if not path.exists():
         return None
     if not path.is_file():
@@ -263,7 +264,7 @@ def _raw(path: Path) -> pd.DataFrame | None:
     try:
         if path.stat().st_size == 0:
             return None
-        return pd.read_csv(path)
+        return pd.read_csv(path, dtype=dict.fromkeys(text, str) or None)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError) as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise RunFolderError(f"{path} is not a CSV table ({first})") from None
@@ -382,13 +383,9 @@ def read_verdicts(run_dir: Path) -> pd.DataFrame | None:
     path = Path(run_dir) / VERDICTS_FILE
     if not path.exists():
         return None
-    if not path.is_file():
-        raise RunFolderError(f"{path} is not a file")
-    try:
-        df = pd.read_csv(path, dtype={"best": str, "default": str, "value2": str, "tied": str})
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError) as e:
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise RunFolderError(f"{path} is not a CSV table ({first})") from None
+    df = _raw(path, text=("best", "default", "value2", "tied"))
+    if df is None:  # written with its header even when empty: an empty file is no table
+        raise RunFolderError(f"{path} is not a CSV table (an empty file)")
     df = check_table(path, df, VERDICTS)
     df["tied"] = [
         [] if pd.isna(t) or t == "" else str(t).split(TIED_SEP) for t in df["tied"].astype(object)
