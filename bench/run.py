@@ -27,9 +27,8 @@ if __name__ == "__main__":
         code = 128 + signal.SIGINT
     # Every result is on disk (each row fsync'd, meta.json replaced atomically) and every process
     # group destroyed: leave without running native static destructors, where a backend thread
-    # still joinable aborts the process now and then ("terminate called without an active
-    # exception", seen on 1 run in 10 here with torch 2.13 and gloo), turning a finished sweep
-    # into a failed rank.
+    # still joinable can abort the process ("terminate called without an active exception"),
+    # turning a finished sweep into a failed rank.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -12,7 +12,7 @@ from bench.runfolder.columns import NOISE_COLUMNS
 from bench.runfolder.folder import ResultsWriter, SamplesWriter, write_meta
 from bench.runfolder.points import POINTS_FILE, write_points
 from bench.runfolder.schema import SCHEMA_VERSION
-from bench.runner.configure.resolve import resolve_point
+from bench.runner.configure.resolve import PointRequest, resolve_point
 from parallel_kernels.knobs import KNOBS
 
 
@@ -65,14 +65,16 @@ def make_training_run(
     samples = SamplesWriter(run_dir / "samples.csv")
     records = [
         resolve_point(
-            sweep=sweep,
-            values={sweep: value},
-            model=model,
-            strategy=strategy,
-            impl=impl,
-            world_size=2,
-            knobs={sweep: value},
-            swept_defaults={sweep: KNOBS[sweep].default},
+            PointRequest(
+                sweep=sweep,
+                values={sweep: value},
+                model=model,
+                strategy=strategy,
+                impl=impl,
+                world_size=2,
+                knobs={sweep: value},
+                swept_defaults={sweep: KNOBS[sweep].default},
+            )
         )
         for (model, value, impl) in [*points, *(failed or {})]
     ]

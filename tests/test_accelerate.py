@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from bench.runner.configure.config import RunConfig
 from bench.runner.configure.resolve import build_points
 from parallel_kernels.models import MODELS
 from parallel_kernels.strategies import STRATEGIES
@@ -65,14 +66,14 @@ def test_accelerate_step_matches_single_process(pool, impl):
 
 def accelerate_points(root: str) -> list[dict]:
     _torchrun_env()
-    points = build_points("precision", world_size=2, models="mlp", strategy="accelerate")
+    points = build_points(
+        RunConfig(sweep="precision", model="mlp", strategy="accelerate"), world_size=2
+    )
     points += build_points(
-        "grad_accum",
+        RunConfig(
+            sweep="grad_accum", values="2", model="mlp", strategy="accelerate", impl="accelerate"
+        ),
         world_size=2,
-        values="2",
-        models="mlp",
-        strategy="accelerate",
-        impls="accelerate",
     )
     return run_points(points, root, FAST)
 

@@ -4,6 +4,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from bench.runner.configure.config import RunConfig
 from bench.runner.configure.resolve import build_points
 from parallel_kernels.checkpointing import checkpoint_blocks
 from parallel_kernels.models import MLP, MODELS
@@ -52,14 +53,18 @@ def test_checkpointed_training_matches_single_process(pool, strategy, impl):
 @pytest.mark.ranks
 @pytest.mark.timeout(300)
 def test_the_sweep_saves_memory_and_names_what_it_cannot_do(pool, tmp_path):
-    points = build_points("activation_checkpointing", world_size=2, impls="native", batch_size=16)
+    points = build_points(
+        RunConfig(sweep="activation_checkpointing", impl="native", batch_size=16), world_size=2
+    )
     points += build_points(
-        "activation_checkpointing",
+        RunConfig(
+            sweep="activation_checkpointing",
+            values="on",
+            strategy="fsdp",
+            impl="reference",
+            batch_size=16,
+        ),
         world_size=2,
-        values="on",
-        strategy="fsdp",
-        impls="reference",
-        batch_size=16,
     )
     rows = pool(2).run(run_points, points, str(tmp_path), FAST, timeout=280)[0]
     by = {(r["strategy"], r["value"]): r for r in rows}

@@ -201,16 +201,19 @@ def test_a_rank_whose_error_rank_0_did_not_share_says_it_itself(monkeypatch, cap
 
 @pytest.mark.unit
 def test_tp_sweeps_fit_their_defaults_to_the_world_size():
+    from bench.runner.configure.config import RunConfig
     from bench.runner.configure.resolve import build_points
 
     def values(sweep, world):
-        return sorted({p.value for p in build_points(sweep, world_size=world)}, key=str)
+        return sorted(
+            {p.value for p in build_points(RunConfig(sweep=sweep), world_size=world)}, key=str
+        )
 
     assert values("tp_degree", 2) == [1, 2]
     assert values("tp_degree", 4) == [1, 2, 4]
     assert values("mesh", 2) == ["dp", "tp"]
     assert values("mesh", 4) == ["ddp_tp", "dp", "fsdp_tp", "tp"]
-    points = build_points("mesh", world_size=8, values="tp,fsdp_tp4")
+    points = build_points(RunConfig(sweep="mesh", values="tp,fsdp_tp4"), world_size=8)
     by_value = {p.value: {k: p.knobs[k] for k in ("tp_degree", "dp_shard")} for p in points}
     assert by_value == {
         "tp": {"tp_degree": 8, "dp_shard": False},
@@ -326,14 +329,18 @@ def test_a_repeated_value_is_refused_before_any_rank_starts(args, message, capsy
 @pytest.mark.unit
 def test_points_of_distinct_values_have_distinct_ids():
     """Two values that print alike at six digits still make two ids."""
+    from bench.runner.configure.config import RunConfig
     from bench.runner.configure.resolve import build_points
 
     points = build_points(
-        "bucket_cap_mb", world_size=2, models="mlp", values="0.1234567,0.1234568", impls="native"
+        RunConfig(sweep="bucket_cap_mb", model="mlp", values="0.1234567,0.1234568", impl="native"),
+        world_size=2,
     )
     assert len({p.id for p in points}) == 2
     assert points[0].id == "mlp-bucket_cap_mb=0.1234567-native"
-    one = build_points("bucket_cap_mb", world_size=2, models="mlp", values="25", impls="native")
+    one = build_points(
+        RunConfig(sweep="bucket_cap_mb", model="mlp", values="25", impl="native"), world_size=2
+    )
     assert one[0].id == "mlp-bucket_cap_mb=25-native"  # ids of earlier runs unchanged
 
 

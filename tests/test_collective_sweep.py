@@ -16,7 +16,12 @@ import torch
 import torch.distributed as dist
 
 from bench.runfolder import columns
-from bench.runner.collectives.message_sweep import UNSUPPORTED, CollectivePlan, _run_size
+from bench.runner.collectives.message_sweep import (
+    UNSUPPORTED,
+    CollectivePlan,
+    MessagePoint,
+    _run_size,
+)
 from bench.runner.measure import timing
 from parallel_kernels.collectives import COLLECTIVES
 from tests.test_harness import pool_env
@@ -37,6 +42,13 @@ PLAN = CollectivePlan(
 LIMITS = {"p2p_GBps": 1.0}
 
 
+def message(coll, count: int = 1024, op: str = "sum", impl: str = "native", in_place=False):
+    """A point of ``count`` float32 elements."""
+    return MessagePoint(
+        coll=coll, impl=impl, op=op, size=count * 4, count=count, itemsize=4, in_place=in_place
+    )
+
+
 def _unsupported(inp, out, op, group):
     raise RuntimeError("this backend does not implement it")
 
@@ -45,25 +57,9 @@ def unsupported_then_fine() -> list[dict]:
     env = pool_env()
     broken = dataclasses.replace(COLLECTIVES["all_reduce"], native=_unsupported)
     group = dist.new_group()
-    rows = [
-        _run_size(broken, "native", 1024, 4, PLAN, "sum", env, group, LIMITS, "message_size", "p")[
-            0
-        ]
-    ]
+    rows = [_run_size(message(broken), PLAN, env, group, LIMITS, "message_size")[0]]
     rows.append(
-        _run_size(
-            COLLECTIVES["all_reduce"],
-            "native",
-            1024,
-            4,
-            PLAN,
-            "sum",
-            env,
-            group,
-            LIMITS,
-            "message_size",
-            "q",
-        )[0]
+        _run_size(message(COLLECTIVES["all_reduce"]), PLAN, env, group, LIMITS, "message_size")[0]
     )
     dist.destroy_process_group(group)
     return rows
@@ -115,17 +111,12 @@ def calls_and_barriers() -> tuple[str, dict]:
     timing.dist.barrier = counted_barrier
     try:
         row, _ = _run_size(
-            dataclasses.replace(ar, native=counted),
-            "native",
-            1024,
-            4,
+            message(dataclasses.replace(ar, native=counted)),
             CALLS_PLAN,
-            "sum",
             env,
             group,
             LIMITS,
             "message_size",
-            "p",
         )
     finally:
         timing.dist.barrier = barrier
@@ -158,9 +149,7 @@ def slowed_call() -> dict:
     slow = dataclasses.replace(COLLECTIVES["all_reduce"], native=_slow_all_reduce)
     plan = dataclasses.replace(PLAN, iters=BLOCK, warmup=1, max_iters=6 * BLOCK)  # 6 blocks
     group = dist.new_group()
-    row, _ = _run_size(
-        slow, "native", 1024, 4, plan, "sum", env, group, LIMITS, "message_size", "p"
-    )
+    row, _ = _run_size(message(slow), plan, env, group, LIMITS, "message_size")
     dist.destroy_process_group(group)
     return row
 
@@ -194,20 +183,8 @@ def both_placements() -> list[dict]:
         count = coll.align(1000, env.world_size)
         for impl in ("native", "reference") if coll is not idle else ("native",):
             for in_place in (False, True):
-                row, _ = _run_size(
-                    coll,
-                    impl,
-                    count,
-                    4,
-                    PLAN,
-                    op,
-                    env,
-                    group,
-                    LIMITS,
-                    "message_size",
-                    "p",
-                    in_place=in_place,
-                )
+                point = message(coll, count, op, impl, in_place)
+                row, _ = _run_size(point, PLAN, env, group, LIMITS, "message_size")
                 rows.append(row)
     dist.destroy_process_group(group)
     return rows

@@ -5,6 +5,7 @@ import dataclasses
 
 import pytest
 
+from bench.runner.configure.config import RunConfig
 from bench.runner.configure.resolve import build_points
 from parallel_kernels.models import build_model
 from tests.test_harness import FAST, run_points
@@ -26,7 +27,7 @@ POWERSGD_MIN_PROGRESS = 0.25
 
 @pytest.mark.timeout(300)
 def test_compression_moves_fewer_bytes_and_still_trains(pool, tmp_path):
-    points = build_points("comm_hook", world_size=2, models="mlp")
+    points = build_points(RunConfig(sweep="comm_hook", model="mlp"), world_size=2)
     rows = pool(2).run(run_points, points, str(tmp_path), FAST)[0]
     by = {(r["value"], r["impl"]): r for r in rows}
     none = by[("none", "native")]

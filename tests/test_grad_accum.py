@@ -4,19 +4,22 @@ large-batch step is proven in test_ddp.py for DDP, test_fsdp.py for FSDP1 and FS
 
 import pytest
 
+from bench.runner.configure.config import RunConfig
 from bench.runner.configure.resolve import build_points
 from tests.test_harness import FAST, run_points
 
 
 @pytest.mark.unit
 def test_grad_accum_points():
-    points = build_points("grad_accum", world_size=2, models="mlp", impls="native")
+    points = build_points(RunConfig(sweep="grad_accum", model="mlp", impl="native"), world_size=2)
     assert [(p.value, p.knobs["grad_accum"], p.strategy) for p in points] == [
         (k, k, "ddp") for k in (1, 2, 4, 8)
     ]
     # every other knob at its default
     assert all(p.knobs["bucket_cap_mb"] == p.defaults["bucket_cap_mb"] for p in points)
-    fsdp = build_points("grad_accum", world_size=2, values="2", strategy="fsdp", impls="native")
+    fsdp = build_points(
+        RunConfig(sweep="grad_accum", values="2", strategy="fsdp", impl="native"), world_size=2
+    )
     assert fsdp[0].strategy == "fsdp" and fsdp[0].knobs["sharding_strategy"] == "FULL_SHARD"
 
 
@@ -24,35 +27,37 @@ def test_grad_accum_points():
 @pytest.mark.timeout(300)
 def test_accumulation_syncs_once_per_optimiser_step(pool, tmp_path):
     points = build_points(
-        "grad_accum", world_size=2, values="1,4", models="mlp", impls="native,reference"
-    )
-    points += build_points(
-        "grad_accum",
+        RunConfig(sweep="grad_accum", values="1,4", model="mlp", impl="native,reference"),
         world_size=2,
-        values="4",
-        models="mlp",
-        strategy="fsdp",
-        impls="native,native_fsdp1",
     )
     points += build_points(
-        "grad_accum", world_size=2, values="2", models="mlp", strategy="tp", impls="reference"
+        RunConfig(
+            sweep="grad_accum", values="4", model="mlp", strategy="fsdp", impl="native,native_fsdp1"
+        ),
+        world_size=2,
+    )
+    points += build_points(
+        RunConfig(sweep="grad_accum", values="2", model="mlp", strategy="tp", impl="reference"),
+        world_size=2,
     )
     # TP's native implementation over each data-parallel wrapper it can have at 2 ranks: DDP
     # over both (TP of one), FSDP2 over both (dp_shard), and none (TP over both)
     meshes = {
-        "tp1 ddp": ["tp_degree=1"],
-        "tp1 fsdp2": ["tp_degree=1", "dp_shard=True"],
-        "tp2": ["tp_degree=2"],
+        "tp1 ddp": ("tp_degree=1",),
+        "tp1 fsdp2": ("tp_degree=1", "dp_shard=True"),
+        "tp2": ("tp_degree=2",),
     }
     tp_points = {
         (name, k): build_points(
-            "grad_accum",
+            RunConfig(
+                sweep="grad_accum",
+                values=str(k),
+                model="mlp",
+                strategy="tp",
+                impl="native",
+                option=options,
+            ),
             world_size=2,
-            values=str(k),
-            models="mlp",
-            strategy="tp",
-            impls="native",
-            options=options,
         )[0]
         for name, options in meshes.items()
         for k in (1, 4)

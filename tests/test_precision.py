@@ -2,6 +2,7 @@
 
 import pytest
 
+from bench.runner.configure.config import RunConfig
 from bench.runner.configure.resolve import build_points
 from tests.test_harness import FAST, run_points
 
@@ -20,9 +21,12 @@ LOSS_TOLERANCE = {"ddp": AUTOCAST_TOLERANCE, "fsdp": BF16_POLICY_TOLERANCE}
 
 @pytest.mark.timeout(300)
 def test_bf16_trains_like_fp32_and_fsdp_halves_its_bytes(pool, tmp_path):
-    points = build_points("precision", world_size=2, models="mlp", impls="native,reference")
+    points = build_points(
+        RunConfig(sweep="precision", model="mlp", impl="native,reference"), world_size=2
+    )
     points += build_points(
-        "precision", world_size=2, models="mlp", strategy="fsdp", impls="native,reference"
+        RunConfig(sweep="precision", model="mlp", strategy="fsdp", impl="native,reference"),
+        world_size=2,
     )
     rows = pool(2).run(run_points, points, str(tmp_path), FAST)[0]
     by = {(r["strategy"], r["value"], r["impl"]): r for r in rows}

@@ -53,9 +53,9 @@ def test_the_help_states_the_configurations_own_defaults():
         after = text.split("options:", 1)[1].split(f" {flag} ", 1)[1]
         assert f"default {value})" in after[:200], flag
     # the points' own defaults are the configuration's (one place, not two)
-    point = build_points("bucket_cap_mb", world_size=2, models="mlp", values="25", impls="native")[
-        0
-    ]
+    point = build_points(
+        RunConfig(sweep="bucket_cap_mb", model="mlp", values="25", impl="native"), world_size=2
+    )[0]
     assert (point.steps, point.warmup_steps, point.profile_steps) == (
         DEFAULTS.steps,
         DEFAULTS.warmup_steps,

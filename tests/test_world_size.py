@@ -4,13 +4,14 @@ import pandas as pd
 import pytest
 
 from bench.analysis.scaling import scaling_efficiency
+from bench.runner.configure.config import RunConfig
 from bench.runner.configure.resolve import build_points
 from tests.test_harness import FAST, run_points
 
 
 @pytest.mark.unit
 def test_points_cover_world_sizes_and_both_scalings():
-    points = build_points("world_size", world_size=4, models="mlp", impls="native")
+    points = build_points(RunConfig(sweep="world_size", model="mlp", impl="native"), world_size=4)
     assert [(p.world_size, p.scaling, p.global_batch) for p in points] == [
         (1, "weak", None),
         (2, "weak", None),
@@ -21,22 +22,24 @@ def test_points_cover_world_sizes_and_both_scalings():
     ]
     assert points[0].id == "mlp-world_size=1-weak-ddp-native" and points[0].strategy == "ddp"
     tp = build_points(
-        "world_size",
+        RunConfig(
+            sweep="world_size",
+            values="2,4",
+            strategy="tp",
+            option=("tp_degree=2",),
+            scaling="strong",
+            batch_size=8,
+        ),
         world_size=4,
-        values="2,4",
-        strategy="tp",
-        options=["tp_degree=2"],
-        scaling="strong",
-        batch_size=8,
     )
     layouts = {(p.world_size, p.knobs["tp_degree"], p.global_batch) for p in tp}
     assert layouts == {(2, 2, 32), (4, 2, 32)}
     with pytest.raises(ValueError, match="world size 8 is larger than the 4 ranks launched"):
-        build_points("world_size", world_size=4, values="1,8")
+        build_points(RunConfig(sweep="world_size", values="1,8"), world_size=4)
     with pytest.raises(ValueError, match="unknown strategy 'zero'"):
-        build_points("world_size", world_size=4, strategy="zero")
+        build_points(RunConfig(sweep="world_size", strategy="zero"), world_size=4)
     with pytest.raises(ValueError, match="--strategy is for the world_size sweep"):
-        build_points("bucket_cap_mb", world_size=2, strategy="fsdp")
+        build_points(RunConfig(sweep="bucket_cap_mb", strategy="fsdp"), world_size=2)
 
 
 @pytest.mark.unit
@@ -64,32 +67,34 @@ def test_points_on_part_of_the_ranks(pool, tmp_path):
     2 ranks while ranks 2 and 3 wait, then a 4-rank point: each row is measured on its own
     ranks, with its own batch, and moves the bytes its world size implies."""
     points = build_points(
-        "world_size",
+        RunConfig(
+            sweep="world_size", values="1,2", model="mlp", impl="native,reference", batch_size=16
+        ),
         world_size=4,
-        values="1,2",
-        models="mlp",
-        impls="native,reference",
-        batch_size=16,
     )
     points += build_points(
-        "world_size",
+        RunConfig(
+            sweep="world_size",
+            values="2",
+            model="mlp",
+            strategy="fsdp",
+            scaling="weak",
+            batch_size=16,
+        ),
         world_size=4,
-        values="2",
-        models="mlp",
-        strategy="fsdp",
-        scaling="weak",
-        batch_size=16,
     )
     points += build_points(
-        "world_size",
+        RunConfig(
+            sweep="world_size",
+            values="2,4",
+            model="mlp",
+            strategy="tp",
+            option=("tp_degree=2",),
+            impl="native,reference",
+            scaling="weak",
+            batch_size=16,
+        ),
         world_size=4,
-        values="2,4",
-        models="mlp",
-        strategy="tp",
-        options=["tp_degree=2"],
-        impls="native,reference",
-        scaling="weak",
-        batch_size=16,
     )
     rows = pool(4).run(run_points, points, str(tmp_path), FAST, timeout=280)[0]
     for p, r in zip(points, rows, strict=True):

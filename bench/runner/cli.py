@@ -36,7 +36,7 @@ from bench.runner.train.sweep import run_sweep
 from parallel_kernels.collectives import COLLECTIVES, DTYPES, IMPLS
 
 REPO = Path(__file__).resolve().parents[2]
-# A rank's exit code when an output could not be written (sysexits' EX_IOERR): it said which.
+# A rank's exit code when an output could not be written (sysexits' EX_IOERR): it printed which.
 OUTPUT_FAILED = 74
 # Where a self-launched rank finds the run its launching process resolved (a JSON file).
 RESOLVED_ENV = "BENCH_RESOLVED_RUN"
@@ -52,45 +52,48 @@ def resolved_max_steps(config: RunConfig, collective: bool) -> int:
 def resolved_rounds(config: RunConfig, collective: bool) -> int:
     """The rounds the run makes; a budget that cannot hold what every visit does is bad
     input (``config``'s max_steps resolved)."""
-    c = config
-    least, what = (c.iters, "-n/--iters") if collective else (c.steps, "--steps")
-    if c.max_steps < least:
-        raise ValueError(f"--max-steps {c.max_steps} is less than {what} {least}")
-    warmup = c.warmup_iters if collective else c.warmup_steps
-    if c.max_steps < warmup:
-        raise ValueError(f"--max-steps {c.max_steps} is smaller than the warm-up ({warmup} steps)")
-    if collective and c.budget_s is not None:
+    least, what = (config.iters, "-n/--iters") if collective else (config.steps, "--steps")
+    if config.max_steps < least:
+        raise ValueError(f"--max-steps {config.max_steps} is less than {what} {least}")
+    warmup = config.warmup_iters if collective else config.warmup_steps
+    if config.max_steps < warmup:
+        raise ValueError(
+            f"--max-steps {config.max_steps} is smaller than the warm-up ({warmup} steps)"
+        )
+    if collective and config.budget is not None:
         raise ValueError("--budget is for training sweeps (message_size: -n, --max-steps)")
-    if collective and c.rounds is not None:
+    if collective and config.rounds is not None:
         raise ValueError(
             "--rounds is for training sweeps: message_size repeats sizes adaptively (-n, "
             "--max-steps, --target-ci-pct)"
         )
-    if c.rounds is not None:
-        return c.rounds
+    if config.rounds is not None:
+        return config.rounds
     return 1 if collective else DEFAULT_ROUNDS
 
 
-def collective_plan(c: RunConfig) -> CollectivePlan:
+def collective_plan(config: RunConfig) -> CollectivePlan:
     """Validate the message_size flags (before any rank starts)."""
-    if c.dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {c.dtype!r} (known: {', '.join(DTYPES)})")
-    if c.op not in ("sum", "avg", "max"):
-        raise ValueError(f"unknown reduction {c.op!r} (known: sum, avg, max)")
+    if config.dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {config.dtype!r} (known: {', '.join(DTYPES)})")
+    if config.op not in ("sum", "avg", "max"):
+        raise ValueError(f"unknown reduction {config.op!r} (known: sum, avg, max)")
     return CollectivePlan(
-        sizes=message_sizes(c.min_bytes, c.max_bytes, c.factor),
-        collectives=parse_list(c.collectives, "collective", COLLECTIVES, flag="--collectives")
-        if c.collectives
+        sizes=message_sizes(config.min_bytes, config.max_bytes, config.factor),
+        collectives=parse_list(config.collectives, "collective", COLLECTIVES, flag="--collectives")
+        if config.collectives
         else list(COLLECTIVES),
-        impls=parse_list(c.impl, "implementation", IMPLS, flag="--impl") if c.impl else list(IMPLS),
-        dtype=c.dtype,
-        op=c.op,
-        iters=c.iters,
-        warmup=c.warmup_iters,
-        check=bool(c.check),
-        max_iters=c.max_steps,
-        max_s=c.max_point_s,
-        target_pct=c.target_ci_pct,
+        impls=parse_list(config.impl, "implementation", IMPLS, flag="--impl")
+        if config.impl
+        else list(IMPLS),
+        dtype=config.dtype,
+        op=config.op,
+        iters=config.iters,
+        warmup=config.warmup_iters,
+        check=bool(config.check),
+        max_iters=config.max_steps,
+        max_s=config.max_point_s,
+        target_pct=config.target_ci_pct,
     )
 
 
@@ -116,13 +119,13 @@ def self_launch(nproc: int, argv: list[str], entry: list[str] | None = None) -> 
         codes = {f.exitcode for f in e.failures.values()}
         if codes == {2}:  # bad input found after start-up: each rank printed its line
             return 2
-        if OUTPUT_FAILED in codes:  # rank 0 said which output it could not write
+        if OUTPUT_FAILED in codes:  # rank 0 printed which output it could not write
             return OUTPUT_FAILED
         print(f"error: {describe_failures(e.failures)}", file=sys.stderr)
         return 1
     except (SignalException, KeyboardInterrupt) as e:
         # Ctrl-C or SIGTERM: torchrun's agent passed the signal on and waited for the ranks,
-        # which ended the running point as an error row, recorded the run's end and said so.
+        # which ended the running point as an error row, recorded the run's end and printed why.
         return 128 + int(getattr(e, "sigval", signal.SIGINT))
     return 0
 
@@ -130,7 +133,7 @@ def self_launch(nproc: int, argv: list[str], entry: list[str] | None = None) -> 
 def describe_failures(failures: dict) -> str:
     """One line naming each rank that failed and how: killed by a signal, or its exit code.
     Ranks killed by a signal come first (a rank that lost its peer exits with an error, at
-    times before the launcher has seen the killed one), then by time of failure."""
+    times before the launcher has noticed the killed one), then by time of failure."""
     parts = []
     order = sorted(failures.items(), key=lambda kv: (kv[1].exitcode >= 0, kv[1].timestamp))
     for rank, f in order:
@@ -172,29 +175,15 @@ def resolve(config: RunConfig, world: int | None) -> Resolved:
         if world is None and any(s.expand is not None or s.kind == "scaling" for s in sweeps):
             fail(_launch_hint(list(config.argv)))  # its values are checked against the world
         collective = sweeps[0].kind == "collective"
-        c = replace(config, max_steps=resolved_max_steps(config, collective))
-        c = replace(c, rounds=resolved_rounds(c, collective))
+        config = replace(config, max_steps=resolved_max_steps(config, collective))
+        config = replace(config, rounds=resolved_rounds(config, collective))
         if collective:
-            if c.strategy or c.scaling:
+            if config.strategy or config.scaling:
                 raise ValueError("--strategy and --scaling are for the world_size sweep")
-            return Resolved(config=c, collective_plan=asdict(collective_plan(c)))
-        points = build_points(
-            c.sweep,
-            values=c.values,
-            values2=c.values2,
-            models=c.model,
-            impls=c.impl,
-            options=list(c.option or ()),
-            # without a launch yet, checked as for one rank (the launch hint follows)
-            world_size=world or 1,
-            strategy=c.strategy,
-            scaling=c.scaling,
-            batch_size=c.batch_size,
-            steps=c.steps,
-            warmup_steps=c.warmup_steps,
-            profile_steps=c.profile_steps,
-        )
-        return Resolved(config=c, points=tuple(points))
+            return Resolved(config=config, collective_plan=asdict(collective_plan(config)))
+        # without a launch yet, checked as for one rank (the launch hint follows)
+        points = build_points(config, world_size=world or 1)
+        return Resolved(config=config, points=tuple(points))
     except ValueError as e:
         fail(str(e))
 
@@ -267,6 +256,6 @@ def main(argv: list[str] | None = None) -> int:
         if run.collective_plan is not None:
             return run_collective_sweep(config, CollectivePlan(**run.collective_plan))
         return run_sweep(config, list(run.points))
-    except OutputError as e:  # a full disk: the rows before are whole, this one is said
+    except OutputError as e:  # a full disk: the rows before are whole, this one is reported
         print(f"error: {e}", file=sys.stderr, flush=True)
         return OUTPUT_FAILED

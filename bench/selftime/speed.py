@@ -29,7 +29,7 @@ import torch.distributed as dist
 from bench.analysis import breakdown as analysis
 from bench.analysis.breakdown import load_trace
 from bench.runfolder.points import PointRecord
-from bench.runner.configure.resolve import resolve_point
+from bench.runner.configure.resolve import PointRequest, VisitSettings, resolve_point
 from bench.runner.measure.peak_memory import point_memory
 from bench.runner.measure.profiling import profile_steps
 from bench.runner.measure.timing import timed_steps
@@ -46,14 +46,16 @@ COMPARED_AT = {"tp": {"tp_degree": 2}}  # the issue's comparison: TP degree 2
 def point(impl: str, args, env) -> PointRecord:
     """The implementation's point: the suite's own resolution, at the chosen knobs."""
     return resolve_point(
-        sweep="speed",
-        values={"impl": impl},
-        model=args.model,
-        strategy=args.strategy,
-        impl=impl,
-        knobs=args.options,
-        world_size=env.world_size,
-        batch_size=args.batch_size,
+        PointRequest(
+            sweep="speed",
+            values={"impl": impl},
+            model=args.model,
+            strategy=args.strategy,
+            impl=impl,
+            knobs=args.options,
+            world_size=env.world_size,
+            per_visit=VisitSettings(batch_size=args.batch_size),
+        )
     )
 
 

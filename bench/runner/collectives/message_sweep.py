@@ -34,7 +34,13 @@ from bench.runner.collectives.console_table import UNSUPPORTED, footer, header, 
 from bench.runner.configure.config import RunConfig
 from bench.runner.faults import watchdog
 from bench.runner.faults.root_cause import root_cause
-from bench.runner.measure.timing import Budget, adaptive_steps, common_clock, timed_steps
+from bench.runner.measure.timing import (
+    Budget,
+    TimedStep,
+    adaptive_steps,
+    common_clock,
+    timed_steps,
+)
 from bench.runner.session.context import finish_run, start_run
 from bench.runner.session.distenv import DistEnv, rank0_print, synchronize
 from bench.stats.intervals import median_interval
@@ -76,6 +82,31 @@ class CollectivePlan:
             max_s=self.max_s,
             target_pct=self.target_pct,
         )
+
+
+@dataclass(frozen=True, kw_only=True)
+class MessagePoint:
+    """One point of the sweep: a collective by one implementation on a message of ``size``
+    bytes as asked for (``count`` elements of ``itemsize`` bytes once aligned to the ranks),
+    reduced by ``op``, out of place or in place."""
+
+    coll: Collective
+    impl: str
+    op: str
+    size: int
+    count: int
+    itemsize: int
+    in_place: bool = False
+
+    @property
+    def id(self) -> str:
+        """The point's name in results.csv and in ``--resume``."""
+        place = "-inplace" if self.in_place else ""
+        return f"{self.coll.name}-{self.size}-{self.impl}{place}"
+
+    @property
+    def nbytes(self) -> int:
+        return self.count * self.itemsize
 
 
 def _median_time(fn, iters: int, device: torch.device) -> float:
@@ -125,20 +156,13 @@ def measure_limits(env: DistEnv, nbytes: int, iters: int = 10) -> dict:
     return limits
 
 
-def _measure(
-    coll: Collective,
-    impl: str,
-    count: int,
-    plan: CollectivePlan,
-    op: str,
-    env: DistEnv,
-    group,
-    in_place: bool = False,
-) -> dict:
+def _measure(point: MessagePoint, plan: CollectivePlan, env: DistEnv, group) -> dict:
+    """The point timed in blocks of calls on this rank, then checked on fresh inputs."""
+    coll, count, op = point.coll, point.count, point.op
     n, rank = dist.get_world_size(group), dist.get_rank(group)
     dtype = DTYPES[plan.dtype]
-    inp, out, _ = coll.buffers(count, dtype, rank, n, op, env.device, in_place)
-    run = coll.impl(impl)  # looked up once, not in the timed loop
+    inp, out, _ = coll.buffers(count, dtype, rank, n, op, env.device, point.in_place)
+    run = coll.impl(point.impl)  # looked up once, not in the timed loop
     for _ in range(plan.warmup):
         run(inp, out, op, group)
     calls = plan.block_calls
@@ -148,14 +172,13 @@ def _measure(
             run(inp, out, op, group)
 
     clock = common_clock(group, env.device)
-    blocks_ms, _, stop = adaptive_steps(
-        block, plan.budget(), prior=[], device=env.device, group=group, clock=clock
-    )
+    timed = TimedStep(step=block, device=env.device, group=group, clock=clock)
+    blocks_ms, _, stop = adaptive_steps(timed, plan.budget())
     per_call = blocks_ms / calls  # ms per call, one sample per block
     lo, hi = median_interval(per_call)
     wrong = 0
     if plan.check:
-        inp, out, expected = coll.buffers(count, dtype, rank, n, op, env.device, in_place)
+        inp, out, expected = coll.buffers(count, dtype, rank, n, op, env.device, point.in_place)
         run(inp, out, op, group)
         synchronize(env.device)
         wrong = count_wrong(out, expected)
@@ -184,32 +207,32 @@ PLACEMENTS = (False, True)
 
 
 def _run_size(
-    coll, impl, count, itemsize, plan, op, env, group, limits, sweep, point, in_place=False
-):
+    point: MessagePoint, plan: CollectivePlan, env: DistEnv, group, limits: dict, sweep: str
+) -> tuple[dict, bool]:
     """Measure one size and placement on every rank and agree on the outcome: (row, failed)."""
-    n = env.world_size
-    s_bytes = count * itemsize
+    coll, n, s_bytes = point.coll, env.world_size, point.nbytes
     row = {
         "sweep": sweep,
         "collective": coll.name,
-        "impl": impl,
-        "inplace": in_place,
+        "impl": point.impl,
+        "inplace": point.in_place,
         "world_size": n,
         "dtype": plan.dtype,
-        "op": op,
+        "op": point.op,
         "size_bytes": s_bytes,
-        "count": count,
-        "point": point,
+        "count": point.count,
+        "point": point.id,
         "backend": env.backend,
         "device": env.device.type,
     }
-    if in_place and coll.in_place_offsets is None:  # a fact of the registry: every rank agrees
+    # a fact of the registry: every rank agrees
+    if point.in_place and coll.in_place_offsets is None:
         row.update(status=UNSUPPORTED, error=coll.no_in_place)
         return row, False
     result, error = None, None
     try:
         watchdog.check_terminated()  # a cancelled job, or one whose launcher is lost, ends here
-        result = _measure(coll, impl, count, plan, op, env, group, in_place)
+        result = _measure(point, plan, env, group)
     except Exception as e:  # noqa: BLE001  (an unsupported op is an error row)
         error = f"{type(e).__name__}: {e}".replace("\n", " ")[:300]
     outcomes: list = [None] * n
@@ -240,20 +263,20 @@ def _run_size(
     return row, False
 
 
-def _error_writer(ctx, point: str, name: str, impl: str, size: int, in_place: bool):
-    """Rank 0: what writes this size's row as an error, should the rank have to leave during
+def _error_writer(ctx, point: MessagePoint):
+    """Rank 0: what writes this point's row as an error, should the rank have to leave during
     it (``watchdog.end_now``)."""
     if not ctx.env.is_main:
         return None
     return lambda why: ctx.write(
         {
             "sweep": ctx.config.sweep,
-            "collective": name,
-            "impl": impl,
-            "inplace": in_place,
+            "collective": point.coll.name,
+            "impl": point.impl,
+            "inplace": point.in_place,
             "world_size": ctx.env.world_size,
-            "size_bytes": size,
-            "point": point,
+            "size_bytes": point.size,
+            "point": point.id,
             "status": "error",
             "error": why,
         }
@@ -289,15 +312,17 @@ def run_collective_sweep(config: RunConfig, plan: CollectivePlan) -> int:
                     _visit(
                         ctx,
                         plan,
-                        coll,
-                        op,
-                        impl,
-                        size,
-                        count,
-                        itemsize,
+                        MessagePoint(
+                            coll=coll,
+                            impl=impl,
+                            op=op,
+                            size=size,
+                            count=count,
+                            itemsize=itemsize,
+                            in_place=in_place,
+                        ),
                         groups,
                         limits,
-                        in_place=in_place,
                     )
                     for in_place in PLACEMENTS
                 ]
@@ -308,42 +333,18 @@ def run_collective_sweep(config: RunConfig, plan: CollectivePlan) -> int:
 
 
 def _visit(
-    ctx,
-    plan: CollectivePlan,
-    coll,
-    op: str,
-    impl: str,
-    size: int,
-    count: int,
-    itemsize: int,
-    groups: dict,
-    limits: dict,
-    *,
-    in_place: bool,
+    ctx, plan: CollectivePlan, point: MessagePoint, groups: dict, limits: dict
 ) -> dict | None:
-    """One (collective, size, implementation, placement) point: timed, checked and its row
-    written (None where --resume skips it); a failed point's group is replaced."""
-    point = f"{coll.name}-{size}-{impl}" + ("-inplace" if in_place else "")
-    if (point, 1) in ctx.skip:
+    """One point: timed, checked and its row written (None where --resume skips it); a failed
+    point's group is replaced."""
+    if (point.id, 1) in ctx.skip:
         return None
-    watchdog.point_started(_error_writer(ctx, point, coll.name, impl, size, in_place))
-    row, failed = _run_size(
-        coll,
-        impl,
-        count,
-        itemsize,
-        plan,
-        op,
-        ctx.env,
-        groups[impl],
-        limits,
-        ctx.config.sweep,
-        point,
-        in_place=in_place,
-    )
+    watchdog.point_started(_error_writer(ctx, point))
+    group = groups[point.impl]
+    row, failed = _run_size(point, plan, ctx.env, group, limits, ctx.config.sweep)
     if failed:  # the group may hold a half-done collective: start a fresh one
-        dist.destroy_process_group(groups[impl])
-        groups[impl] = _new_group(ctx.config)
+        dist.destroy_process_group(group)
+        groups[point.impl] = _new_group(ctx.config)
     watchdog.write_row(lambda row=row: ctx.write(row))
     watchdog.point_done()
     return row

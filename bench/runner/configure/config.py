@@ -64,7 +64,7 @@ class RunConfig:
     max_point_s: float = _same_run(8.0)
     rounds: int | None = _same_run()
     seed: int = _same_run(0)
-    budget_s: float | None = None  # the whole sweep's wall time (--budget), None: unbounded
+    budget: float | None = None  # seconds: the whole sweep's wall time, None: unbounded
     # candidates of one model timed in cycles within the launch (auto: where their state fits)
     interleave: str = _same_run("auto")
     tie_band_pct: float = _same_run(TIE_BAND_PCT)  # a paired interval within +-this %: a tie
@@ -96,8 +96,8 @@ class RunConfig:
 
     def run_settings(self) -> dict[str, Any]:
         """The settings that make two launches the same run, as JSON holds them."""
-        every = self.settings()
-        return {f.name: every[f.name] for f in fields(self) if f.metadata.get("same_run")}
+        settings = self.settings()
+        return {f.name: settings[f.name] for f in fields(self) if f.metadata.get("same_run")}
 
     @classmethod
     def from_settings(cls, data: dict[str, Any]) -> RunConfig:
@@ -114,7 +114,8 @@ class RunConfig:
         return cls(**data)
 
 
-# The defaults, for the command line's help and for callers that build points themselves.
+# The defaults, for the command line's help and for what each visit of a point does
+# (``resolve.VisitSettings``).
 DEFAULTS = RunConfig()
 
 

@@ -1,6 +1,6 @@
 """The command line of ``bench/run.py``: its flags, parsed once into a ``RunConfig``.
 
-Every flag's default is ``RunConfig``'s (``plan/config.py``): the parser leaves an unset flag
+Every flag's default is ``RunConfig``'s (``configure/config.py``): the parser leaves an unset flag
 out (``argparse.SUPPRESS``) and the dataclass fills it, so a default is written once.
 """
 
@@ -43,7 +43,6 @@ def _int_at_least(minimum: int):
 
 
 _positive_int = _int_at_least(1)
-D = DEFAULTS
 
 
 def _positive_float(text: str) -> float:
@@ -107,7 +106,9 @@ def _outputs(p: argparse.ArgumentParser) -> None:
         "--resume", action="store_true", help="continue a run in --out, skipping points already ok"
     )
     p.add_argument(
-        "--reports-dir", type=Path, help=f"where the HTML report goes (default {D.reports_dir})"
+        "--reports-dir",
+        type=Path,
+        help=f"where the HTML report goes (default {DEFAULTS.reports_dir})",
     )
     p.add_argument("--no-report", action="store_true", help="do not write the HTML report")
     p.add_argument(
@@ -122,7 +123,9 @@ def _outputs(p: argparse.ArgumentParser) -> None:
 
 def _steps(p: argparse.ArgumentParser) -> None:
     """What every visit of a point does: batch, clipping, warm-up and timed steps."""
-    p.add_argument("--batch-size", type=_positive_int, help=f"per rank (default {D.batch_size})")
+    p.add_argument(
+        "--batch-size", type=_positive_int, help=f"per rank (default {DEFAULTS.batch_size})"
+    )
     p.add_argument(
         "--clip-grad-norm",
         type=_positive_float,
@@ -132,12 +135,12 @@ def _steps(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--warmup-steps",
         type=_positive_int,
-        help=f"untimed steps per visit (default {D.warmup_steps})",
+        help=f"untimed steps per visit (default {DEFAULTS.warmup_steps})",
     )
     p.add_argument(
         "--steps",
         type=_positive_int,
-        help=f"timed steps every visit of a point makes at least (default {D.steps})",
+        help=f"timed steps every visit of a point makes at least (default {DEFAULTS.steps})",
     )
 
 
@@ -152,7 +155,7 @@ def _confidence(p: argparse.ArgumentParser) -> None:
         type=_positive_float,
         metavar="PCT",
         help=f"stop timing a point once its median is known within +-PCT %% "
-        f"(default {D.target_ci_pct:g})",
+        f"(default {DEFAULTS.target_ci_pct:g})",
     )
     r.add_argument(
         "--max-steps",
@@ -166,7 +169,7 @@ def _confidence(p: argparse.ArgumentParser) -> None:
         type=_positive_float,
         metavar="SECONDS",
         help="budget: seconds of timed steps per point, all rounds together "
-        f"(default {D.max_point_s:g})",
+        f"(default {DEFAULTS.max_point_s:g})",
     )
     r.add_argument(
         "--rounds",
@@ -175,26 +178,25 @@ def _confidence(p: argparse.ArgumentParser) -> None:
         "order, and pool them; the spread between rounds is what claims are tested against "
         f"(default {DEFAULT_ROUNDS})",
     )
-    r.add_argument("--seed", type=int, help=f"seed of the rounds' orders (default {D.seed})")
+    r.add_argument("--seed", type=int, help=f"seed of the rounds' orders (default {DEFAULTS.seed})")
     r.add_argument(
         "--interleave",
         choices=INTERLEAVE,
         help="training sweeps: build the candidates of one model together and time them in "
         "cycles, one step of each per cycle in a random order, compared pair by pair; auto: "
         "where their state fits in half the free memory, else rounds (default "
-        f"{D.interleave})",
+        f"{DEFAULTS.interleave})",
     )
     r.add_argument(
+        "--tie-band-pct",
         "--tie-band",
-        dest="tie_band_pct",
         type=_positive_float,
         metavar="PCT",
         help="interleaved cycles stop once every comparison with the best excludes 1 or lies "
-        f"within +-PCT %% (a tie; default {D.tie_band_pct:g})",
+        f"within +-PCT %% (a tie; default {DEFAULTS.tie_band_pct:g})",
     )
     r.add_argument(
         "--budget",
-        dest="budget_s",
         type=_duration,
         metavar="TIME",
         help="training sweeps: the whole sweep's wall time, e.g. 10m: every point is visited "
@@ -208,15 +210,15 @@ def _job(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--profile-steps",
         type=_positive_int,
-        help=f"active steps traced per point (default {D.profile_steps})",
+        help=f"active steps traced per point (default {DEFAULTS.profile_steps})",
     )
     p.add_argument(
-        "--timeout-s",
         "--point-timeout",
+        "--timeout-s",
         dest="point_timeout",
         type=_positive_float,
         help="seconds a collective may wait before it fails: a hang becomes an error "
-        f"(default {D.point_timeout:g})",
+        f"(default {DEFAULTS.point_timeout:g})",
     )
     p.add_argument(
         "--debug",
@@ -228,7 +230,7 @@ def _job(p: argparse.ArgumentParser) -> None:
         "--backend",
         choices=["auto", "gloo", "nccl", "gloo-cuda"],
         help="auto: nccl with GPUs, else gloo; gloo-cuda: gloo on CUDA tensors (ranks may "
-        f"share a GPU; DDP only; default {D.backend})",
+        f"share a GPU; DDP only; default {DEFAULTS.backend})",
     )
     p.add_argument(
         "--nproc-per-node",
@@ -240,27 +242,30 @@ def _job(p: argparse.ArgumentParser) -> None:
 def _message_size(p: argparse.ArgumentParser) -> None:
     """The collectives sweep's flags, after nccl-tests'."""
     c = p.add_argument_group("message_size sweep (flags after nccl-tests)")
-    c.add_argument("-b", "--min-bytes", help=f"smallest size (default {D.min_bytes})")
-    c.add_argument("-e", "--max-bytes", help=f"largest size (default {D.max_bytes})")
-    c.add_argument("-f", "--factor", help=f"size multiplier (default {D.factor})")
+    c.add_argument("-b", "--min-bytes", help=f"smallest size (default {DEFAULTS.min_bytes})")
+    c.add_argument("-e", "--max-bytes", help=f"largest size (default {DEFAULTS.max_bytes})")
+    c.add_argument("-f", "--factor", help=f"size multiplier (default {DEFAULTS.factor})")
     c.add_argument(
-        "-n", "--iters", type=_positive_int, help=f"timed iterations, at least (default {D.iters})"
+        "-n",
+        "--iters",
+        type=_positive_int,
+        help=f"timed iterations, at least (default {DEFAULTS.iters})",
     )
     c.add_argument(
         "-w",
         "--warmup-iters",
         type=_int_at_least(0),
-        help=f"untimed iterations per size (default {D.warmup_iters})",
+        help=f"untimed iterations per size (default {DEFAULTS.warmup_iters})",
     )
     c.add_argument(
         "-c",
         "--check",
         type=int,
         choices=[0, 1],
-        help=f"count #wrong elements after timing (default {D.check})",
+        help=f"count #wrong elements after timing (default {DEFAULTS.check})",
     )
-    c.add_argument("-d", "--dtype", help=f"one of {', '.join(DTYPES)} (default {D.dtype})")
-    c.add_argument("-o", "--op", help=f"reduction: sum, avg or max (default {D.op})")
+    c.add_argument("-d", "--dtype", help=f"one of {', '.join(DTYPES)} (default {DEFAULTS.dtype})")
+    c.add_argument("-o", "--op", help=f"reduction: sum, avg or max (default {DEFAULTS.op})")
     c.add_argument("--collectives", help=f"comma list (default all: {', '.join(COLLECTIVES)})")
 
 

@@ -5,6 +5,10 @@ and writes down everything a point is: the knobs with their values and defaults,
 implementation's facts, the world and batch, and the inputs of its analytical figures, taken
 from the plain model's shapes on the meta device. The harness runs a record; the reading side
 reads records from the run folder and never these tables.
+
+A run's configuration reaches a point in two typed steps: ``SweepChoices`` (the strategy,
+models, implementations, fixed knobs and ``VisitSettings`` every point of the sweep shares),
+then a ``PointRequest`` per point, which ``resolve_point`` turns into its record.
 """
 
 from __future__ import annotations
@@ -13,12 +17,13 @@ import copy
 import functools
 import itertools
 import re
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from bench.runfolder.points import PointRecord
-from bench.runner.configure.config import DEFAULTS
+from bench.runner.configure.config import DEFAULTS, RunConfig
 from bench.runner.configure.sweeps import SWEEPS, Sweep, distinct, parse_list, sweep_names
 from parallel_kernels.fsdp_layout import fsdp_units, unit_params
 from parallel_kernels.knobs import KNOBS, by_param, positive_int, step_knobs
@@ -141,62 +146,85 @@ def _settings(row: Strategy, knobs: dict[str, Any]) -> tuple[dict, dict, str | N
     return settings, defaults, autocast
 
 
-def resolve_point(
-    *,
-    sweep: str,
-    values: dict[str, Any],
-    model: str,
-    strategy: str,
-    impl: str,
-    knobs: dict[str, Any] | None = None,
-    world_size: int,
-    swept_defaults: dict[str, Any] | None = None,
-    scaling: str | None = None,
-    global_batch: int | None = None,
-    batch_size: int = DEFAULTS.batch_size,
-    steps: int = DEFAULTS.steps,
-    warmup_steps: int = DEFAULTS.warmup_steps,
-    profile_steps: int = DEFAULTS.profile_steps,
-    id_suffix: str = "",
-) -> PointRecord:
-    """One point, resolved: ``values`` maps each swept axis to its value here, ``knobs`` the
+@dataclass(frozen=True, kw_only=True)
+class VisitSettings:
+    """What every visit of a point does: the batch per rank and its warm-up, timed and traced
+    steps. The defaults are ``RunConfig``'s."""
+
+    batch_size: int = DEFAULTS.batch_size
+    steps: int = DEFAULTS.steps
+    warmup_steps: int = DEFAULTS.warmup_steps
+    profile_steps: int = DEFAULTS.profile_steps
+
+    @classmethod
+    def of(cls, config: RunConfig) -> VisitSettings:
+        return cls(
+            batch_size=config.batch_size,
+            steps=config.steps,
+            warmup_steps=config.warmup_steps,
+            profile_steps=config.profile_steps,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class PointRequest:
+    """One point asked for: ``values`` maps each swept axis to its value here, ``knobs`` the
     knobs set (by the sweep and ``--option``), by the keyword the code takes each by; every
     other knob takes its default."""
-    row = strategy_row(strategy)
-    workload(model)  # an unknown model, or a factory that fails: one line, before any rank trains
-    facts = row.impl(impl)
-    settings, defaults, autocast = _settings(row, knobs or {})
+
+    sweep: str
+    values: dict[str, Any]
+    model: str
+    strategy: str
+    impl: str
+    world_size: int
+    knobs: dict[str, Any] = field(default_factory=dict)
+    swept_defaults: dict[str, Any] | None = None  # None: no axis has a default
+    scaling: str | None = None  # a world-size point's: weak or strong
+    global_batch: int | None = None  # strong scaling's, split over the data-parallel replicas
+    per_visit: VisitSettings = VisitSettings()
+    id_suffix: str = ""  # a world-size point's scaling and strategy (``point_id``)
+
+
+def resolve_point(request: PointRequest) -> PointRecord:
+    """The point asked for, resolved: every knob's setting and default, the implementation's
+    facts, the world, the batch per replica and the analytical figures' inputs."""
+    row = strategy_row(request.strategy)
+    # an unknown model, or a factory that fails: one line, before any rank trains
+    workload(request.model)
+    facts = row.impl(request.impl)
+    settings, defaults, autocast = _settings(row, request.knobs)
     tp = row.tp_size(**{k.param: settings[k.param] for k in row.knobs})
-    dp = max(1, world_size // tp) if isinstance(tp, int) and tp > 0 else 1
-    batch: int | None = batch_size
-    if global_batch is not None:
-        batch = global_batch // dp if global_batch % dp == 0 else None
+    dp = max(1, request.world_size // tp) if isinstance(tp, int) and tp > 0 else 1
+    batch: int | None = request.per_visit.batch_size
+    if request.global_batch is not None:
+        batch = request.global_batch // dp if request.global_batch % dp == 0 else None
     return PointRecord(
-        id=point_id(model, values, impl, id_suffix),
-        sweep=sweep,
-        swept=tuple(values),
-        value=next(iter(values.values())),
-        values=dict(values),
-        swept_defaults=dict(swept_defaults or dict.fromkeys(values)),
-        model=model,
-        strategy=strategy,
-        impl=impl,
+        id=point_id(request.model, request.values, request.impl, request.id_suffix),
+        sweep=request.sweep,
+        swept=tuple(request.values),
+        value=next(iter(request.values.values())),
+        values=dict(request.values),
+        swept_defaults=dict(request.swept_defaults or dict.fromkeys(request.values)),
+        model=request.model,
+        strategy=request.strategy,
+        impl=request.impl,
         impl_facts=facts.facts(),
         schedule=row.schedule,
         knobs=settings,
         defaults=defaults,
         autocast=autocast,
-        world_size=world_size,
-        ranks=tuple(range(world_size)),
+        world_size=request.world_size,
+        ranks=tuple(range(request.world_size)),
         dp_size=dp,
         tp_size=tp,
-        scaling=scaling,
-        global_batch=global_batch,
+        scaling=request.scaling,
+        global_batch=request.global_batch,
         batch_per_replica=batch,
-        steps=steps,
-        warmup_steps=warmup_steps,
-        profile_steps=profile_steps,
-        figures=_figures(row, facts, model, world_size, batch, settings),
+        steps=request.per_visit.steps,
+        warmup_steps=request.per_visit.warmup_steps,
+        profile_steps=request.per_visit.profile_steps,
+        figures=_figures(row, facts, request.model, request.world_size, batch, settings),
     )
 
 
@@ -285,165 +313,158 @@ def _strategy_of(sweeps: list[Sweep], asked: str | None) -> Strategy:
     return strategy_row(name)
 
 
-def build_points(
-    sweep_name: str,
-    *,
-    world_size: int,
-    values: str | None = None,
-    values2: str | None = None,
-    models: str | None = None,
-    impls: str | None = None,
-    options: list[str] | None = None,
-    strategy: str | None = None,
-    scaling: str | None = None,
-    batch_size: int = DEFAULTS.batch_size,
-    steps: int = DEFAULTS.steps,
-    warmup_steps: int = DEFAULTS.warmup_steps,
-    profile_steps: int = DEFAULTS.profile_steps,
-) -> list[PointRecord]:
-    """Every point of a sweep (or of a grid of two), implementations interleaved per value (so
-    drift hits each alike). ``world_size``: the ranks launched, what values are checked
-    against (TP degrees, mesh layouts, world sizes). ``strategy``, ``scaling``: the
-    world-size sweep's choices, and the strategy of a training-knob sweep."""
-    names = sweep_names(sweep_name)
-    sweeps = [SWEEPS[n] for n in names]
-    budget = dict(
-        batch_size=batch_size, steps=steps, warmup_steps=warmup_steps, profile_steps=profile_steps
-    )
+@dataclass(frozen=True)
+class SweepChoices:
+    """What every point of a sweep is made from: its strategy, the models and implementations
+    (a point for each), the knobs ``--option`` fixes and what each visit does."""
+
+    strategy: Strategy
+    models: list[str]
+    impls: list[str]
+    fixed: dict[str, Any]
+    per_visit: VisitSettings
+
+
+def _choices(
+    sweep: Sweep, row: Strategy, config: RunConfig, set_by_sweeps: tuple[str, ...]
+) -> SweepChoices:
+    """The choices of ``config`` for a sweep of ``row``: ``--option``'s knobs (not those the
+    sweeps set), then the models and implementations."""
+    known = {k.name: k for k in (*row.knobs, *step_knobs())}
+    fixed = parse_options(list(config.option or ()), known, set_by_sweeps)
+    models, impls = _models_and_impls(sweep, row, config.model, config.impl)
+    return SweepChoices(row, models, impls, fixed, VisitSettings.of(config))
+
+
+def build_points(config: RunConfig, world_size: int) -> list[PointRecord]:
+    """Every point of ``config``'s sweep (or of a grid of two), implementations interleaved per
+    value (so drift hits each alike). ``world_size``: the ranks launched, what values are
+    checked against (TP degrees, mesh layouts, world sizes). ``config.strategy``,
+    ``config.scaling``: the world-size sweep's choices, and the strategy of a training-knob
+    sweep."""
+    sweeps = [SWEEPS[n] for n in sweep_names(config.sweep)]
     if sweeps[0].kind == "scaling":
-        return _world_size_points(
-            sweeps[0],
-            values=values,
-            models=models,
-            impls=impls,
-            options=options,
-            world_size=world_size,
-            strategy=strategy,
-            scaling=scaling,
-            budget=budget,
-        )
+        return _world_size_points(sweeps[0], config, world_size)
     if sweeps[0].kind != "training":
-        raise ValueError(f"sweep {sweep_name!r} has no training points")
-    if values2 is not None and len(sweeps) < 2:
+        raise ValueError(f"sweep {config.sweep!r} has no training points")
+    if config.values2 is not None and len(sweeps) < 2:
         raise ValueError("--values2 is for a grid (--sweep A,B): the second sweep's values")
-    if scaling is not None:
+    if config.scaling is not None:
         raise ValueError("--scaling is for the world_size sweep")
-    row = _strategy_of(sweeps, strategy)
+    row = _strategy_of(sweeps, config.strategy)
     axes = [
         _axis_values(s, v, world_size, flag)
-        for s, v, flag in zip(sweeps, (values, values2), ("--values", "--values2"), strict=False)
+        for s, v, flag in zip(
+            sweeps, (config.values, config.values2), ("--values", "--values2"), strict=False
+        )
     ]
-    known = {k.name: k for k in (*row.knobs, *step_knobs())}
+    known = {k.name for k in (*row.knobs, *step_knobs())}
     for s in sweeps:
         if s.knob and s.knob not in known:
             raise ValueError(f"the {s.name} sweep varies a knob that {row.name} does not take")
-    set_by_sweeps = tuple(k for s in sweeps for k in s.knobs_set)
-    fixed = parse_options(options or [], known, set_by_sweeps)
-    model_names, impl_names = _models_and_impls(sweeps[0], row, models, impls)
-    return _one_id_each(
-        _grid_points(sweeps, axes, row, model_names, impl_names, fixed, world_size, budget)
-    )
+    choices = _choices(sweeps[0], row, config, tuple(k for s in sweeps for k in s.knobs_set))
+    return _one_id_each(_grid_points(sweeps, axes, choices, world_size))
 
 
 def _one_id_each(points: list[PointRecord]) -> list[PointRecord]:
     """The points, refused if two share an id (two model names that become one folder-safe
     name): a run keeps its rows, traces and resume by id."""
-    seen: set[str] = set()
+    ids: set[str] = set()
     for p in points:
-        if p.id in seen:
+        if p.id in ids:
             raise ValueError(
                 f"two points would share the id {p.id} (two --model names alike but for "
                 "characters an id writes as _)"
             )
-        seen.add(p.id)
+        ids.add(p.id)
     return points
 
 
 def _grid_points(
     sweeps: list[Sweep],
     axes: list[list[tuple[Any, dict]]],
-    row: Strategy,
-    model_names: list[str],
-    impl_names: list[str],
-    fixed: dict,
+    choices: SweepChoices,
     world_size: int,
-    budget: dict,
 ) -> list[PointRecord]:
     """A point per model, combination of the axes' values and implementation (implementations
     innermost: interleaved per value), each with the fixed knobs and those its values set."""
     swept_defaults = {s.name: KNOBS[s.knob].default if s.knob else None for s in sweeps}
     points = []
-    for m in model_names:
+    for m in choices.models:
         for combo in itertools.product(*axes):
             vals = {s.name: v for s, (v, _) in zip(sweeps, combo, strict=True)}
-            knobs = dict(fixed)
+            knobs = dict(choices.fixed)
             for _, sets in combo:
                 knobs.update(sets)
             points += [
                 resolve_point(
-                    sweep=",".join(s.name for s in sweeps),
-                    values=vals,
-                    model=m,
-                    strategy=row.name,
-                    impl=i,
-                    knobs=knobs,
-                    world_size=world_size,
-                    swept_defaults=swept_defaults,
-                    **budget,
+                    PointRequest(
+                        sweep=",".join(s.name for s in sweeps),
+                        values=vals,
+                        model=m,
+                        strategy=choices.strategy.name,
+                        impl=i,
+                        knobs=knobs,
+                        world_size=world_size,
+                        swept_defaults=swept_defaults,
+                        per_visit=choices.per_visit,
+                    )
                 )
-                for i in impl_names
+                for i in choices.impls
             ]
     return points
 
 
-def _world_size_points(
-    sweep: Sweep, *, values, models, impls, options, world_size, strategy, scaling, budget
-) -> list[PointRecord]:
+def _world_sizes(values: str | None, world_size: int) -> list[int]:
+    """The world sizes asked for (``--values``), none larger than the ranks launched; by
+    default the powers of two up to it."""
+    if not values:
+        return [1 << i for i in range(world_size.bit_length()) if 1 << i <= world_size]
+    sizes, texts = [], parse_list(values, "value", flag="--values")
+    for v in texts:
+        try:
+            sizes.append(positive_int(v))
+        except ValueError as e:
+            raise ValueError(f"bad value for --sweep world_size: {e}") from None
+    distinct("--values", texts, sizes)
+    too_big = [k for k in sizes if k > world_size]
+    if too_big:
+        raise ValueError(f"world size {too_big[0]} is larger than the {world_size} ranks launched")
+    return sizes
+
+
+def _world_size_points(sweep: Sweep, config: RunConfig, world_size: int) -> list[PointRecord]:
     """Points at world sizes up to the launched one. Strong scaling keeps one global batch,
     --batch-size x the largest world size (one replica per rank: --batch-size each at the
     largest size), split over each point's data-parallel replicas."""
-    row = strategy_row(strategy or "ddp")
-    if values:
-        sizes, texts = [], parse_list(values, "value", flag="--values")
-        for v in texts:
-            try:
-                sizes.append(positive_int(v))
-            except ValueError as e:
-                raise ValueError(f"bad value for --sweep world_size: {e}") from None
-        distinct("--values", texts, sizes)
-        too_big = [k for k in sizes if k > world_size]
-        if too_big:
-            raise ValueError(
-                f"world size {too_big[0]} is larger than the {world_size} ranks launched"
-            )
-    else:
-        sizes = [1 << i for i in range(world_size.bit_length()) if 1 << i <= world_size]
+    row = strategy_row(config.strategy or "ddp")
+    sizes = _world_sizes(config.values, world_size)
     scalings = (
-        parse_list(scaling, "scaling", dict.fromkeys(SCALINGS), flag="--scaling")
-        if scaling
+        parse_list(config.scaling, "scaling", dict.fromkeys(SCALINGS), flag="--scaling")
+        if config.scaling
         else SCALINGS
     )
-    known = {k.name: k for k in (*row.knobs, *step_knobs())}
-    fixed = parse_options(options or [], known, ())
-    model_names, impl_names = _models_and_impls(sweep, row, models, impls)
-    global_batch = budget["batch_size"] * max(sizes)
+    choices = _choices(sweep, row, config, ())
+    global_batch = config.batch_size * max(sizes)
     points = [
         resolve_point(
-            sweep=sweep.name,
-            values={sweep.name: k},
-            model=m,
-            strategy=row.name,
-            impl=i,
-            knobs=dict(fixed),
-            world_size=k,
-            scaling=sc,
-            global_batch=global_batch if sc == "strong" else None,
-            id_suffix=f"-{sc}-{row.name}",
-            **budget,
+            PointRequest(
+                sweep=sweep.name,
+                values={sweep.name: k},
+                model=m,
+                strategy=row.name,
+                impl=i,
+                knobs=dict(choices.fixed),
+                world_size=k,
+                scaling=sc,
+                global_batch=global_batch if sc == "strong" else None,
+                per_visit=choices.per_visit,
+                id_suffix=f"-{sc}-{row.name}",
+            )
         )
-        for m in model_names
+        for m in choices.models
         for sc in scalings
         for k in sizes
-        for i in impl_names
+        for i in choices.impls
     ]
     return _one_id_each(points)

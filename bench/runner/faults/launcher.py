@@ -71,7 +71,7 @@ def _watch(rank: int, parent: int, store) -> None:
         why, misses = lost(parent, probe, misses)
         if why is None:
             continue
-        watchdog.say(f"rank {rank}: {why}; leaving (--resume continues the run)")
+        watchdog.print_to_stderr(f"rank {rank}: {why}; leaving (--resume continues the run)")
         watchdog.terminate(why, EXIT_CODE)  # outside a point: the rank has left here
         if _stop.wait(GRACE_S):  # the run finished meanwhile
             return

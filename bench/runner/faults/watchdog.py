@@ -8,7 +8,7 @@ dumps (``PointWatch.failed``). Every other member's watchdog sees the count with
 in its own code (a sleep, a loop, a slow step) is then interrupted (SIGUSR1, whose handler
 raises ``PointInterrupted`` in the main thread) so that it leaves the point and the sweep can go
 on; a rank waiting in a gloo collective is freed by the failing rank dropping its end of the
-point's group (``bench.runner.train.harness``), which closes the connections it waits on.
+point's group (``bench.runner.train.lifecycle``), which closes the connections it waits on.
 """
 
 from __future__ import annotations
@@ -113,9 +113,9 @@ def _exit(code: int) -> None:
         try:
             record(_ENDING.why)
         except Exception as e:  # noqa: BLE001  (leaving anyway: say what was not recorded)
-            say(f"the run's end was not recorded: {e}")
+            print_to_stderr(f"the run's end was not recorded: {e}")
     if os.environ.get("RANK", "0") == "0":
-        say(f"{_ENDING.why}: every finished row is in results.csv")
+        print_to_stderr(f"{_ENDING.why}: every finished row is in results.csv")
     for stream in (sys.stdout, sys.stderr):
         # a pipe whose reader (the launcher) is gone must not keep the rank alive
         with contextlib.suppress(OSError, ValueError):
@@ -123,7 +123,8 @@ def _exit(code: int) -> None:
     os._exit(code)
 
 
-def say(line: str) -> None:
+def print_to_stderr(line: str) -> None:
+    """One line on stderr, flushed; a stream whose reader is gone is ignored."""
     with contextlib.suppress(OSError, ValueError):
         print(line, file=sys.stderr, flush=True)
 
@@ -155,7 +156,7 @@ def end_now() -> None:
                 _ENDING.write_error(_ENDING.why)
                 _ENDING.written = True
         except Exception as e:  # noqa: BLE001  (leaving anyway: say what was not written)
-            say(f"the point's error row was not written: {e}")
+            print_to_stderr(f"the point's error row was not written: {e}")
     _exit(_ENDING.code)
 
 

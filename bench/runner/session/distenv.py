@@ -73,7 +73,7 @@ def init_distributed(*, backend: str = "auto", timeout_s: float = 300.0) -> Dist
             timeout=datetime.timedelta(seconds=timeout_s),
             device_id=device if backend == "nccl" else None,
         )
-    # Nodes are told apart by torchrun's node rank (GROUP_RANK), not by host name: two nodes
+    # Nodes are counted by torchrun's node rank (GROUP_RANK), not by host name: two nodes
     # may share a name (containers, network namespaces on one machine).
     host = socket.gethostname()
     node = os.environ.get("GROUP_RANK", host)
