@@ -1,4 +1,4 @@
-"""A sweep's time, said and bounded (bench/runner/train/eta.py): the forecast from the first
+"""A sweep's time, forecast and bounded (bench/runner/train/eta.py): the forecast from the first
 visits, the budget shared so that every point is measured before any is measured again."""
 
 import pytest
@@ -41,8 +41,11 @@ def test_an_interleaved_candidate_not_yet_run_costs_the_untimed_seconds_and_its_
     """The first cohort's small steps say little of the next's large ones: a candidate of a
     cohort not yet run is costed as the others' seconds besides timing, plus the seconds of
     cycles its budget allows (at most)."""
-    clock = SweepClock(visits=[("m1", 1), ("m2", 1), ("w1", 1), ("w2", 1)])
-    clock.timed_bound = {p: 8.0 for p in ("m1", "m2", "w1", "w2")}
+    clock = SweepClock(
+        visits=[("m1", 1), ("m2", 1), ("w1", 1), ("w2", 1)],
+        cohorts=[["m1", "m2"], ["w1", "w2"]],
+        max_point_s=8.0,
+    )
     clock.done("m1", 1, 2.0, timed_s=0.5)
     clock.done("m2", 1, 2.0, timed_s=0.5)
     assert clock.left() == pytest.approx(2 * (1.5 + 8.0))
@@ -69,14 +72,35 @@ def test_a_budget_runs_the_first_round_whole_then_what_fits_and_shares_the_rest(
 def test_a_cohort_gets_the_seconds_an_earlier_cohorts_quick_steps_left_unspent():
     """The sweep's timed seconds stay within its candidates' sum: a cohort that ended on its
     step count passes what it did not spend to the next, and ``--budget``'s caps still bound."""
-    from bench.runner.train.sweep import cohort_seconds, unspent_seconds
-
-    first = cohort_seconds(10, 8.0, 0.0, [None] * 10)
+    cohorts = [[f"a{i}" for i in range(10)], [f"b{i}" for i in range(10)]]
+    visits = [(p, 1) for c in cohorts for p in c]
+    clock = SweepClock(visits=list(visits), cohorts=cohorts, max_point_s=8.0)
+    first = clock.cohort_seconds(0)
     assert first == 80.0
-    rows = [{"samples_ms": [6.0] * 700} for _ in range(4)] + [{"samples_ms": [6.0] * 200}] * 6
-    rows.append({"status": "error"})  # a failed candidate: no samples
-    left = unspent_seconds(first, rows)
-    assert left == pytest.approx(80.0 - (4 * 700 + 6 * 200) * 6.0 / 1e3)
-    assert cohort_seconds(10, 8.0, left, [None] * 10) == pytest.approx(80.0 + left)
-    assert cohort_seconds(10, 8.0, left, [5.0] * 10) == 50.0  # the budget's share bounds it
-    assert unspent_seconds(1.0, rows) == 0.0  # over its seconds (the last cycle ran on)
+    timed_s = (4 * 700 + 6 * 200) * 6.0 / 1e3  # ten candidates' samples; a failed one has none
+    clock.cohort_done(0, first, timed_s)
+    left = clock.unspent
+    assert left == pytest.approx(80.0 - timed_s)
+    assert clock.cohort_seconds(1) == pytest.approx(80.0 + left)
+    assert clock.timed_bound["b0"] == pytest.approx(8.0 + left / 10)  # the forecast knows
+    # the budget's share bounds it: 100 s over the 20 visits, 5 s each
+    bounded = SweepClock(visits=list(visits), budget_s=100.0, cohorts=cohorts, max_point_s=8.0)
+    bounded.cohort_done(0, 80.0, timed_s)
+    assert bounded.cohort_seconds(1) == 50.0
+    clock.cohort_done(1, 1.0, timed_s)
+    assert clock.unspent == 0.0  # over its seconds (the last cycle ran on)
+
+
+def test_the_forecast_is_made_once_after_the_first_visit_while_visits_are_left():
+    clock = SweepClock(visits=list(VISITS), budget_s=60.0)
+    clock.done("a", 1, 10.0)
+    text = clock.forecast()
+    assert text.startswith("sweep: about 2 min in all (9 visits, the first 10 s")
+    assert text.endswith("drops the later rounds' visits that no longer fit")
+    clock.done("b", 1, 10.0)
+    assert clock.forecast() is None
+    alone = SweepClock(visits=[("a", 1)])
+    alone.done("a", 1, 10.0)
+    assert alone.forecast() is None  # nothing left to forecast
+    clock.not_run("c", 3)
+    assert ("c", 3) not in clock.visits

@@ -74,7 +74,7 @@ SWEEP = [
     "2",
     "--profile-steps",
     "1",
-    "--timeout-s",
+    "--point-timeout",
     "30",
     "--nproc-per-node",
     "2",
@@ -151,7 +151,7 @@ def test_a_killed_rank_ends_the_job_loudly_and_resume_completes_it(tmp_path):
 def mismatched_point(debug: bool) -> dict:
     """A point whose model all-reduces a rank-dependent number of elements: the seed's classic
     deadlock. With DETAIL debugging the collective is checked across ranks first."""
-    from bench.runner.train.harness import HarnessConfig, run_point
+    from bench.runner.train.lifecycle import PointSettings, run_point
     from parallel_kernels import strategies
     from tests.test_harness import make_point, pool_env
 
@@ -183,9 +183,9 @@ def mismatched_point(debug: bool) -> dict:
         point = make_point(
             "t", "mlp", 1, "bad", "mismatch", warmup_steps=1, steps=2, profile_steps=1
         )
-        cfg = HarnessConfig(point_timeout_s=10.0)
+        cfg = PointSettings(point_timeout_s=10.0)
         t0 = time.monotonic()
-        row = run_point(point, pool_env(), cfg, Path("/tmp/unused-traces"))
+        row = run_point(point, pool_env(), cfg, Path("/tmp/unused-traces")).as_dict()
         row["seconds"] = time.monotonic() - t0
         return row
     finally:

@@ -312,7 +312,7 @@ def test_memory_per_rank_falls_with_sharding(pool):
 def hybrid_without_mesh(root: str) -> list[dict]:
     from pathlib import Path
 
-    from bench.runner.train.harness import run_point
+    from bench.runner.train.lifecycle import run_point
     from tests.test_harness import FAST, make_point, pool_env
 
     rows = []
@@ -326,7 +326,7 @@ def hybrid_without_mesh(root: str) -> list[dict]:
             world_size=4,
             knobs={"sharding_strategy": "HYBRID_SHARD", "hybrid_mesh": hybrid_mesh},
         )
-        rows.append(run_point(point, pool_env(), FAST, Path(root) / str(hybrid_mesh)))
+        rows.append(run_point(point, pool_env(), FAST, Path(root) / str(hybrid_mesh)).as_dict())
     return rows
 
 
@@ -342,7 +342,7 @@ def test_silently_diverging_hybrid_shard_is_caught(pool, tmp_path):
 def fsdp_sweep_rows(root: str) -> list[dict]:
     from pathlib import Path
 
-    from bench.runner.train.harness import run_point
+    from bench.runner.train.lifecycle import run_point
     from tests.test_harness import FAST, make_point, pool_env
 
     rows = []
@@ -356,7 +356,7 @@ def fsdp_sweep_rows(root: str) -> list[dict]:
                 "fsdp",
                 knobs={"sharding_strategy": strategy},
             )
-            rows.append(run_point(point, pool_env(), FAST, Path(root) / point.id))
+            rows.append(run_point(point, pool_env(), FAST, Path(root) / point.id).as_dict())
     return rows
 
 
@@ -439,7 +439,7 @@ def test_bf16_checks_fail_a_model_that_does_not_train(pool, impl):
 def fsdp1_option_rows(root: str) -> list[dict]:
     from pathlib import Path
 
-    from bench.runner.train.harness import run_point
+    from bench.runner.train.lifecycle import run_point
     from tests.test_harness import QUICK_FAIL, make_point, pool_env
 
     cases = [
@@ -457,7 +457,8 @@ def fsdp1_option_rows(root: str) -> list[dict]:
             "fsdp",
             knobs={"sharding_strategy": "FULL_SHARD", **extra},
         )
-        rows.append(run_point(point, pool_env(), QUICK_FAIL, Path(root) / f"{impl}{len(rows)}"))
+        row = run_point(point, pool_env(), QUICK_FAIL, Path(root) / f"{impl}{len(rows)}")
+        rows.append(row.as_dict())
     return rows
 
 

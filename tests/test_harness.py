@@ -10,18 +10,18 @@ import torch
 import torch.distributed as dist
 
 from bench.runfolder.points import PointRecord
-from bench.runner.configure.resolve import resolve_point
+from bench.runner.configure.resolve import PointRequest, VisitSettings, resolve_point
 from bench.runner.session.distenv import DistEnv
-from bench.runner.train.harness import HarnessConfig, run_point
+from bench.runner.train.lifecycle import PointSettings, run_point
 from parallel_kernels.ddp import apply_reference_ddp
 from parallel_kernels.models import build_model, grad_bytes
 from parallel_kernels.strategies import STRATEGIES
 
 pytestmark = pytest.mark.ranks
 
-FAST = HarnessConfig(point_timeout_s=60.0)
+FAST = PointSettings(point_timeout_s=60.0)
 # A failure on one rank makes the others wait out this timeout: keep it short there.
-QUICK_FAIL = HarnessConfig(point_timeout_s=5.0)
+QUICK_FAIL = PointSettings(point_timeout_s=5.0)
 # Steps of every point the tests run (a sweep's own: 5 warm-up, at least 10 timed, 3 traced).
 FAST_STEPS = {"warmup_steps": 2, "steps": 4, "profile_steps": 2}
 
@@ -48,18 +48,21 @@ def make_point(
     *,
     world_size: int = 2,
     knobs: dict | None = None,
-    **kwargs,
+    **per_visit,
 ) -> PointRecord:
-    """A resolved point of ``sweep`` at ``value`` (setting ``knobs``), with the tests' steps."""
+    """A resolved point of ``sweep`` at ``value`` (setting ``knobs``), with the tests' steps
+    unless ``per_visit`` sets the batch or steps."""
     return resolve_point(
-        sweep=sweep,
-        values={sweep: value},
-        model=model,
-        strategy=strategy,
-        impl=impl,
-        knobs=knobs or {},
-        world_size=world_size,
-        **{**FAST_STEPS, **kwargs},
+        PointRequest(
+            sweep=sweep,
+            values={sweep: value},
+            model=model,
+            strategy=strategy,
+            impl=impl,
+            knobs=knobs or {},
+            world_size=world_size,
+            per_visit=VisitSettings(**{**FAST_STEPS, **per_visit}),
+        )
     )
 
 
@@ -67,10 +70,13 @@ def point(model: str, impl: str, cap: float) -> PointRecord:
     return make_point("bucket_cap_mb", model, cap, impl, "ddp", knobs={"bucket_cap_mb": cap})
 
 
-def run_points(points: list[PointRecord], root: str, cfg: HarnessConfig = FAST) -> list[dict]:
-    """Run each point with the tests' steps (a sweep's points come with a sweep's)."""
+def run_points(points: list[PointRecord], root: str, cfg: PointSettings = FAST) -> list[dict]:
+    """Run each point with the tests' steps (a sweep's points come with a sweep's): each
+    row's cells and samples."""
     return [
-        run_point(dataclasses.replace(p, **FAST_STEPS), pool_env(), cfg, Path(root) / p.id)
+        run_point(
+            dataclasses.replace(p, **FAST_STEPS), pool_env(), cfg, Path(root) / p.id
+        ).as_dict()
         for p in points
     ]
 

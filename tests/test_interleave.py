@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch.distributed as dist
 
-from bench.runner.train.harness import HarnessConfig
-from bench.runner.train.interleave import CycleBudget, run_cohort
+from bench.runner.train.cycles import CycleBudget
+from bench.runner.train.lifecycle import Cohort, PointSettings, run_cohort
 from bench.stats.paired import versus_best_paired
 from parallel_kernels.ddp import apply_reference_ddp
 from parallel_kernels.strategies import STRATEGIES
@@ -73,17 +73,16 @@ def cohort(root: str) -> tuple[list[dict], list[dict]]:
     ctx = Ctx(run_dir=Path(root))
     budget = CycleBudget(min_cycles=4, max_cycles=16, max_s=60.0, band_pct=3.0, seed=0)
     try:
-        rows = run_cohort(
+        results = run_cohort(
             ctx,
-            HarnessConfig(point_timeout_s=10.0),
-            points,
+            PointSettings(point_timeout_s=10.0),
+            Cohort(points=tuple(points), slow_pct={slowed.id: SLOW_PCT}),
             budget,
             progress=lambda _m: None,
-            slow_pct={slowed.id: SLOW_PCT},
         )
     finally:
         del impls["raise_rank1"], impls["fail_later"]
-    return rows, ctx.rows
+    return [r.as_dict() for r in results], ctx.rows
 
 
 @pytest.mark.timeout(300)
@@ -112,7 +111,7 @@ def test_a_cohort_cycles_pairs_and_keeps_going_past_its_failures(pool, tmp_path)
         assert r["checked"].startswith("ok")  # its first step matched the plain model
         assert np.isfinite(r["alone_ms"]) and np.isfinite(r["interleave_cost_pct"])
         assert r["steps"] == n and r["comm_calls_per_step"] > 0  # traced after the cycles
-    # the sample i of every candidate comes from cycle i: the slowed copy is told apart
+    # the sample i of every candidate comes from cycle i: the slowed copy is distinguished
     fast, slow = (f"mlp-bucket_cap_mb={v}-reference" for v in (1, 25))
     v = versus_best_paired({p: by[p]["samples_ms"] for p in (fast, slow, slow + "-slowed")})
     assert slow + "-slowed" not in v.tied, v.ratios

@@ -128,7 +128,9 @@ def env(world_size: int = 2) -> DistEnv:
 
 
 def test_one_models_points_at_one_world_size_are_interleaved_where_they_fit():
-    points = build_points("bucket_cap_mb", world_size=2, models="mlp,wide_mlp", impls="native")
+    points = build_points(
+        RunConfig(sweep="bucket_cap_mb", model="mlp,wide_mlp", impl="native"), world_size=2
+    )
     on = RunConfig(interleave="on")
     cohorts, rest, note = split_cohorts(points, on, env(), free=None)
     assert [{p.model for p in c} for c in cohorts] == [{"mlp"}, {"wide_mlp"}] and not rest
@@ -144,7 +146,7 @@ def test_one_models_points_at_one_world_size_are_interleaved_where_they_fit():
     assert {p.model for p in rest} == {"wide_mlp"}
     assert note.startswith("interleave: wide_mlp run in rounds")
     # a world-size sweep's points cannot share one launch's ranks
-    sizes = build_points("world_size", world_size=4, values="2,4", models="mlp")
+    sizes = build_points(RunConfig(sweep="world_size", values="2,4", model="mlp"), world_size=4)
     assert split_cohorts(sizes, on, env(4), None)[0] == [[p for p in sizes if p.world_size == 4]]
 
 
@@ -190,7 +192,9 @@ def test_stopping_at_the_looks_keeps_false_differences_rare_and_finds_a_real_one
 
 def _candidates(model="mlp", values="0.25,1,5,25,100", impls="native"):
     """Racing's view of a cohort: each candidate's point, cycles so far and place in them."""
-    points = build_points("bucket_cap_mb", world_size=2, values=values, models=model, impls=impls)
+    points = build_points(
+        RunConfig(sweep="bucket_cap_mb", values=values, model=model, impl=impls), world_size=2
+    )
     return [SimpleNamespace(point=p, times=[], active=True, stop="") for p in points]
 
 

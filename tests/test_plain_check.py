@@ -18,7 +18,8 @@ import torch.distributed as dist
 from bench.runner.measure.peak_memory import MEMORY_STEPS, WARM_STEPS
 from bench.runner.measure.timing import Budget
 from bench.runner.train import plain_check, plain_compare
-from bench.runner.train.harness import Visit, run_point
+from bench.runner.train.candidate import Visit
+from bench.runner.train.lifecycle import run_point
 from parallel_kernels.strategies import STRATEGIES
 from tests.test_harness import FAST, make_point, pool_env, run_points
 
@@ -175,7 +176,7 @@ def _forwards(point, root: str) -> tuple[list[int], dict]:
     from tests.data.models import plain_check_models as m
 
     m.FORWARDS.clear()
-    row = run_point(dataclasses.replace(point), pool_env(), FAST, Path(root))
+    row = run_point(dataclasses.replace(point), pool_env(), FAST, Path(root)).as_dict()
     return list(m.FORWARDS.values()), row
 
 
@@ -194,7 +195,7 @@ def cost_worker(root: str) -> dict:
     available = plain_check._available_bytes
     plain_check._available_bytes = lambda device: 1024.0
     try:
-        out["no_fit"] = run_point(point, pool_env(), FAST, Path(root, "c"))
+        out["no_fit"] = run_point(point, pool_env(), FAST, Path(root, "c")).as_dict()
     finally:
         plain_check._available_bytes = available
     later = Visit(
@@ -202,7 +203,7 @@ def cost_worker(root: str) -> dict:
         round=2,
         profile=False,
     )
-    out["later"] = run_point(point, pool_env(), FAST, Path(root, "d"), visit=later)
+    out["later"] = run_point(point, pool_env(), FAST, Path(root, "d"), visit=later).as_dict()
     return out
 
 

@@ -9,6 +9,7 @@ import pytest
 from bench.model.comm import fit_rows
 from bench.model.compute import ComputeProfile
 from bench.model.predict import case_of, simulate_case
+from bench.runner.configure.config import RunConfig
 from bench.runner.configure.resolve import build_points
 from parallel_kernels import knobs, strategies
 from tests.test_harness import FAST, run_points
@@ -47,7 +48,7 @@ def points(renamed: bool):
     sweep, impls = "bucket_cap_mb", "reference_nooverlap,native"
     if renamed:
         sweep, impls = RENAMED["bucket_cap_mb"], ",".join(IMPLS.values())
-    return build_points(sweep, world_size=2, values="0.5", models="mlp", impls=impls)
+    return build_points(RunConfig(sweep=sweep, values="0.5", model="mlp", impl=impls), world_size=2)
 
 
 def comparable(rec) -> dict:
@@ -65,14 +66,16 @@ def test_renamed_rows_resolve_to_the_same_points_and_predictions():
     with renamed_rows():
         after = points(True)
         with pytest.raises(ValueError, match="unknown option 'bucket_cap_mb'"):
-            build_points("grad_accum", world_size=2, options=["bucket_cap_mb=5"])
+            build_points(RunConfig(sweep="grad_accum", option=("bucket_cap_mb=5",)), world_size=2)
         assert (
             build_points(
-                "grad_accum",
+                RunConfig(
+                    sweep="grad_accum",
+                    values="1",
+                    impl="reference",
+                    option=(f"{RENAMED['bucket_cap_mb']}=5",),
+                ),
                 world_size=2,
-                values="1",
-                impls="reference",
-                options=[f"{RENAMED['bucket_cap_mb']}=5"],
             )[0].knobs["bucket_cap_mb"]
             == 5.0
         )

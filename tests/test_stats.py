@@ -348,7 +348,7 @@ def adaptive_cases() -> list[tuple[int, str]]:
     import torch
     import torch.distributed as dist
 
-    from bench.runner.measure.timing import Budget, adaptive_steps
+    from bench.runner.measure.timing import Budget, TimedStep, adaptive_steps
 
     slow = dist.get_rank() == 1
 
@@ -357,14 +357,14 @@ def adaptive_cases() -> list[tuple[int, str]]:
 
     cpu = torch.device("cpu")
     cases = [
-        (Budget(min_steps=6, max_steps=50, max_s=60, target_pct=1000.0), []),  # target at once
-        (Budget(min_steps=6, max_steps=12, max_s=60, target_pct=1e-9), []),  # steps run out
-        (Budget(min_steps=6, max_steps=500, max_s=0.005, target_pct=1e-9), []),  # seconds do
-        (Budget(min_steps=2, max_steps=50, max_s=60, target_pct=5.0), [2.0] * 40),  # prior
+        Budget(min_steps=6, max_steps=50, max_s=60, target_pct=1000.0),  # target at once
+        Budget(min_steps=6, max_steps=12, max_s=60, target_pct=1e-9),  # steps run out
+        Budget(min_steps=6, max_steps=500, max_s=0.005, target_pct=1e-9),  # seconds do
+        Budget(min_steps=2, max_steps=50, max_s=60, target_pct=5.0, prior=(2.0,) * 40),  # prior
     ]
     out = []
-    for budget, prior in cases:
-        s, skew, stop = adaptive_steps(step, budget, prior=prior, device=cpu, group=None)
+    for budget in cases:
+        s, skew, stop = adaptive_steps(TimedStep(step=step, device=cpu, group=None), budget)
         out.append((len(s), stop, bool((s >= 2.0).all() and (skew >= 0).all())))
     return out
 

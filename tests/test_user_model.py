@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from bench.runner.cli import main
-from bench.runner.configure.resolve import resolve_point
+from bench.runner.configure.resolve import PointRequest, VisitSettings, resolve_point
 from parallel_kernels.models import build_model, workload
 from tests.test_harness import FAST, FAST_STEPS, pool_env
 
@@ -58,20 +58,21 @@ def test_the_example_builds_the_same_weights_and_batches():
 
 def _point(sweep: str, strategy: str, impl: str, knobs: dict, model: str = EXAMPLE):
     return resolve_point(
-        sweep=sweep,
-        values={sweep: next(iter(knobs.values()))},
-        model=model,
-        strategy=strategy,
-        impl=impl,
-        knobs=knobs,
-        world_size=2,
-        batch_size=8,
-        **FAST_STEPS,
+        PointRequest(
+            sweep=sweep,
+            values={sweep: next(iter(knobs.values()))},
+            model=model,
+            strategy=strategy,
+            impl=impl,
+            knobs=knobs,
+            world_size=2,
+            per_visit=VisitSettings(batch_size=8, **FAST_STEPS),
+        )
     )
 
 
 def example_points(root: str) -> list[dict]:
-    from bench.runner.train.harness import run_point
+    from bench.runner.train.lifecycle import run_point
 
     points = [
         _point("bucket_cap_mb", "ddp", "native", {"bucket_cap_mb": 1.0}),
@@ -83,7 +84,7 @@ def example_points(root: str) -> list[dict]:
         _point("tp_degree", "tp", "native", {"tp_degree": 2}, model=f"{BAD}:no_tp_plan"),
         _point("sharding_strategy", "fsdp", "native", {"sharding_strategy": "HYBRID_SHARD"}),
     ]
-    return [run_point(p, pool_env(), FAST, Path(root) / p.id) for p in points]
+    return [run_point(p, pool_env(), FAST, Path(root) / p.id).as_dict() for p in points]
 
 
 @pytest.mark.ranks
@@ -151,11 +152,11 @@ TORCH_FSDPS = 2  # the last two: torch's FSDP2 and FSDP1, which refuse 0-dim par
 def odd_points(root: str) -> list[dict]:
     """The odd model (every kind of parameter and buffer) through every strategy; torch's two
     FSDPs once more with its gates 1-D."""
-    from bench.runner.train.harness import run_point
+    from bench.runner.train.lifecycle import run_point
 
     points = [_point(*p, model=f"{ODD}:workload") for p in ODD_POINTS]
     points += [_point(*p, model=f"{ODD}:workload_1d_gate") for p in ODD_POINTS[-TORCH_FSDPS:]]
-    return [run_point(p, pool_env(), FAST, Path(root) / p.id) for p in points]
+    return [run_point(p, pool_env(), FAST, Path(root) / p.id).as_dict() for p in points]
 
 
 @pytest.mark.ranks

@@ -4,7 +4,7 @@ power against a known effect, through the sweep's own cohort runner.
     OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 bench/selftime/paired_power.py \
         [--model wide_mlp] [--aa 20] [--effect 10] [--effect-pct 5] [--max-point-s 8] [--json]
 
-Each trial is one cohort of two candidates (``bench/runner/train/interleave.py``) with the
+Each trial is one cohort of two candidates (``bench/runner/train/cycles.py``) with the
 sweep's default budget (``--max-steps`` cycles, ``--max-point-s`` seconds per candidate) and
 tie band: an A/A trial enters one configuration twice (DDP native at the default bucket size)
 and counts as right when the paired verdict ties them; an effect trial makes the second
@@ -30,11 +30,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import numpy as np
 
-from bench.runner.configure.config import DEFAULTS, TRAINING_MAX_STEPS
+from bench.runner.configure.config import DEFAULTS, TRAINING_MAX_STEPS, RunConfig
 from bench.runner.configure.resolve import build_points
 from bench.runner.session.distenv import init_distributed, rank0_print
-from bench.runner.train.harness import HarnessConfig
-from bench.runner.train.interleave import CycleBudget, run_cohort
+from bench.runner.train.cycles import CycleBudget
+from bench.runner.train.lifecycle import Cohort, PointSettings, run_cohort
 from bench.stats.paired import DECIDED, look_confidence, versus_best_paired
 
 
@@ -62,14 +62,14 @@ def trial(env, point, slow_pct: float, seed: int, root: Path, max_point_s: float
         seed=seed,
     )
     t0 = time.perf_counter()
-    rows = run_cohort(
+    results = run_cohort(
         run,
-        HarnessConfig(point_timeout_s=120.0),
-        [point, again],
+        PointSettings(point_timeout_s=120.0),
+        Cohort(points=(point, again), slow_pct={again.id: slow_pct}),
         budget,
         progress=lambda _m: None,
-        slow_pct={again.id: slow_pct},
     )
+    rows = [r.as_dict() for r in results]
     seconds = time.perf_counter() - t0
     by = {r["point"]: r for r in rows}
     if any(r["status"] != "ok" for r in rows):
@@ -112,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     env = init_distributed()
     (point,) = build_points(
-        "bucket_cap_mb", world_size=env.world_size, values="25", models=args.model, impls="native"
+        RunConfig(sweep="bucket_cap_mb", values="25", model=args.model, impl="native"),
+        world_size=env.world_size,
     )
     trials = [0.0] * args.aa + [args.effect_pct] * args.effect
     out = []
@@ -144,9 +145,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _line(i: int, t: dict) -> str:
     kind = f"{t['slow_pct']:g} % slower" if t["slow_pct"] else "A/A"
-    said = "tied" if t["tied"] else ("found" if t["found"] else "separated")
+    outcome = "tied" if t["tied"] else ("found" if t["found"] else "separated")
     return (
-        f"trial {i} ({kind}): {said}, ratio {t['ratio']:.3f} [{t['low']:.3f}, {t['high']:.3f}] "
+        f"trial {i} ({kind}): {outcome}, ratio {t['ratio']:.3f} [{t['low']:.3f}, {t['high']:.3f}] "
         f"over {t['cycles']} cycles (stop: {t['stop']}, step {t['step_ms']:.1f} ms, "
         f"{t['seconds']:.1f} s)"
     )

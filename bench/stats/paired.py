@@ -1,7 +1,7 @@
 """Comparisons with the best from interleaved cycles, and when they are decided.
 
 Candidates timed in cycles (one step of each per cycle, in a fresh random order: ``bench/runner/
-train/interleave.py``) are compared pair by pair: a candidate's per-cycle ratio to the best's
+train/cycles.py``) are compared pair by pair: a candidate's per-cycle ratio to the best's
 step of the same cycle, whose centre (Hodges-Lehmann's) and distribution-free interval (the
 signed-rank test's) ``estimates.paired_cycles_ratio`` gives. Drift and a neighbour's load
 fall on both steps of a cycle alike and cancel in the ratio (the randomised multiple
@@ -44,7 +44,7 @@ from bench.stats.signed_rank import hodges_lehmann
 from bench.stats.ties import adjusted
 
 # Two candidates whose ratio's interval lies within +-TIE_BAND_PCT % are called equal: a
-# difference that small is not worth a decision (``--tie-band``).
+# difference that small is not worth a decision (``--tie-band-pct``).
 TIE_BAND_PCT = 3.0
 DECIDED = "decided"  # results.csv's ``stop`` of cycles that ended at an interim look
 FIRST_LOOK = 8  # the first interim look, in cycles; then each at twice the last

@@ -5,16 +5,17 @@ The harness takes what a point leaves in use off its peak (``own_memory``), beca
 it is the process's: caches the point filled (oneDNN's kernels, the autograd engine's
 threads). But an implementation can keep its own state alive past its release, held from
 native code: torch's FSDP1 with NO_SHARD keeps its flat parameters and AdamW's state for
-them (4.75 MiB of llama:tiny at 2 ranks on gloo, no Python object refers to them) after its
-module and optimiser are gone, through a collective, its group's destruction and a barrier.
-That memory was the point's during its steps, so it stays in the point's peak; said apart,
-``mem_kept_mb``, it is a leak a user of that implementation would meet once per model built.
+them (no Python object refers to them) after its module and optimiser are gone, through a
+collective, its group's destruction and a barrier. That memory was the point's during its
+steps, so it stays in the point's peak; counted apart, ``mem_kept_mb``, it is a leak a user
+of that implementation would meet once per model built.
 
 Weak references see it whoever holds it: they keep nothing alive, and a tensor whose weak
 reference still answers after the release is alive. Counted by storage (a view's whole
 storage is alive with it, and FSDP's original parameters are views of one flat one), each
 storage once. Not seen: native buffers without a tensor Python ever saw (DDP's reducer
-allocates a block in its forward that CUDA's allocator held after the point on an H200).
+allocates a block in its forward that CUDA's allocator can hold after the point). The sizes:
+docs/benchmarks.md, "Planned memory".
 """
 
 from __future__ import annotations

@@ -165,7 +165,7 @@ def own_memory(metrics: dict, baseline: MemoryBaseline, *, data_bytes: int, own:
     kept = own.kept_bytes(baseline.device)
     for key in ("peak_mem_mb", "peak_reserved_mb"):
         metrics[key] -= (left - kept + data_bytes) / 2**20
-    # Said, so that a leak shows, which the figures above would hide: an implementation that
+    # Reported, so that a leak shows, which the figures above would hide: an implementation that
     # keeps its model alive past its point (see the hooks in ``parallel_kernels/ddp.py``).
     metrics["mem_left_mb"] = left / 2**20
     metrics["mem_kept_mb"] = kept / 2**20

@@ -46,12 +46,12 @@ NAMES = (  # the API's collectives; those this torch lacks are skipped
 
 
 def _storages(args, kwargs) -> list:
-    seen, out = set(), []
+    counted, out = set(), []
     for v in (*args, *kwargs.values()):
         if isinstance(v, torch.Tensor):
             s = v.untyped_storage()
-            if s.data_ptr() not in seen:
-                seen.add(s.data_ptr())
+            if s.data_ptr() not in counted:
+                counted.add(s.data_ptr())
                 out.append(s)
     return out
 

@@ -120,36 +120,56 @@ def timed_steps(
 
 
 @dataclass(frozen=True, kw_only=True)
+class TimedStep:
+    """One step as the timing runs it: ``step()`` on ``device``, by the ranks of ``group``,
+    read on ``clock`` (``common_clock``), ``between()`` run untimed before each step's barrier
+    (fetching the step's data, reading a counter)."""
+
+    step: Callable[[], object]
+    device: torch.device
+    group: dist.ProcessGroup | None
+    clock: Clock | None = None
+    between: Callable[[], object] | None = None
+
+    def run(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """``n`` steps: their times and skews in ms (``timed_steps``)."""
+        return timed_steps(
+            self.step,
+            n,
+            device=self.device,
+            group=self.group,
+            clock=self.clock,
+            between=self.between,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
 class Budget:
     """One visit's: at least ``min_steps``; then more until the interval of the median of the
-    point's samples (earlier rounds' and these) is within +-``target_pct`` %, or ``max_steps``
-    steps or ``max_s`` seconds of timed steps are spent."""
+    point's samples (``prior``, its earlier rounds', and these) is within +-``target_pct`` %,
+    or ``max_steps`` steps or ``max_s`` seconds of timed steps are spent."""
 
     min_steps: int
     max_steps: int
     max_s: float
     target_pct: float
+    prior: tuple[float, ...] = ()
 
 
 def adaptive_steps(
-    step: Callable[[], object],
+    timed: TimedStep,
     budget: Budget,
-    *,
-    prior: list[float],
-    device: torch.device,
-    group: dist.ProcessGroup | None,
-    clock: Clock | None = None,
-    between: Callable[[], object] | None = None,
     on_chunk: Callable[[int, float], None] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, str]:
-    """(step ms, skew ms, why it stopped), as ``timed_steps`` gives them. Every rank decides
-    from the same all-reduced times, so they all stop after the same step without another
-    message."""
+    """(step ms, skew ms, why it stopped), as ``timed_steps`` gives them; ``on_chunk(steps so
+    far, the interval's half-width in %)`` after each chunk. Every rank decides from the same
+    all-reduced times, so they all stop after the same step without another message."""
     times: list[float] = []
     skews: list[float] = []
+    prior = list(budget.prior)
     n = budget.min_steps
     while True:
-        s, k = timed_steps(step, n, device=device, group=group, clock=clock, between=between)
+        s, k = timed.run(n)
         times += s.tolist()
         skews += k.tolist()
         width = half_width_pct(prior + times)

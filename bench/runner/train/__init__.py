@@ -1,2 +1,2 @@
-"""The training sweep: its loop, one point's harness, the step, the data, and the check of
-each point against the plain model."""
+"""The training sweep: its schedule and loop, one point's lifecycle (``lifecycle.py``), the
+step, the data, and the check of each point against the plain model."""

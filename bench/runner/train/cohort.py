@@ -1,4 +1,4 @@
-"""Which points of a sweep are timed together, interleaved (``interleave.py``), and which in
+"""Which points of a sweep are timed together, interleaved (``cycles.py``), and which in
 rounds as before.
 
 Candidates can share a launch when they run on the same ranks: one model's points at one world
@@ -50,11 +50,11 @@ def split_cohorts(
     ``free``: bytes free on rank 0's device (``free_bytes``)."""
     if config.interleave == "off":
         return [], list(points), None
-    together: dict[str, list[PointRecord]] = {}
+    by_model: dict[str, list[PointRecord]] = {}
     for p in points:
         if p.world_size == env.world_size:
-            together.setdefault(p.model, []).append(p)
-    cohorts = [c for c in together.values() if len(c) > 1]
+            by_model.setdefault(p.model, []).append(p)
+    cohorts = [c for c in by_model.values() if len(c) > 1]
     note = None
     if config.interleave == "auto" and cohorts and free is not None:
         # a GPU of its own per rank under NCCL; the host's memory, or one GPU under gloo-cuda,

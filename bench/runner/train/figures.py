@@ -10,11 +10,11 @@ import torch
 
 from bench.runfolder import columns
 from bench.runfolder.column import MAX, MEAN
-from bench.runfolder.points import PointRecord
 from bench.runner.measure import flops
 from bench.runner.measure.profiling import peak_rss_bytes
 from bench.runner.measure.timing import summarize_times
 from bench.runner.measure.trained import trained_tensors
+from bench.runner.train.candidate import Candidate
 
 
 @dataclass(frozen=True)
@@ -28,8 +28,10 @@ class Timed:
     nvml_util_pct: float
 
 
-def visit_figures(point: PointRecord, visit, trainer, timed: Timed) -> dict:
-    """This rank's figures of the visit, its times pooled with the earlier rounds'."""
+def visit_figures(c: Candidate, timed: Timed) -> dict:
+    """This rank's figures of the candidate's visit, its times pooled with the earlier
+    rounds'."""
+    point, visit, trainer = c.point, c.visit, c.trainer
     pooled = np.concatenate([visit.prior_times, timed.times])
     skews = np.concatenate([visit.prior_skew, timed.skew])
     medians = [*visit.prior_medians, float(np.median(timed.times))]
@@ -55,7 +57,6 @@ def visit_figures(point: PointRecord, visit, trainer, timed: Timed) -> dict:
         "samples_per_s": trainer.samples_per_step * len(pooled) / (pooled.sum() / 1e3),
         "steps": len(pooled),
         "stop": timed.stop,
-        "round": visit.round,
         "rounds": len(medians),
         # how far apart the rounds' medians are: drift between rounds, when it is large
         "round_spread_pct": 100 * (max(medians) / min(medians) - 1) if len(medians) > 1 else np.nan,
@@ -91,20 +92,3 @@ def aggregate(per_rank: list[dict]) -> dict:
     out["compute_comm_ratio"] = out["compute_ms"] / comm if comm and comm > 0 else np.nan
     out["overlap_pct"] = 100.0 * out["overlap_ms"] / comm if comm and comm > 0 else np.nan
     return out
-
-
-def point_columns(point: PointRecord) -> dict:
-    """The columns of a row that its record decides, whatever the outcome."""
-    second = point.swept[1] if len(point.swept) > 1 else None
-    return {
-        "sweep": point.sweep,
-        "value": point.value,
-        "value2": point.values[second] if second else None,
-        "impl": point.impl,
-        "strategy": point.strategy,
-        "model": point.model,
-        "point": point.id,
-        "world_size": point.world_size,
-        "scaling": point.scaling,
-        "global_batch": point.global_batch,
-    }

@@ -36,7 +36,7 @@ from bench.runner.train.plain_compare import (
     summary,
     tolerance_for,
 )
-from bench.runner.train.step import Trainer
+from bench.runner.train.step import Recipe, Trainer
 from parallel_kernels.facts import torch_dtype
 from parallel_kernels.models import build_model, workload
 from parallel_kernels.strategies import STRATEGIES
@@ -107,17 +107,18 @@ def _autocast(point: PointRecord, device: torch.device):
     return torch.autocast(device.type, dtype=torch_dtype(precision))
 
 
-def plain_step(trainer: Trainer, *, seed: int, lr: float, clip: float | None):
-    """(loss, model) of the plain model after one AdamW step on the global batch, its
+def plain_step(trainer: Trainer, recipe: Recipe):
+    """(loss, model) of the plain model after one AdamW step on the global batch (the seed,
+    learning rate and clip of the ``recipe`` the trainer was made with), its
     gradients kept. Each micro-batch's loss is divided by ``accum`` before backward, as the
     trainer does, and the summed gradients by the replicas after it, as data parallelism
     averages them: in fp16 a loss divided first underflows small gradients to 0."""
     point, device = trainer.point, trainer.device
     # build_model seeds the global generator: the point's own stream goes on as if unchecked
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        model = build_model(point.model, seed=seed).to(device)
+        model = build_model(point.model, seed=recipe.seed).to(device)
     wl = workload(point.model)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr)
     total = torch.zeros((), dtype=torch.float64, device=device)
     for x, y in global_batch(trainer):
         with _autocast(point, device):
@@ -128,8 +129,8 @@ def plain_step(trainer: Trainer, *, seed: int, lr: float, clip: float | None):
         for p in model.parameters():
             if p.grad is not None:
                 p.grad.div_(trainer.dp_size)
-    if clip is not None:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    if recipe.clip is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.clip)
     opt.step()
     return float(total) / trainer.dp_size, model
 
@@ -144,7 +145,7 @@ def parallel_loss(trainer: Trainer, group) -> float:
 
 
 # -- the check --------------------------------------------------------------------------------
-def _agreed(verdict: str | None, group) -> str | None:
+def _first_verdict(verdict: str | None, group) -> str | None:
     """Every rank's verdict, the first one that is not None (in rank order), on every rank."""
     verdicts: list = [None] * dist.get_world_size(group)
     dist.all_gather_object(verdicts, verdict, group=group)
@@ -157,50 +158,44 @@ def skip_reason(point: PointRecord, env: DistEnv, group) -> str | None:
     tol = tolerance_for(point)
     if isinstance(tol, str):
         return tol
-    return _agreed(_fit_reason(point, env), group)
+    return _first_verdict(_fit_reason(point, env), group)
 
 
 def run(
     trainer: Trainer,
     env: DistEnv,
     group,
-    *,
-    seed: int,
-    lr: float,
-    clip: float | None,
+    recipe: Recipe,
     replicas: Callable[[], None] = lambda: None,
 ) -> str:
-    """The check of the trainer's first step (just taken), or why there is none: the
-    ``checked`` column (``check``, ``skip_reason``)."""
+    """The check of the trainer's first step (just taken; ``recipe``: how the trainer was
+    made), or why there is none: the ``checked`` column (``check``, ``skip_reason``)."""
     reason = skip_reason(trainer.point, env, group)
     if reason is not None:
         return reason
-    return check(trainer, group, seed=seed, lr=lr, clip=clip, replicas=replicas)
+    return check(trainer, group, recipe, replicas)
 
 
 def check(
     trainer: Trainer,
     group,
-    *,
-    seed: int,
-    lr: float,
-    clip: float | None,
+    recipe: Recipe,
     replicas: Callable[[], None] = lambda: None,
 ) -> str:
     """Compare the trainer's first step (just taken) with the plain model's; the ``checked``
     column, or ``PlainModelMismatch`` on every rank. Collectives on every rank of ``group``.
-    ``replicas`` raises where the replicas differ: called on a mismatch, before it is said,
+    ``replicas`` raises where the replicas differ: called on a mismatch, before it is reported,
     since one replica against the plain model would not name that fault."""
     point = trainer.point
     tol = tolerance_for(point)
-    assert isinstance(tol, Tolerance), tol  # skip_reason said so first
+    assert isinstance(tol, Tolerance), tol  # skip_reason returned first otherwise
     got = parallel_loss(trainer, group)
     impl = STRATEGIES[point.strategy].impl(point.impl)
     full = impl.full_state(trainer.wrapped)
-    want, plain = plain_step(trainer, seed=seed, lr=lr, clip=clip)
-    diffs = param_diffs(plain, full, tol, lr)
+    want, plain = plain_step(trainer, recipe)
+    diffs = param_diffs(plain, full, tol, recipe.lr)
     tp_model = plain if point.tp_size > 1 else None
-    verdict = _agreed(mismatch((got, want), diffs, tol, tp_model), group)
+    verdict = _first_verdict(mismatch((got, want), diffs, tol, tp_model), group)
     if verdict is not None:
         replicas()
         raise PlainModelMismatch(verdict)
@@ -212,11 +207,11 @@ def is_mismatch(errors: list[str | None]) -> bool:
     return any(e and e.startswith(PlainModelMismatch.__name__) for e in errors)
 
 
-def checked_of_failed(errors: list[str | None], said: list[str | None]) -> str:
-    """A failed point's ``checked`` from its ranks' errors and what their check said: a
-    mismatch, what the check said before the point failed later, or that it failed first."""
+def checked_of_failed(errors: list[str | None], checks: list[str | None]) -> str:
+    """A failed point's ``checked`` from its ranks' errors and what their checks returned: a
+    mismatch, what a check returned before the point failed later, or that it failed first."""
     if is_mismatch(errors):
         return "mismatch: see error"
     return next(
-        (c for c in said if c is not None), "not checked: the point failed before its check"
+        (c for c in checks if c is not None), "not checked: the point failed before its check"
     )

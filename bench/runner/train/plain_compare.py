@@ -51,14 +51,9 @@ class Tolerance:
         return math.floor(self.outliers * numel)
 
 
-# Chosen from what correct strategies measure (docs/faults.md, "Checked against the plain
-# model", has the table): in fp32, DDP and FSDP are bit-identical to the plain step (grad_accum
-# 2: within 0.001 lr), TP and the 2-D meshes within loss rel 1.0e-7 and 0.049 lr of every
-# element, none beyond 0.05 lr; the wrong plan, units and batch put the loss rel 1.4e-3 to
-# 1.3e-2 away and 2 lr in 30 to 56 % of a parameter's elements. Reduced precision: losses
-# within rel 3.8e-3 (FSDP's bf16 mixed precision against autocast) and up to 0.39 % of a
-# parameter's held elements beyond (the same); gradient compression: losses exact, no held
-# element beyond.
+# Each tolerance lies between what correct strategies measure against the plain step and what
+# wrong ones do (a wrong plan, units or batch): the table is in docs/faults.md, "Checked
+# against the plain model".
 FP32 = Tolerance(
     "fp32 tolerance",
     loss_rtol=1e-4,

@@ -1,6 +1,6 @@
 """Which candidates keep cycling: the cohort's budget goes where a verdict still needs it.
 
-Interleaved cycles (``interleave.py``) time every live candidate once per cycle. Once a
+Interleaved cycles (``cycles.py``) time every live candidate once per cycle. Once a
 candidate's comparison with the best is decided at a look (its interval excludes 1 or lies in
 the tie band: ``bench.stats.paired``), more of its steps answer nothing, so it leaves the
 cycles (a race: Maron and Moore's Hoeffding races, 1994; Birattari's F-race, 2002) and the
@@ -12,7 +12,7 @@ When half of the cohort's budget is spent (``HEADLINE_SHARE``), what is left goe
 answer a user reads first: per group, the best and the default (whose cost over the best the
 headline states), or, where the default is the best or already decided, the closest
 undecided challenger; the other undecided candidates leave with their intervals as they
-stand (said tied). The groups are the verdicts': each implementation's candidates (and a
+stand (reported as tied). The groups are the verdicts': each implementation's candidates (and a
 grid's second value), or those whose points name one ``verdict_group`` (a plan's
 verification: configurations of several implementations, compared with each other). Every
 rank decides from the same all-reduced step times, so they all keep the same candidates.
@@ -20,7 +20,7 @@ rank decides from the same all-reduced step times, so they all keep the same can
 
 from __future__ import annotations
 
-from bench.runner.train.figures import point_columns
+from bench.runner.train.row import point_columns
 from bench.stats.paired import DECIDED, PairedVerdict, look_confidence, versus_best_paired
 
 HEADLINE_SHARE = 0.5  # of the cohort's budget (seconds or steps) before the headline's turn

@@ -21,8 +21,24 @@ from parallel_kernels.models import build_model, workload
 from parallel_kernels.strategies import STRATEGIES
 from parallel_kernels.wrapped_step import clip_grad_norm, unsynced
 
-# The AdamW learning rate every point trains with (the harness takes it from here).
+# The AdamW learning rate every point trains with (``Recipe``'s default).
 LR = 1e-3
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recipe:
+    """How a point's trainer is made beyond what its record says: the seed of its model and
+    data, AdamW's learning rate (and its ``foreach``, where not torch's default for the device:
+    the planner tracks a GPU's step on the CPU), the clip of the gradient's global norm before
+    each step, and the parts a caller made already: the plain model (the planner's, shortened
+    and under fake tensors) and the batches."""
+
+    seed: int = 0
+    lr: float = LR
+    clip: float | None = None
+    foreach: bool | None = None
+    plain: torch.nn.Module | None = None
+    batches: Batches | None = None
 
 
 def autocast_for(point: PointRecord, device: torch.device):
@@ -116,23 +132,21 @@ def _on(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
 
 
 def wrapped_model(
-    point: PointRecord,
-    env: DistEnv,
-    group: dist.ProcessGroup | None,
-    *,
-    seed: int = 0,
-    plain: torch.nn.Module | None = None,
+    point: PointRecord, env: DistEnv, group: dist.ProcessGroup | None, recipe: Recipe
 ) -> torch.nn.Module:
-    """The point's plain model built (same seed on every rank), its blocks checkpointed where
-    the point says so, and wrapped by its strategy's implementation. ``plain``: the plain model
-    built already (the planner's, shortened and under fake tensors)."""
+    """The point's plain model built (``recipe``'s seed, the same on every rank) or taken from
+    the recipe, its blocks checkpointed where the point says so, and wrapped by its strategy's
+    implementation."""
     if point.batch_per_replica is None:
         raise ValueError(
             f"global batch {point.global_batch} does not split over {point.dp_size} replicas"
         )
     strategy = STRATEGIES[point.strategy]
     knobs = point.knobs
-    model = _on(plain if plain is not None else build_model(point.model, seed=seed), env.device)
+    plain = recipe.plain
+    model = _on(
+        plain if plain is not None else build_model(point.model, seed=recipe.seed), env.device
+    )
     if knobs["activation_checkpointing"] == "on":
         checkpoint_blocks(model)
     options = {k.param: knobs[k.param] for k in strategy.knobs}
@@ -156,32 +170,30 @@ def build_trainer(
     point: PointRecord,
     env: DistEnv,
     group: dist.ProcessGroup | None,
-    *,
-    seed: int = 0,
-    lr: float = LR,
-    clip: float | None = None,
-    batches: Batches | None = None,
-    plain: torch.nn.Module | None = None,
-    foreach: bool | None = None,
+    recipe: Recipe | None = None,
 ) -> Trainer:
-    """The point's model built, wrapped by its strategy's implementation, and fed its data
-    (``batches``, or this rank's share of the workload's dataset). ``foreach``: AdamW's, where
-    not torch's default for the device (the planner tracks a GPU's step on the CPU)."""
-    wrapped = wrapped_model(point, env, group, seed=seed, plain=plain)
-    opt = torch.optim.AdamW(_kinds_apart(wrapped.parameters()), lr=lr, foreach=foreach)
+    """The point's model built, wrapped by its strategy's implementation, and fed its data (the
+    recipe's batches, or this rank's share of the workload's dataset); no ``recipe``: the
+    defaults'."""
+    recipe = recipe or Recipe()
+    wrapped = wrapped_model(point, env, group, recipe)
+    opt = torch.optim.AdamW(
+        _kinds_apart(wrapped.parameters()), lr=recipe.lr, foreach=recipe.foreach
+    )
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     dp_rank, dp_size = data_parallel_coords(wrapped, rank, world)
     batch = point.batch_per_replica
+    batches = recipe.batches
     if batches is None:
         # Enough samples for several batches per replica, so the sampler really wraps epochs.
-        dataset = workload(point.model).dataset(batch * dp_size * 8, seed)
+        dataset = workload(point.model).dataset(batch * dp_size * 8, recipe.seed)
         batches = Batches(
             dataset,
             batch_size=batch,
             rank=dp_rank,
             world_size=dp_size,
             device=env.device,
-            seed=seed,
+            seed=recipe.seed,
         )
     return Trainer(
         point=point,
@@ -191,5 +203,5 @@ def build_trainer(
         batches=batches,
         dp_size=dp_size,
         accum=int(point.knobs["grad_accum"]),
-        clip=clip,
+        clip=recipe.clip,
     )

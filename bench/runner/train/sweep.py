@@ -1,16 +1,16 @@
-"""Run a training sweep on every rank: loop over the points, write each row as it finishes."""
+"""Run a training sweep on every rank: its visits planned first (``visits.py``), then each one
+run through the point's lifecycle (``lifecycle.py``), its row written as it finishes."""
 
 from __future__ import annotations
 
 import os
 import sys
 import time
+from dataclasses import dataclass
 
-import numpy as np
 import torch.distributed as dist
 
 from bench.console import human_duration
-from bench.runfolder import columns
 from bench.runfolder.folder import write_meta
 from bench.runfolder.points import PointRecord
 from bench.runfolder.schema import Run
@@ -19,13 +19,15 @@ from bench.runner.faults import watchdog
 from bench.runner.faults.hangs import diagnosis
 from bench.runner.measure.noise import NoiseFloor
 from bench.runner.measure.timing import Budget
-from bench.runner.session.context import History, finish_run, start_run
+from bench.runner.session.context import History, RunContext, finish_run, start_run
 from bench.runner.session.distenv import rank0_print
-from bench.runner.train.cohort import free_bytes, split_cohorts
-from bench.runner.train.eta import SweepClock
-from bench.runner.train.figures import point_columns
-from bench.runner.train.harness import HarnessConfig, LostRanksError, Visit, run_point
-from bench.runner.train.interleave import CycleBudget, run_cohort
+from bench.runner.train.candidate import Visit
+from bench.runner.train.cycles import CycleBudget
+from bench.runner.train.eta import Allowance, SweepClock
+from bench.runner.train.lifecycle import Cohort, PointSettings, run_cohort, run_point
+from bench.runner.train.outcome import LostRanksError, first_line
+from bench.runner.train.row import Row, VisitResult
+from bench.runner.train.visits import CohortVisit, RoundVisit, Schedule, plan_visits
 
 
 def _summary(run: Run) -> str:
@@ -35,30 +37,19 @@ def _summary(run: Run) -> str:
     return close_training_run(run)  # verdicts.csv written, and the console's closing text
 
 
-def lost_ranks(ctx, point: PointRecord, e: LostRanksError) -> None:
-    """A rank or node is gone: record the point as failed, say so, and end this rank now
+def lost_ranks(ctx: RunContext, point: PointRecord, e: LostRanksError) -> None:
+    """A rank or node is gone: record the point as failed, report it, and end this rank now
     (its process group cannot be torn down cleanly without the lost peers)."""
-    why = watchdog.terminated()  # a peer that left with its launcher: say that, not the symptom
+    why = watchdog.terminated()  # a peer that left with its launcher: report that, not the symptom
     error = f"{why}; {e}" if why else str(e)
-    row = {**point_columns(point), "status": "error", "error": error, **diagnosis(e.hangs)}
+    row = Row.of(point, status="error", error=error, **diagnosis(e.hangs))
     if ctx.env.is_main:
-        watchdog.write_row(lambda: ctx.write(row))
+        watchdog.write_row(lambda: ctx.write(row.cells()))
     watchdog.IN_POINT.clear()
     print(f"error: {e}", file=sys.stderr, flush=True)
-    if row.get("diagnosis"):
-        print(f"diagnosis: {row['diagnosis']}", file=sys.stderr, flush=True)
+    if row.diagnosis:
+        print(f"diagnosis: {row.diagnosis}", file=sys.stderr, flush=True)
     os._exit(1)
-
-
-def round_orders(points: list[PointRecord], rounds: int, seed: int) -> list[list[PointRecord]]:
-    """The points of each round. One round keeps the declared order (implementations
-    interleaved value by value); with more, each round is a new seeded random order, so that
-    drift during a round falls on different points each time (pyperf's and torch.utils.
-    benchmark's practice of interleaving what is compared)."""
-    if rounds == 1:
-        return [list(points)]
-    rng = np.random.default_rng(seed)
-    return [[points[i] for i in rng.permutation(len(points))] for _ in range(rounds)]
 
 
 def visit_budget(
@@ -74,238 +65,210 @@ def visit_budget(
         max_steps=max(c.steps, steps_left // rounds_left),
         max_s=seconds_left if cap_s is None else min(seconds_left, cap_s),
         target_pct=c.target_ci_pct,
+        prior=tuple(history.times),
     )
 
 
-def _visit(
-    ctx, cfg: HarnessConfig, point: PointRecord, visit: Visit, history: History, label: str
-) -> tuple[dict, float]:
-    """One visit of ``point``: run, merge with the point's earlier rounds (``history``), write
-    the row (its figures pooled over every round so far) and this visit's samples; the row
-    and the seconds its timed steps took."""
-    env, r = ctx.env, visit.round
-
-    def lost(why: str) -> None:  # the rank must leave before the point ends (its launcher lost)
-        ctx.write({**point_columns(point), "round": r, "status": "error", "error": why})
-
-    watchdog.point_started(lost if env.is_main else None)
-    try:
-        row = run_point(
-            point,
-            env,
-            cfg,
-            ctx.run_dir / "traces" / point.id,
-            visit=visit,
-            progress=lambda msg: rank0_print(f"{label}: {msg}"),
-        )
-    except LostRanksError as e:
-        lost_ranks(ctx, point, e)
-    row["round"] = r
-    row["method"] = "rounds"
-    skew = row.pop("skew_ms", None)
-    if row["status"] == "ok":
-        history.add(row["samples_ms"], skew)
-        if history.row is not None:  # not profiled again: the first visit's trace figures
-            row = {**history.row, **row}
-        history.row = {k: v for k, v in row.items() if k != "samples_ms"}
-    timed_s = sum(row.get("samples_ms") or ()) / 1e3  # before the write takes the samples
-    watchdog.write_row(lambda: ctx.write(row))
-    watchdog.point_done()
-    return row, timed_s
-
-
-def _say(label: str, row: dict, seconds: float, left: float | None) -> None:
-    """The visit's line: its step time and interval, and how long the sweep has left."""
-    if row["status"] != "ok":
-        rank0_print(f"{label}: error: {row['error']}")
-        if row.get("diagnosis"):
-            rank0_print(f"{label}: diagnosis: {row['diagnosis']}")
-        return
+def visit_lines(label: str, row: Row, seconds: float, left: float | None) -> list[str]:
+    """The console's lines for a visit: its step time and interval and how long the sweep has
+    left, or its error and diagnosis."""
+    if row.status != "ok":
+        lines = [f"{label}: error: {row.error}"]
+        return lines + ([f"{label}: diagnosis: {row.diagnosis}"] if row.diagnosis else [])
     eta = f", about {human_duration(left)} left" if left else ""
-    rank0_print(
-        f"{label}: ok, step {row['step_ms_median']:.1f} ms median "
-        f"[{row['step_ms_ci_low']:.1f}, {row['step_ms_ci_high']:.1f}] over "
-        f"{row['steps']} steps (stop: {row['stop']}), overlap {row['overlap_pct']:.0f} % "
+    return [
+        f"{label}: ok, step {row.step_ms_median:.1f} ms median "
+        f"[{row.step_ms_ci_low:.1f}, {row.step_ms_ci_high:.1f}] over "
+        f"{row.steps} steps (stop: {row.stop}), overlap {row.overlap_pct:.0f} % "
         f"({seconds:.1f} s{eta})"
-    )
+    ]
 
 
-def _agreed(ctx, clock: SweepClock, point: PointRecord, r: int) -> tuple[bool, float | None]:
-    """Rank 0's decision for this visit under the budget (whether it runs, its timed seconds'
-    cap), the same on every rank: the ranks' clocks differ, their steps' budgets must not."""
-    decision = [(clock.fits(point.id, r), clock.timed_cap(point.id, r))]
-    if clock.budget_s is not None:
-        dist.broadcast_object_list(decision, group_src=0)
-    return decision[0]
+@dataclass
+class SweepRun:
+    """A sweep under way on this rank: its run, how its points run, its clock and the noise
+    floor's gaps (timed before each visit in rounds; a resumed run's numbering goes on)."""
 
+    ctx: RunContext
+    settings: PointSettings
+    clock: SweepClock
+    gaps: int = 0
+    floor: NoiseFloor | None = None
 
-def _noise_gap(ctx, floor: NoiseFloor, point: PointRecord, gap: int, r: int, after: str) -> None:
-    """The noise floor timed in the gap before a visit (a peer gone here is a lost rank)."""
-    try:
-        ctx.write_noise({"gap": gap, "round": r, "after": after, **floor.measure()})
-    except Exception as e:  # noqa: BLE001  (a peer gone between points: say so)
-        lost_ranks(
-            ctx,
-            point,
-            LostRanksError(
-                f"point {point.id}: lost contact with the other ranks before the point, "
-                f"timing the noise floor ({type(e).__name__}: "
-                f"{str(e).splitlines()[0][:300]})"
-            ),
-        )
+    def from_rank0(self, value):
+        """Rank 0's ``value`` on every rank where the budget makes the ranks' differ: their
+        clocks differ, their steps' budgets must not."""
+        if self.clock.budget_s is None:
+            return value
+        box = [value]
+        dist.broadcast_object_list(box, group_src=0)
+        return box[0]
 
-
-def _not_run(ctx, clock: SweepClock, point: PointRecord, r: int, label: str) -> None:
-    clock.visits.remove((point.id, r))
-    rank0_print(f"{label}: not run: the budget ({human_duration(clock.budget_s)}) is spent")
-    if ctx.env.is_main:
-        ctx.meta.setdefault("visits_not_run", []).append([point.id, r])
-
-
-def _plan(ctx, config: RunConfig, points: list[PointRecord]):
-    """Rank 0's split into interleaved cohorts and points for rounds, the same on every rank
-    (the ranks' free memory differs; their plan must not)."""
-    env = ctx.env
-    plan = [None]
-    if env.is_main:
-        cohorts, rest, note = split_cohorts(points, config, env, free_bytes(env.device))
-        plan = [([[p.id for p in c] for c in cohorts], note)]
-    dist.broadcast_object_list(plan, group_src=0)
-    ids, note = plan[0]
-    by_id = {p.id: p for p in points}
-    # a cohort resumed with one candidate left is timed in rounds (nothing to pair it with);
-    # its finished candidates are done
-    live = [[by_id[i] for i in c if (i, 1) not in ctx.skip] for c in ids]
-    lone = [c[0] for c in live if len(c) == 1]
-    together = {i for c in ids for i in c}
-    rest = [p for p in points if p.id not in together] + lone
-    return [c for c in live if len(c) > 1], rest, note
-
-
-def cohort_seconds(n: int, max_point_s: float, unspent: float, caps: list) -> float:
-    """A cohort's seconds of timed steps: ``max_point_s`` per candidate and what the cohorts
-    before it left unspent (quick steps end on their step count first: slower ones get their
-    seconds, and the sweep's timed seconds stay within its candidates' sum), within the
-    ``--budget``'s caps where it has them."""
-    max_s = n * max_point_s + unspent
-    if caps and all(cap is not None for cap in caps):
-        max_s = min(max_s, sum(caps))
-    return max_s
-
-
-def unspent_seconds(max_s: float, rows: list[dict]) -> float:
-    """What a cohort given ``max_s`` seconds left of them: its rows' timed samples (the same
-    on every rank: the steps' times are agreed) subtracted."""
-    return max(0.0, max_s - sum(sum(r.get("samples_ms") or ()) for r in rows) / 1e3)
-
-
-def _run_cohorts(ctx, cfg: HarnessConfig, cohorts, clock: SweepClock) -> None:
-    """Each cohort's candidates interleaved in cycles, their rows written as they finish."""
-    config = ctx.config
-    unspent = 0.0  # seconds an earlier cohort left when its steps ran out first
-    for i, cohort in enumerate(cohorts, 1):
-        label = f"[interleaved {i}/{len(cohorts)}] {cohort[0].model}"
-        caps = [_agreed(ctx, clock, p, 1)[1] for p in cohort]
-        max_s = cohort_seconds(len(cohort), config.max_point_s, unspent, caps)
-        if unspent:
+    def cohort(self, cohort: CohortVisit) -> None:
+        """A cohort's candidates interleaved in cycles, their rows written as they finish."""
+        config, clock, i = self.ctx.config, self.clock, cohort.number - 1
+        max_s = self.from_rank0(clock.cohort_seconds(i))
+        if clock.unspent:
             rank0_print(
-                f"{label}: {max_s:.0f} s of timed steps, {unspent:.0f} s of them unspent "
-                "by the cohorts before"
+                f"{cohort.label}: {max_s:.0f} s of timed steps, {clock.unspent:.0f} s of them "
+                "unspent by the cohorts before"
             )
         budget = CycleBudget(
             min_cycles=config.steps,
             max_cycles=config.max_steps,
             max_s=max_s,
             band_pct=config.tie_band_pct,
-            seed=config.seed + i,
+            seed=config.seed + cohort.number,
         )
+        # this launch's cohort i (a resume's differ)
+        name = f"{self.ctx.meta.get('start_time', '')}/{cohort.number}"
         t0 = time.perf_counter()
-        name = f"{ctx.meta.get('start_time', '')}/{i}"  # this launch's cohort i (a resume's differ)
         try:
-            rows = run_cohort(
-                ctx, cfg, cohort, budget, lambda m, a=label: rank0_print(f"{a}: {m}"), cohort=name
+            results = run_cohort(
+                self.ctx,
+                self.settings,
+                Cohort(points=cohort.points, name=name),
+                budget,
+                lambda m: rank0_print(f"{cohort.label}: {m}"),
             )
         except LostRanksError as e:
-            lost_ranks(ctx, cohort[0], e)
-        seconds = (time.perf_counter() - t0) / len(cohort)
-        unspent = unspent_seconds(max_s, rows)
-        for p in cohorts[i] if i < len(cohorts) else ():  # the forecast knows who gets them
-            clock.timed_bound[p.id] += unspent / len(cohorts[i])
-        for row in rows:
-            timed_s = sum(row.get("samples_ms") or ()) / 1e3
-            clock.done(row["point"], 1, seconds, timed_s)
-            _say(f"{label} {row['point']}", row, seconds, clock.left())
-        if i == 1 and len(clock.visits) > len(clock.spent):
-            rank0_print(_forecast(clock, config.budget_s))
+            lost_ranks(self.ctx, cohort.points[0], e)
+        seconds = (time.perf_counter() - t0) / len(cohort.points)
+        clock.cohort_done(i, max_s, sum(r.timed_s for r in results))
+        for r in results:
+            clock.done(r.row.point, 1, seconds, r.timed_s)
+            for line in visit_lines(f"{cohort.label} {r.row.point}", r.row, seconds, clock.left()):
+                rank0_print(line)
+        self._forecast()
+
+    def visit(self, v: RoundVisit, after: str) -> bool:
+        """A point's visit in a round, unless resumed past it or over the budget: whether it
+        ran. ``after``: the point visited before it in this round (noise.csv's)."""
+        if v.done:
+            rank0_print(f"{v.label}: already done, skipped (--resume)")
+            return False
+        allowed: Allowance = self.from_rank0(self.clock.allowance(v.point.id, v.round))
+        if not allowed.runs:
+            self._not_run(v)
+            return False
+        t0 = time.perf_counter()
+        self._noise_gap(v, after)
+        history = self.ctx.history.setdefault(v.point.id, History())
+        visit = Visit(
+            budget=visit_budget(self.ctx.config, history, v.rounds_left, allowed.timed_cap_s),
+            round=v.round,
+            prior_times=tuple(history.times),
+            prior_skew=tuple(history.skew),
+            prior_medians=tuple(history.medians),
+            profile=history.row is None,
+        )
+        row, timed_s = self._run_point(v, visit, history)
+        seconds = time.perf_counter() - t0
+        self.clock.done(v.point.id, v.round, seconds, timed_s)
+        for line in visit_lines(v.label, row, seconds, self.clock.left()):
+            rank0_print(line)
+        self._forecast()
+        return True
+
+    def _run_point(self, v: RoundVisit, visit: Visit, history: History) -> tuple[Row, float]:
+        """The visit run, its row carrying the first visit's traced figures and written with
+        its samples, and the point's history grown by them: the row and its timed seconds."""
+        ctx, point = self.ctx, v.point
+
+        def lost(why: str) -> None:  # the rank must leave before the point ends (launcher lost)
+            ctx.write(Row.of(point, round=v.round, status="error", error=why).cells())
+
+        watchdog.point_started(lost if ctx.env.is_main else None)
+        try:
+            result = run_point(
+                point,
+                ctx.env,
+                self.settings,
+                ctx.run_dir / "traces" / point.id,
+                visit=visit,
+                progress=lambda msg: rank0_print(f"{v.label}: {msg}"),
+            )
+        except LostRanksError as e:
+            lost_ranks(ctx, point, e)
+        row = result.row
+        if row.status == "ok":
+            history.add(list(result.samples_ms), list(result.skew_ms))
+            if history.row is not None:  # not profiled again: the first visit's figures
+                row = row.filled_from(history.row)
+            history.row = row.cells()
+        written = VisitResult(row, result.samples_ms)
+        watchdog.write_row(lambda: ctx.write(written.as_dict()))
+        watchdog.point_done()
+        return row, result.timed_s
+
+    def _noise_gap(self, v: RoundVisit, after: str) -> None:
+        """The noise floor timed in the gap before a visit (a peer gone here is a lost rank)."""
+        self.gaps += 1
+        try:
+            self.ctx.write_noise(
+                {"gap": self.gaps, "round": v.round, "after": after, **self.floor.measure()}
+            )
+        except Exception as e:  # noqa: BLE001  (a peer gone between points: report it)
+            lost_ranks(
+                self.ctx,
+                v.point,
+                LostRanksError(
+                    f"point {v.point.id}: lost contact with the other ranks before the point, "
+                    f"timing the noise floor ({first_line(e)})"
+                ),
+            )
+
+    def _not_run(self, v: RoundVisit) -> None:
+        self.clock.not_run(v.point.id, v.round)
+        rank0_print(
+            f"{v.label}: not run: the budget ({human_duration(self.clock.budget_s)}) is spent"
+        )
+        if self.ctx.env.is_main:
+            self.ctx.meta.setdefault("visits_not_run", []).append([v.point.id, v.round])
+
+    def _forecast(self) -> None:
+        text = self.clock.forecast()
+        if text:
+            rank0_print(text)
+
+
+def _record_schedule(ctx: RunContext, schedule: Schedule) -> None:
+    """meta.json: each round's order, the cohorts, the budget."""
+    if ctx.env.is_main:
+        ctx.meta["round_orders"] = schedule.round_orders()
+        ctx.meta["interleaved"] = schedule.cohort_ids()
+        ctx.meta["budget_s"] = ctx.config.budget
+        write_meta(ctx.run_dir / "meta.json", ctx.meta)
 
 
 def run_sweep(config: RunConfig, points: list[PointRecord]) -> int:
-    ctx = start_run(config, columns.written(columns.TRAINING), points=points)
-    env, rounds = ctx.env, config.rounds
+    ctx = start_run(config, Row.columns(), points=points)
+    env = ctx.env
     watchdog.install()  # a rank stuck in its own code is interrupted when its point failed
-    cfg = HarnessConfig(point_timeout_s=config.point_timeout, clip_grad_norm=config.clip_grad_norm)
-    cohorts, points, note = _plan(ctx, config, points)
-    orders = round_orders(points, rounds, config.seed)
-    if env.is_main:
-        ctx.meta["round_orders"] = [[p.id for p in order] for order in orders]
-        ctx.meta["interleaved"] = [[p.id for p in c] for c in cohorts]
-        ctx.meta["budget_s"] = config.budget_s
-        write_meta(ctx.run_dir / "meta.json", ctx.meta)
-    todo = [(p.id, 1) for c in cohorts for p in c]
-    todo += [(p.id, r) for r, o in enumerate(orders, 1) for p in o if (p.id, r) not in ctx.skip]
-    clock = SweepClock(visits=todo, budget_s=config.budget_s)
-    clock.timed_bound = {p.id: config.max_point_s for c in cohorts for p in c}
-    together = f"{sum(map(len, cohorts))} points interleaved in {len(cohorts)} cohort(s), "
-    rank0_print(
-        f"sweep {config.sweep}: {together if cohorts else ''}{len(points)} points x {rounds} "
-        f"round(s), world size {env.world_size}, {env.backend} on {env.device.type}, results "
-        f"in {ctx.run_dir}"
+    settings = PointSettings(
+        point_timeout_s=config.point_timeout, clip_grad_norm=config.clip_grad_norm
     )
-    if note:
-        rank0_print(note)
-    _run_cohorts(ctx, cfg, cohorts, clock)
-    floor = NoiseFloor(env)
-    gap = ctx.gaps_done
-    for r, order in enumerate(orders, 1):
-        after = ""
-        for i, point in enumerate(order, 1):
-            label = f"[round {r}/{rounds} {i}/{len(order)}] {point.id}"
-            if (point.id, r) in ctx.skip:
-                rank0_print(f"{label}: already done, skipped (--resume)")
-                continue
-            go, cap = _agreed(ctx, clock, point, r)
-            if not go:
-                _not_run(ctx, clock, point, r, label)
-                continue
-            t0, gap = time.perf_counter(), gap + 1
-            _noise_gap(ctx, floor, point, gap, r, after)
-            history = ctx.history.setdefault(point.id, History())
-            visit = Visit(
-                budget=visit_budget(config, history, rounds - r + 1, cap),
-                round=r,
-                prior_times=tuple(history.times),
-                prior_skew=tuple(history.skew),
-                prior_medians=tuple(history.medians),
-                profile=history.row is None,
-            )
-            row, timed_s = _visit(ctx, cfg, point, visit, history, label)
-            seconds = time.perf_counter() - t0
-            clock.done(point.id, r, seconds, timed_s)
-            _say(label, row, seconds, clock.left())
-            if len(clock.spent) == 1 and len(clock.visits) > 1:
-                rank0_print(_forecast(clock, config.budget_s))
-            after = point.id
+    schedule = plan_visits(ctx, config, points)
+    _record_schedule(ctx, schedule)
+    clock = SweepClock(
+        visits=schedule.to_do(),
+        budget_s=config.budget,
+        cohorts=schedule.cohort_ids(),
+        max_point_s=config.max_point_s,
+    )
+    rank0_print(
+        f"sweep {config.sweep}: {schedule.opening()}, world size {env.world_size}, "
+        f"{env.backend} on {env.device.type}, results in {ctx.run_dir}"
+    )
+    if schedule.note:
+        rank0_print(schedule.note)
+    sweep = SweepRun(ctx, settings, clock, gaps=ctx.gaps_done)
+    for cohort in schedule.cohorts:
+        sweep.cohort(cohort)
+    sweep.floor = NoiseFloor(env)
+    for visits in schedule.rounds:
+        after = ""  # the noise floor's gap before a round's first visit follows no point
+        for v in visits:
+            if sweep.visit(v, after):
+                after = v.point.id
     return finish_run(ctx, _summary)
-
-
-def _forecast(clock: SweepClock, budget_s: float | None) -> str:
-    """Said once, after the first visit: how long the whole sweep should take."""
-    total = clock.elapsed() + (clock.left() or 0.0)
-    text = f"sweep: about {human_duration(total)} in all ({len(clock.visits)} visits"
-    text += f", the first {human_duration(clock.elapsed())}, tracing included)"
-    if budget_s is not None and total > budget_s:
-        text += (
-            f"; the budget, {human_duration(budget_s)}, drops the later rounds' visits that "
-            "no longer fit"
-        )
-    return text
