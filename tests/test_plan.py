@@ -18,18 +18,20 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from bench.plan import __main__ as plan_cli
-from bench.plan import fakes, memory, planner, tracked
-from bench.plan import trackings as scaling
-from bench.plan.calibrate import Rate
+from bench.plan import fakes, memory, ranking, step_time, tracked, tracking_workers, trackings
+from bench.plan.calibration import Target
 from bench.plan.devices import DEVICES, Device
+from bench.plan.families import FAMILIES
+from bench.plan.rates import Rate
+from bench.plan.request import OPTIONS, PlanRequest
 from bench.plan.space import Config, enumerate_space, micro_batches
-from bench.plan.step_time import Topology
-from bench.plan.verify import VERDICT_GROUP, picks
+from bench.plan.topology import Topology
+from bench.plan.verification import VERDICT_GROUP, picks
 from bench.report import __main__ as report_cli
 from bench.runfolder.points import read_points
 from bench.runner.cli import resolve
 from bench.runner.configure.flags import parse_config
-from bench.runner.configure.resolve import resolve_point
+from bench.runner.configure.resolve import PointRequest, VisitSettings, resolve_point
 from parallel_kernels.workload import tensor_bytes
 from tests.rank_pool import RankPool
 from tests.test_harness import run_points
@@ -37,22 +39,53 @@ from tests.test_harness import run_points
 MiB = 2**20
 
 
+def space(model, world, gpus_per_node, global_batch, families=None, options=None):
+    """The space of a request of these flags (``enumerate_space``)."""
+    request = PlanRequest(
+        model=model,
+        world_size=world,
+        global_batch=global_batch,
+        gpus_per_node=gpus_per_node,
+        families=families or tuple(FAMILIES),
+        options={**OPTIONS, **(options or {})},
+    )
+    return enumerate_space(request)
+
+
+def plan_rows(configs, target, gpus_per_node):
+    """The memory, time and ranking stages of a plan of ``configs`` on ``target``, as
+    ``python -m bench.plan`` runs them."""
+    figures = memory.predict_memory(
+        configs, gpus_per_node=gpus_per_node, gpu=bool(target.device.gpu_name)
+    )
+    times = step_time.step_times(configs, figures, target)
+    return ranking.ranked_rows(configs, figures, times, target)
+
+
+def _config(model="llama:tiny", family="ddp", world=2, batch=4, **knobs):
+    """A configuration of ``family`` (its strategy and implementation) with these knobs."""
+    row = FAMILIES[family]
+    return Config(family, family, model, row.strategy, row.impl, knobs, batch, world)
+
+
 def _point(model="llama:tiny", strategy="ddp", impl="native", world=2, batch=4, **knobs):
     return resolve_point(
-        sweep="plan",
-        values={"plan": 0},
-        model=model,
-        strategy=strategy,
-        impl=impl,
-        knobs=knobs,
-        world_size=world,
-        batch_size=batch,
+        PointRequest(
+            sweep="plan",
+            values={"plan": 0},
+            model=model,
+            strategy=strategy,
+            impl=impl,
+            knobs=knobs,
+            world_size=world,
+            per_visit=VisitSettings(batch_size=batch),
+        )
     )
 
 
 @pytest.mark.unit
 def test_the_space_holds_every_family_and_each_row_makes_the_global_batch():
-    configs = enumerate_space("llama:tiny", world_size=16, gpus_per_node=8, global_batch=64)
+    configs = space("llama:tiny", 16, 8, 64)
     labels = {c.label for c in configs}
     assert {"ddp bucket 25 MB", "fsdp2 FULL_SHARD", "fsdp1 SHARD_GRAD_OP"} <= labels
     assert {"fsdp2 HYBRID_SHARD/8", "tp2 x ddp", "tp4 x fsdp", "tp8 x ddp"} <= labels
@@ -63,16 +96,9 @@ def test_the_space_holds_every_family_and_each_row_makes_the_global_batch():
     assert {c.knobs["precision"] for c in configs} == {"fp32", "bf16"}
     assert {c.knobs["activation_checkpointing"] for c in configs} == {"off", "on"}
     # a model without a TP plan has no TP rows; the options narrow the space
-    resnet = enumerate_space("resnet:tiny", world_size=4, gpus_per_node=4, global_batch=8)
+    resnet = space("resnet:tiny", 4, 4, 8)
     assert resnet and not any(c.family == "tp" for c in resnet)
-    narrow = enumerate_space(
-        "mlp",
-        world_size=4,
-        gpus_per_node=4,
-        global_batch=8,
-        families=("ddp",),
-        options={"precision": ("bf16",)},
-    )
+    narrow = space("mlp", 4, 4, 8, families=("ddp",), options={"precision": ("bf16",)})
     assert {c.family for c in narrow} == {"ddp"}
     assert {c.knobs["precision"] for c in narrow} == {"bf16"}
     assert micro_batches(12, 4) == [(3, 1)] and micro_batches(16, 2) == [
@@ -85,7 +111,7 @@ def test_the_space_holds_every_family_and_each_row_makes_the_global_batch():
 
 @pytest.mark.unit
 def test_each_rows_command_resolves_in_bench_run_to_the_rows_point():
-    configs = enumerate_space("llama:tiny", world_size=4, gpus_per_node=4, global_batch=16)
+    configs = space("llama:tiny", 4, 4, 16)
     picked = {c.label: c for c in configs if c.knobs["grad_accum"] == 2}
     assert len(picked) >= 10
     for c in picked.values():
@@ -153,16 +179,16 @@ def test_blocks_and_worlds_extrapolate_to_what_tracking_in_full_gives(monkeypatc
     )
     big = replace(c, micro_batch=4)
     ckpt = replace(c, knobs={**c.knobs, "activation_checkpointing": "on"})
-    jobs, assemble = scaling.schedule([c, big, ckpt])
+    plan = trackings.plan_trackings([c, big, ckpt])
     # the largest micro-batch, and a checkpointed layout with its plain twin in the plan, are
     # tracked at the smaller proxy only: four trackings, not six
     got = sorted((j.config.knobs["activation_checkpointing"], j.config.micro_batch, j.world)
-                 for j in jobs)  # fmt: skip
+                 for j in plan.jobs)  # fmt: skip
     assert got == [("off", 1, 16), ("off", 1, 32), ("off", 4, 16), ("on", 1, 16)]
-    memo = assemble({j.key: scaling.run_job(j, 8) for j in jobs})
-    assert "moved to 128 as checkpointing off" in scaling.figures(ckpt, memo).how
+    memo = plan.assemble({j.key: memory.run_job(j, 8) for j in plan.jobs})
+    assert "moved to 128 as checkpointing off" in trackings.figures(ckpt, memo).how
     for one in (c, big, ckpt):
-        scaled = scaling.figures(one, memo)
+        scaled = trackings.figures(one, memo)
         assert "a + b/n" in scaled.how or "moved to 128" in scaled.how, scaled.how
         direct = memory.track(one.point())
         torch.testing.assert_close(scaled.peak_mib, direct.peak_mib, rtol=0.05, atol=0)
@@ -336,8 +362,8 @@ def test_one_build_tracks_its_phases_as_a_build_each_would():
         for b, a, c in zip((4, 2, 8, 4), accums, ("off", "off", "on", "on"), strict=True):
             phase = {**knobs, "grad_accum": a, "activation_checkpointing": c}
             phases.append(_point(strategy=strategy, world=world, batch=b, **phase))
-        together = memory.track_phases(phases)
-        for point, got in zip(phases, together, strict=True):
+        on_one_build = memory.track_phases(phases)
+        for point, got in zip(phases, on_one_build, strict=True):
             alone = memory.track(point)
             assert not got.error and not alone.error, (got.error, alone.error)
             where = (strategy, point.batch_per_replica, point.knobs["grad_accum"])
@@ -367,26 +393,26 @@ def test_one_build_tracks_its_phases_as_a_build_each_would():
     # the planner does not build what cannot accumulate, nor TP's accumulating steps (their
     # cost): the row says so
     c = Config("tp", "tp2 x ddp", "llama:tiny", "tp", "reference", {**tp, "grad_accum": 2}, 2, 4)
-    assert scaling.track_config(c).error == scaling.CANNOT_ACCUMULATE
+    assert memory.track_config(c).error == memory.CANNOT_ACCUMULATE
     c = replace(c, impl="native")
-    assert scaling.track_config(c).error == scaling.TP_ACCUMULATION_UNTRACKED
+    assert memory.track_config(c).error == FAMILIES["tp"].accumulation_untracked
 
 
 @pytest.mark.unit
-def test_fsdp1_is_tracked_as_itself_but_where_its_row_names_fsdp2_as_its_stand_in():
+def test_fsdp1_is_tracked_as_itself_but_where_its_row_names_fsdp2s_tracking_for_it():
     knobs = {"activation_checkpointing": "off", "precision": "fp32", "grad_accum": 1}
     rows = {
         ss: Config("fsdp1", f"fsdp1 {ss}", "llama:tiny", "fsdp", "native_fsdp1",
                    {**knobs, "sharding_strategy": ss}, 8, 2)
         for ss in ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD")
     }  # fmt: skip
-    # torch's FSDP1 cannot step its SHARD_GRAD_OP under fake tensors: FSDP2's stands in
-    assert scaling.tracked_as(rows["SHARD_GRAD_OP"]).impl == "native"
-    assert "FSDP1 stands in" in scaling.track_config(rows["SHARD_GRAD_OP"], 8).how
-    assert scaling.tracked_as(rows["FULL_SHARD"]) == rows["FULL_SHARD"]
-    assert scaling.tracked_as(rows["NO_SHARD"]) == rows["NO_SHARD"]
-    got = scaling.track_config(rows["NO_SHARD"], 8)
-    fsdp2 = scaling.track_config(replace(rows["NO_SHARD"], impl="native"), 8)
+    # torch's FSDP1 cannot step its SHARD_GRAD_OP under fake tensors: FSDP2's tracking gives it
+    assert trackings.tracked_as(rows["SHARD_GRAD_OP"]).impl == "native"
+    assert "FSDP1 stands in" in memory.track_config(rows["SHARD_GRAD_OP"], 8).how
+    assert trackings.tracked_as(rows["FULL_SHARD"]) == rows["FULL_SHARD"]
+    assert trackings.tracked_as(rows["NO_SHARD"]) == rows["NO_SHARD"]
+    got = memory.track_config(rows["NO_SHARD"], 8)
+    fsdp2 = memory.track_config(replace(rows["NO_SHARD"], impl="native"), 8)
     assert not got.error and "FSDP1 stands in" not in got.how, got
     # its flat gradient reduced in place: under FSDP2's NO_SHARD (18.10 MiB against 18.60)
     assert got.peak_mib < 0.99 * fsdp2.peak_mib
@@ -394,9 +420,9 @@ def test_fsdp1_is_tracked_as_itself_but_where_its_row_names_fsdp2_as_its_stand_i
     # backward, as parameters: over FSDP2's figure (13.65 MiB against 12.92)
     resnet = {k: replace(rows["FULL_SHARD"], model="resnet:tiny", impl=k)
               for k in ("native", "native_fsdp1")}  # fmt: skip
-    stand_in, own = (scaling.track_config(c, 8) for c in resnet.values())
-    assert own.parts_mib["params"] > stand_in.parts_mib["params"] + 1.0, (own, stand_in)
-    assert own.peak_mib > 1.03 * stand_in.peak_mib, (own, stand_in)
+    as_fsdp2, own = (memory.track_config(c, 8) for c in resnet.values())
+    assert own.parts_mib["params"] > as_fsdp2.parts_mib["params"] + 1.0, (own, as_fsdp2)
+    assert own.peak_mib > 1.03 * as_fsdp2.peak_mib, (own, as_fsdp2)
 
 
 @pytest.mark.unit
@@ -412,21 +438,21 @@ def test_layouts_whose_state_group_is_fixed_are_tracked_at_two_of_its_groups():
     full = replace(no_shard, knobs={**no_shard.knobs, "sharding_strategy": "FULL_SHARD"})
     tp = Config("tp", "tp2 x ddp", "llama:tiny", "tp", "native", {**knobs, "tp_degree": 2}, 1, 128)
     tp_fsdp = replace(tp, knobs={**tp.knobs, "dp_shard": True})
-    assert [scaling.worlds(x) for x in (no_shard, hybrid, full, tp, tp_fsdp)] == [
+    assert [trackings.worlds(x) for x in (no_shard, hybrid, full, tp, tp_fsdp)] == [
         (2,), (8,), (16, 32), (4,), (16, 32),
     ]  # fmt: skip
     # a hybrid shard group of 4 at 8 ranks holds what it holds at 128
-    scaled = scaling.track_config(hybrid, 8)
+    scaled = memory.track_config(hybrid, 8)
     assert "at 8 ranks" in scaled.how, scaled.how
     direct = memory.track(hybrid.point())
     torch.testing.assert_close(scaled.peak_mib, direct.peak_mib, rtol=0.01, atol=0)
 
 
 @pytest.mark.unit
-def test_rows_rank_by_step_among_those_that_fit_and_fsdp2_stands_in_for_fsdp1_where_named():
+def test_rows_rank_by_step_among_those_that_fit_and_fsdp1_takes_fsdp2s_figure_where_named():
     configs = [
         c
-        for c in enumerate_space("llama:tiny", world_size=2, gpus_per_node=2, global_batch=4)
+        for c in space("llama:tiny", 2, 2, 4)
         if c.knobs["precision"] == "fp32"
         and c.knobs["activation_checkpointing"] == "off"
         and c.knobs["grad_accum"] == 1
@@ -434,7 +460,7 @@ def test_rows_rank_by_step_among_those_that_fit_and_fsdp2_stands_in_for_fsdp1_wh
     ]
     peak = lambda p: 1.0  # noqa: E731
     small = Device("small", 11 / 1024, 100.0, "", "a device of 11 MiB, for the test")
-    target = planner.Target(
+    target = Target(
         device=small,
         topology=Topology.of_links("eth_25g", 2, 1.0),
         peak_tflops=peak,
@@ -443,7 +469,7 @@ def test_rows_rank_by_step_among_those_that_fit_and_fsdp2_stands_in_for_fsdp1_wh
         global_batch=4,
         rates={"fp32": Rate(0.05, 0.0, "test rate")},
     )
-    rows = planner.plan_rows(configs, target, gpus_per_node=2)
+    rows = plan_rows(configs, target, 2)
     assert list(rows["rank"]) == [1, 2, 3]
     by = rows.set_index("config")
     # DDP holds every parameter, gradient and moment: over 11 MiB; FSDP's shards fit
@@ -469,7 +495,7 @@ def test_rows_rank_by_step_among_those_that_fit_and_fsdp2_stands_in_for_fsdp1_wh
         (["--link", "warp_drive"], "unknown link preset 'warp_drive'"),
         (["--world-size", "12"], "not a whole number of nodes of 8"),
         (["--global-batch", "3"], "global batch 3 does not split"),
-        (["--strategy", "zero9"], "unknown strategy 'zero9'"),
+        (["--family", "zero9"], "unknown family 'zero9'"),
         (["--option", "precision=fp64"], "is not among fp32, bf16"),
         (["--verify", "3"], "--verify K runs the plan's best here"),
         (["--mfu", "140"], "--mfu 140"),
@@ -543,7 +569,7 @@ def test_a_plan_writes_its_rows_and_says_what_it_recommends(capsys, tmp_path):
         "a100",
         "--global-batch",
         "64",
-        "--strategy",
+        "--strategy",  # --family's other name
         "ddp,fsdp2",
         "--option",
         "precision=bf16",
@@ -578,16 +604,17 @@ def test_a_plan_writes_its_rows_and_says_what_it_recommends(capsys, tmp_path):
 def test_the_calibration_measures_its_points_in_one_launch_and_fits_the_rates_there(tmp_path):
     """The short launch a CPU plan makes: DDP in one micro-batch and in accumulated ones, with
     checkpointing, and FSDP2's three shardings, all interleaved in one launch of 2 ranks, its
-    points told apart by their roles; the rate, checkpointing's factor and FSDP's own work
+    points known by their roles; the rate, checkpointing's factor and FSDP's own work
     come from it."""
-    from bench.plan.calibrate import (
+    from bench.plan.calibration import LaunchPlan, calibration_launch
+    from bench.plan.memory import recompute_ratio
+    from bench.plan.rates import (
         CKPT,
         FSDP,
         MANY,
         ONE,
         TP,
         at_precision,
-        calibration_launch,
         ckpt_factor,
         fit_launch,
         fsdp_extra,
@@ -595,19 +622,9 @@ def test_the_calibration_measures_its_points_in_one_launch_and_fits_the_rates_th
         launch_tables,
         tp_extra,
     )
-    from bench.plan.memory import recompute_ratio
 
-    run = calibration_launch(
-        "llama:tiny",
-        ("fp32",),
-        4,
-        tmp_path / "c",
-        2,
-        ckpt=True,
-        fsdp=("native",),
-        tp=("native",),
-        timeout_s=240,
-    )
+    launch = LaunchPlan("llama:tiny", ("fp32",), 4, 2, ckpt=True, fsdp=("native",), tp=("native",))
+    run = calibration_launch(launch, tmp_path / "c", timeout_s=240)
     results = pd.read_csv(run / "results.csv")
     assert set(results["status"]) == {"ok"} and set(results["method"]) == {"paired"}
     assert (results["compute_ms"] > 0).all()
@@ -620,7 +637,7 @@ def test_the_calibration_measures_its_points_in_one_launch_and_fits_the_rates_th
     many = tables[MANY].iloc[0]
     assert (many["grad_accum"], many["batch_per_replica"]) == (4, 1)
     assert set(tables[FSDP]["value"]) == {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"}
-    # one verdict's candidates: they cycled together, whatever their implementations
+    # one verdict's candidates: they cycled as one group, whatever their implementations
     assert {p.verdict_group for p in read_points(run).values()} == {"plan calibration"}
     rate = fit_launch(tables, 0.5, run)["fp32"]
     assert rate.tflops > 0 and rate.micro_ms >= 0 and str(run) in rate.source
@@ -641,7 +658,7 @@ def test_the_calibration_measures_its_points_in_one_launch_and_fits_the_rates_th
 @pytest.mark.unit
 def test_tps_own_work_is_its_computation_over_ddps_at_its_flops_and_lands_in_its_steps():
     from bench.model.compute import ComputeProfile
-    from bench.plan.calibrate import tp_extra
+    from bench.plan.rates import tp_extra
     from bench.plan.step_time import _with_own_work
 
     ddp = {"compute_ms": 16.0, "step_ms_median": 20.0, "flops_per_step": 8e8}
@@ -664,7 +681,7 @@ def test_tps_own_work_is_its_computation_over_ddps_at_its_flops_and_lands_in_its
 
 
 @pytest.mark.unit
-def test_verify_picks_rows_the_plan_tells_apart_and_ddp_at_its_defaults():
+def test_verify_picks_rows_the_plan_predicts_differently_and_ddp_at_its_defaults():
     def row(config, step, peak=1.0, micro=8, accum=1, fits=True, ckpt="off"):
         return {"config": config, "family": config.split()[0], "strategy": config.split()[0],
                 "impl": "native", "tp_degree": 1, "activation_checkpointing": ckpt,
@@ -688,7 +705,7 @@ def test_verify_picks_rows_the_plan_tells_apart_and_ddp_at_its_defaults():
     # DDP at its defaults stands for the rows alike with it, in their place
     assert got.index.tolist() == [1, 3, 4]
     assert picks(plan, 10).index.tolist() == [1, 3, 4, 6, 8]  # not the one that does not fit
-    # told apart by their step: each its own
+    # each with a step of its own: each verified
     apart = plan.assign(step_ms=[20.0, 20.5, 21.0, 21.0, 22.0, 22.5, 23.0, 24.0, 25.0])
     assert picks(apart, 3).index.tolist() == [0, 1, 2]
     # DDP at its defaults beyond the first k: added after them
@@ -710,7 +727,7 @@ def test_verify_runs_the_best_here_and_sets_measured_beside_predicted(capsys, tm
         "cpu",
         "--global-batch",
         "8",
-        "--strategy",
+        "--family",
         "ddp,fsdp2",
         "--option",
         "precision=fp32",
@@ -778,13 +795,13 @@ def test_verify_runs_the_best_here_and_sets_measured_beside_predicted(capsys, tm
 def test_a_micro_batch_between_two_is_interpolated_as_its_tracking_gives():
     configs = [
         c
-        for c in enumerate_space("llama:tiny", world_size=2, gpus_per_node=2, global_batch=16)
+        for c in space("llama:tiny", 2, 2, 16)
         if c.label == "ddp bucket 25 MB"
         and c.knobs["precision"] == "fp32"
         and c.knobs["activation_checkpointing"] == "on"
     ]
     assert sorted(c.micro_batch for c in configs) == [1, 2, 4, 8]
-    target = planner.Target(
+    target = Target(
         device=DEVICES["h100"],
         topology=Topology.of_links("nvlink4", 8, 1.0),
         peak_tflops=lambda p: 67.0,
@@ -793,16 +810,16 @@ def test_a_micro_batch_between_two_is_interpolated_as_its_tracking_gives():
         global_batch=16,
         rates={"fp32": Rate(20.0, 0.0, "test rate")},
     )
-    jobs, _ = scaling.schedule(configs)
+    jobs = trackings.plan_trackings(configs).jobs
     # accumulating (1 x 8, 2 x 4, 4 x 2) and not (8 x 1) are tracked apart, each micro-batch
     # of the former with two per step: its smallest and largest
     assert sorted((j.config.micro_batch, j.config.knobs["grad_accum"]) for j in jobs) == [
         (1, 2), (4, 2), (8, 1),
     ]  # fmt: skip
-    rows = planner.plan_rows(configs, target, gpus_per_node=8).set_index("micro_batch")
+    rows = plan_rows(configs, target, 8).set_index("micro_batch")
     assert "between micro-batches 1 and 4" in rows.loc[2, "memory_how"]
     # an H100's AdamW is foreach, as the plan tracked it
-    tracked = scaling.track_config(next(c for c in configs if c.micro_batch == 2), 8, True)
+    tracked = memory.track_config(next(c for c in configs if c.micro_batch == 2), 8, True)
     torch.testing.assert_close(
         rows.loc[2, "peak_mem_gib"] * 1024, tracked.peak_mib, rtol=0.03, atol=0
     )
@@ -818,7 +835,7 @@ def test_a_rank_correlation_over_equal_predictions_is_said_undefined_not_nan():
     import warnings
 
     from bench.plan import table
-    from bench.plan.verify import summary
+    from bench.plan.verification import summary
 
     df = pd.DataFrame(
         {
@@ -846,7 +863,7 @@ def test_a_rank_correlation_over_equal_predictions_is_said_undefined_not_nan():
 def test_fsdps_own_work_is_its_computation_over_ddps_and_lengthens_its_predicted_step(tmp_path):
     """A CPU plan's FSDP rows carry FSDP's own computation (its copies and hooks), measured as
     a calibration point's computation over DDP's at the same micro-batch and precision."""
-    from bench.plan.calibrate import at_precision, fsdp_extra
+    from bench.plan.rates import at_precision, fsdp_extra
     from bench.plan.step_time import predict_step
 
     ddp = pd.DataFrame([{"value": "fp32", "compute_ms": 20.0}])
@@ -868,12 +885,12 @@ def test_fsdps_own_work_is_its_computation_over_ddps_and_lengthens_its_predicted
     assert rate.fsdp_extra_ms("reference", "FULL_SHARD") == 0.0
     topo = Topology.of_links("eth_25g", 2, 1.0)
     for accum in (1, 2):
-        point = _point(strategy="fsdp", sharding_strategy="FULL_SHARD", grad_accum=accum, batch=4)
-        with_it = predict_step(point, 1e9, rate, 100.0, topo)
-        without = predict_step(point, 1e9, Rate(0.05, 0.0, "test rate"), 100.0, topo)
+        c = _config(family="fsdp2", sharding_strategy="FULL_SHARD", grad_accum=accum, batch=4)
+        with_it = predict_step(c, 1e9, rate, 100.0, topo)
+        without = predict_step(c, 1e9, Rate(0.05, 0.0, "test rate"), 100.0, topo)
         # every micro-batch does its gathers' copies: the last one's all of it
-        assert with_it["compute_ms"] - without["compute_ms"] == pytest.approx(6.0 * accum)
-        assert 0 < with_it["step_ms"] - without["step_ms"] <= 6.0 * accum + 1e-9
+        assert with_it.compute_ms - without.compute_ms == pytest.approx(6.0 * accum)
+        assert 0 < with_it.step_ms - without.step_ms <= 6.0 * accum + 1e-9
     with pytest.raises(ValueError, match="no bf16 DDP point to compare with"):
         at_precision(ddp, "bf16")
 
@@ -884,7 +901,7 @@ def test_the_calibration_pairs_its_points_cycle_by_cycle_and_fits_no_impossible_
     micro-batch's, cycle by cycle, where the launch kept its cycles; one that would leave the
     one micro-batch no computation of its own is no fit (it read so on a loaded machine, and
     the rate came out negative)."""
-    from bench.plan.calibrate import MANY, ONE, fit_launch, paired_difference
+    from bench.plan.rates import MANY, ONE, fit_launch, paired_difference
 
     run = tmp_path / "launch"
     run.mkdir()
@@ -904,7 +921,7 @@ def test_the_calibration_pairs_its_points_cycle_by_cycle_and_fits_no_impossible_
     assert rate.tflops == pytest.approx(1e9 / 20e-3 / 1e12)
     # checkpointing's extra, paired likewise; a checkpointed step no longer than the plain
     # one in the pairs is noise: the traced computations then
-    from bench.plan.calibrate import CKPT, launch_ckpt_factor
+    from bench.plan.rates import CKPT, launch_ckpt_factor
 
     ck = pd.DataFrame([{**row, "point": b, "compute_ms": 40.0}])
     tables = {ONE: one, CKPT: ck}
@@ -925,8 +942,8 @@ def test_checkpointings_cost_is_its_measured_ratio_over_the_predicted_one(tmp_pa
     recomputation's FLOPs: the checkpointed computation over the plain one in one launch,
     over the ratio the rate predicts (llama:tiny's checkpointed rows read 16 to 30 % under
     their measurement without it)."""
-    from bench.plan.calibrate import ckpt_factor
     from bench.plan.memory import recompute_ratio
+    from bench.plan.rates import ckpt_factor
     from bench.plan.step_time import predict_step
 
     off = {"compute_ms": 22.0, "flops_per_step": 1e9}
@@ -945,11 +962,11 @@ def test_checkpointings_cost_is_its_measured_ratio_over_the_predicted_one(tmp_pa
     measured = Rate(0.05, 0.0, "test rate", ckpt_factor=factor)
     topo = Topology.of_links("eth_25g", 2, 1.0)
     for ckpt, scale in (("on", factor), ("off", 1.0)):
-        point = _point(activation_checkpointing=ckpt, grad_accum=1, batch=4)
-        with_it = predict_step(point, 1e9, measured, 100.0, topo)
-        without = predict_step(point, 1e9, rate, 100.0, topo)
-        optimiser = without["compute_ms"] - 20.0  # the FLOPs' 20 ms and AdamW's step
-        assert with_it["compute_ms"] - optimiser == pytest.approx(20.0 * scale)
+        c = _config(activation_checkpointing=ckpt, grad_accum=1, batch=4)
+        with_it = predict_step(c, 1e9, measured, 100.0, topo)
+        without = predict_step(c, 1e9, rate, 100.0, topo)
+        optimiser = without.compute_ms - 20.0  # the FLOPs' 20 ms and AdamW's step
+        assert with_it.compute_ms - optimiser == pytest.approx(20.0 * scale)
 
 
 @pytest.mark.unit
@@ -963,7 +980,7 @@ def test_the_planners_process_runs_one_thread_and_forks_its_workers():
     import sys
 
     code = (
-        "import os, bench.plan.__main__, bench.plan.planner as p; "
+        "import os, bench.plan.__main__, bench.plan.tracking_workers as p; "
         "print(os.environ['OMP_NUM_THREADS'], len(os.listdir('/proc/self/task')), "
         "p._start_method().get_start_method())"
     )
@@ -991,11 +1008,12 @@ def test_tracking_workers_collect_young_objects_less_often_and_never_scan_what_w
 
     before = gc.get_threshold()
     builds = [(i,) for i in range(8)]
-    forked = planner._start_method().get_start_method() == "fork"
-    assert planner._map(_collector, builds, 2, None) == [[(planner.GEN0, forked)]] * 8
+    pool = tracking_workers
+    forked = pool._start_method().get_start_method() == "fork"
+    assert pool.map_builds(_collector, builds, 2, None) == [[(pool.GEN0, forked)]] * 8
     assert gc.get_threshold() == before and gc.get_freeze_count() == 0  # this process as it was
     # in this process alone (too few builds for a pool): the threshold for the builds only
-    assert planner._map(_collector, builds[:3], 2, None) == [[(planner.GEN0, False)]] * 3
+    assert pool.map_builds(_collector, builds[:3], 2, None) == [[(pool.GEN0, False)]] * 3
     assert gc.get_threshold() == before
 
 
@@ -1047,7 +1065,7 @@ def test_the_calibrations_own_configuration_measured_again_says_the_launches_dri
     drift between them, which every row's error holds, apart from the model's own error where
     it was fitted."""
     from bench.plan import table
-    from bench.plan.verify import launch_drift
+    from bench.plan.verification import launch_drift
     from bench.runfolder.points import write_points
 
     def folder(name: str, points: dict, steps: dict):
@@ -1074,7 +1092,7 @@ def test_the_calibrations_own_configuration_measured_again_says_the_launches_dri
     line = table.render_verify(pd.DataFrame({"name": []}), summary)
     assert "20.0 ms in the calibration's launch against 18.0 predicted (-10.0 %" in line
     assert "21.0 ms in this one (+5.0 %: the machine's drift" in line
-    # no verified point is the calibration's, or no calibration here (--compute): nothing said
+    # no verified point is the calibration's, or no calibration here (--compute): no drift
     wider = replace(_point(world=4, batch=8, precision="fp32"), knobs=default.knobs)
     steps = dict.fromkeys(("v01", "v03", "v04"), 20.5)
     narrowed = folder("narrowed", {"v01": other, "v03": small, "v04": wider}, steps)
@@ -1087,7 +1105,7 @@ def test_the_measured_best_is_not_one_of_the_longest_cyclers_when_an_early_leave
     """The cycles race each implementation's candidates apart: FSDP1's rows left once their
     group was decided, and the verification named the best of FSDP2's, which FSDP1's NO_SHARD
     beat by 17 % over the cycles they shared (llama:tiny, 32 cycles against 200)."""
-    from bench.plan.verify import summary
+    from bench.plan.verification import summary
 
     rng = np.random.default_rng(0)
     drift = 1 + 0.05 * rng.standard_normal(200)  # what the machine does, on every candidate

@@ -10,18 +10,20 @@ import pandas as pd
 import pytest
 
 from bench.plan import __main__ as plan_cli
-from bench.plan import memory, planner
-from bench.plan.calibrate import Rate
+from bench.plan import calibration, memory
+from bench.plan.calibration import Target
 from bench.plan.devices import Device
-from bench.plan.space import NO_CHECKPOINT_UNITS, enumerate_space, names_checkpoint_units
-from bench.plan.step_time import Topology
+from bench.plan.rates import Rate
+from bench.plan.space import NO_CHECKPOINT_UNITS, names_checkpoint_units
+from bench.plan.topology import Topology
+from tests.test_plan import plan_rows, space
 
 WORLD, BATCH = 2, 16
 
 
-def _target() -> planner.Target:
+def _target() -> Target:
     """A made-up target whose rate is given: the plan makes no calibration launch."""
-    return planner.Target(
+    return Target(
         device=Device("test", 16.0, 100.0, "", "a device for the test"),
         topology=Topology.of_links("eth_25g", 8, 1.0),
         peak_tflops=lambda p: 1.0,
@@ -33,15 +35,9 @@ def _target() -> planner.Target:
 
 
 def _plan(model: str) -> pd.DataFrame:
-    configs = enumerate_space(
-        model,
-        world_size=WORLD,
-        gpus_per_node=8,
-        global_batch=BATCH,
-        families=("ddp", "fsdp2", "fsdp1"),
-        options={"precision": ("fp32",)},
-    )
-    return planner.plan_rows(configs, _target(), gpus_per_node=8)
+    families = ("ddp", "fsdp2", "fsdp1")
+    configs = space(model, WORLD, 8, BATCH, families, {"precision": ("fp32",)})
+    return plan_rows(configs, _target(), 8)
 
 
 @pytest.mark.unit
@@ -76,14 +72,7 @@ def test_a_failed_phase_rebuilt_fails_only_the_phases_after_it():
     too, the phases tracked before keep their figures."""
     points = [
         c.point()
-        for c in enumerate_space(
-            "mlp",
-            world_size=WORLD,
-            gpus_per_node=8,
-            global_batch=BATCH,
-            families=("ddp",),
-            options={"precision": ("fp32",)},
-        )
+        for c in space("mlp", WORLD, 8, BATCH, ("ddp",), {"precision": ("fp32",)})
         if c.knobs["bucket_cap_mb"] == 25.0 and c.knobs["grad_accum"] in (1, 2)
     ]
     # off 8 x 1, off 4 x 2, then checkpointed: the first of these fails its phase, the second
@@ -102,13 +91,13 @@ def test_a_cpu_plan_calibrates_no_checkpointing_for_a_model_that_cannot_checkpoi
     the plan with it); the plan goes on to its rows."""
     asked = {}
 
-    def rates(args, target, precisions, out, fsdp=(), ckpt=False, tp=()):
-        asked["ckpt"] = ckpt
-        return {p: Rate(0.05, 0.0, "test rate") for p in precisions}
+    def rates(request, peak, launch, out):
+        asked["ckpt"] = launch.ckpt
+        return {p: Rate(0.05, 0.0, "test rate") for p in launch.precisions}
 
-    monkeypatch.setattr(plan_cli.inputs, "rates", rates)
+    monkeypatch.setattr(calibration, "computation_rates", rates)
     argv = ["--model", "mlp", "--world-size", "2", "--device", "cpu", "--global-batch", "16"]
-    argv += ["--link", "eth_25g", "--strategy", "ddp", "--option", "precision=fp32"]
+    argv += ["--link", "eth_25g", "--family", "ddp", "--option", "precision=fp32"]
     argv += ["--workers", "1", "--out", str(tmp_path / "plan")]
     assert plan_cli.main(argv) == 0
     assert asked == {"ckpt": False}

@@ -41,7 +41,7 @@ class ComputeProfile:
     source: str = ""
     points: int = 1  # how many points' traces were pooled
     # FSDP's own computation per step beyond the model's (its copies and hooks; the planner's
-    # CPU calibration, bench/plan/calibrate.py), spread over the units: a traced FSDP step
+    # CPU calibration, bench/plan/rates.py), spread over the units: a traced FSDP step
     # holds it already (0)
     fsdp_extra_ms: float = 0.0
 

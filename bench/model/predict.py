@@ -14,6 +14,7 @@ model checks its communication terms.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
@@ -99,7 +100,12 @@ def _bucket_ms(comm, prof: ComputeProfile, buckets, n: int, wire: float = 1.0) -
     ]
 
 
-def ddp(case: Case, prof: ComputeProfile, comm: CommModel, n: int | None = None) -> list[sch.Op]:
+def ddp(
+    case: Case, prof: ComputeProfile, comm: CommModel, n: int | None = None, outer=None
+) -> list[sch.Op]:
+    """``outer``: unused (DDP's one group spans the world, on ``comm``); taken as ``fsdp`` and
+    ``tp`` take it."""
+    del outer
     n = n or case.world
     hook = case.knobs.get("comm_hook")
     if hook not in (None, "none", "fp16", "bf16"):
@@ -180,9 +186,9 @@ def tp(
     if dp_n > 1:
         buckets = _ddp_buckets(case, prof, float(case.figures["dp_bucket_cap_mb"]))
         kw = dict(
-            ready_ms=list(prof.grad_ready_ms),
-            buckets=buckets,
-            bucket_ms=_bucket_ms(outer, prof, buckets, dp_n),
+            buckets=sch.Buckets(
+                list(prof.grad_ready_ms), buckets, _bucket_ms(outer, prof, buckets, dp_n)
+            )
         )
     prog = sch.tp_program(
         forward_ms=prof.forward_ms,
@@ -217,7 +223,30 @@ def _fsdp_over_tp(
     return sch.with_blocking_calls(prog, "backward", prof.backward_ms, bwd)
 
 
-SIMULATORS = {"ddp": ddp, "fsdp": fsdp, "tp": tp}  # by the strategy's schedule
+@dataclass(frozen=True)
+class Simulator:
+    """A schedule's program, as ``simulate_case`` dispatches on the strategy's schedule."""
+
+    # (case, prof, comm, n, outer) -> the step's ops: its own group's collectives on ``comm``,
+    # those across its replicas on ``outer`` (``comm`` where not given)
+    program: Callable[..., list[sch.Op]]
+    # The ranks of the group its own collectives run in (a group laid from the first rank:
+    # the planner prices it on the link it fits in)
+    group: Callable[[Case], int]
+
+
+def _shard_group(case: Case) -> int:
+    """FSDP's own group: HYBRID_SHARD's shard group, else the world (NO_SHARD's all-reduce
+    spans it)."""
+    s = shard_group_size(case.knobs["sharding_strategy"], case.world, case.knobs.get("shard_size"))
+    return s if 1 < s < case.world else case.world
+
+
+SIMULATORS = {  # by the strategy's schedule
+    "ddp": Simulator(ddp, lambda case: case.world),
+    "fsdp": Simulator(fsdp, _shard_group),
+    "tp": Simulator(tp, lambda case: case.tp),
+}
 
 
 def overlap_share(meta: dict) -> float:
@@ -230,13 +259,24 @@ def overlap_share(meta: dict) -> float:
     return 1.0 if per_rank >= 2 else 0.5
 
 
-def simulate_case(
-    case: Case, prof: ComputeProfile, comm: CommModel, n: int | None = None, share: float = 1.0
-) -> sch.Timeline:
-    _check_knobs(case)
+def simulator(case: Case) -> Simulator:
     if case.schedule not in SIMULATORS:
         raise Unmodelled(f"schedule {case.schedule} is not modelled")
-    return sch.simulate(SIMULATORS[case.schedule](case, prof, comm, n), share=share)
+    return SIMULATORS[case.schedule]
+
+
+def simulate_case(
+    case: Case,
+    prof: ComputeProfile,
+    comm: CommModel,
+    n: int | None = None,
+    share: float = 1.0,
+    outer: CommModel | None = None,
+) -> sch.Timeline:
+    """The case's step simulated: its own group's collectives on ``comm``, those across its
+    replicas on ``outer`` (``comm`` where not given)."""
+    _check_knobs(case)
+    return sch.simulate(simulator(case).program(case, prof, comm, n, outer), share=share)
 
 
 def traced_comm(traces) -> dict[str, float]:

@@ -2,19 +2,27 @@
 it will run, memory per rank tracked under fake tensors with torch's own tools, step time from
 the cost model's schedules over the target's links, ranked; the best verified here.
 
-- ``space.py``: the configurations, each the point record ``bench/run.py`` would resolve, and
-  its command;
-- ``memory.py``: one step tracked under ``FakeTensorMode`` over the fake process group with
-  ``MemTracker`` (and ``FlopCounterMode``), blocks extrapolated; ``fakes.py``: that fake world
-  (the wrappers' shims, a backend's copies of a collective's buffers, the tracker);
-  ``workspace.py``: what kernels allocate inside themselves, measured here for a ``cpu`` plan;
-- ``calibrate.py``: the computation's rate from profiled steps of the model;
-- ``timing.py``: the step on the target's links (``bench.model``'s schedules);
-- ``planner.py``: the rows, sharing what tracking costs, worlds extrapolated; ``table.py``: the
-  console and ``plan.json``; ``verify.py``: ``--verify K``;
-- ``inputs.py``, ``devices.py``: the command line, checked before any work, and the devices;
-  ``launch.py``: ``bench/run.py`` launched here (several commands' points interleaved in one
-  launch), and a row's configuration in words.
+A pipeline of stages, one module each, ``__main__.py`` calling them in order:
 
-Not to be confused with ``bench.runner.configure``, which turns one sweep into its points.
+- ``request.py``: the command line parsed and checked, no work: a ``PlanRequest``;
+- ``space.py``: the configurations, each the point record ``bench/run.py`` would resolve, and
+  its command; ``families.py``: the families they come from (ddp, fsdp2, fsdp1, tp), a row of
+  facts each;
+- ``calibration.py``: the ``Target``: the device's peaks, the links (``topology.py``), the
+  computation's rates (``rates.py``: fitted to profiled steps), measured here for a plan of
+  this machine; ``launch.py``: ``bench/run.py`` launched here, and a row in words;
+- ``memory.py``: each configuration's peak per rank, one step tracked under
+  ``FakeTensorMode`` with ``MemTracker``; ``trackings.py``: the fewest trackings that serve
+  them all, and how they combine; ``tracked.py``: a tracking's figures;
+  ``tracking_workers.py``: the pool they run in; ``fakes.py``: the fake world;
+  ``workspace.py``: what kernels allocate inside themselves;
+- ``step_time.py``: each one's step on the target's links (``bench.model``'s schedules);
+- ``ranking.py``: plan.csv's rows, ranked;
+- ``outputs.py``: plan.csv, plan.json, plan.html (``plan_page.py``) and the console
+  (``table.py``);
+- ``verification.py``: ``--verify K``, the best run here and measured against predicted.
+
+``devices.py`` holds the devices a plan can target; ``one_thread.py`` keeps the process on one
+thread. Not to be confused with ``bench.runner.configure``, which turns one sweep into its
+points.
 """

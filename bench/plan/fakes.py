@@ -26,7 +26,7 @@ from parallel_kernels.groups import forget_groups
 
 class PeakTracker(MemTracker):
     """Torch's ``MemTracker`` keeping the process's peak and not each module's: after every op
-    it walks every module it has seen to raise their own peaks, which the planner does not
+    it walks every module it has tracked to raise their own peaks, which the planner does not
     read and which cost a third of a tracking's time (docs/benchmarks.md, "Planning time")."""
 
     _paused = 0  # inside DTensor's sharding propagation (``untracked_propagation``)
@@ -153,7 +153,7 @@ def backend_copies(backend: str) -> Iterator[None]:
     size is made beside the call, under the fake mode the tracker counts, and held until the
     call's work is waited for (at once, for a blocking call). The fake process group moves
     nothing, and the copy is the backend's, not the wrapper's: without it FSDP's rows on the
-    CPU read up to 16 % under the harness's peak (ResNet's FULL_SHARD)."""
+    CPU read under the harness's peak (docs/benchmarks.md, "Planned memory")."""
     copies = BACKEND_COPIES.get(backend, {})
     saved = {}
     for name in _TENSOR_CALLS:

@@ -1,7 +1,9 @@
-"""A configuration's peak memory per rank, predicted without its hardware or its weights.
+"""The memory stage: each configuration's peak memory per rank, predicted without its hardware
+or its weights (``predict_memory``), from the fewest trackings that serve them all
+(``trackings.py``), tracked in a pool of processes (``tracking_workers.py``).
 
-The configuration is built by the suite's own code (``bench.runner.train.step``: the plain
-model, activation checkpointing, the strategy's implementation, AdamW) under torch's
+A tracking builds the configuration by the suite's own code (``bench.runner.train.step``: the
+plain model, activation checkpointing, the strategy's implementation, AdamW) under torch's
 ``FakeTensorMode`` over torch's fake process group at the target world size, so no weight is
 allocated and no collective moves a byte; torch's ``MemTracker``
 (``torch.distributed._tools.mem_tracker``) then follows one training step after a first one
@@ -35,17 +37,22 @@ from bench.plan.fakes import (
     resolve_ddp_hooks,
     untracked_propagation,
 )
+from bench.plan.families import FAMILIES
+from bench.plan.space import NO_CHECKPOINT_UNITS, Config, names_checkpoint_units
 from bench.plan.tracked import Tracked, collinear, failed, shifted
+from bench.plan.tracking_workers import Progress, map_builds
+from bench.plan.trackings import Job, builds, figures, plan_trackings
 from bench.plan.workspace import kernel_workspaces
 from bench.runfolder.points import PointRecord
 from bench.runner.session.distenv import DistEnv
 from bench.runner.train.data import Batches
-from bench.runner.train.step import build_trainer
+from bench.runner.train.step import Recipe, build_trainer
 from parallel_kernels.checkpointing import checkpoint_blocks, set_checkpointing
 from parallel_kernels.models import build_model, workload
 from parallel_kernels.workload import block_list, keep_blocks, stamp, tensor_bytes
 
 CPU = torch.device("cpu")
+CANNOT_ACCUMULATE = "the implementation cannot accumulate gradients (no way to skip their sync)"
 
 MiB = 2**20
 SMALL = 4  # blocks: a model of at most this many is tracked in full (``track_phases``)
@@ -60,6 +67,78 @@ CATEGORIES = {
     "Buffer": "buffers",
     "Other": "other",
 }
+
+
+def predict_memory(
+    configs: list[Config],
+    *,
+    gpus_per_node: int,
+    gpu: bool = False,
+    workers: int = 1,
+    progress: Progress | None = None,
+) -> list[Tracked]:
+    """Each configuration's figures, in order: its peak per rank with its parts, the FLOPs of
+    one micro-batch, or its error. The trackings run in ``workers`` processes; ``gpu``: the
+    target is a GPU, its step tracked as a GPU runs it (AdamW foreach, NCCL's collectives)."""
+    plan = plan_trackings(configs)
+    groups = builds(plan.jobs)
+    track = functools.partial(run_build, gpus_per_node=gpus_per_node, gpu=gpu)
+    got = map_builds(track, groups, workers, progress)
+    memo = plan.assemble(
+        {
+            job.key: t
+            for group, ts in zip(groups, got, strict=True)
+            for job, t in zip(group, ts, strict=True)
+        }
+    )
+    return [figures(c, memo) for c in configs]
+
+
+def track_config(c: Config, gpus_per_node: int = 8, gpu: bool = False) -> Tracked:
+    """One configuration's figures, tracked as a plan would (tests and benchmarks)."""
+    return predict_memory([c], gpus_per_node=gpus_per_node, gpu=gpu)[0]
+
+
+def run_build(jobs: tuple[Job, ...], gpus_per_node: int, gpu: bool = False) -> list[Tracked]:
+    """The trackings of ``jobs`` (one build's, ``trackings.builds``), in order; a job whose
+    configuration does not resolve or cannot be built is its error, the others are tracked."""
+    early: list[Tracked | None] = []
+    points = []
+    for job in jobs:
+        try:
+            job.config.point()  # the configuration itself must resolve, not only its proxy
+            point = job.config.point(world_size=job.world)
+        except ValueError as e:
+            early.append(failed(f"{e}"))
+            continue
+        refused = _refused(job.config, point)
+        early.append(failed(refused) if refused else None)
+        if not refused:
+            points.append(point)
+    tracked = iter(track_phases(points, gpus_per_node=gpus_per_node, gpu=gpu) if points else [])
+    out = []
+    for job, known in zip(jobs, early, strict=True):
+        t = known or next(tracked)
+        # a micro-batch's FLOPs, whatever the number tracked per step
+        out.append(replace(t, flops=t.flops / int(job.config.knobs["grad_accum"])))
+    return out
+
+
+def run_job(job: Job, gpus_per_node: int, gpu: bool = False) -> Tracked:
+    return run_build((job,), gpus_per_node, gpu)[0]
+
+
+def _refused(c: Config, point: PointRecord) -> str:
+    """Why ``c`` is its error row, unbuilt, as its run would refuse or fail it: a checkpointed
+    model without checkpoint units, an accumulating implementation that cannot skip its
+    gradients' sync, an accumulating row its family does not track; "" where it is tracked."""
+    if c.checkpointed and not names_checkpoint_units(point.model):
+        return NO_CHECKPOINT_UNITS  # as its build would raise
+    if c.accumulates and point.impl_facts["skip_sync"] is None:
+        return CANNOT_ACCUMULATE  # as the harness refuses it, before a build
+    if c.accumulates:
+        return FAMILIES[c.family].accumulation_untracked
+    return ""
 
 
 def _failure(e: Exception) -> Tracked:
@@ -262,9 +341,8 @@ def _track(
         # through every step, and the harness counts it too.
         with tracker:
             plain = _plain(first.model, blocks, twin)
-            trainer = build_trainer(
-                first, env, dist.group.WORLD, batches=iter(()), plain=plain, foreach=foreach
-            )
+            recipe = Recipe(batches=iter(()), plain=plain, foreach=foreach)
+            trainer = build_trainer(first, env, dist.group.WORLD, recipe)
             resolve_ddp_hooks(trainer.wrapped)
         _optimiser_state(trainer)
         checkpointed = _checkpointed(first)

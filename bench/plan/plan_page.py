@@ -121,7 +121,7 @@ def page(rows: pd.DataFrame, meta: dict, tie_pct: float) -> str:
         )
         allowance = float(rows["allowance_gib"].iloc[0])
         body.append(_bars(families, float(rows["device_mem_gib"].iloc[0]) - allowance))
-    body += _every(rows)
+    body += _all_rows(rows)
     body += _assumed(meta)
     return (
         f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
@@ -129,7 +129,7 @@ def page(rows: pd.DataFrame, meta: dict, tie_pct: float) -> str:
     )
 
 
-def _every(rows: pd.DataFrame) -> list[str]:
+def _all_rows(rows: pd.DataFrame) -> list[str]:
     """Every row, ranked; those that do not fit marked."""
     body: list[str] = []
     body.append("<h2>Every configuration</h2>")

@@ -1,5 +1,5 @@
-"""The plan on the console and in ``plan.json``: the target, the ranked rows, the
-recommendation and what is tied with it."""
+"""The plan on the console: the target, the ranked rows, the recommendation and what is tied
+with it, and the verification's comparison (``outputs.py`` prints them)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import time
 
 import pandas as pd
 
+from bench.plan.calibration import Target
 from bench.plan.launch import describe
-from bench.plan.planner import Target
+from bench.plan.request import PlanRequest
 
 CONSOLE = {  # plan.csv column -> console heading
     "rank": "#",
@@ -27,13 +28,13 @@ CONSOLE = {  # plan.csv column -> console heading
 }
 
 
-def header(args, target: Target, n: int) -> str:
+def header(request: PlanRequest, target: Target, n: int) -> str:
     topo = target.topology
     return "\n".join(
         [
-            f"plan: {args.model} on {args.world_size} x {target.device.name} "
-            f"({target.device.memory_gib:g} GiB each, {args.gpus_per_node} per node), "
-            f"global batch {args.global_batch}: {n} configurations",
+            f"plan: {request.model} on {request.world_size} x {target.device.name} "
+            f"({target.device.memory_gib:g} GiB each, {request.gpus_per_node} per node), "
+            f"global batch {request.global_batch}: {n} configurations",
             f"  links: {topo.about}",
             *(
                 f"  computation {p}: {r.tflops:.3g} TFLOP/s, {r.source}"
@@ -104,31 +105,14 @@ def render(rows: pd.DataFrame, top: int, tie_pct: float) -> str:
 
 def failures(failed: pd.DataFrame, width: int = 160) -> list[str]:
     """One line per reason, most configurations first: how many, the layouts they are of, and
-    the reason (cut at ``width`` characters; plan.csv holds it whole). A plan at scale has few
-    reasons over many rows (llama:1b at 1024 ranks: 64 of TP's accumulating rows, which its
-    implementation cannot run, and FSDP1's NO_SHARD accumulating in bf16)."""
+    the reason (cut at ``width`` characters; plan.csv holds it whole): a plan at scale has few
+    reasons over many rows."""
     lines = []
     for error, rows in sorted(failed.groupby("error", sort=False), key=lambda g: -len(g[1])):
         why = error if len(error) <= width else error[: width - 3].rsplit(" ", 1)[0] + " ..."
         labels = ", ".join(dict.fromkeys(rows["config"]))
         lines.append(f"{len(rows)} x {labels}: {why}")
     return lines
-
-
-def meta(args, target: Target, took_s: float, n: int) -> dict:
-    return {
-        "model": args.model,
-        "world_size": args.world_size,
-        "gpus_per_node": args.gpus_per_node,
-        "device": target.device.name,
-        "device_source": target.device.source,
-        "links": target.topology.about,
-        "global_batch": args.global_batch,
-        "rates": {p: vars(r) for p, r in target.rates.items()},
-        "allowance_gib": target.allowance_gib,
-        "configurations": n,
-        "planning_s": took_s,
-    }
 
 
 VERIFY = {
@@ -177,16 +161,16 @@ def render_verify(df: pd.DataFrame, summary: dict) -> str:
         )
     if "launch_drift_pct" in summary:
         before, after = summary["launch_drift_ms"]
-        said = ""
+        fitted = ""
         if "calibration_error_pct" in summary:
-            said = (
+            fitted = (
                 f" against {summary['calibration_predicted_ms']:.1f} predicted "
                 f"({summary['calibration_error_pct']:+.1f} %: the model's own error where it "
                 "was fitted)"
             )
         lines.append(
             f"the calibration's own configuration ({summary['launch_drift_point']}): "
-            f"{before:.1f} ms in the calibration's launch{said}, {after:.1f} ms in this one "
+            f"{before:.1f} ms in the calibration's launch{fitted}, {after:.1f} ms in this one "
             f"({summary['launch_drift_pct']:+.1f} %: the machine's drift between the two "
             "launches, in every row's error)"
         )

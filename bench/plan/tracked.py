@@ -1,6 +1,6 @@
 """A tracking's figures and their arithmetic: a step's peak per rank with its breakdown and
 its stages, how trackings combine into an extrapolation, and whether a peak moved between two
-of them (``memory.py`` makes them, ``scaling.py`` combines them)."""
+of them (``memory.py`` makes them, ``trackings.py`` combines them)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,8 @@ class Tracked:
     ``stages``: the peak and breakdown of each stage of the step apart (its forward and
     backward, its optimiser step), the step's being the highest. Extrapolated, each stage is
     moved on its own and the step's peak is the highest of them again: the peaks of a
-    stage grow alike with blocks, ranks and micro-batches, but not the two stages alike
-    (llama:1b's DDP with checkpointing peaks in backward at one and two blocks, in AdamW's
-    foreach step at sixteen: extrapolated as one, it read 23 % under its tracking in full)."""
+    stage grow alike with blocks, ranks and micro-batches, but not the two stages alike (the
+    stage that peaks can change with depth: docs/benchmarks.md, "Planned memory")."""
 
     peak_mib: float
     parts_mib: dict[str, float]
@@ -81,10 +80,9 @@ def collinear(a: Tracked, b: Tracked, c: Tracked) -> bool:
     """Whether three trackings of one step with a block more each lie on one line: every part of
     every stage (and each stage's peak) grows by the same from ``b`` to ``c`` as from ``a`` to
     ``b``, and none falls. A peak ``shifted`` calls moved may still grow alike with every
-    block: llama:1b's FSDP2 NO_SHARD with checkpointing, bf16, holds one block's reduced
-    gradients more as temporaries at its backward's peak with every block (116 MiB each from
-    two blocks to sixteen, its tracking in full), which the test of two trackings takes for a
-    moving transient. Asked only of a peak still moving at ``memory.STEPS`` blocks, which
+    block (temporaries holding one block's reduced gradients more with every block, which the
+    test of two trackings takes for a moving transient: docs/benchmarks.md, "Planned memory").
+    Asked only of a peak still moving at ``memory.STEPS`` blocks, which
     would otherwise be tracked in full: three on one line there read that tracking exactly (a
     transient that grows over the first blocks and then stays has stayed by then)."""
     if a.error or b.error or c.error:

@@ -53,6 +53,7 @@ STEPS = {"warmup_steps": 2, "steps": 3, "profile_steps": 1}
 
 
 def _configs(models, batch, ranks, layouts):
+    from bench.plan.families import family_of
     from bench.plan.space import Config
     from parallel_kernels.models import workload
 
@@ -64,12 +65,13 @@ def _configs(models, batch, ranks, layouts):
             if strategy == "tp" and (workload(m).tp_plan is None or ranks % knobs["tp_degree"]):
                 continue
             full = {"activation_checkpointing": "off", "precision": "fp32", "grad_accum": 1}
-            out.append(Config(label, label, m, strategy, impl, {**full, **knobs}, batch, ranks))
+            family = family_of(strategy, impl)
+            out.append(Config(family, label, m, strategy, impl, {**full, **knobs}, batch, ranks))
     return out
 
 
 def predict(models, batch, ranks=2, gpu=False, layouts=()) -> list[dict]:
-    from bench.plan.trackings import track_config
+    from bench.plan.memory import track_config
 
     rows = []
     for c in _configs(models, batch, ranks, layouts):
@@ -105,7 +107,7 @@ def measure(points_file: Path, out_file: Path, backend: str = "auto") -> None:
 
     from bench.runfolder.points import PointRecord
     from bench.runner.session.distenv import init_distributed
-    from bench.runner.train.harness import HarnessConfig, run_point
+    from bench.runner.train.lifecycle import PointSettings, run_point
 
     env = init_distributed(backend=backend)
     cuda = env.device.type == "cuda"
@@ -114,7 +116,7 @@ def measure(points_file: Path, out_file: Path, backend: str = "auto") -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for i, r in enumerate(rows):
             point = replace(PointRecord.from_dict(r["point"]), **STEPS)
-            got = run_point(point, env, HarnessConfig(), Path(tmp) / f"{i}")
+            got = run_point(point, env, PointSettings(), Path(tmp) / f"{i}").as_dict()
             outside = _outside_allocator_mib(env) if cuda else float("nan")
             if env.is_main:
                 measured.append(

@@ -1,9 +1,9 @@
-"""``--verify K``: the K best configurations a plan for this machine predicts (and DDP at its
-defaults), run here in one launch, interleaved: each built once, then timed one step of each
-per cycle in a fresh random order (the sweep's cohorts, ``bench/runner/train/interleave.py``),
-so that what the machine does meanwhile falls on all of them alike; one launch each would
-measure each in its own state of the machine (docs/benchmarks.md, "The calibration").
-Measured against predicted: step time and peak memory
+"""The verification stage, ``--verify K``: the K best configurations a plan for this machine
+predicts (and DDP at its defaults), run here in one launch, interleaved: each built once, then
+timed one step of each per cycle in a fresh random order (the sweep's cohorts,
+``bench/runner/train/cycles.py``), so that what the machine does meanwhile falls on all of
+them alike; one launch each would measure each in its own state of the machine
+(docs/benchmarks.md, "The calibration"). Measured against predicted: step time and peak memory
 side by side in ``verify.csv``, Spearman's rank correlation of the steps, and whether the
 measured best is the predicted best or tied with it (the paired comparison of their cycles,
 ``bench.stats.paired``). The launch is a run folder under ``DIR/verify/``.
@@ -18,8 +18,9 @@ from pathlib import Path
 import pandas as pd
 from scipy import stats
 
-from bench.plan.calibrate import CALIBRATION
+from bench.plan.calibration import CALIBRATION
 from bench.plan.launch import describe, launch_points, role
+from bench.plan.request import PlanRequest
 from bench.runfolder.points import RunFolderError, read_points
 from bench.runfolder.schema import read_results, read_samples
 from bench.stats.paired import DECIDED, look_confidence, versus_best_paired
@@ -31,10 +32,10 @@ VERDICT_GROUP = "plan verification"
 BUDGET = ["--max-point-s", "6", "--rounds", "1", "--warmup-steps", "3", "--profile-steps", "1"]
 
 
-# What a row says beyond its name: two rows alike in all of these the plan cannot tell apart
+# What a row says beyond its name: two rows alike in all of these the plan cannot distinguish
 # (DDP's bucket sizes where the model's gradients fill one bucket of each: the same schedule,
 # step and memory), and timing both would measure only the machine's noise.
-TOLD_APART = (
+DISTINGUISHING = (
     "family",
     "strategy",
     "impl",
@@ -49,11 +50,11 @@ TOLD_APART = (
 
 
 def picks(rows: pd.DataFrame, k: int) -> pd.DataFrame:
-    """The first ``k`` fitting, timed rows (the plan's ranking) that the plan tells apart
-    (``TOLD_APART``: of rows alike, the first stands for them, or DDP at its defaults where it
-    is one of them), and DDP at its defaults (25 MB buckets, fp32, no checkpointing, no
-    accumulation) where it is not among them: the calibration's own point, whose two launches
-    give their drift (``launch_drift``)."""
+    """The first ``k`` fitting, timed rows (the plan's ranking) that differ in what the plan
+    predicts (``DISTINGUISHING``: of rows alike, the first is verified for them all, or DDP at
+    its defaults where it is one of them), and DDP at its defaults (25 MB buckets, fp32, no
+    checkpointing, no accumulation) where it is not among them: the calibration's own point,
+    whose two launches give their drift (``launch_drift``)."""
     ok = rows[rows["fits"] & rows["step_ms"].notna()]
     default = ok[
         (ok["config"] == DEFAULT_DDP["config"])
@@ -61,15 +62,15 @@ def picks(rows: pd.DataFrame, k: int) -> pd.DataFrame:
         & (ok["activation_checkpointing"] == DEFAULT_DDP["activation_checkpointing"])
         & (ok["grad_accum"] == 1)
     ].index[:1]
-    alike = ok[[c for c in TOLD_APART if c in ok.columns]].astype(str).apply(tuple, axis=1)
-    stand_in = {alike[i]: i for i in default}
-    chosen, seen = [], set()
+    alike = ok[[c for c in DISTINGUISHING if c in ok.columns]].astype(str).apply(tuple, axis=1)
+    verified_as = {alike[i]: i for i in default}
+    chosen, picked = [], set()
     for i in ok.index:
         if len(chosen) == k:
             break
-        if alike[i] not in seen:
-            seen.add(alike[i])
-            chosen.append(stand_in.get(alike[i], i))
+        if alike[i] not in picked:
+            picked.add(alike[i])
+            chosen.append(verified_as.get(alike[i], i))
     chosen += [i for i in default if i not in chosen]
     return ok.loc[chosen]
 
@@ -125,13 +126,12 @@ def _measured(out: Path, n: int, failure: str) -> list[dict]:
 
 
 def verify(
-    rows: pd.DataFrame, k: int, world: int, out: Path, timeout_s: float = 600.0, progress=print
+    rows: pd.DataFrame, request: PlanRequest, out: Path, timeout_s: float = 600.0, progress=print
 ) -> tuple[pd.DataFrame, dict]:
-    """(verify.csv's rows, the summary): the picks timed together in one launch, each one's
-    memory measured there on a build of its own (as a point's is: the others' do not count;
-    until run folder 2.11 a launch of its own per pick, whose peaks the cohort's now equal to
-    the 0.0001 MiB, llama:tiny's four picks at 2 ranks)."""
-    chosen = picks(rows, k)
+    """(verify.csv's rows, the summary): the ``request.verify`` picks timed in one launch of
+    its world size here, each one's memory measured there on a build of its own (as a point's
+    is: the others' do not count)."""
+    chosen, world = picks(rows, request.verify), request.world_size
     progress(f"verify: {len(chosen)} configurations, interleaved in one launch of {world} ranks")
     folder = out / "verify"
     measured = _measured(folder, len(chosen), _launch(chosen, world, folder, timeout_s))
@@ -168,7 +168,7 @@ def verify(
 
 def launch_drift(calibration: Path, verification: Path) -> dict:
     """The calibration's own configuration measured again by the verification: the point of
-    the calibration launch (``calibrate.calibration_launch``) whose model,
+    the calibration launch (``calibration.calibration_launch``) whose model,
     strategy, implementation, knobs, batch and ranks a verified point has, and its step in each
     launch. Its change is the two launches' drift, which every row's error holds, not the
     model's (docs/benchmarks.md, "The calibration"): ``launch_drift_pct``, empty where no

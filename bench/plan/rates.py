@@ -1,43 +1,49 @@
-"""The computation's rate from profiled steps of the model: what ``--compute`` reads, and the
-short launch the planner makes where it plans for this machine.
+"""The computation's rate, fitted to profiled steps of the model: the arithmetic the calibration
+(``calibration.py``) applies to ``--compute`` runs and to its own launch's points.
 
 A step's computation (the analyser's ``compute_ms``: the main thread's work less its
 collectives) of ``a`` micro-batches of ``m`` samples is ``a (c + k m) + o``: ``c`` what a
 micro-batch costs whatever its size (launches, Python), ``k m`` its FLOPs at the rate ``R``,
-``o`` the optimiser step (AdamW's traffic, ``timing.ADAMW_BYTES_PER_PARAM``). Two DDP points,
-``B`` samples per replica in one micro-batch and in ``a``, give ``c = (T_a - T_1) / (a - 1)``
-and ``R = F / (T_1 - c - o)`` (``F``: the rank's FLOPs per step, the harness's count); one
-point gives ``R`` with ``c = 0``. Another device's rate is this one's times the ratio of the
-two devices' peaks at the precision.
+``o`` the optimiser step (AdamW's traffic, ``ADAMW_BYTES_PER_PARAM``). Two DDP points, ``B``
+samples per replica in one micro-batch and in ``a``, give ``c = (T_a - T_1) / (a - 1)`` and
+``R = F / (T_1 - c - o)`` (``F``: the rank's FLOPs per step, the harness's count); one point
+gives ``R`` with ``c = 0``. Another device's rate is this one's times the ratio of the two
+devices' peaks at the precision.
 
 A CPU plan also measures what the FLOPs at that rate miss, as this host's costs, taken for its
 own plans only (the plan's first precision):
 
 - ``ckpt_factor``: DDP checkpointed over DDP plain (``B`` samples), against what the rate
   predicts; a checkpoint replays the forward's launches and Python and keeps books of its
-  own. It multiplies a checkpointed micro-batch's computation (``timing.compute_profile``).
+  own. It multiplies a checkpointed micro-batch's computation (``step_time.compute_profile``).
 - ``fsdp_ms``: each FSDP implementation at three shardings (``B`` samples) less DDP: the
   copies into and out of its collectives' buffers, its hooks.
 - ``tp_ms``: each TP implementation over all its ranks (the ranks' samples, so that a rank
   computes DDP's FLOPs) less DDP, scaled to its FLOPs: DTensor decides each op's sharding in
   Python, a cost per op, so it is taken for every TP degree of the plan.
 
-All are points of one launch (``calibration_launch``), interleaved in its cycles, so that the
-machine's drift falls on all of them alike. The measurements behind these choices:
-docs/benchmarks.md, "The calibration".
+The measurements behind these choices: docs/benchmarks.md, "The calibration".
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
+import torch
 
-from bench.plan.launch import launch_points, role, run_bench
+from bench.plan.launch import role
 from bench.runfolder.points import RunFolderError, read_points
 from bench.runfolder.schema import read_results, read_samples
+from parallel_kernels.models import workload
+
+ADAMW_BYTES_PER_PARAM = 28
+# The roles of a calibration launch's points (``calibration.calibration_launch``), their ids'
+# prefixes: DDP in one micro-batch and in several, checkpointed, FSDP's and TP's own work.
+ONE, MANY, CKPT, FSDP, TP = "one", "many", "ckpt", "fsdp", "tp"
 
 
 @dataclass(frozen=True)
@@ -126,17 +132,17 @@ def _fit(
     for _, row in one.iterrows():
         precision = str(row["value"])
         t1 = _computation_ms(row)
-        c, said = 0.0, ""
+        c, note = 0.0, ""
         match = many[many["value"].astype(str) == precision]
         if a > 1 and not match.empty:
             delta = (paired or {}).get(precision)
             if delta is None:
                 delta = _computation_ms(match.iloc[0]) - t1
             else:
-                said = ", paired cycle by cycle"
+                note = ", paired cycle by cycle"
             c = max(0.0, delta / (a - 1))
             if t1 - c - optimiser_ms <= 0:
-                c, said = 0.0, f"; none per micro-batch {then}: it read more than the whole step"
+                c, note = 0.0, f"; none per micro-batch {then}: it read more than the whole step"
         compute_ms = t1 - c - optimiser_ms
         if compute_ms <= 0:
             compute_ms = t1 - c
@@ -145,102 +151,10 @@ def _fit(
         how += f"samples {at}"
         if c:
             how += f", {c:.2f} ms per micro-batch {then}"
-        rates[precision] = Rate(tflops, c, how + said)
+        rates[precision] = Rate(tflops, c, how + note)
     if not rates or any(not math.isfinite(r.tflops) for r in rates.values()):
         raise ValueError(f"no rate could be fitted {at}")
     return rates
-
-
-def collectives_run(out: Path, ranks: int, timeout_s: float = 600) -> Path:
-    """A short ``--sweep message_size`` run on ``ranks`` ranks here of the collectives the
-    schedules price (all-reduce, all-gather, reduce-scatter; native, 4 KiB to 16 MiB), whose
-    fit prices a CPU plan's communication as this machine runs it: the link presets are GPU
-    fabrics, far faster than gloo on a CPU (docs/benchmarks.md, "The calibration")."""
-    run = out / "collectives"
-    args = [
-        "--sweep",
-        "message_size",
-        "--collectives",
-        "all_reduce,all_gather,reduce_scatter",
-        "--impl",
-        "native",
-        "-b",
-        "4K",
-        "-e",
-        "16M",
-        "-f",
-        "4",
-    ]
-    return _launch_here(args, ranks, run, "the collectives", timeout_s)
-
-
-def _launch_here(args: list[str], ranks: int, run: Path, what: str, timeout_s: float) -> Path:
-    """A calibration run of ``bench/run.py`` on ``ranks`` ranks here into ``run``, or the
-    ValueError that says why it failed (one line)."""
-    args = [*args, "--nproc-per-node", str(ranks), "--no-report", "--out", str(run)]
-    failure = run_bench(args, timeout_s)
-    if failure:
-        raise ValueError(f"the calibration run of {what} failed: {failure}")
-    return run
-
-
-# The roles of a calibration launch's points (``calibration_launch``), their ids' prefixes.
-ONE, MANY, CKPT, FSDP, TP = "one", "many", "ckpt", "fsdp", "tp"
-FSDP_CALIBRATED = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD")  # HYBRID_SHARD needs 4 ranks
-CALIBRATION_GROUP = "plan calibration"
-CALIBRATION = Path("calibration") / "training"  # a plan's folder: the launch's run folder
-# A point's seconds of interleaved cycles, and three traced steps: its computation is the
-# analyser's, which one step leaves noisy.
-BUDGET = ["--max-point-s", "4", "--rounds", "1", "--warmup-steps", "3", "--profile-steps", "3"]
-
-
-def calibration_launch(
-    model: str,
-    precisions: tuple[str, ...],
-    per_replica: int,
-    out: Path,
-    ranks: int,
-    *,
-    ckpt: bool = False,
-    fsdp: tuple[str, ...] = (),
-    tp: tuple[str, ...] = (),
-    timeout_s: float = 600,
-) -> Path:
-    """The calibration's points, all in one launch of ``ranks`` ranks here, interleaved in its
-    cycles (``launch.launch_points``): DDP with ``per_replica`` samples in one micro-batch
-    (``ONE``) and in 4 (or 2) accumulated ones (``MANY``, where the batch splits), each
-    precision; and at the first precision, ``per_replica`` samples in one micro-batch, DDP with
-    activation checkpointing (``CKPT``, where ``ckpt``), each FSDP implementation of ``fsdp``
-    at ``FSDP_CALIBRATED`` (``FSDP``) and each TP implementation of ``tp`` over the ``ranks``
-    with their ``ranks * per_replica`` samples (``TP``: a rank's FLOPs are DDP's). The folder
-    ``out``, or the ValueError that says why the launch failed (one line)."""
-    first = precisions[0]
-    ddp = ["--model", model, "--impl", "native", *BUDGET]
-    named = [(ONE, model, ["--sweep", "precision", "--values", ",".join(precisions), *ddp,
-                           "--batch-size", str(per_replica)])]  # fmt: skip
-    splits = [a for a in (4, 2) if per_replica % a == 0]
-    if splits:
-        a = splits[0]
-        named.append((MANY, f"{model} accumulating {a}", [
-            "--sweep", "precision", "--values", ",".join(precisions), *ddp,
-            "--batch-size", str(per_replica // a), "--option", f"grad_accum={a}"]))  # fmt: skip
-    at_first = ["--batch-size", str(per_replica), "--option", f"precision={first}"]
-    if ckpt:
-        named.append((CKPT, f"{model}'s checkpointing", [
-            "--sweep", "activation_checkpointing", "--values", "on", *ddp, *at_first]))  # fmt: skip
-    if fsdp:
-        named.append((FSDP, f"{model}'s FSDP", [
-            "--sweep", "sharding_strategy", "--values", ",".join(FSDP_CALIBRATED),
-            "--model", model, "--impl", ",".join(fsdp), *BUDGET, *at_first]))  # fmt: skip
-    if tp:
-        named.append((TP, f"{model}'s TP", [
-            "--sweep", "tp_degree", "--values", str(ranks), "--model", model,
-            "--impl", ",".join(tp), *BUDGET, "--batch-size", str(per_replica * ranks),
-            "--option", f"precision={first}"]))  # fmt: skip
-    failure = launch_points(named, ranks, out, CALIBRATION_GROUP, timeout_s)
-    if failure:
-        raise ValueError(f"the calibration launch of {model} failed: {failure}")
-    return out
 
 
 def launch_tables(run: Path) -> dict[str, pd.DataFrame]:
@@ -355,3 +269,24 @@ def ckpt_factor(off: dict, on: dict, rate: Rate, optimiser_ms: float, recompute:
     flops_ms = float(off["flops_per_step"]) / (rate.tflops * 1e12) * 1e3
     predicted = (recompute * flops_ms + rate.micro_ms) / (flops_ms + rate.micro_ms)
     return measured / predicted
+
+
+@functools.cache
+def param_bytes(model: str) -> tuple[int, ...]:
+    """The plain model's parameters' fp32 bytes in backward's order (registration reversed),
+    a tied one once; from the model on the meta device (no memory)."""
+    with torch.device("meta"):
+        twin = workload(model).build()
+    counted, sizes = set(), []
+    for p in twin.parameters():
+        if id(p) not in counted:
+            counted.add(id(p))
+            sizes.append(4 * p.numel())
+    return tuple(reversed(sizes))
+
+
+def optimiser_ms(state_bytes: float, bandwidth_GBps: float) -> float:
+    """AdamW's step over the parameters a rank holds (ZeRO's 16 bytes of state per parameter):
+    28 bytes of traffic per parameter (reads of the parameter, gradient and two moments, writes
+    of three) at the device's memory bandwidth."""
+    return 1e3 * state_bytes / 16 * ADAMW_BYTES_PER_PARAM / (bandwidth_GBps * 1e9)

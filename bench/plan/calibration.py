@@ -1,0 +1,350 @@
+"""Calibration: the target a plan is for, made once: its device's peaks, its links and its
+computation's rate per precision, measured here where the plan is for this machine.
+
+The rate comes from ``--compute`` runs (scaled by the target's peak over theirs), from one
+short launch of the model's points here for a CPU target (``calibration_launch``, fitted by
+``rates.py``), or from the peak times an assumed MFU. The links are presets (``--link``), a
+fitted ``--collectives`` run, or, on a CPU target given neither, this machine's collectives
+measured by a short run (``collectives_run``). The launches are the planner's only work before
+its rows; each failure is one line (a ``ValueError``).
+
+The calibration launch's points are interleaved in its cycles, so that the machine's drift
+falls on all of them alike (docs/benchmarks.md, "The calibration").
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import pandas as pd
+
+from bench.model.errors import FitError
+from bench.model.predict import overlap_share
+from bench.plan.devices import Device
+from bench.plan.families import FAMILIES, OP_DISPATCH, UNIT_COPIES
+from bench.plan.launch import launch_points, run_bench
+from bench.plan.memory import recompute_ratio
+from bench.plan.rates import (
+    CKPT,
+    FSDP,
+    MANY,
+    ONE,
+    TP,
+    Rate,
+    at_precision,
+    fit_launch,
+    fit_rates,
+    fsdp_extra,
+    launch_ckpt_factor,
+    launch_tables,
+    optimiser_ms,
+    param_bytes,
+    tp_extra,
+)
+from bench.plan.request import OPTIONS, PlanRequest
+from bench.plan.space import Config, names_checkpoint_units
+from bench.plan.topology import Topology
+from bench.runfolder import peaks
+from bench.runfolder.schema import read_results
+
+DEFAULT_MFU_PCT = 40.0  # what a tuned dense training step reaches on recent GPUs (torchtitan)
+FSDP_CALIBRATED = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD")  # HYBRID_SHARD needs 4 ranks
+CALIBRATION_GROUP = "plan calibration"
+CALIBRATION = Path("calibration") / "training"  # a plan's folder: the launch's run folder
+# A point's seconds of interleaved cycles, and three traced steps: its computation is the
+# analyser's, which one step leaves noisy.
+BUDGET = ["--max-point-s", "4", "--rounds", "1", "--warmup-steps", "3", "--profile-steps", "3"]
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the rows are predicted on: the calibration's hand-off."""
+
+    device: Device
+    topology: Topology
+    peak_tflops: Callable[[str], float]  # precision -> the device's peak
+    peak_source: Callable[[str], str]
+    allowance_gib: float  # memory the allocator does not see (CUDA context, NCCL buffers)
+    global_batch: int
+    rates: dict[str, Rate] = field(default_factory=dict)  # precision -> computation's rate
+
+
+@dataclass(frozen=True)
+class Peaks:
+    tflops: Callable[[str], float]  # precision -> the device's peak, TFLOP/s
+    source: Callable[[str], str]  # precision -> where that figure comes from
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """What a CPU plan's calibration launch measures (``calibration_launch``): DDP at each
+    precision, and where the plan holds rows they apply to, checkpointing's cost and the own
+    work of each FSDP and TP implementation (``families.UNIT_COPIES``, ``OP_DISPATCH``)."""
+
+    model: str
+    precisions: tuple[str, ...]
+    per_replica: int  # samples per replica of the plan's global batch
+    ranks: int  # launched here
+    ckpt: bool = False
+    fsdp: tuple[str, ...] = ()
+    tp: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        what = (
+            ["DDP"]
+            + (["checkpointing"] if self.ckpt else [])
+            + [f"FSDP ({', '.join(self.fsdp)})"] * bool(self.fsdp)
+            + [f"TP ({', '.join(self.tp)})"] * bool(self.tp)
+        )
+        return (
+            f"{self.model}, {', '.join(what)} on {self.ranks} ranks here, {self.per_replica} "
+            "per replica, interleaved in one launch"
+        )
+
+
+def launch_plan(request: PlanRequest, configs: list[Config]) -> LaunchPlan:
+    """The calibration launch the plan's configurations need: their precisions, and what they
+    hold beyond DDP (a model without checkpoint units has no checkpointed row to time: its
+    point would fail; TP needs two ranks here)."""
+
+    def impls(own_work: str) -> tuple[str, ...]:
+        return tuple(
+            dict.fromkeys(c.impl for c in configs if FAMILIES[c.family].own_work == own_work)
+        )
+
+    ranks = request.ranks_here
+    return LaunchPlan(
+        model=request.model,
+        precisions=tuple(dict.fromkeys(c.knobs["precision"] for c in configs)),
+        per_replica=request.global_batch // request.world_size or 1,
+        ranks=ranks,
+        ckpt=names_checkpoint_units(request.model) and any(c.checkpointed for c in configs),
+        fsdp=impls(UNIT_COPIES),
+        tp=impls(OP_DISPATCH) if ranks > 1 else (),
+    )
+
+
+def calibrate(request: PlanRequest, configs: list[Config], out: Path) -> Target:
+    """The target of ``request``: its computation's rates and its links, measured here (into
+    ``out``) where the plan is for this machine."""
+    peak = _peaks(request.device)
+    topology = _links(request)
+    rates = computation_rates(request, peak, launch_plan(request, configs), out)
+    return Target(
+        device=request.device,
+        topology=collectives_here(request, topology, out),
+        peak_tflops=peak.tflops,
+        peak_source=peak.source,
+        allowance_gib=request.allowance,
+        global_batch=request.global_batch,
+        rates=rates,
+    )
+
+
+def _peaks(dev: Device) -> Peaks:
+    """The target device's peaks: this host's measured (a matmul, when first asked), or a
+    GPU's datasheet figures."""
+    if not dev.gpu_name:
+        import torch
+
+        from bench.runner.measure.flops import measured_peak
+
+        cpu = torch.device("cpu")
+        return Peaks(lambda p: measured_peak(cpu, p).tflops, lambda p: measured_peak(cpu, p).source)
+    missing = [p for p in OPTIONS["precision"] if peaks.datasheet_peak(dev.gpu_name, p) is None]
+    if missing:
+        raise ValueError(f"device {dev.name} has no {missing[0]} datasheet peak")
+    return Peaks(
+        lambda p: peaks.datasheet_peak(dev.gpu_name, p).tflops,
+        lambda p: peaks.datasheet_peak(dev.gpu_name, p).source,
+    )
+
+
+def _links(request: PlanRequest) -> Topology:
+    """The links, or with ``--collectives`` this machine's fitted collectives; on a CPU target
+    the share of a core computation keeps beside gloo's thread (``predict.overlap_share``)."""
+    share = 1.0
+    if not request.device.gpu_name:
+        share = overlap_share({"device": "cpu", "ranks_per_node": request.ranks_here})
+    if request.collectives is None:
+        return Topology.of_links(request.links, request.gpus_per_node, share)
+    try:
+        return Topology.fitted(request.collectives, request.gpus_per_node, share)
+    except (OSError, FitError) as e:
+        raise ValueError(f"--collectives {request.collectives}: {e}") from None
+
+
+def collectives_here(request: PlanRequest, topology: Topology, out: Path) -> Topology:
+    """``topology``, but on a CPU target given neither ``--collectives`` nor ``--link``: this
+    machine's collectives, measured by a short run on the ranks its computation is calibrated
+    on (``collectives_run``), and fitted."""
+    ranks = request.ranks_here
+    if request.device.gpu_name or request.collectives is not None or request.link is not None:
+        return topology
+    if ranks < 2:  # nothing is communicated
+        return topology
+    print(f"calibrating: the collectives on {ranks} ranks here")
+    run = collectives_run(out / "calibration", ranks)
+    try:
+        return Topology.fitted(run, request.gpus_per_node, topology.share)
+    except (OSError, FitError) as e:
+        raise ValueError(f"the collectives' calibration run {run}: {e}") from None
+
+
+def computation_rates(
+    request: PlanRequest, peak: Peaks, launch: LaunchPlan, out: Path
+) -> dict[str, Rate]:
+    """Per precision, the computation's rate on the target: fitted to ``--compute`` runs, to
+    ``launch`` made here for a CPU target (``calibrated``), or the peak times an assumed MFU."""
+    if not request.compute and not request.device.gpu_name and request.mfu is None:
+        return calibrated(request, peak, launch, out)
+    return rates_of(request, peak, launch.precisions)
+
+
+def calibrated(request: PlanRequest, peak: Peaks, launch: LaunchPlan, out: Path) -> dict:
+    """``computation_rates`` fitted to one short launch here (``calibration_launch``), at the
+    plan's first precision and taken for every precision: DDP's rate, and where the launch
+    holds them, checkpointing's cost and the FSDP and TP implementations' own work."""
+    print(f"calibrating: {launch.describe()}")
+    run = calibration_launch(launch, out / CALIBRATION)
+    tables = launch_tables(run)
+    o = _optimiser_ms(request)
+    fitted = _scaled(fit_launch(tables, o, run), run, request, peak, launch.precisions)
+    first = launch.precisions[0]
+    notes, extra = [], {}
+    if launch.ckpt:
+        recompute = recompute_ratio(request.model, launch.per_replica)
+        factor = launch_ckpt_factor(tables, run, first, fitted[first], o, recompute)
+        notes.append(f"checkpointing x{factor:.2f} its FLOPs' time")
+        extra["ckpt_factor"] = factor
+    notes += _own_work(tables, launch, extra)
+    if not notes:
+        return fitted
+    return {p: replace(r, **extra, source="; ".join([r.source, *notes])) for p, r in fitted.items()}
+
+
+def _own_work(tables: dict[str, pd.DataFrame], launch: LaunchPlan, extra: dict) -> list[str]:
+    """The FSDP and TP implementations' own work per step the launch measured, into ``extra``
+    (``Rate``'s ``fsdp_ms`` and ``tp_ms``), and the console's words for it."""
+    notes = []
+    ddp = at_precision(tables[ONE], launch.precisions[0])
+    if launch.fsdp:
+        extra["fsdp_ms"] = fsdp_extra(tables.get(FSDP, tables[ONE].iloc[:0]), ddp)
+        own = ", ".join(
+            f"{impl} {sharding} {ms:.1f} ms"
+            for impl, by in sorted(extra["fsdp_ms"].items())
+            for sharding, ms in sorted(by.items())
+        )
+        notes.append(f"FSDP's own work per step: {own}")
+    if launch.tp:
+        extra["tp_ms"] = tp_extra(tables.get(TP, tables[ONE].iloc[:0]), ddp)
+        own = ", ".join(f"{impl} {ms:.1f} ms" for impl, ms in sorted(extra["tp_ms"].items()))
+        notes.append(f"TP's own work per step: {own or 'not measured (its point failed)'}")
+    return notes
+
+
+def rates_of(request: PlanRequest, peak: Peaks, precisions: tuple[str, ...]) -> dict:
+    """``computation_rates``' figures from the ``--compute`` runs (none: the assumed or given
+    MFU)."""
+    runs = list(request.compute)
+    if not runs:
+        pct = DEFAULT_MFU_PCT if request.mfu is None else request.mfu
+        how = "assumed" if request.mfu is None else "given"
+        return {
+            p: Rate(peak.tflops(p) * pct / 100, 0.0, f"{how} MFU {pct:g} % of {peak.source(p)}")
+            for p in precisions
+        }
+    fitted = fit_rates(runs, _optimiser_ms(request))
+    return _scaled(fitted, runs[0], request, peak, precisions)
+
+
+def _scaled(
+    fitted: dict[str, Rate], run: Path, request: PlanRequest, peak: Peaks, precisions
+) -> dict:
+    """Fitted rates on the target: times its peak over the peak they were measured against
+    (``run``'s), each precision the plan holds."""
+    missing = [p for p in precisions if p not in fitted]
+    if missing:
+        raise ValueError(
+            f"--compute: no {missing[0]} point of {request.model} to fit its rate from"
+        )
+    # the same device when the target is this host: no ratio (two measurements of one peak)
+    gpu = request.device.gpu_name
+    peaks_there = {p: _peak_of(run, p) if gpu else peak.tflops(p) for p in precisions}
+    return {
+        p: Rate(
+            fitted[p].tflops * peak.tflops(p) / peaks_there[p],
+            fitted[p].micro_ms * peaks_there[p] / peak.tflops(p),
+            f"fitted ({fitted[p].source}), x{peak.tflops(p) / peaks_there[p]:.3g} peaks",
+        )
+        for p in precisions
+    }
+
+
+def _optimiser_ms(request: PlanRequest) -> float:
+    """AdamW's step over the whole model on the target: what the fits take out of a DDP
+    step's computation (ZeRO's 16 bytes of state per fp32 parameter)."""
+    params = sum(param_bytes(request.model)) / 4
+    return optimiser_ms(16 * params, request.device.bandwidth_GBps)
+
+
+def _peak_of(run: Path, precision: str) -> float:
+    """The peak a run's points of ``precision`` were measured against (its results.csv)."""
+    df = read_results(run)
+    rows = df[(df["status"] == "ok") & (df["value"].astype(str) == precision)]
+    return float(rows["peak_tflops"].iloc[0]) if not rows.empty else math.nan
+
+
+def collectives_run(out: Path, ranks: int, timeout_s: float = 600) -> Path:
+    """A short ``--sweep message_size`` run on ``ranks`` ranks here of the collectives the
+    schedules price (all-reduce, all-gather, reduce-scatter; native, 4 KiB to 16 MiB), whose
+    fit prices a CPU plan's communication as this machine runs it: the link presets are GPU
+    fabrics, far faster than gloo on a CPU (docs/benchmarks.md, "The calibration")."""
+    run = out / "collectives"
+    args = ["--sweep", "message_size", "--collectives", "all_reduce,all_gather,reduce_scatter"]
+    args += ["--impl", "native", "-b", "4K", "-e", "16M", "-f", "4"]
+    args += ["--nproc-per-node", str(ranks), "--no-report", "--out", str(run)]
+    failure = run_bench(args, timeout_s)
+    if failure:
+        raise ValueError(f"the calibration run of the collectives failed: {failure}")
+    return run
+
+
+def calibration_launch(launch: LaunchPlan, out: Path, timeout_s: float = 600) -> Path:
+    """The calibration's points, all in one launch of ``launch.ranks`` ranks here, interleaved
+    in its cycles (``launch.launch_points``): DDP with ``per_replica`` samples in one
+    micro-batch (``ONE``) and in 4 (or 2) accumulated ones (``MANY``, where the batch splits),
+    each precision; and at the first precision, ``per_replica`` samples in one micro-batch, DDP
+    with activation checkpointing (``CKPT``, where ``ckpt``), each FSDP implementation of
+    ``fsdp`` at ``FSDP_CALIBRATED`` (``FSDP``) and each TP implementation of ``tp`` over the
+    ranks with their ``ranks * per_replica`` samples (``TP``: a rank's FLOPs are DDP's). The
+    folder ``out``, or the ValueError that says why the launch failed (one line)."""
+    model, per_replica, precisions = launch.model, launch.per_replica, launch.precisions
+    ddp = ["--model", model, "--impl", "native", *BUDGET]
+    each = ["--sweep", "precision", "--values", ",".join(precisions), *ddp]
+    named = [(ONE, model, [*each, "--batch-size", str(per_replica)])]
+    splits = [a for a in (4, 2) if per_replica % a == 0]
+    if splits:
+        a = splits[0]
+        accumulating = ["--batch-size", str(per_replica // a), "--option", f"grad_accum={a}"]
+        named.append((MANY, f"{model} accumulating {a}", [*each, *accumulating]))
+    at_first = ["--batch-size", str(per_replica), "--option", f"precision={precisions[0]}"]
+    if launch.ckpt:
+        ckpt = ["--sweep", "activation_checkpointing", "--values", "on", *ddp, *at_first]
+        named.append((CKPT, f"{model}'s checkpointing", ckpt))
+    if launch.fsdp:
+        fsdp = ["--sweep", "sharding_strategy", "--values", ",".join(FSDP_CALIBRATED)]
+        fsdp += ["--model", model, "--impl", ",".join(launch.fsdp), *BUDGET, *at_first]
+        named.append((FSDP, f"{model}'s FSDP", fsdp))
+    if launch.tp:
+        tp = ["--sweep", "tp_degree", "--values", str(launch.ranks), "--model", model]
+        tp += ["--impl", ",".join(launch.tp), *BUDGET]
+        tp += ["--batch-size", str(per_replica * launch.ranks), "--option", at_first[-1]]
+        named.append((TP, f"{model}'s TP", tp))
+    failure = launch_points(named, launch.ranks, out, CALIBRATION_GROUP, timeout_s)
+    if failure:
+        raise ValueError(f"the calibration launch of {model} failed: {failure}")
+    return out

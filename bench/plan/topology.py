@@ -1,0 +1,57 @@
+"""The target's links: what a collective costs inside a node and across nodes, from link presets
+(``bench.model.links``) or from collectives fitted to a ``--sweep message_size`` run of this
+machine, and the share of a core computation keeps while communication runs beside it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.model.comm import load_runs
+from bench.model.links import LinkCosts, parse_link
+
+DEFAULT_LINKS = "nvlink4,ib_ndr"  # a GPU target's, where --link is not given
+
+
+def link_names(links: str) -> list[str]:
+    """``--link``'s one or two links (inside a node, across nodes), each a preset or
+    ``alpha=..,bw=..``: checked, or a one-line ValueError."""
+    names = [t for t in links.split(",") if t.strip()] or ["nvlink4"]
+    if len(names) > 2:
+        raise ValueError(f"--link takes one or two links (intra-node,inter-node), got {links}")
+    for name in names:
+        parse_link(name)
+    return names
+
+
+@dataclass(frozen=True)
+class Topology:
+    """The costs of a collective inside a node and across nodes (``time(collective, bytes,
+    ranks)``: a link preset's, or collectives fitted on this machine), and the share of a core
+    computation keeps while communication runs beside it (``predict.overlap_share``)."""
+
+    intra: object
+    inter: object
+    gpus_per_node: int
+    about: str
+    share: float = 1.0
+
+    @classmethod
+    def of_links(cls, links: str, gpus_per_node: int, share: float = 1.0) -> Topology:
+        names = link_names(links)
+        intra, inter = LinkCosts(parse_link(names[0])), LinkCosts(parse_link(names[-1]))
+        about = f"inside a node {intra.link.describe()}; across nodes {inter.link.describe()}"
+        return cls(intra, inter, gpus_per_node, about, share)
+
+    @classmethod
+    def fitted(cls, run: Path, gpus_per_node: int, share: float) -> Topology:
+        """Collectives fitted to a ``--sweep message_size`` run of this machine, both links."""
+        costs = load_runs([run])
+        return cls(
+            costs, costs, gpus_per_node, f"{costs.backend} collectives fitted to {run}", share
+        )
+
+    def of_world(self, world: int):
+        """The costs of a group of ``world`` ranks laid from the first: inside a node while it
+        fits in one, else across nodes (a ring is as slow as its slowest hop)."""
+        return self.intra if world <= self.gpus_per_node else self.inter
