@@ -18,6 +18,7 @@ gloo send handle can stall its peer).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -111,6 +112,16 @@ _Segments = Callable[[int], list[tuple[int, int]]]  # chunk index (mod n) -> its
 _Recv = tuple[dist.Work, torch.Tensor, int, int]  # (receive, landing buffer, start, stop)
 
 
+@dataclass(frozen=True)
+class _Phases:
+    """What a pipelined ring does: a reduce-scatter with ``reduce`` (None: none), then an
+    all-gather (``gather``); each rank's reduced chunk divided by ``divide_by`` (an average)."""
+
+    reduce: Reduce | None
+    gather: bool
+    divide_by: int | None = None
+
+
 def _post_reduce_scatter(
     ring: Ring, src: torch.Tensor, bounds: list[int], segs: _Segments
 ) -> list[list[_Recv]]:
@@ -139,18 +150,12 @@ def _post_reduce_scatter(
 
 
 def _reduce_scatter_steps(
-    ring: Ring,
-    src: torch.Tensor,
-    dst: torch.Tensor,
-    rs_recvs: list[list[_Recv]],
-    reduce: Reduce,
-    *,
-    gather: bool,
-    divide_by: int | None,
+    ring: Ring, src: torch.Tensor, dst: torch.Tensor, rs_recvs: list[list[_Recv]], phases: _Phases
 ) -> None:
     """Reduce each received segment into ``dst`` and forward it at once: to the next step, or
     after the last step (divided by ``divide_by``) as the first all-gather send."""
     n = ring.n
+    reduce, gather, divide_by = phases.reduce, phases.gather, phases.divide_by
     for step, recvs in enumerate(rs_recvs):
         last = step == n - 2
         for k, (work, incoming, a, b) in enumerate(recvs):
@@ -170,22 +175,14 @@ def _reduce_scatter_steps(
 
 
 def _pipelined_ring(
-    ring: Ring,
-    src: torch.Tensor,
-    dst: torch.Tensor,
-    bounds: list[int],
-    seg: int,
-    *,
-    reduce: Reduce | None,
-    gather: bool,
-    divide_by: int | None = None,
+    ring: Ring, src: torch.Tensor, dst: torch.Tensor, bounds: list[int], seg: int, phases: _Phases
 ) -> None:
-    """Ring reduce-scatter (when ``reduce``) then ring all-gather (when ``gather``), pipelined
-    segment by segment across steps and across the two phases.
+    """Ring reduce-scatter (when ``phases.reduce``) then ring all-gather (when
+    ``phases.gather``), pipelined segment by segment across steps and across the two phases.
 
     Reduce-scatter step s sends chunk (r - s - 1) and receives chunk (r - s - 2), which it
     reduces with the local ``src`` chunk into ``dst``; after n - 1 steps ``dst`` chunk r is
-    complete (divided by ``divide_by`` if given). All-gather step s sends chunk (r - s) and
+    complete (divided by ``phases.divide_by`` if given). All-gather step s sends chunk (r - s) and
     receives chunk (r - s - 1) straight into ``dst``. A segment moves on the moment it is
     ready: reduced segments of the last reduce-scatter step are the first all-gather sends.
 
@@ -194,12 +191,13 @@ def _pipelined_ring(
     come back after it has gone once round the ring, i.e. after the send left this buffer.
     """
     n, r = ring.n, ring.rank
+    gather = phases.gather
 
     def segs(c: int) -> list[tuple[int, int]]:
         return segments(bounds[c % n], bounds[c % n + 1], seg)
 
     rs_recvs: list[list[_Recv]] = []
-    if reduce is not None:
+    if phases.reduce is not None:
         rs_recvs = _post_reduce_scatter(ring, src, bounds, segs)
     elif gather:
         for k, (a, b) in enumerate(segs(r)):
@@ -211,8 +209,8 @@ def _pipelined_ring(
                 tag = _AG_TAG + step * _STEP_TAG + k
                 ag_recvs.append((step, k, a, b, ring.recv(dst[a:b], tag=tag)))
 
-    if reduce is not None:
-        _reduce_scatter_steps(ring, src, dst, rs_recvs, reduce, gather=gather, divide_by=divide_by)
+    if phases.reduce is not None:
+        _reduce_scatter_steps(ring, src, dst, rs_recvs, phases)
     for step, k, a, b, work in ag_recvs:
         work.wait()
         if step + 1 < n - 1:
@@ -242,9 +240,7 @@ def ring_all_reduce(
         flat,
         chunk_bounds(flat.numel(), ring.n),
         _ring_seg_elems(flat, -(-flat.numel() // ring.n), segment_bytes),
-        reduce=_reducer(op),
-        gather=True,
-        divide_by=ring.n if op == "avg" else None,
+        _Phases(reduce=_reducer(op), gather=True, divide_by=ring.n if op == "avg" else None),
     )
 
 
@@ -279,8 +275,7 @@ def ring_reduce_scatter(
         work,
         bounds,
         _ring_seg_elems(src, count, segment_bytes),
-        reduce=_reducer(op),
-        gather=False,
+        _Phases(reduce=_reducer(op), gather=False),
     )
     mine = work[ring.rank * count : (ring.rank + 1) * count]
     out.view(-1).copy_(mine)
@@ -313,8 +308,7 @@ def ring_all_gather(
         flat,
         bounds,
         _ring_seg_elems(flat, count, segment_bytes),
-        reduce=None,
-        gather=True,
+        _Phases(reduce=None, gather=True),
     )
 
 

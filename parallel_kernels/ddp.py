@@ -309,8 +309,8 @@ def apply_native_ddp(
     elif comm_hook.startswith("powersgd"):
         grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         if dist.get_backend(group) == "gloo" and grad_bytes > POWERSGD_GLOO_MAX_BYTES:
-            # Seen here with torch 2.13: wide_mlp (two buckets) hangs in the first compressed
-            # step; the seed MLP (one bucket) runs.
+            # wide_mlp (two buckets) hangs in its first compressed step on gloo; the seed MLP
+            # (one bucket) runs.
             raise ValueError(
                 "PowerSGD hangs on gloo with more than one gradient bucket (its all-reduces are "
                 "issued from future callbacks); use NCCL, or a model under 1 MiB of gradients"

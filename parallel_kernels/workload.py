@@ -3,7 +3,7 @@
 A workload says how to build the plain module (called after ``torch.manual_seed``, so every
 rank builds the same weights), how to make a deterministic synthetic batch of any size, and the
 loss; optionally the facts parallelism needs, which the suite cannot guess for a model it has
-never seen: which module classes are the units FSDP wraps (and activation checkpointing
+never met: which module classes are the units FSDP wraps (and activation checkpointing
 recomputes), a tensor-parallel plan, and the FLOPs of one sample when you know them better than
 the counter. Where a strategy needs a fact the workload does not give, the point is an error row
 that names it. Pass one to any sweep with ``--model path/to/file.py:factory`` or
@@ -167,7 +167,7 @@ def _length(data: Any) -> int | None:
 
 
 class SampleDataset(Dataset):
-    """A batch of inputs and targets (tensors, tuples or dicts of them) seen one sample at a
+    """A batch of inputs and targets (tensors, tuples or dicts of them) read one sample at a
     time; PyTorch's default collate puts batches back into the same structure."""
 
     def __init__(self, inputs: Any, targets: Any) -> None:
@@ -180,7 +180,7 @@ class SampleDataset(Dataset):
         return self.n
 
     def __getitem__(self, i: int) -> tuple[Any, Any]:
-        # None is no sample for a DataLoader: a missing target stands in as an empty tensor
+        # None is no sample for a DataLoader: a missing target becomes an empty tensor
         target = _index(self.targets, i)
         return _index(self.inputs, i), torch.empty(0) if target is None else target
 
@@ -188,7 +188,7 @@ class SampleDataset(Dataset):
 def tensor_bytes(data: Any, device: torch.device | None = None) -> int:
     """Bytes of the tensors in ``data`` (tensors, or tuples, lists and dicts of them), each
     storage once; ``device``: only those on its kind (cpu, cuda)."""
-    seen: dict[int, int] = {}
+    sizes: dict[int, int] = {}  # storage -> its bytes, each storage once
 
     def walk(x: Any) -> None:
         if isinstance(x, Mapping):
@@ -199,10 +199,10 @@ def tensor_bytes(data: Any, device: torch.device | None = None) -> int:
                 walk(v)
         elif torch.is_tensor(x) and (device is None or x.device.type == device.type):
             storage = x.untyped_storage()
-            seen[storage.data_ptr() or id(storage)] = storage.nbytes()
+            sizes[storage.data_ptr() or id(storage)] = storage.nbytes()
 
     walk(data)
-    return sum(seen.values())
+    return sum(sizes.values())
 
 
 def to_device(data: Any, device: torch.device) -> Any:

@@ -1,4 +1,4 @@
-"""The critical path across ranks (bench/analysis/critical_path.py): known answers on traces
+"""The critical path across ranks (bench/analysis/critical_*.py): known answers on traces
 laid out as Kineto writes them, the what-if recurrence, and the command line."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import pytest
 
 from bench.analysis import __main__ as analysis_cli
 from bench.analysis import critical_path as cp
-from bench.analysis.critical_lanes import COMM, COMPUTE, GraphError
+from bench.analysis import critical_what_if as wi
+from bench.analysis.critical_graph import COMM, COMPUTE, GraphError
 from bench.analysis.sequence import job_sequence
 from tests.kineto_writer import write_trace
 
@@ -66,16 +67,16 @@ def test_a_delayed_rank_puts_its_delay_on_the_path_and_the_others_wait_off_it(tm
     assert s["categories_us"][COMPUTE] == pytest.approx(1000.0 + 5000.0 + 200.0)
     # the recurrence gives back every measured time
     g = sp.graph
-    np.testing.assert_allclose(cp.replay(g, g.weight, g.slack), g.time)
+    np.testing.assert_allclose(wi.replay(g, g.weight, g.slack), g.time)
     # computation twice as fast: rank 1 arrives at 3012, the transfer ends at 3512, the wait
     # and the optimiser's op (halved) follow with their measured slack
-    half = cp.what_if(g, [cp.parse_change("compute=0.5x")])
+    half = wi.what_if(g, [wi.parse_change("compute=0.5x")])
     assert half["predicted_us"] == pytest.approx(3512.0 + 8.0 + 100.0 + 10.0)
     # the link twice as fast saves half the transfer; rank 1 as fast as rank 0 all but the delay
-    assert cp.what_if(g, [cp.parse_change("link=2x")])["saves_us"] == pytest.approx(250.0)
-    even = cp.what_if(g, [cp.parse_change("rank1=1.0x-of-rank0")])
+    assert wi.what_if(g, [wi.parse_change("link=2x")])["saves_us"] == pytest.approx(250.0)
+    even = wi.what_if(g, [wi.parse_change("rank1=1.0x-of-rank0")])
     assert even["saves_us"] > 4000.0
-    best = cp.best_changes(g)
+    best = wi.best_changes(g)
     assert best["what_if"].iloc[0] == "rank1=1.0x-of-rank0"
 
 
@@ -171,7 +172,7 @@ def test_a_gpu_step_runs_through_its_launch_its_kernel_and_the_hosts_wait(tmp_pa
     assert list(path.loc[path["category"] == COMPUTE, "label"]) == ["sm90_gemm"]
     assert s["categories_us"]["launch and CPU overhead"] == pytest.approx(300.0)
     # the kernel twice as fast: the host resumes 2.5 ms earlier
-    assert cp.what_if(sp.graph, [cp.parse_change("compute=0.5x")])["saves_us"] == pytest.approx(
+    assert wi.what_if(sp.graph, [wi.parse_change("compute=0.5x")])["saves_us"] == pytest.approx(
         2500.0
     )
 
@@ -259,9 +260,9 @@ def test_measured_runs_a_delayed_rank_and_a_slower_rank_predicted(pool, tmp_path
     # rank 1 twice as slow: predicted from each even step's graph, against the next (odd) step
     # measured, pair by pair (neighbours share the machine's load)
     steps = {sp.graph.step: sp for sp in cp.folder_paths(tmp_path / "alternate", last=None)[0]}
-    twice = cp.parse_change("rank1=2x")
+    twice = wi.parse_change("rank1=2x")
     ratios = [
-        cp.what_if(steps[k].graph, [twice])["predicted_us"] / steps[k + 1].summary["length_us"]
+        wi.what_if(steps[k].graph, [twice])["predicted_us"] / steps[k + 1].summary["length_us"]
         for k in steps
         if k % 2 == 0 and k + 1 in steps
     ]
@@ -275,7 +276,7 @@ def test_measured_runs_a_delayed_rank_and_a_slower_rank_predicted(pool, tmp_path
 def _suite_points(root: str) -> list[dict]:
     """The harness's own points, traced: DDP all-reducing after backward (reference, no
     overlap), and FSDP2 full sharding."""
-    from bench.runner.train.harness import run_point
+    from bench.runner.train.lifecycle import run_point
     from tests.test_harness import FAST, make_point, point, pool_env
 
     points = {
@@ -285,7 +286,9 @@ def _suite_points(root: str) -> list[dict]:
             knobs={"sharding_strategy": "FULL_SHARD"},
         ),
     }  # fmt: skip
-    return [run_point(p, pool_env(), FAST, Path(root) / name) for name, p in points.items()]
+    return [
+        run_point(p, pool_env(), FAST, Path(root) / name).as_dict() for name, p in points.items()
+    ]
 
 
 # serial: whether FSDP's gather or its hook's own copies lie on the path is a matter of
@@ -368,5 +371,5 @@ def test_the_report_draws_the_path_and_tables_its_communication_share(tmp_path):
     # the path spans the step: from the earliest start to the last end of the drawn bars
     assert on["start_ms"].min() == pytest.approx(0.0, abs=1e-6)
     assert on["end_ms"].max() == pytest.approx(tl["end_ms"].max(), rel=0.02)
-    said = tl.attrs["critical_path"]
-    assert said.startswith("Critical path of step ") and "Would save the most: " in said, said
+    line = tl.attrs["critical_path"]
+    assert line.startswith("Critical path of step ") and "Would save the most: " in line, line

@@ -8,14 +8,9 @@ import argparse
 import json
 import sys
 
-from bench.analysis.critical_lanes import CATEGORIES, GraphError
-from bench.analysis.critical_path import (
-    LAST_STEPS,
-    best_changes,
-    folder_paths,
-    parse_change,
-    what_if,
-)
+from bench.analysis.critical_graph import CATEGORIES, GraphError
+from bench.analysis.critical_path import LAST_STEPS, folder_paths
+from bench.analysis.critical_what_if import best_changes, parse_change, what_if
 from bench.analysis.trace import TraceError
 from bench.console import records
 

@@ -1,12 +1,11 @@
-"""One profiled step of every rank as one graph of what waited for what (docs/analysis.md,
-"Critical path").
+"""One profiled step of every rank as one graph of what waited for what: the graph the critical
+path is the longest path of (docs/analysis.md, "Critical path").
 
-Each rank's step is cut into lanes that run one thing at a time (``critical_lanes.py``): each
-host thread (its outermost ops), each GPU stream (its kernels), each of gloo's worker threads
-(its collectives); here they are joined. A node is a moment on a lane; consecutive nodes of a
-lane are joined by the lane's edge, whose weight is the work done between them (an op, a
-kernel: its duration) or nothing (a gap, or the thread blocked on something). Edges across
-lanes say what a node could not happen before:
+Each rank's step is cut into lanes that run one thing at a time: each host thread (its
+outermost ops), each GPU stream (its kernels), each of gloo's worker threads (its collectives).
+A node is a moment on a lane; consecutive nodes of a lane are joined by the lane's edge, whose
+weight is the work done between them (an op, a kernel: its duration) or nothing (a gap, or the
+thread blocked on something). Edges across lanes say what a node could not happen before:
 
 - a kernel starts after its launch (the host's launch call with the kernel's correlation id);
 - a host thread blocked on the device (``cuda*Synchronize``) resumes after the last kernel that
@@ -19,21 +18,342 @@ lanes say what a node could not happen before:
   member's start with the weight ``T_r`` = its end less the last member's start: the transfer
   after everyone is there. A rank's wait for a slow peer so points at the peer's work.
 
+The first three kinds are in one rank's trace and are found as its lanes are cut
+(``rank_graphs``, while a folder is read); the last joins the ranks (``step_graph``).
+
 A node's time is the latest of its predecessors' times plus their edges' weights, plus its own
 slack: the delay nothing in the trace explains (Python between ops, a launch's latency, the
 device idle). With the measured slack the recurrence gives back every measured time; with
-other weights (``critical_path.what_if``) it gives the step those weights would make.
+other weights (``critical_what_if.what_if``) it gives the step those weights would make.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
+import pandas as pd
 
-from bench.analysis.critical_lanes import COMM, IDLE, OVERHEAD, GraphError, Lane, RankSteps
+from bench.analysis.breakdown import blocking_waits
+from bench.analysis.trace import (
+    GLOO_SPAN,
+    Trace,
+    name_matches,
+    nesting_depth,
+    prepared,
+    step_windows,
+)
+from parallel_kernels.facts import op_name
+
+COMPUTE = "computation"
+COMM = "communication"
+WAIT = "waiting for a peer"
+OVERHEAD = "launch and CPU overhead"
+IDLE = "idle"
+DATA = "data loading"
+MEMORY = "memory copies"
+CATEGORIES = (COMPUTE, COMM, WAIT, OVERHEAD, IDLE, DATA, MEMORY)
+LAUNCH = "launch"  # a launch edge's mark: a kernel's delay after it is launch overhead
+
+DATA_LOADING = re.compile(r"^enumerate\(DataLoader\)")
+HOST_SYNC = re.compile(r"^cuda(Stream|Device|Event)Synchronize$")
+HOST_CATS = ("cpu_op", "user_annotation", "cuda_runtime", "cuda_driver", "python_function")
 
 
+class GraphError(ValueError):
+    """A step that cannot be made a graph; one line, naming what is wrong."""
+
+
+@dataclass
+class Lane:
+    rank: int
+    name: str  # "thread 123", "stream 7", "gloo thread 9"
+    kind: str  # host, device, comm
+    times: np.ndarray  # node times, sorted
+    weight: np.ndarray  # work between node i and i + 1 (0: a gap or a wait)
+    category: np.ndarray  # of that work (object)
+    label: np.ndarray  # the op or kernel doing it (object)
+    op: np.ndarray  # a collective's op name, else "" (object)
+    first: int = 0  # id of the lane's first node, once placed
+
+
+# -- one rank's lanes --------------------------------------------------------------------------
+def _host_category(name: str, kind: str, gpu: bool) -> str:
+    if DATA_LOADING.match(name):
+        return DATA
+    if kind == "comm_cpu" or gpu:
+        return OVERHEAD  # a call into the library; on GPUs the host launches, the device works
+    return COMPUTE
+
+
+def _lane(rank, name, kind, times, work) -> Lane:
+    """A lane whose nodes are ``times`` and whose work is the spans ``work`` (start, end,
+    category, label, op, counts: is its duration the lane edge's weight?)."""
+    t = np.unique(np.asarray(times, dtype=float))
+    n = max(len(t) - 1, 0)
+    weight = np.zeros(n)
+    category = np.full(n, "", dtype=object)
+    label = np.full(n, "", dtype=object)
+    op = np.full(n, "", dtype=object)
+    mids = (t[:-1] + t[1:]) / 2
+    for s, e, cat, lab, o, counts in work:
+        lo, hi = np.searchsorted(mids, s), np.searchsorted(mids, e)
+        weight[lo:hi] = (t[1:] - t[:-1])[lo:hi] if counts else 0.0
+        category[lo:hi], label[lo:hi], op[lo:hi] = cat, lab, o
+    return Lane(rank, name, kind, t, weight, category, label, op)
+
+
+@dataclass
+class RankSteps:
+    """What one rank contributes to a step's graph: its lanes and the edges between them, in
+    (lane index, time) coordinates, placed into node ids when the ranks are joined."""
+
+    rank: int
+    window: tuple[float, float]
+    lanes: list[Lane]
+    edges: list[tuple]  # (src lane, src time, dst lane, dst time, weight, category, label, op)
+    calls: list[dict]  # collectives in issue order: lane, start, end, op
+
+
+@dataclass
+class RankGraphs:
+    """A trace reduced to what the critical path needs of it (``folder.load_trace_dir``'s
+    ``reduce``): each of its steps' lanes and edges, without its events."""
+
+    path: object
+    rank: int
+    world_size: int
+    backend: str | None
+    is_gpu: bool
+    steps: dict[int, RankSteps]
+
+
+def rank_graphs(
+    trace: Trace, steps: list[int] | None = None, last: int | None = None
+) -> RankGraphs:
+    """One rank's profiled steps: ``steps`` (those of them it holds), else its ``last`` ones,
+    else all (-1: the whole trace, where it has no steps). The events are grouped by step
+    once, so that a trace of thousands of steps costs its events, not steps x events."""
+    ev = prepared(trace)
+    windows = step_windows(ev)
+    have = windows["step"].tolist()
+    if not have:
+        got = {-1: rank_step(trace, -1, ev[ev["dur"] >= 0], None)}
+    else:
+        chosen = [k for k in have if k in steps] if steps else have[-last:] if last else have
+        bounds = windows.set_index("step")
+        groups = dict(list(ev[ev["step"].isin(chosen)].groupby("step")))
+        empty = ev.iloc[:0]
+        got = {
+            k: rank_step(trace, k, groups.get(k, empty), tuple(bounds.loc[k, ["start", "end"]]))
+            for k in chosen
+        }
+    return RankGraphs(trace.path, trace.rank, trace.world_size, trace.backend, trace.is_gpu, got)
+
+
+def rank_step(
+    trace: Trace, step: int, mine: pd.DataFrame, window: tuple[float, float] | None
+) -> RankSteps:
+    """One rank's lanes and edges for ``step``: its events ``mine`` in its host ``window`` (None:
+    the whole trace, from its first event to its last)."""
+    gpu = trace.is_gpu
+    if window is not None:
+        w0, w1 = float(window[0]), float(window[1])
+    else:
+        w0 = float(mine["ts"].min())
+        w1 = float((mine["ts"] + mine["dur"]).max())
+    device = mine[(mine["stream"] >= 0) & mine["kind"].isin(["compute", "comm", "memory"])]
+    host = mine[(mine["stream"] < 0) & mine["cat"].isin(HOST_CATS)]
+    host = host[~name_matches(host["name"], re.compile(r"^ProfilerStep#"))]
+    gloo = host[name_matches(host["name"], GLOO_SPAN)]
+    host = host.drop(gloo.index)
+    if len(device):
+        w1 = max(w1, float((device["ts"] + device["dur"]).max()))
+    step_events = _StepEvents(trace.rank, mine, host, gloo, device, gpu, (w0, w1))
+    lanes: list[Lane] = []
+    edges: list[tuple] = []
+    calls: list[dict] = []
+    spans = _comm_lanes(step_events, lanes, calls)
+    _host_lanes(step_events, lanes, edges, spans)
+    return RankSteps(trace.rank, (w0, w1), lanes, edges, calls)
+
+
+@dataclass(frozen=True, eq=False)
+class _StepEvents:
+    """One rank's events of a step, sorted by the lanes they make."""
+
+    rank: int
+    events: pd.DataFrame  # every event of the step (its blocking waits are read from them)
+    host: pd.DataFrame  # host threads' ops, gloo's collective spans left out
+    gloo: pd.DataFrame  # gloo's collective spans, on its worker threads
+    device: pd.DataFrame  # kernels, collectives and memory copies on GPU streams
+    gpu: bool
+    window: tuple[float, float]  # the step's start and end on this rank
+
+
+def _comm_lanes(step: _StepEvents, lanes: list[Lane], calls: list[dict]) -> dict:
+    """Device streams and gloo threads as lanes; their collectives listed with their starts
+    (issue order once sorted: a stream runs its kernels in launch order, gloo's worker takes
+    calls first in, first out). Returns {correlation or event index: (lane, start, end)} of
+    every span."""
+    rank = step.rank
+    spans: dict = {}
+    groups = [
+        ("device", "stream", step.device, "stream"),
+        ("comm", "gloo thread", step.gloo, "tid"),
+    ]
+    for kind, prefix, events, key in groups:
+        for lane_key, sub in events.groupby(key, sort=True):
+            sub = sub.sort_values("ts", kind="stable")
+            s = sub["ts"].to_numpy(dtype=float)
+            e = s + sub["dur"].to_numpy(dtype=float)
+            work = []
+            for i, (name, k) in enumerate(zip(sub["name"].astype(str), sub["kind"], strict=True)):
+                is_comm = k == "comm"
+                cat = COMM if is_comm else MEMORY if k == "memory" else COMPUTE
+                op = op_name(name) if is_comm else ""
+                work.append((s[i], e[i], cat, name, op, not is_comm))
+            lane_id = len(lanes)
+            lanes.append(_lane(rank, f"{prefix} {lane_key}", kind, np.concatenate([s, e]), work))
+            for i, (idx, corr, k) in enumerate(
+                zip(sub.index, sub["correlation"], sub["kind"], strict=True)
+            ):
+                spans[("corr", int(corr)) if kind == "device" else ("ev", idx)] = (
+                    lane_id,
+                    s[i],
+                    e[i],
+                )
+                if k == "comm":
+                    name = str(sub.at[idx, "name"])
+                    calls.append({"lane": lane_id, "start": s[i], "end": e[i], "op": op_name(name)})
+    return spans
+
+
+def _host_lanes(step: _StepEvents, lanes: list[Lane], edges: list[tuple], spans: dict) -> None:
+    """Every host thread with ops in the step as a lane (its outermost ops), with the edges of
+    launches, of waits on the device or a collective, and of gloo's issues."""
+    rank, host, gloo, gpu = step.rank, step.host, step.gloo, step.gpu
+    w0, w1 = step.window
+    waits = _waits(step)
+    for tid, sub in host.groupby("tid", sort=True):
+        sub = sub.sort_values(["ts", "dur"], ascending=[True, False], kind="stable")
+        s = sub["ts"].to_numpy(dtype=float)
+        e = s + sub["dur"].to_numpy(dtype=float)
+        top = nesting_depth(s, e) == 0
+        names = sub["name"].astype(str).to_numpy()
+        kinds = sub["kind"].to_numpy()
+        work = [
+            (s[i], e[i], _host_category(names[i], kinds[i], gpu), names[i], "", True)
+            for i in np.flatnonzero(top)
+        ]
+        mine = [w for w in waits if w[0] == tid]
+        work += [(lo, hi, WAIT, "wait", "", False) for _, lo, hi, _ in mine]
+        launches = sub[sub["correlation"] >= 0]
+        issue = gloo["ts"].to_numpy(dtype=float) if tid == _main_tid(host) else np.empty(0)
+        points = [s[top], e[top], launches["ts"], issue, [w0, w1]]
+        points += [[lo, hi] for _, lo, hi, _ in mine]
+        lane_id = len(lanes)
+        lanes.append(_lane(rank, f"thread {tid}", "host", np.concatenate(points), _inside(work)))
+        for corr, t in zip(launches["correlation"], launches["ts"], strict=True):
+            to = spans.get(("corr", int(corr)))
+            if to is not None:
+                edges.append((lane_id, float(t), to[0], to[1], 0.0, LAUNCH, "", ""))
+        for t, idx in zip(issue, gloo.index if len(issue) else [], strict=True):
+            to = spans[("ev", idx)]
+            edges.append((lane_id, float(t), to[0], to[1], 0.0, "", "", ""))
+        for _, _, hi, key in mine:
+            if key in spans:
+                src = spans[key]
+                edges.append((src[0], src[2], lane_id, hi, 0.0, "", "", ""))
+
+
+def _inside(work: list[tuple]) -> list[tuple]:
+    """Work spans with the waits last, so that a wait inside an op overrides the op there."""
+    return sorted(work, key=lambda w: w[5] is False)
+
+
+def _main_tid(host: pd.DataFrame):
+    return host["tid"].mode().iloc[0] if len(host) else None
+
+
+def _synchronous_calls(host: pd.DataFrame, device: pd.DataFrame) -> list[tuple]:
+    """Runtime calls that returned only once their own device work was done (a copy to
+    pageable host memory, ``cudaMemcpy``): the host waited for that copy, and the copy for
+    what its stream ran before it."""
+    calls = host[(host["cat"] == "cuda_runtime") & (host["correlation"] >= 0)]
+    if calls.empty or device.empty:
+        return []
+    done = (device["ts"] + device["dur"]).groupby(device["correlation"]).max()
+    end = calls["correlation"].map(done)
+    call_end = calls["ts"] + calls["dur"]
+    sync = end.notna() & (end <= call_end) & (end > calls["ts"])
+    return [
+        (tid, float(s), float(e), ("corr", int(c)))
+        for tid, s, e, c in zip(
+            calls["tid"][sync],
+            calls["ts"][sync],
+            call_end[sync],
+            calls["correlation"][sync],
+            strict=True,
+        )
+    ]
+
+
+def _waits(step: _StepEvents) -> list[tuple]:
+    """(thread, start, end, the span it waited for) of each blocking wait of the step."""
+    host, device, gloo = step.host, step.device, step.gloo
+    out = []
+    if step.gpu:
+        syncs = host[name_matches(host["name"], HOST_SYNC)]
+        if len(syncs) and len(device):
+            d_end = (device["ts"] + device["dur"]).to_numpy(dtype=float)
+            order = np.argsort(d_end)
+            for tid, s, dur in zip(syncs["tid"], syncs["ts"], syncs["dur"], strict=True):
+                k = np.searchsorted(d_end[order], s + dur, side="right") - 1
+                if k >= 0 and d_end[order[k]] > s:
+                    corr = int(device["correlation"].iloc[order[k]])
+                    out.append((tid, float(s), float(s + dur), ("corr", corr)))
+        out += _synchronous_calls(host, device)
+        return out
+    if gloo.empty:
+        return out
+    blocked = blocking_waits(step.events)
+    main = _main_tid(host)
+    done = (gloo["ts"] + gloo["dur"]).to_numpy(dtype=float)
+    for lo, hi in np.vstack(
+        [blocked.reshape(-1, 2), _gap_waits(host[host["tid"] == main], step.window[1], done)]
+    ):
+        k = np.flatnonzero((done > lo) & (done <= hi))
+        if len(k):
+            out.append((main, float(lo), float(hi), ("ev", gloo.index[k[np.argmax(done[k])]])))
+    return out
+
+
+WAKE_US = 100.0  # a blocked thread resumes this soon after what it waited for completes
+
+
+def _gap_waits(thread: pd.DataFrame, end: float, done: np.ndarray) -> np.ndarray:
+    """Gaps between a thread's outermost ops in which it waited for a collective, though no op
+    of its own says so: a gap after a call into the collective library (``dist.all_reduce``
+    blocks in ``work.wait()`` after its op returns), and a gap the thread leaves within
+    ``WAKE_US`` (or a tenth of the gap) of a collective's completion (DDP's reducer waits in
+    autograd's final callback, which runs no op). [gap start, gap end] each."""
+    thread = thread.sort_values(["ts", "dur"], ascending=[True, False], kind="stable")
+    s = thread["ts"].to_numpy(dtype=float)
+    e = s + thread["dur"].to_numpy(dtype=float)
+    top = np.flatnonzero(nesting_depth(s, e) == 0)
+    lo, hi = e[top], np.append(s[top][1:], end)
+    after_call = thread["kind"].to_numpy()[top] == "comm_cpu"
+    ends = np.sort(done)
+    k = np.searchsorted(ends, hi, side="right") - 1  # the last completion by the gap's end
+    last = np.where(k >= 0, ends[np.clip(k, 0, None)], -np.inf)
+    woken = (last > lo) & (hi - last <= np.maximum(WAKE_US, 0.1 * (hi - lo)))
+    keep = (hi > lo) & (after_call | woken)
+    return np.column_stack([lo[keep], hi[keep]])
+
+
+# -- the step's graph --------------------------------------------------------------------------
 @dataclass
 class Graph:
     """A step's nodes and edges over every rank read (arrays, one row per node or edge)."""
@@ -167,9 +487,9 @@ def _match_calls(per_rank: list[RankSteps], step: int, nodes: _Nodes, notes: lis
     member's start, weighted by the transfer after the last one arrived."""
     counts = {rs.rank: len(rs.calls) for rs in per_rank}
     if len(set(counts.values())) > 1:
-        said = ", ".join(f"rank {r} {n}" for r, n in sorted(counts.items()))
+        tally = ", ".join(f"rank {r} {n}" for r, n in sorted(counts.items()))
         raise GraphError(
-            f"step {step}: the ranks' collectives do not match ({said} calls; a hang or a "
+            f"step {step}: the ranks' collectives do not match ({tally} calls; a hang or a "
             "rank that left early): python -m bench.hang diagnoses it"
         )
     ordered = {rs.rank: sorted(rs.calls, key=lambda c: c["start"]) for rs in per_rank}

@@ -1,41 +1,36 @@
-"""The critical path of a profiled step across ranks, and what making one thing faster would
-save (docs/analysis.md, "Critical path").
+"""The critical path of a profiled step across ranks: the longest path of the step's graph
+(``critical_graph.py``), its breakdown, and each step's path over a folder of traces
+(docs/analysis.md, "Critical path").
 
-The step's graph (``critical_graph.py``) holds every node's measured time; the critical path is
-the chain of binding predecessors back from the step's end: at each node, the predecessor
-whose time plus edge weight is the latest (the one it waited for), its own slack the delay
-nothing explains. Its length is the step's (first start to last end, every rank), and its time
-splits exactly into the edges' categories and the nodes' slack: computation, communication
-(after the last member arrived), launch and CPU overhead, idle, data loading, memory copies.
-A rank that waits for a slow peer is off the path: the path runs through the peer's work.
-HolisticTraceAnalysis finds the longest path of one rank's graph; this one is every rank's.
-
-What-if: the graph's edge weights changed (``compute=0.8x``, ``all_reduce=0.5x``,
-``link=2x``, ``rank1=1.0x-of-rank0``) and every node's time recomputed in topological order
-as the latest predecessor's time plus weight, plus the node's measured slack: the step those
-durations would make, on the schedule the trace shows.
+The graph holds every node's measured time; the critical path is the chain of binding
+predecessors back from the step's end: at each node, the predecessor whose time plus edge
+weight is the latest (the one it waited for), its own slack the delay nothing explains. Its
+length is the step's (first start to last end, every rank), and its time splits exactly into
+the edges' categories and the nodes' slack: computation, communication (after the last member
+arrived), launch and CPU overhead, idle, data loading, memory copies. A rank that waits for a
+slow peer is off the path: the path runs through the peer's work. HolisticTraceAnalysis finds
+the longest path of one rank's graph; this one is every rank's. What making one thing faster
+would save is ``critical_what_if.py``'s.
 """
 
 from __future__ import annotations
 
 import functools
-import re
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-from bench.analysis.critical_graph import Graph, step_graph
-from bench.analysis.critical_lanes import (
+from bench.analysis.critical_graph import (
     CATEGORIES,
     COMM,
-    COMPUTE,
-    DATA,
     IDLE,
     LAUNCH,
     OVERHEAD,
+    Graph,
     GraphError,
     rank_graphs,
+    step_graph,
 )
 from bench.analysis.trace_folder import load_trace_dir
 
@@ -106,162 +101,6 @@ def path_summary(g: Graph, path: pd.DataFrame) -> dict:
         ],
         "notes": g.notes,
     }
-
-
-# -- what-if -----------------------------------------------------------------------------------
-_CHANGE = re.compile(
-    r"^(?P<what>[a-z_][a-z0-9_]*)=(?P<factor>\d+(?:\.\d+)?)x(?:-of-rank(?P<of>\d+))?$"
-)
-_TARGETS = {"compute": COMPUTE, "comm": COMM, "overhead": OVERHEAD, "data": DATA}
-
-
-@dataclass(frozen=True)
-class Change:
-    """One what-if: the edges it picks take ``factor`` times their time (``link=2x``: a link
-    twice as fast, communication half the time); ``rankN=Fx-of-rankM``: rank N's computation
-    takes F times rank M's."""
-
-    spec: str
-    what: str
-    factor: float
-    of_rank: int | None = None
-
-
-def parse_change(spec: str) -> Change:
-    """``compute=0.8x``, ``all_reduce=0.5x``, ``link=2x``, ``overhead=0.5x``, ``rank1=2x``,
-    ``rank1=1.0x-of-rank0``; ValueError with one line otherwise."""
-    m = _CHANGE.match(spec.strip())
-    if not m:
-        raise ValueError(
-            f"--what-if {spec!r}: expected NAME=FACTORx (compute, comm, link, overhead, data, "
-            "an op such as all_reduce, or rankN; rankN=1.0x-of-rankM)"
-        )
-    what, factor = m["what"], float(m["factor"])
-    of = int(m["of"]) if m["of"] else None
-    if of is not None and not what.startswith("rank"):
-        raise ValueError(f"--what-if {spec!r}: -of-rankM goes with a rank (rank1=1.0x-of-rank0)")
-    if what == "link":
-        if factor <= 0:
-            raise ValueError(f"--what-if {spec!r}: a link's speed-up must be above 0")
-        return Change(spec, "comm", 1.0 / factor)
-    return Change(spec, what, factor, of)
-
-
-def _rank_of(what: str) -> int | None:
-    m = re.fullmatch(r"rank(\d+)", what)
-    return int(m[1]) if m else None
-
-
-def _factors(g: Graph, change: Change) -> tuple[np.ndarray, np.ndarray]:
-    """Per edge and per node: what the change multiplies its weight and slack by."""
-    edge = np.ones(len(g.weight))
-    node = np.ones(len(g.time))
-    rank = _rank_of(change.what)
-    if rank is not None:
-        if rank not in g.ranks:
-            raise GraphError(f"--what-if {change.spec}: rank {rank} is not in the traces")
-        mine = g.edge_rank == rank
-        work = mine & (g.category != COMM)
-        factor = change.factor
-        if change.of_rank is not None:
-            if change.of_rank not in g.ranks:
-                raise GraphError(f"--what-if {change.spec}: rank {change.of_rank} is not traced")
-            theirs = (g.edge_rank == change.of_rank) & (g.category != COMM)
-            factor *= g.weight[theirs].sum() / max(g.weight[work].sum(), 1e-9)
-        edge[work] = factor
-        node[(g.node_rank == rank) & (g.slack_category == OVERHEAD)] = factor
-        return edge, node
-    if change.what in _TARGETS:
-        cat = _TARGETS[change.what]
-        edge[g.category == cat] = change.factor
-        node[g.slack_category == cat] = change.factor
-        return edge, node
-    picked = g.op == change.what
-    if not picked.any():
-        known = sorted({o for o in g.op if o})
-        raise GraphError(
-            f"--what-if {change.spec}: no {change.what!r} in the step (its collectives: "
-            f"{', '.join(known) or 'none'}; or compute, comm, link, overhead, data, rankN)"
-        )
-    edge[picked] = change.factor
-    return edge, node
-
-
-def replay(g: Graph, weight: np.ndarray, slack: np.ndarray) -> np.ndarray:
-    """Every node's time with these weights and slacks: the latest predecessor's time plus
-    weight, plus the node's slack, in topological order (Kahn's, over the graph's edges). The
-    sources (each rank's step start) stay where they were."""
-    n = len(g.time)
-    out_order = np.argsort(g.src, kind="stable")
-    out_first = np.searchsorted(g.src[out_order], np.arange(n + 1)).tolist()
-    out_order, dst, w = out_order.tolist(), g.dst.tolist(), weight.tolist()
-    indegree = np.bincount(g.dst, minlength=n).tolist()
-    ready = [-np.inf] * n
-    time = g.time.tolist()
-    stack = [v for v in range(n) if indegree[v] == 0]
-    sources = set(stack)
-    placed = 0
-    while stack:
-        v = stack.pop()
-        if v not in sources:
-            time[v] = ready[v] + slack[v]
-        placed += 1
-        tv = time[v]
-        for e in out_order[out_first[v] : out_first[v + 1]]:
-            d = dst[e]
-            if tv + w[e] > ready[d]:
-                ready[d] = tv + w[e]
-            indegree[d] -= 1
-            if indegree[d] == 0:
-                stack.append(d)
-    if placed < n:
-        raise GraphError(f"step {g.step}: the graph has a cycle ({n - placed} nodes unplaced)")
-    return np.asarray(time)
-
-
-def what_if(g: Graph, changes: list[Change]) -> dict:
-    """The step with ``changes`` applied together: its length and the gain over the measured."""
-    weight, slack = g.weight.copy(), g.slack
-    for change in changes:
-        edge, node = _factors(g, change)
-        weight, slack = weight * edge, slack * node
-    time = replay(g, weight, slack)
-    before = float(g.time[g.end] - g.time[g.start])
-    after = float(time[g.end] - g.time[g.start])
-    return {
-        "what_if": ", ".join(c.spec for c in changes),
-        "step_us": before,
-        "predicted_us": after,
-        "saves_us": before - after,
-        "saves_pct": 100.0 * (before - after) / before if before > 0 else 0.0,
-    }
-
-
-def candidates(g: Graph) -> list[Change]:
-    """The changes a report weighs: each collective op and all communication twice as fast,
-    computation and overhead 20 % faster, and each rank as fast as the fastest."""
-    ops = sorted({o for o in g.op if o})
-    out = [parse_change(f"{op}=0.5x") for op in ops] if len(ops) > 1 else []  # else the link's
-    out += [parse_change(s) for s in ("link=2x", "compute=0.8x", "overhead=0.8x")]
-    if DATA in set(g.category):
-        out.append(parse_change("data=0.5x"))
-    work = pd.Series(g.weight[g.category != COMM]).groupby(g.edge_rank[g.category != COMM]).sum()
-    work = work[work.index >= 0]
-    if len(work) > 1:
-        fastest = int(work.idxmin())
-        out += [
-            parse_change(f"rank{r}=1.0x-of-rank{fastest}")
-            for r in work.index
-            if r != fastest and work[r] > work[fastest] * 1.02
-        ]
-    return out
-
-
-def best_changes(g: Graph, k: int = 3) -> pd.DataFrame:
-    """The ``k`` candidate changes that would save the most, each alone."""
-    rows = [what_if(g, [c]) for c in candidates(g)]
-    df = pd.DataFrame(rows, columns=["what_if", "step_us", "predicted_us", "saves_us", "saves_pct"])
-    return df.sort_values("saves_us", ascending=False, kind="stable").head(k).reset_index(drop=True)
 
 
 # -- a folder of traces ------------------------------------------------------------------------

@@ -297,7 +297,7 @@ class _Stream:
     def value(self, events: int | None = None):
         """The next JSON value. Text that fails to parse is read on while it only ran out (the
         value may end in the next chunk); at the end of the file that is a truncated trace, and
-        anything else is invalid JSON, said with where it is. ``events``: the events of
+        anything else is invalid JSON, reported with where it is. ``events``: the events of
         traceEvents read before this one, when it is one."""
         self.peek()  # raw_decode does not skip leading whitespace
         while True:
@@ -349,7 +349,7 @@ class _Stream:
 def _read_streaming(s: _Stream, path: Path) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
     cols = _Columns()
     meta: dict = {}
-    seen_events = False
+    has_events = False
     s.expect("{", "at the start of the trace")
     while s.peek() != "}":
         if s.peek() == "":
@@ -357,13 +357,13 @@ def _read_streaming(s: _Stream, path: Path) -> tuple[dict, pd.DataFrame, pd.Data
         key = s.value()
         s.expect(":", f"after key {key!r}")
         if key == "traceEvents":
-            seen_events = True
+            has_events = True
             _read_events(s, cols, path)
         else:
             meta[key] = s.value()
         if s.peek() == ",":
             s.pos += 1
-    if not seen_events:
+    if not has_events:
         raise TraceError(f"{path}: no traceEvents (not a Kineto trace)")
     return (meta, *cols.frames())
 

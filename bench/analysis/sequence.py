@@ -149,7 +149,7 @@ def _gpu_calls(ev: pd.DataFrame) -> pd.DataFrame:
 
 def _gpu_call(ev: pd.DataFrame, src: dict, kernel, launch) -> dict:
     """One call's row from its record_param_comms op and/or nccl:<op> annotation, the first
-    of them that says each thing; a kernel with neither stands for itself, issued at its
+    of them that says each thing; a kernel with neither is a call of its own, issued at its
     launch."""
     rpc, ann = src.get("rpc"), src.get("ann")
     call = rpc if rpc is not None else ann
@@ -182,9 +182,9 @@ def _issued_at(spans: pd.DataFrame, ev: pd.DataFrame) -> np.ndarray:
     op first (gloo runs some calls as another op: FSDP's reduce-scatter as an all-reduce of
     its input); the span's own start where no op matches (a trace recorded without shapes).
     gloo's threads take calls first in, first out, but a thread descheduled between taking a
-    call and starting its span lets the next call's span start first (seen on a loaded machine:
-    DDP's buckets traced out of order on one rank), so the spans' starts alone do not give the
-    order."""
+    call and starting its span lets the next call's span start first (on a loaded machine,
+    DDP's buckets can be traced out of order on one rank), so the spans' starts alone do not
+    give the order."""
     issue = ev[name_matches(ev["name"], ISSUE_NAME) & ev["comm_count"].notna()]
     issue = issue.sort_values("ts", kind="stable")
     pending, end_of = [], {}  # (ts, op, counts) in issue order

@@ -90,7 +90,7 @@ def load_trace_dir(
     With ``digest_each`` every trace is reduced to its tables as soon as it is read, so memory
     is bounded by the largest file, not by the folder. ``definitions`` (``DEFINITIONS``) says
     how the digests' ranks rows are figured; ``reduce`` replaces the digest by another
-    reduction (the critical path's lanes, ``critical_lanes.rank_graphs``).
+    reduction (the critical path's lanes, ``critical_graph.rank_graphs``).
     """
     folder = Path(folder)
     if not folder.is_dir():

@@ -98,19 +98,37 @@ def _at(t: pd.DataFrame, s: int):
 
 def _repeats(t: pd.DataFrame, s: int) -> bool:
     """The call #s repeats an earlier call of this rank (same op, shapes, line): a new step.
-    Without the line (a dump without stacks) a repeat cannot be told from a disagreement."""
+    Without the line (a dump without stacks) a repeat cannot be distinguished from a
+    disagreement."""
     row = _at(t, s)
     if row is None or row.site == c.UNKNOWN_SITE:
         return False
     return any(_sig(r, SIG_SITE) == _sig(row, SIG_SITE) for r in t[t.seq < s].itertuples())
 
 
-def _shift(
-    d: Dumps, name: str, per_rank, s: int, cols, at: dict, dev: list, ref: int
-) -> Diagnosis | None:
+@dataclass(frozen=True)
+class _Difference:
+    """A group's first call number where the ranks' calls differ (in ``cols``): each rank's
+    call there, the ranks whose call is not the majority's, and one rank whose call is."""
+
+    group: str
+    seq: int
+    cols: list[str]
+    calls: dict[int, object]  # rank -> its call #seq (a tuple of ``calls``' rows)
+    deviating: list[int]
+    reference: int
+
+    @property
+    def first(self):
+        """The majority's call."""
+        return self.calls[self.reference]
+
+
+def _shift(d: Dumps, per_rank: dict[int, pd.DataFrame], diff: _Difference) -> Diagnosis | None:
     """The "skipped" or "extra" Diagnosis when the deviating ranks' calls from #s on are the
     others' shifted by one, else None."""
-    first = at[ref]
+    name, s, cols, at = diff.group, diff.seq, diff.cols, diff.calls
+    dev, ref, first = diff.deviating, diff.reference, diff.first
     if all(_shifted(per_rank[r], per_rank[ref], s, cols) for r in dev):
         return Diagnosis(
             "skipped",
@@ -138,8 +156,9 @@ def _shift(
     return None
 
 
-def _disagree(d: Dumps, name: str, s: int, at: dict, dev: list, first) -> Diagnosis:
+def _disagree(d: Dumps, diff: _Difference) -> Diagnosis:
     """The "disagree" Diagnosis: each distinct call at #s, with the ranks that issued it."""
+    name, s, at, first = diff.group, diff.seq, diff.calls, diff.first
     parts = [
         " ".join(
             filter(
@@ -158,7 +177,7 @@ def _disagree(d: Dumps, name: str, s: int, at: dict, dev: list, first) -> Diagno
     return Diagnosis(
         "disagree",
         f"ranks disagree at collective #{s} ({_group(d, name)}): " + "; ".join(parts),
-        tuple(dev),
+        tuple(diff.deviating),
         name,
         s,
         first.op,
@@ -179,8 +198,8 @@ def _disagreement(d: Dumps, name: str, per_rank: dict[int, pd.DataFrame]) -> tup
         dev = [r for r, v in at.items() if _sig(v, cols) != major]
         ref = next(r for r, v in at.items() if _sig(v, cols) == major)
         when = min(v.time_ns for v in at.values())
-        first = at[ref]
-        shift = _shift(d, name, per_rank, s, cols, at, dev, ref)
+        diff = _Difference(name, s, cols, at, dev, ref)
+        shift = _shift(d, per_rank, diff)
         if shift is not None:
             return 0, when, shift
         if cols is SIG_SITE:
@@ -190,8 +209,8 @@ def _disagreement(d: Dumps, name: str, per_rank: dict[int, pd.DataFrame]) -> tup
             _sig(x, SIG) for r in longer for x in per_rank[r][per_rank[r].seq < s].itertuples()
         }
         if longer and all(_sig(at[r], SIG) not in history for r in dev):
-            return 0, when, _uneven(d, longer, dev, first, [at[r] for r in dev])
-        return 0, when, _disagree(d, name, s, at, dev, first)
+            return 0, when, _uneven(d, longer, dev, diff.first, [at[r] for r in dev])
+        return 0, when, _disagree(d, diff)
     return None
 
 
@@ -244,6 +263,17 @@ def _whereabouts(d: Dumps, df: pd.DataFrame, rank: int, waits: dict[int, object]
     return "elsewhere", f"{_ranks([rank])} issued no collective"
 
 
+@dataclass(frozen=True)
+class _Head:
+    """A group's newest call (a tuple of ``calls``' rows), the ranks waiting in it, and the
+    members behind, which never issued it."""
+
+    group: str
+    call: object
+    waiting: list[int]
+    behind: list[int]
+
+
 def diagnose(d: Dumps) -> Diagnosis:
     """The cause of the hang the dumps show, in one line (kind "none" when nothing is wrong)."""
     df = c.calls(d)
@@ -251,7 +281,7 @@ def diagnose(d: Dumps) -> Diagnosis:
         missing = f" (no dump from {_ranks(d.missing)})" if d.missing else ""
         return Diagnosis("none", f"no collective in the dumps: nothing to compare{missing}")
     found: list[tuple] = []
-    heads: dict[str, tuple] = {}  # group -> (its last call, the ranks waiting, the ranks behind)
+    heads: list[_Head] = []
     for name, sub in df.groupby("group", sort=False):
         per_rank = {int(r): t for r, t in sub.groupby("rank")}
         got = _disagreement(d, name, per_rank)
@@ -263,22 +293,23 @@ def diagnose(d: Dumps) -> Diagnosis:
         waiting = [r for r, t in per_rank.items() if int(t.seq.max()) == top]
         behind = [r for r in members if r not in waiting]
         if behind:
-            heads[name] = (_at(per_rank[waiting[0]], top), waiting, behind)
+            heads.append(_Head(name, _at(per_rank[waiting[0]], top), waiting, behind))
     # a rank's wait: its newest call that others have not joined
     waits: dict[int, object] = {}
-    for name, (row, waiting, _) in heads.items():
-        for r in waiting:
+    for head in heads:
+        row = head.call
+        for r in head.waiting:
             if r not in waits or row.record > waits[r].record:
-                waits[r] = _at(df[(df.group == name) & (df["rank"] == r)], row.seq)
-    for name, (row, waiting, behind) in heads.items():
+                waits[r] = _at(df[(df.group == head.group) & (df["rank"] == r)], row.seq)
+    for head in heads:
         # The wait that is the cause: the ranks behind it went on to a call that, in every
         # earlier step, came right after a call at this one's line (they skipped it).
         # Otherwise the first wait in time (ranks drift: a weak guide).
-        skipped = bool(behind) and all(
-            r in waits and _skipped(df, r, waits[r], row.site) for r in behind
+        skipped = bool(head.behind) and all(
+            r in waits and _skipped(df, r, waits[r], head.call.site) for r in head.behind
         )
         first = 0 if skipped else 1
-        found.append((first, row.time_ns, _wait(d, df, name, row, waiting, behind, waits, skipped)))
+        found.append((first, head.call.time_ns, _wait(d, df, head, waits, skipped)))
     if not found:
         missing = f" (no dump from {_ranks(d.missing)})" if d.missing else ""
         return Diagnosis(
@@ -303,7 +334,7 @@ def diagnose(d: Dumps) -> Diagnosis:
 def _skipped(df: pd.DataFrame, rank: int, row, site: str) -> bool:
     """Whether ``rank`` skipped a call at ``site`` before its call ``row``: every earlier call
     it made at ``row``'s line came right after one at ``site``, and this one did not."""
-    if c.UNKNOWN_SITE in (site, row.site):  # no stacks: no line to tell a skip by
+    if c.UNKNOWN_SITE in (site, row.site):  # no stacks: no line to detect a skip by
         return False
     sites = df[df["rank"] == rank].sort_values("record")
     sites = sites[sites.record <= row.record].site.tolist()
@@ -311,7 +342,9 @@ def _skipped(df: pd.DataFrame, rank: int, row, site: str) -> bool:
     return bool(before) and all(a == site for a in before) and sites[-2:-1] != [site]
 
 
-def _wait(d: Dumps, df, name, row, waiting, behind, waits, skipped: bool) -> Diagnosis:
+def _wait(d: Dumps, df: pd.DataFrame, head: _Head, waits: dict, skipped: bool) -> Diagnosis:
+    """The Diagnosis of a wait in ``head``: what the ranks behind it do instead."""
+    name, row, waiting, behind = head.group, head.call, head.waiting, head.behind
     where = f"{_ranks(waiting)} wait{'s' if len(waiting) == 1 else ''} in it at {row.site}"
     about = {r: _whereabouts(d, df, r, waits) for r in behind}
     kinds = {k for k, _ in about.values()}

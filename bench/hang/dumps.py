@@ -30,7 +30,7 @@ _STACKS = re.compile(r"stacks_rank(\d+)\.json$")
 
 
 class DumpError(ValueError):
-    """A folder that cannot be analysed, said in one line naming the file."""
+    """A folder that cannot be analysed; the message is one line naming the file."""
 
 
 @dataclass
@@ -321,7 +321,7 @@ def _check_one_job(folder: Path, ranks: dict[int, RankDump]) -> None:
     """Dumps of one job share its id (the suite's), the recorder's version, and the default
     group's members."""
     for key, label in (("job", "job"), ("version", "flight-recorder version")):
-        seen: dict = {}
+        first_file: dict = {}  # each value of ``key`` -> the first dump that holds it
         for d in ranks.values():
             value = (
                 d.record.get(key)
@@ -330,9 +330,9 @@ def _check_one_job(folder: Path, ranks: dict[int, RankDump]) -> None:
             )
             if value is None:
                 continue
-            seen.setdefault(str(value), d.path.name)
-        if len(seen) > 1:
-            (a, fa), (b, fb) = list(seen.items())[:2]
+            first_file.setdefault(str(value), d.path.name)
+        if len(first_file) > 1:
+            (a, fa), (b, fb) = list(first_file.items())[:2]
             raise DumpError(
                 f"{folder}: dumps of different jobs mixed: {fa} ({label} {a}) and {fb} "
                 f"({label} {b})"
@@ -361,14 +361,14 @@ def _groups(ranks: dict[int, RankDump], world: list[int]) -> dict[str, tuple[str
             members = cfg.get("ranks", [])
             if members and name not in out:
                 out[name] = (str(cfg.get("desc", "undefined")), members)
-    seen: dict[str, set[int]] = {}
+    named_by: dict[str, set[int]] = {}  # group -> the ranks whose entries name it
     descs: dict[str, str] = {}
     for d in ranks.values():
         for e in d.record["entries"]:
             name, desc = str(e["process_group"][0]), str(e["process_group"][1])
-            seen.setdefault(name, set()).add(d.rank)
+            named_by.setdefault(name, set()).add(d.rank)
             descs.setdefault(name, desc)
-    for name, who in seen.items():
+    for name, who in named_by.items():
         if name not in out:
             members = list(world) if descs[name] == "default_pg" else sorted(who)
             out[name] = (descs[name], members)

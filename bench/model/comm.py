@@ -311,7 +311,7 @@ class CostsAtEnd:
 
 def fit_rows(df: pd.DataFrame, *, backend: str, host: str = "", source: str = "") -> CommModel:
     """Fit every (implementation, collective) in a message_size results table, on the ok rows
-    that stand for its cost (in place where it has that form: ``runfolder.placement``)."""
+    that give its cost (in place where it has that form: ``runfolder.placement``)."""
     ok = df[(df["status"] == "ok") & df["time_us"].notna() & cost_rows(df)]
     if ok.empty:
         raise FitError(f"the collectives run {source} has no ok rows to fit")

@@ -320,6 +320,16 @@ def fsdp_program(
 
 
 # -- tensor parallel ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Buckets:
+    """Data-parallel gradient buckets: each gradient's ready time in backward (ms), the
+    gradients of each bucket, and each bucket's all-reduce (ms)."""
+
+    ready_ms: list[float]
+    members: list[list[int]]
+    ms: list[float]
+
+
 def tp_program(
     *,
     forward_ms: float,
@@ -327,13 +337,11 @@ def tp_program(
     after_ms: float,
     forward_comm_ms: list[float],
     backward_comm_ms: list[float],
-    ready_ms: list[float] = (),
-    buckets: list[list[int]] = (),
-    bucket_ms: list[float] = (),
+    buckets: Buckets | None = None,
 ) -> list[Op]:
     """Blocking TP all-reduces spread evenly through forward and backward (each layer's
-    collective sits between its computations); data-parallel buckets, if any, issued from the
-    gradients' ready times as in DDP."""
+    collective sits between its computations); data-parallel ``buckets``, if any, issued from
+    the gradients' ready times as in DDP."""
 
     def blocking(total_ms: float, comms: list[float], tag: str) -> list[Op]:
         piece = total_ms / (len(comms) + 1)
@@ -343,7 +351,7 @@ def tp_program(
         return [*prog, Compute(piece, tag)]
 
     prog = blocking(forward_ms, list(forward_comm_ms), "forward")
-    if not buckets:
+    if buckets is None or not buckets.members:
         prog += blocking(backward_ms, list(backward_comm_ms), "backward")
         return [*prog, Compute(after_ms, "after backward")]
     # Backward: TP collectives at even points of the computation, DP buckets at their ready
@@ -351,9 +359,9 @@ def tp_program(
     k = len(backward_comm_ms)
     marks = [(backward_ms * (j + 1) / (k + 1), 0, j) for j in range(k)]
     last = -1
-    for b, members in enumerate(buckets):
+    for b, members in enumerate(buckets.members):
         last = max(last, max(members))
-        marks.append((ready_ms[last], 1, b))
+        marks.append((buckets.ready_ms[last], 1, b))
     done = 0.0
     for at, kind, j in sorted(marks):
         at = min(max(at, done), backward_ms)
@@ -362,9 +370,9 @@ def tp_program(
         if kind == 0:
             prog += [Issue(f"backward tp{j}", backward_comm_ms[j]), Wait(f"backward tp{j}")]
         else:
-            prog.append(Issue(f"bucket{j}", bucket_ms[j]))
+            prog.append(Issue(f"bucket{j}", buckets.ms[j]))
     prog.append(Compute(backward_ms - done, "backward"))
-    prog += [Wait(f"bucket{b}") for b in range(len(buckets))]
+    prog += [Wait(f"bucket{b}") for b in range(len(buckets.members))]
     return [*prog, Compute(after_ms, "after backward")]
 
 

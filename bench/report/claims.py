@@ -76,8 +76,8 @@ def headline(verdicts: pd.DataFrame, knob: str, second: str | None, rounds: int)
     lines = []
     for _, v in verdicts.iterrows():
         paired = v.get("method") == "paired"
-        said = f"95 %, paired over {int(v['cycles'])} cycles" if paired else confidence
-        line = html.escape(verdict_line(v, knob, second, said))
+        level = f"95 %, paired over {int(v['cycles'])} cycles" if paired else confidence
+        line = html.escape(verdict_line(v, knob, second, level))
         if v["within_floor"]:
             line += (
                 f" <span class='flag'>(every difference here, {v['span_pct']:.1f} % at most, is "

@@ -13,7 +13,8 @@ import math
 import numpy as np
 import pandas as pd
 
-from bench.analysis.critical_path import best_changes, folder_paths, path_bars, trace_paths
+from bench.analysis.critical_path import folder_paths, path_bars, trace_paths
+from bench.analysis.critical_what_if import best_changes
 from bench.runfolder.schema import Run
 
 
@@ -49,11 +50,11 @@ def with_path(timeline: pd.DataFrame, traces: list) -> pd.DataFrame:
     except Exception:  # noqa: BLE001  (a trace we misread costs a figure, not the report)
         return timeline
     out = pd.concat([timeline, path_bars(sp, timeline.attrs["origin_us"])], ignore_index=True)
-    out.attrs = {**timeline.attrs, "critical_path": _said(sp)}
+    out.attrs = {**timeline.attrs, "critical_path": _path_line(sp)}
     return out
 
 
-def _said(sp) -> str:
+def _path_line(sp) -> str:
     """One line: the path's length and split, and the three changes that would save most."""
     s = sp.summary
     length = s["length_us"]

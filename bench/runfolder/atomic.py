@@ -1,4 +1,4 @@
-"""Whole files written whole or not at all, and a full disk said in one line.
+"""Whole files written whole or not at all, and a full disk reported in one line.
 
 A file is written beside its place under a temporary name, flushed to disk, then renamed over
 the old one: a reader (or a report opened in a browser) sees the old file or the new one,

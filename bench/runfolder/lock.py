@@ -6,7 +6,7 @@ folder (rank 0) holds an exclusive ``flock`` on ``<run>/.lock`` for the run's li
 run is refused in one line naming the first (its pid, host, start and command, which the
 holder writes into the file). The kernel lets go of the lock when its process ends, however it
 ends, so a run killed with SIGKILL leaves no lock behind, only its line in the file: the next
-run takes the folder over and says whose run ended there without finishing (a run that
+run takes the folder over and names the run that ended there without finishing (a run that
 finishes empties the file). ``flock`` holds between processes of one machine, which is where a
 folder's writer and the commands that start runs into it live.
 """
@@ -59,7 +59,7 @@ def _holder_text(fd: int) -> str:
 
 
 def _busy(run_dir: Path, holder: str) -> FolderInUse:
-    who = holder or "a run that has not yet said who it is"
+    who = holder or "a run that has not yet written who it is"
     return FolderInUse(
         f"{run_dir} is in use by another run ({who}): wait for it to end or choose another --out"
     )

@@ -1,4 +1,4 @@
-"""Which rows of a ``message_size`` run stand for a collective's cost.
+"""Which rows of a ``message_size`` run give a collective's cost.
 
 Each size is timed out of place and in place, as nccl-tests does (the ``inplace`` column).
 torch's all_reduce and broadcast work in place only: their out-of-place rows first copy the

@@ -401,9 +401,9 @@ def answers(visits: pd.DataFrame, order: list[str]) -> pd.DataFrame:
     ok = visits["status"].eq("ok") if "status" in visits else pd.Series(True, index=visits.index)
     ranked = visits.assign(_ok=ok.astype(int), _at=range(len(visits)))
     last = ranked.sort_values(["_ok", "_at"]).drop_duplicates("point", keep="last")
-    first_seen = {p: i for i, p in enumerate(dict.fromkeys(visits["point"]))}
-    rank = {p: i for i, p in enumerate(order)} if order else first_seen
-    last = last.assign(_pos=last["point"].map(lambda p: rank.get(p, len(rank) + first_seen[p])))
+    first_visit = {p: i for i, p in enumerate(dict.fromkeys(visits["point"]))}
+    rank = {p: i for i, p in enumerate(order)} if order else first_visit
+    last = last.assign(_pos=last["point"].map(lambda p: rank.get(p, len(rank) + first_visit[p])))
     return last.sort_values("_pos").drop(columns=["_ok", "_at", "_pos"]).reset_index(drop=True)
 
 

@@ -1,11 +1,11 @@
-"""The training sweeps' columns (results.csv), one ``Column`` row each; ``columns.py`` gathers
-the tables and what is made from them."""
+"""The training sweeps' table (results.csv): its columns, one ``Column`` row each, in their
+order, and last the columns the reading side computes from a row (never written), so that
+writer and readers name them alike; ``columns.py`` gathers the tables and what is made from
+them."""
 
 from __future__ import annotations
 
-from bench.runfolder.column import DERIVED, MAX, MEAN, POINT, RAN_ON, TIMED, Column
-from bench.runfolder.training_memory import RELEASED
-from bench.runfolder.training_read import READ
+from bench.runfolder.column import DERIVED, MAX, MEAN, POINT, RAN_ON, READER, TIMED, Column
 
 TRAINING: tuple[Column, ...] = (
     Column(
@@ -218,7 +218,29 @@ TRAINING: tuple[Column, ...] = (
         ranks=MEAN,
         meaning="NVML's GPU utilisation, read between timed steps; NaN in an interleaved cohort",
     ),
-    *RELEASED,
+    # memory around the peak: what the allocator reserved, what stayed in use once the point
+    # was released, and of that the point's own (bench/runner/measure/peak_memory.py)
+    Column(
+        name="peak_reserved_mb",
+        unit="MiB",
+        ranks=MAX,
+        meaning="CUDA: most memory the caching allocator held "
+        "in the measured step, above the point's start (fragmentation included; NaN on CPU)",
+    ),
+    Column(
+        name="mem_left_mb",
+        unit="MiB",
+        ranks=MAX,
+        meaning="memory still in use once the point was released, above its start (caches it "
+        "filled, or a leak): not in peak_mem_mb but for mem_kept_mb",
+    ),
+    Column(
+        name="mem_kept_mb",
+        unit="MiB",
+        ranks=MAX,
+        meaning="of mem_left_mb, the point's own parameters, gradients and optimiser state "
+        "still alive once it was released (the implementation's leak): in peak_mem_mb",
+    ),
     Column(
         name="data_ms",
         unit="ms",
@@ -406,5 +428,60 @@ TRAINING: tuple[Column, ...] = (
         report=12,
         console=13,
     ),
-    *READ,
+    # read, never written: figures the reading side computes from results.csv (the report,
+    # the console's closing table), listed here so that both name them alike
+    Column(
+        name="efficiency_pct",
+        unit="%",
+        ranks=READER,
+        meaning="world-size sweeps: speedup / ideal",
+        report=7,
+        console=19,
+    ),
+    Column(
+        name="compute_share_pct",
+        unit="%",
+        ranks=READER,
+        meaning="compute_ms / window_ms",
+        report=19,
+    ),
+    Column(
+        name="typical_ms",
+        unit="ms",
+        ranks=READER,
+        meaning="geometric mean of the rounds' medians",
+        report=8,
+        console=8,
+    ),
+    Column(
+        name="typical_ms_low",
+        unit="ms",
+        ranks=READER,
+        meaning="its 95 % interval, low end: the rounds' drift "
+        "included (or, in one round, the noise floor)",
+        report=9,
+        console=9,
+    ),
+    Column(
+        name="typical_ms_high",
+        unit="ms",
+        ranks=READER,
+        meaning="its 95 % interval, high end",
+        report=10,
+        console=10,
+    ),
+    Column(
+        name="best",
+        ranks=READER,
+        meaning="the console's mark: * the best value per model and implementation, = tied "
+        "with it at 95 % (the report shades the rows instead)",
+        console=7,
+    ),
+    Column(
+        name="comm_MB",
+        unit="MB",
+        ranks=READER,
+        meaning="comm_bytes_per_step in MB (1e6 bytes), as the console prints it",
+        console=15,
+    ),
 )

@@ -31,6 +31,7 @@ import queue
 import socket
 import sys
 import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -43,13 +44,33 @@ JOBS = {"on": "2000", "off": "0"}  # TORCH_FR_BUFFER_SIZE of each job
 TIMEOUT_S = 120.0  # a job that does not answer a block within this is broken: say so, stop
 
 
+@dataclass(frozen=True)
+class Trial:
+    """One measurement: the training every job runs (``model`` at ``batch`` samples a rank,
+    native DDP with ``bucket_cap_mb``, None: the knob's default; ``warmup`` steps first), the
+    jobs (``sizes``: each one's TORCH_FR_BUFFER_SIZE, of ``ranks`` ranks each; ``slow_pct``: a
+    third, the recorder on and every step that much longer), and the design (``cycles`` of a
+    ``block`` of steps per job, in orders drawn from ``seed``)."""
+
+    cycles: int = 24
+    block: int = 3
+    model: str = "wide_mlp"
+    ranks: int = 2
+    batch: int = 32
+    bucket_cap_mb: float | None = None
+    warmup: int = 3
+    slow_pct: float = 0.0
+    seed: int = 0
+    sizes: dict[str, str] = field(default_factory=lambda: dict(JOBS))
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _worker(job: str, rank: int, world: int, port: int, args: dict, inbox, outbox) -> None:
+def _worker(job: str, rank: int, port: int, trial: Trial, inbox, outbox) -> None:
     """One rank of one job: build, warm up, check the recorder, then time a block per order."""
     import torch
     import torch.distributed as dist
@@ -59,22 +80,23 @@ def _worker(job: str, rank: int, world: int, port: int, args: dict, inbox, outbo
 
     parent = os.getppid()
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    world = trial.ranks
     if len(cores) >= world:  # rank r of both jobs on one core: placement cannot favour a job
         os.sched_setaffinity(0, {cores[rank % len(cores)]})
     try:
         dist.init_process_group(
             "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
         )
-        wl = workload(args["model"])
+        wl = workload(trial.model)
         model = apply_native_ddp(
-            build_model(args["model"]),
+            build_model(trial.model),
             group=None,
             device=torch.device("cpu"),
-            bucket_cap_mb=args["bucket_cap_mb"] or BUCKET_CAP_MB,
+            bucket_cap_mb=trial.bucket_cap_mb or BUCKET_CAP_MB,
         )
         opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-        inputs, targets = wl.batch(args["batch"], rank)
-        slow = args["slow_pct"] / 100 if job == "slow" else 0.0
+        inputs, targets = wl.batch(trial.batch, rank)
+        slow = trial.slow_pct / 100 if job == "slow" else 0.0
 
         def step() -> None:
             t0 = time.perf_counter()
@@ -84,7 +106,7 @@ def _worker(job: str, rank: int, world: int, port: int, args: dict, inbox, outbo
             if slow:
                 time.sleep(slow * (time.perf_counter() - t0))
 
-        for _ in range(args["warmup"]):
+        for _ in range(trial.warmup):
             step()
         record = torch._C._distributed_c10d._dump_fr_trace(
             includeCollectives=True, includeStackTraces=False, onlyActive=False
@@ -94,10 +116,10 @@ def _worker(job: str, rank: int, world: int, port: int, args: dict, inbox, outbo
         while _next(inbox, parent) is not None:  # "go": one block
             dist.barrier()
             t0 = time.perf_counter()
-            for _ in range(args["block"]):
+            for _ in range(trial.block):
                 step()
             dist.barrier()
-            outbox.put(("block", job, rank, (time.perf_counter() - t0) / args["block"]))
+            outbox.put(("block", job, rank, (time.perf_counter() - t0) / trial.block))
         dist.destroy_process_group()
     except Exception as e:  # noqa: BLE001  (the conductor says it in one line)
         outbox.put(("error", job, rank, f"{type(e).__name__}: {e}".splitlines()[0][:300]))
@@ -124,18 +146,19 @@ def _get(outbox, kind: str):
     return msg
 
 
-def _start(ctx, sizes: dict[str, str], ranks: int, args: dict, outbox) -> tuple[dict, list]:
+def _start(ctx, trial: Trial, outbox) -> tuple[dict, list]:
     """Each job's ranks, started with its recorder setting: (inboxes per job, processes)."""
+    ranks = trial.ranks
     inboxes: dict[str, list] = {}
     procs = []
     saved = os.environ.get("TORCH_FR_BUFFER_SIZE")
     try:
-        for job, size in sizes.items():
+        for job, size in trial.sizes.items():
             os.environ["TORCH_FR_BUFFER_SIZE"] = size  # a spawned process starts with this env
             port = _free_port()
             inboxes[job] = [ctx.Queue() for _ in range(ranks)]
             for rank, inbox in enumerate(inboxes[job]):
-                worker_args = (job, rank, ranks, port, args, inbox, outbox)
+                worker_args = (job, rank, port, trial, inbox, outbox)
                 procs.append(ctx.Process(target=_worker, args=worker_args, daemon=True))
                 procs[-1].start()
     finally:
@@ -170,40 +193,20 @@ def _check_recorders(outbox, workers: int, sizes: dict[str, str]) -> dict[str, i
     return recorded
 
 
-def measure(
-    *,
-    cycles: int = 24,
-    block: int = 3,
-    model: str = "wide_mlp",
-    ranks: int = 2,
-    batch: int = 32,
-    bucket_cap_mb: float | None = None,  # None: the knob's default
-    warmup: int = 3,
-    slow_pct: float = 0.0,
-    seed: int = 0,
-    sizes: dict[str, str] = JOBS,
-) -> dict:
-    """Both jobs started, checked, and timed in ``cycles`` interleaved cycles: the figures.
-    ``slow_pct`` adds a third job, the recorder on and each step made that much longer: its
+def measure(trial: Trial) -> dict:
+    """Both jobs started, checked, and timed in ``trial.cycles`` interleaved cycles: the figures.
+    ``trial.slow_pct`` adds a third job, the recorder on and each step made that much longer: its
     ratio to the off job (``slow``) is what a real cost looks like through the same launch."""
-    if slow_pct:
-        sizes = {**sizes, "slow": sizes["on"]}
+    if trial.slow_pct:
+        trial = replace(trial, sizes={**trial.sizes, "slow": trial.sizes["on"]})
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     outbox = ctx.Queue()
-    args = {
-        "model": model,
-        "batch": batch,
-        "bucket_cap_mb": bucket_cap_mb,
-        "warmup": warmup,
-        "block": block,
-        "slow_pct": slow_pct,
-    }
-    inboxes, procs = _start(ctx, sizes, ranks, args, outbox)
+    inboxes, procs = _start(ctx, trial, outbox)
     try:
-        recorded = _check_recorders(outbox, len(procs), sizes)
-        times = _cycles(inboxes, outbox, cycles, seed)
+        recorded = _check_recorders(outbox, len(procs), trial.sizes)
+        times = _cycles(inboxes, outbox, trial.cycles, trial.seed)
         for q in (q for qs in inboxes.values() for q in qs):
             q.put(None)
     finally:
@@ -217,11 +220,11 @@ def measure(
         "low": r.low,
         "high": r.high,
         "p": r.p,
-        "cycles": cycles,
-        "block": block,
-        "model": model,
-        "ranks": ranks,
-        "slow_pct": slow_pct,
+        "cycles": trial.cycles,
+        "block": trial.block,
+        "model": trial.model,
+        "ranks": trial.ranks,
+        "slow_pct": trial.slow_pct,
         "on_ms": 1e3 * float(np.median(times["on"])),
         "off_ms": 1e3 * float(np.median(times["off"])),
         "entries_recorded": recorded["on"],
@@ -274,14 +277,15 @@ def main(argv: list[str] | None = None) -> int:
             "--ranks 2 or more"
         )
     try:
-        f = measure(
+        trial = Trial(
             cycles=args.cycles,
             block=args.block,
             model=args.model,
             ranks=args.ranks,
             slow_pct=args.slow_pct,
-            sizes={"on": "2000", "off": "2000"} if args.aa else JOBS,
+            sizes={"on": "2000", "off": "2000"} if args.aa else dict(JOBS),
         )
+        f = measure(trial)
     except (RuntimeError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

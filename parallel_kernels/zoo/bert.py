@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from parallel_kernels.workload import COLWISE, ROWWISE, Workload
 from parallel_kernels.zoo import ZOO, sized
-from parallel_kernels.zoo.hf import classification_batch, config, hf_workload
+from parallel_kernels.zoo.hf import HFClasses, classification_batch, config, hf_workload
 
 _LAYER = "bert.encoder.layer.*."
 TP_PLAN = {
@@ -25,6 +25,12 @@ TP_PLAN = {
     _LAYER + "output.dense": ROWWISE,  # also matches attention.output.dense: row-wise too
 }
 NO_DROPOUT = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+CLASSES = HFClasses(
+    model="BertForSequenceClassification",
+    family="bert",
+    layer="BertLayer",
+    batch=classification_batch,
+)
 
 
 def _bert(size: str, description: str, seq: int, **fields) -> Workload:
@@ -36,17 +42,7 @@ def _bert(size: str, description: str, seq: int, **fields) -> Workload:
         **NO_DROPOUT,
         **fields,
     )
-    return hf_workload(
-        f"bert:{size}",
-        description,
-        model="BertForSequenceClassification",
-        cfg=cfg,
-        batch=classification_batch,
-        seq=seq,
-        family="bert",
-        layer="BertLayer",
-        tp_plan=TP_PLAN,
-    )
+    return hf_workload(f"bert:{size}", description, CLASSES, cfg, seq, tp_plan=TP_PLAN)
 
 
 def tiny() -> Workload:

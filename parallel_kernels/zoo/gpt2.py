@@ -8,24 +8,21 @@ from __future__ import annotations
 
 from parallel_kernels.workload import Workload
 from parallel_kernels.zoo import ZOO, sized
-from parallel_kernels.zoo.hf import causal_lm_batch, config, hf_workload
+from parallel_kernels.zoo.hf import HFClasses, causal_lm_batch, config, hf_workload
 
 NO_DROPOUT = {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
+CLASSES = HFClasses(
+    model="GPT2LMHeadModel",
+    family="gpt2",
+    layer="GPT2Block",
+    batch=causal_lm_batch,
+    loss_type="ForCausalLM",
+)
 
 
 def _gpt2(size: str, description: str, seq: int, **fields) -> Workload:
     cfg = config("GPT2Config", n_positions=seq, **NO_DROPOUT, **fields)
-    return hf_workload(
-        f"gpt2:{size}",
-        description,
-        model="GPT2LMHeadModel",
-        cfg=cfg,
-        batch=causal_lm_batch,
-        seq=seq,
-        family="gpt2",
-        layer="GPT2Block",
-        loss_type="ForCausalLM",
-    )
+    return hf_workload(f"gpt2:{size}", description, CLASSES, cfg, seq)
 
 
 def tiny() -> Workload:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import functools
 import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
 from types import ModuleType
 
 import torch
@@ -84,28 +86,30 @@ def classification_batch(vocab: int, seq: int):
     return functools.partial(_classification_batch, vocab=vocab, seq=seq)
 
 
+@dataclass(frozen=True)
+class HFClasses:
+    """What a zoo family takes from Hugging Face: its model class, the ``layer`` block class of
+    ``transformers.models.<family>`` (the unit FSDP shards and checkpointing recomputes), its
+    synthetic batch (``causal_lm_batch`` or ``classification_batch``), and the loss of a model
+    class whose name gives none (``model_of``)."""
+
+    model: str
+    family: str
+    layer: str
+    batch: Callable[[int, int], Callable]
+    loss_type: str | None = None
+
+
 def hf_workload(
-    name: str,
-    description: str,
-    *,
-    model: str,
-    cfg: object,
-    batch,
-    seq: int,
-    family: str,
-    layer: str,
-    tp_plan=None,
-    loss_type: str | None = None,
+    name: str, description: str, classes: HFClasses, cfg: object, seq: int, tp_plan=None
 ) -> Workload:
-    """A zoo workload of the Hugging Face model class ``model`` built from ``cfg``: ``batch``
-    (``causal_lm_batch`` or ``classification_batch``) at ``seq`` tokens, the ``layer`` class of
-    ``family`` as its FSDP and checkpointing unit."""
+    """A zoo workload of ``classes``' model built from ``cfg``, at ``seq`` tokens a sample."""
     return Workload(
         name=name,
         description=description,
-        build=builder(model, cfg, loss_type),
-        batch=batch(cfg.vocab_size, seq),
+        build=builder(classes.model, cfg, classes.loss_type),
+        batch=classes.batch(cfg.vocab_size, seq),
         tokens_per_sample=seq,
-        fsdp_units=(layer_class(family, layer),),
+        fsdp_units=(layer_class(classes.family, classes.layer),),
         tp_plan=tp_plan,
     )

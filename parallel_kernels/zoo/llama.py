@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from parallel_kernels.workload import COLWISE, ROWWISE, Workload
 from parallel_kernels.zoo import ZOO, sized
-from parallel_kernels.zoo.hf import causal_lm_batch, config, hf_workload
+from parallel_kernels.zoo.hf import HFClasses, causal_lm_batch, config, hf_workload
 
 _LAYER = "model.layers.*."
 TP_PLAN = {
@@ -23,21 +23,14 @@ TP_PLAN = {
     _LAYER + "mlp.up_proj": COLWISE,
     _LAYER + "mlp.down_proj": ROWWISE,
 }
+CLASSES = HFClasses(
+    model="LlamaForCausalLM", family="llama", layer="LlamaDecoderLayer", batch=causal_lm_batch
+)
 
 
 def _llama(size: str, description: str, seq: int, **fields) -> Workload:
     cfg = config("LlamaConfig", max_position_embeddings=seq, attention_dropout=0.0, **fields)
-    return hf_workload(
-        f"llama:{size}",
-        description,
-        model="LlamaForCausalLM",
-        cfg=cfg,
-        batch=causal_lm_batch,
-        seq=seq,
-        family="llama",
-        layer="LlamaDecoderLayer",
-        tp_plan=TP_PLAN,
-    )
+    return hf_workload(f"llama:{size}", description, CLASSES, cfg, seq, tp_plan=TP_PLAN)
 
 
 def tiny() -> Workload:

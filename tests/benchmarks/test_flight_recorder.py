@@ -35,7 +35,7 @@ def figures() -> dict:
     (a sleep of three times the step's own time, so four times however loaded the machine is),
     in the same cycles. Twice as long read 1.98 [1.20, 2.77] with a make sweep and other
     sweeps beside: the load widens the interval past what a doubling can clear. 12 cycles of 2
-    steps (the tool's defaults are 24 of 3): the gate and a quadrupled step are told apart with
+    steps (the tool's defaults are 24 of 3): the gate and a quadrupled step are distinguished with
     half the cycles, and the launch takes a third of the time."""
     cmd = [sys.executable, "bench/selftime/recorder_cost.py", "--json", "--slow-pct", "300"]
     cmd += ["--cycles", "12", "--block", "2"]
