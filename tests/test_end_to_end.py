@@ -219,7 +219,7 @@ def test_world_size_sweep_without_torchrun(tmp_path):
             "1",
             "--batch-size",
             "16",
-            "--timeout-s",
+            "--point-timeout",
             "60",
             "--nproc-per-node",
             "4",

@@ -58,7 +58,7 @@ def sweep(out: Path, models: list[str]) -> tuple[subprocess.CompletedProcess, fl
         "1",
         "--profile-steps",
         "1",
-        "--timeout-s",
+        "--point-timeout",
         str(TIMEOUT_S),
         "--nproc-per-node",
         "2",
@@ -184,7 +184,7 @@ def uneven(tmp_path: Path, fix: str) -> subprocess.CompletedProcess:
         "examples/uneven_data.py",
         "--fix",
         fix,
-        "--timeout-s",
+        "--point-timeout",
         "5",
     ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO, env=env)

@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 TRAIN = shlex.split(
     "--sweep bucket_cap_mb --values 1,25 --model mlp --impl native --steps 800 --max-steps 800 "
     "--max-point-s 60 --rounds 1 --interleave off --warmup-steps 2 --profile-steps 1 "
-    "--timeout-s 60 --nproc-per-node 2 --no-report"
+    "--point-timeout 60 --nproc-per-node 2 --no-report"
 )
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 

@@ -23,7 +23,7 @@ LEAVE_S = 15  # the issue's bound, from the launcher's death to its last rank's
 TRAIN = shlex.split(
     "--sweep bucket_cap_mb --values 1,25 --model mlp --impl native --steps 800 --max-steps 800 "
     "--max-point-s 60 --rounds 1 --interleave off --warmup-steps 2 --profile-steps 1 "
-    "--timeout-s 60 --nproc-per-node 2 --no-report"
+    "--point-timeout 60 --nproc-per-node 2 --no-report"
 )
 COLLECTIVES = shlex.split(
     "--sweep message_size --collectives all_reduce --impl native -b 64K -e 64M -f 2 "

@@ -119,7 +119,7 @@ def sweep(out: Path, values: str) -> list[str]:
         "1",
         "--profile-steps",
         "1",
-        "--timeout-s",
+        "--point-timeout",
         "30",
         "--out",
         str(out),

@@ -56,7 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-report", action="store_true")
     p.add_argument("--backend", default="auto", choices=("auto", "gloo", "nccl", "gloo-cuda"))
     p.add_argument(
-        "--timeout-s", type=float, default=120.0, help="seconds a replayed collective may wait"
+        "--point-timeout",
+        "--timeout-s",
+        type=float,
+        default=120.0,
+        help="seconds a replayed collective may wait",
     )
     p.add_argument(
         "--nproc-per-node",
@@ -124,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     from bench.runner.faults import launcher
     from bench.runner.session.distenv import init_distributed
 
-    env = init_distributed(backend=args.backend, timeout_s=max(300.0, 3 * args.timeout_s))
+    env = init_distributed(backend=args.backend, timeout_s=max(300.0, 3 * args.point_timeout))
     launcher.watch(env.rank)  # a rank whose launcher dies without a word leaves too
     if env.world_size < seq.ranks_needed:
         fail(

@@ -257,7 +257,7 @@ def replay_on(args, argv, seq: JobSequence, costs, env: DistEnv, done=lambda: No
                 args, argv, seq, env.backend, env.device.type, run_dir_of(args), env.world_size
             ),
         )
-    groups = play.Groups(rank_lists(steps), args.timeout_s)
+    groups = play.Groups(rank_lists(steps), args.point_timeout)
     for impl in args.impls:
         replayed_rows(steps, impl, groups, env, args, writer or (lambda _row: None))
     groups.release()
