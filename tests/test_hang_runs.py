@@ -184,7 +184,7 @@ def uneven(tmp_path: Path, fix: str) -> subprocess.CompletedProcess:
         "examples/uneven_data.py",
         "--fix",
         fix,
-        "--point-timeout",
+        "--timeout-s",
         "5",
     ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
