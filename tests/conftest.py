@@ -12,9 +12,15 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 TIERS = ("unit", "ranks", "e2e", "browser", "slurm", "bench")
 
 
+# The order files start in under pytest-xdist (``--dist loadfile`` hands a worker a whole
+# file): files that launch jobs first, the unit tier's short files last, so that they fill
+# what the long ones leave and no worker ends long after the other.
+START_ORDER = {"e2e": 0, "slurm": 0, "ranks": 1, "browser": 1, "bench": 1, "unit": 2}
+
+
 def pytest_collection_modifyitems(config, items):
     """Every test in exactly one tier, so that ``-m unit`` (make test-fast) is the unit tier
-    and every other tier is in ``make test`` by name."""
+    and every other tier is in ``make test`` by name; files ordered by ``START_ORDER``."""
     wrong = []
     for item in items:
         tiers = {m.name for m in item.iter_markers() if m.name in TIERS}
@@ -24,6 +30,11 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError(
             f"every test needs exactly one tier marker of {', '.join(TIERS)}: " + "; ".join(wrong)
         )
+    first = {}  # a file's earliest START_ORDER over its tests
+    for item in items:
+        tier = next(m.name for m in item.iter_markers() if m.name in TIERS)
+        first[item.path] = min(first.get(item.path, 2), START_ORDER[tier])
+    items.sort(key=lambda item: first[item.path])  # stable: a file's tests keep their order
 
 
 def pytest_configure(config):
