@@ -3,8 +3,9 @@
 # hand (CI has no GPU): NCCL at world size 1 (one rank per GPU: NCCL refuses two ranks on one
 # device), a zoo model's DDP and FSDP sweeps, two ranks sharing GPU 0 over gloo with CUDA
 # tensors (DDP, then TP), the collectives, the planner's memory against CUDA's allocator
-# (bench/selftime/plan_memory.py), and the analyser on the GPU traces the sweeps wrote. It ends
-# with a summary: device, MFU, GPU utilisation (trace and NVML), the analyser's figures.
+# (bench/selftime/plan_memory.py), and the analyser on the GPU traces the sweeps wrote. First it
+# measures the GPU's roofline (python -m bench.roofline: OUT/roofline.json, docs/roofline.md).
+# It ends with a summary: device, MFU, GPU utilisation (trace and NVML), the analyser's figures.
 #
 #   make gpu-check TORCH=            # with your CUDA torch in .venv (README)
 #   bash scripts/gpu_check.sh        # with the python3 that holds your CUDA torch
@@ -31,6 +32,12 @@ try:
 except Exception as e:  # noqa: BLE001
     print("nvml: unavailable:", type(e).__name__, e)
 EOF
+
+# The GPU's roofline (peaks, bandwidth, efficiency curves, launch), measured while it is quiet:
+# the file a command's --device-profile takes in place of the datasheet's stated one.
+echo "== roofline: python -m bench.roofline --out $OUT/roofline.json" | tee -a "$OUT/summary.txt"
+timeout 180 $PY -m bench.roofline --out "$OUT/roofline.json" 2>&1 | tee -a "$OUT/summary.txt"
+echo "exit ${PIPESTATUS[0]}" | tee -a "$OUT/summary.txt"
 
 run() {  # name, ranks, time limit (s), then bench/run.py's arguments
   local name=$1 ranks=$2 limit=$3

@@ -1,0 +1,277 @@
+"""This device's roofline, measured in a short run, and this host's, cached.
+
+Three figures, each the best of a few repeats of a batch of calls (the batch long enough for the
+clock, the device synchronised around it on a GPU), so that a neighbour's burst costs a repeat,
+not the figure:
+
+- ``launch_us``: one tiny op (an add of one element), dispatch included: what any op costs;
+- matmuls of growing size, square and two skinny shapes of the same FLOPs (a small inner
+  dimension, as attention's scores against a head's; a small output one, as its values), until
+  the rate stops growing: ``peak_tflops`` is the best rate reached, a curve point the geometric
+  mean of its shapes' rates over that peak, for fp32 and bf16 (where the device runs it);
+- an elementwise add over sizes from KBs to well past the caches: ``memory_GBps`` is the best
+  bandwidth reached (bytes read and written), the curve its rate at each size over that best.
+
+Rates are taken on a call's time less one launch (at least a twentieth of it), so that a
+profile prices each measured op as it ran: its FLOPs or bytes at the curve's rate, plus the
+launch (``Roofline.op_us``). The ceilings come from calls at least twice a launch: below, the
+rate is mostly the launch's noise (those sizes' efficiencies are capped at 1).
+
+``host_profile()`` measures once per host, device model, torch version and thread count, and
+reads the file (the profile format, docs/roofline.md) under ``CACHE_DIR`` after.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import platform
+import re
+import socket
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from bench.roofline.profile import Curve, Roofline, from_json, write
+from bench.runfolder import atomic
+
+CACHE_DIR = Path.home() / ".cache" / "parallel-bench" / "roofline"
+MIN_NET = 0.05  # a call's time less one launch is at least this fraction of it
+PLATEAU = 1.05  # a size whose rate beats the best so far by less has not grown it
+LONG_CALL_S = 0.05  # a call this long is timed twice, not 1 + repeats times
+FLAT_SIZES = 2  # this many sizes in a row without growth end the matmul sweep
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """What one measurement runs: the sizes, and how long and how often each is timed."""
+
+    square: tuple[int, ...]  # n of the n x n x n matmuls, growing
+    memory_bytes: tuple[int, ...]  # bytes of each of the add's three tensors, growing
+    repeats: int  # timed batches per figure; the fastest counts
+    batch_s: float  # a batch repeats its call until it lasts this long
+    call_budget_s: float  # the sweep ends before a size whose calls would take longer (8x)
+    sweep_s: float  # a precision's matmul sweep that has run this long ends
+
+
+KIB = 1024
+SIZES = {
+    "cpu": Sizes(
+        square=(32, 64, 128, 256, 512, 1024, 2048),
+        memory_bytes=tuple(4 * KIB * 4**i for i in range(8)),  # 4 KiB .. 64 MiB
+        repeats=5,
+        batch_s=0.005,
+        call_budget_s=0.1,
+        sweep_s=2.0,
+    ),
+    "cuda": Sizes(
+        square=(64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384),
+        memory_bytes=tuple(4 * KIB * 4**i for i in range(10)),  # 4 KiB .. 1 GiB
+        repeats=5,
+        batch_s=0.005,
+        call_budget_s=0.2,
+        sweep_s=5.0,
+    ),
+}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class Bench:
+    """Where the calls run: the device, its synchronisation, the sizes, one launch's seconds."""
+
+    device: torch.device
+    sizes: Sizes
+    launch_s: float = 0.0
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def per_call_s(self, call: Callable[[], object]) -> float:
+        """The fastest of ``sizes.repeats`` batches, per call (after one warm-up call)."""
+        call()
+        self.sync()
+        t0 = time.perf_counter()
+        call()
+        self.sync()
+        one = max(time.perf_counter() - t0, 1e-7)
+        count = max(1, min(100_000, math.ceil(self.sizes.batch_s / one)))
+        best = one
+        for _ in range(self.sizes.repeats if one < LONG_CALL_S else 1):
+            self.sync()
+            t0 = time.perf_counter()
+            for _ in range(count):
+                call()
+            self.sync()
+            best = min(best, (time.perf_counter() - t0) / count)
+        return best
+
+    def net_s(self, seconds: float) -> float:
+        """A call's time less one launch: what its FLOPs or bytes took."""
+        return max(seconds - self.launch_s, MIN_NET * seconds)
+
+
+@dataclass(frozen=True)
+class Timed:
+    """A size's work (FLOPs, bytes moved) and the seconds each of its calls took."""
+
+    work: float
+    seconds: tuple[float, ...]
+
+
+def launch_s(bench: Bench) -> float:
+    """Seconds of a one-element add: the dispatch and launch every op pays."""
+    x, y, out = (torch.ones(1, device=bench.device) for _ in range(3))
+    return bench.per_call_s(lambda: torch.add(x, y, out=out))
+
+
+def shapes(n: int) -> tuple[tuple[int, int, int], ...]:
+    """(m, k, n) of the matmuls one size times, each of 2 n^3 FLOPs: square, a small inner
+    dimension (attention's scores), a small output one (attention's values)."""
+    return ((n, n, n), (2 * n, n // 4, 2 * n), (2 * n, 2 * n, n // 4))
+
+
+def matmul_s(bench: Bench, shape: tuple[int, int, int], dtype: torch.dtype) -> float:
+    """Seconds of one (m, k) @ (k, n) matmul."""
+    m, k, n = shape
+    a = torch.randn(m, k, device=bench.device).to(dtype)
+    b = torch.randn(k, n, device=bench.device).to(dtype)
+    out = torch.empty(m, n, device=bench.device, dtype=dtype)
+    return bench.per_call_s(lambda: torch.mm(a, b, out=out))
+
+
+def matmul_times(bench: Bench, dtype: torch.dtype) -> list[Timed]:
+    """Each size's shapes timed, growing until the rate stops growing, the next size's calls
+    (8x the FLOPs) or the sweep would exceed their budget, or the device's memory runs out."""
+    points: list[Timed] = []
+    start = time.perf_counter()
+    best, flat = 0.0, 0
+    for n in bench.sizes.square:
+        try:
+            point = Timed(2.0 * n**3, tuple(matmul_s(bench, s, dtype) for s in shapes(n)))
+        except torch.OutOfMemoryError:
+            break
+        points.append(point)
+        rate = point.work / min(map(bench.net_s, point.seconds))
+        flat = flat + 1 if rate < PLATEAU * best else 0
+        best = max(best, rate)
+        too_long = 8 * max(point.seconds) > bench.sizes.call_budget_s
+        if flat >= FLAT_SIZES or too_long or time.perf_counter() - start > bench.sizes.sweep_s:
+            break
+    return points
+
+
+def curve(bench: Bench, points: list[Timed]) -> tuple[float, Curve]:
+    """(ceiling per second, efficiency curve): the best rate (of the calls at least twice a
+    launch: below, the launch's noise is the rate's), and per size its calls' rates over it,
+    their geometric mean where a size has several shapes."""
+    rates = [[p.work / bench.net_s(t) for t in p.seconds] for p in points]
+    pairs = [
+        (t, r)
+        for p, rs in zip(points, rates, strict=True)
+        for t, r in zip(p.seconds, rs, strict=True)
+    ]
+    long = [r for t, r in pairs if t >= 2 * bench.launch_s]
+    top = max(long or [r for rs in rates for r in rs])
+    eff = [float(np.exp(np.mean(np.log(np.minimum(np.array(rs) / top, 1.0))))) for rs in rates]
+    return top, Curve(tuple(p.work for p in points), tuple(eff))
+
+
+def memory_times(bench: Bench) -> list[Timed]:
+    """``out = a + b`` in fp32 timed at each size: a call reads two tensors and writes one."""
+    points = []
+    for nbytes in bench.sizes.memory_bytes:
+        a, b, out = (torch.ones(nbytes // 4, device=bench.device) for _ in range(3))
+        seconds = bench.per_call_s(lambda a=a, b=b, out=out: torch.add(a, b, out=out))
+        points.append(Timed(3.0 * nbytes, (seconds,)))
+        del a, b, out
+    return points
+
+
+def precisions(device: torch.device) -> tuple[str, ...]:
+    """The precisions measured: fp32, and bf16 where the device runs it."""
+    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        return ("fp32",)
+    return ("fp32", "bf16")
+
+
+def device_name(device: torch.device) -> str:
+    """What the device calls itself: the GPU's name, or the CPU's model."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        text = ""
+    model = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
+    return model.group(1).strip() if model else platform.processor() or platform.machine()
+
+
+def measure(device: torch.device | str = "cpu", sizes: Sizes | None = None) -> Roofline:
+    """This device's profile, measured now (a few seconds: ``SIZES``)."""
+    device = torch.device(device)
+    sizes = sizes or SIZES[device.type]
+    bench = Bench(device, sizes)
+    bench = Bench(device, sizes, launch_s(bench))
+    peaks, curves = {}, {}
+    for p in precisions(device):
+        peak, curves[p] = curve(bench, matmul_times(bench, DTYPES[p]))
+        peaks[p] = peak / 1e12
+    bandwidth, memory = curve(bench, memory_times(bench))
+    threads = f", threads: {torch.get_num_threads()}" if device.type == "cpu" else ""
+    when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return Roofline(
+        device=device_name(device),
+        source=f"measured on {socket.gethostname()}, torch {torch.__version__}{threads}, {when}",
+        peak_tflops=peaks,
+        memory_GBps=bandwidth / 1e9,
+        matmul=curves,
+        memory=memory,
+        launch_us=bench.launch_s * 1e6,
+    )
+
+
+def cache_path(device: torch.device | str = "cpu") -> Path:
+    """Where this host's profile of ``device`` is kept: one file per host name, device model,
+    torch version and (on a CPU) thread count, any of which changes the figures."""
+    device = torch.device(device)
+    threads = f"{torch.get_num_threads()}t" if device.type == "cpu" else device.type
+    key = "_".join((socket.gethostname(), device_name(device), torch.__version__, threads))
+    return CACHE_DIR / (re.sub(r"[^A-Za-z0-9.+-]+", "-", key).strip("-") + ".json")
+
+
+def this_device() -> torch.device:
+    """The device a profile of this host is of: the GPU where CUDA is, else the CPU."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def remeasure(device: torch.device | str | None = None, sizes: Sizes | None = None) -> Roofline:
+    """``device``'s profile measured now, replacing the cached one."""
+    device = torch.device(device) if device is not None else this_device()
+    profile = measure(device, sizes)
+    try:
+        write(profile, cache_path(device))
+    except atomic.OutputError as e:
+        print(f"roofline: cannot cache the profile: {e}", file=sys.stderr)
+    return profile
+
+
+def host_profile(device: torch.device | str | None = None, sizes: Sizes | None = None) -> Roofline:
+    """This host's profile of ``device`` (None: ``this_device()``): read from the cache, or
+    measured and cached where it has none or cannot be read (saying so)."""
+    device = torch.device(device) if device is not None else this_device()
+    path = cache_path(device)
+    if path.exists():
+        try:
+            return from_json(json.loads(path.read_text()), where=str(path))
+        except (OSError, ValueError) as e:  # RooflineError and JSONDecodeError among them
+            why = (str(e).splitlines() or [type(e).__name__])[0]
+            print(f"roofline: cached profile unreadable ({why}); measuring again", file=sys.stderr)
+    return remeasure(device, sizes)

@@ -1,0 +1,183 @@
+"""A device's roofline as data (docs/roofline.md): the file format, its refusals, the
+measurement on this CPU against a matmul timed here directly, the per-host cache, and the
+datasheet GPUs' stated profiles."""
+
+import json
+import time
+
+import pytest
+import torch
+
+from bench.roofline import measure as m
+from bench.roofline.__main__ import main
+from bench.roofline.datasheet import MEMORY, datasheet_profile
+from bench.roofline.profile import Curve, Roofline, from_json, read, write
+from bench.runfolder.peaks import DATASHEETS, datasheet_peak
+
+pytestmark = pytest.mark.unit
+
+TINY = m.Sizes(
+    square=(32, 64, 128),
+    memory_bytes=(4096, 65536, 1 << 20),
+    repeats=3,
+    batch_s=0.002,
+    call_budget_s=10.0,
+    sweep_s=5.0,
+)
+
+
+def _profile() -> Roofline:
+    return Roofline(
+        device="a test CPU",
+        source="made by hand",
+        peak_tflops={"fp32": 0.1, "bf16": 0.2},
+        memory_GBps=50.0,
+        matmul={"fp32": Curve((1e5, 1e7, 1e9), (0.2, 0.9, 1.0)), "bf16": Curve((1e6,), (0.5,))},
+        memory=Curve((1e4, 1e8), (0.3, 1.0)),
+        launch_us=1.5,
+    )
+
+
+def test_the_file_format_round_trips(tmp_path):
+    p = _profile()
+    assert from_json(json.loads(json.dumps(p.as_json()))) == p
+    write(p, tmp_path / "sub" / "p.json")
+    assert read(tmp_path / "sub" / "p.json") == p
+    assert main(["--check", str(tmp_path / "sub" / "p.json")]) == 0
+
+
+def _broken(data: dict, case: str) -> dict | str:
+    if case == "missing field":
+        del data["memory_GBps"]
+    elif case == "unknown field":
+        data["colour"] = "blue"
+    elif case == "unknown precision":
+        data["peak_tflops"]["fp8"] = 1.0
+    elif case == "non-increasing sizes":
+        data["memory"]["sizes"] = [1e8, 1e4]
+    elif case == "efficiency > 1":
+        data["matmul"]["fp32"]["efficiency"][1] = 1.2
+    elif case == "non-JSON":
+        return '{"format": "parallel-bench roofline 1",'
+    return data
+
+
+@pytest.mark.parametrize(
+    ("case", "says"),
+    [
+        ("missing field", "lacks 'memory_GBps'"),
+        ("unknown field", "unknown field 'colour'"),
+        ("unknown precision", "unknown precision 'fp8'"),
+        ("non-increasing sizes", "memory.sizes must increase"),
+        ("efficiency > 1", "efficiency must lie in (0, 1]"),
+        ("non-JSON", "not JSON"),
+    ],
+)
+def test_a_malformed_profile_is_one_line_and_exit_2(tmp_path, capsys, case, says):
+    broken = _broken(_profile().as_json(), case)
+    path = tmp_path / "p.json"
+    path.write_text(broken if isinstance(broken, str) else json.dumps(broken))
+    assert main(["--check", str(path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.count("\n") == 1 and captured.err.startswith("error: ")
+    assert says in captured.err and str(path) in captured.err
+
+
+def test_an_unknown_datasheet_gpu_is_one_line_and_exit_2(capsys):
+    assert main(["--device-name", "NVIDIA GeForce RTX 4090"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+def _direct_s(call, calls: int = 20, repeats: int = 5) -> float:
+    """Seconds per call, timed here without the suite's timer: the best of a few loops."""
+    call()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            call()
+        best = min(best, (time.perf_counter() - t0) / calls)
+    return best
+
+
+def test_the_measurement_here_agrees_with_a_matmul_timed_directly():
+    p = m.measure("cpu", TINY)
+    assert from_json(p.as_json()) == p
+    assert set(p.peak_tflops) == {"fp32", "bf16"}
+    a, b = torch.randn(128, 128), torch.randn(128, 128)
+    direct_tflops = 2 * 128**3 / _direct_s(lambda: a @ b) / 1e12
+    # the peak is the best of the shapes and sizes up to 128: no slower than a 128^3 matmul
+    # (less noise), and not faster than a few times it on a CPU whose rate has levelled by then
+    assert direct_tflops / 3 < p.peak_tflops["fp32"] < 4 * direct_tflops
+    x, y = torch.ones(1), torch.ones(1)
+    direct_launch_us = _direct_s(lambda: torch.add(x, y), calls=2000) * 1e6
+    assert direct_launch_us / 4 < p.launch_us < 4 * direct_launch_us
+    assert p.matmul["fp32"].sizes == (2 * 32**3, 2 * 64**3, 2 * 128**3)
+    assert p.memory.sizes == tuple(3.0 * n for n in TINY.memory_bytes)
+    assert max(p.memory.efficiency) == 1.0 and p.memory_GBps > 0
+
+
+def test_the_curve_prices_each_measured_call_as_it_ran():
+    bench = m.Bench(torch.device("cpu"), TINY, launch_s=1e-6)
+    points = [m.Timed(1e6, (1.5e-6,)), m.Timed(1e8, (2e-3, 4e-3)), m.Timed(1e9, (1e-2,))]
+    top, curve = m.curve(bench, points)
+    assert top == pytest.approx(1e9 / (1e-2 - 1e-6))  # the short call is no ceiling
+    assert curve.efficiency[0] == 1.0  # its rate (2e12 FLOP/s) is capped
+    # the size of two shapes: the geometric mean of their rates over the top
+    r1, r2 = 1e8 / (2e-3 - 1e-6), 1e8 / (4e-3 - 1e-6)
+    assert curve.efficiency[1] == pytest.approx((r1 * r2) ** 0.5 / top)
+    p = Roofline("cpu", "test", {"fp32": top / 1e12}, 1.0, {"fp32": curve}, curve, 1.0)
+    assert p.op_us(1e9, 0, "fp32")[0] == pytest.approx(1e4)  # 10 ms, as it ran
+
+
+def test_the_host_profile_is_measured_once_then_read(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(m, "CACHE_DIR", tmp_path)
+    measured = []
+
+    def fake_measure(device, sizes=None):
+        measured.append(device)
+        return _profile()
+
+    monkeypatch.setattr(m, "measure", fake_measure)
+    first = m.host_profile("cpu")
+    assert first == _profile() and len(measured) == 1
+    path = m.cache_path("cpu")
+    assert path.parent == tmp_path and path.exists()
+    assert f"{torch.get_num_threads()}t" in path.name and torch.__version__ in path.name
+    assert m.host_profile("cpu") == first and len(measured) == 1  # read, not measured
+    path.write_text("{not json")
+    assert m.host_profile("cpu") == first and len(measured) == 2
+    assert "unreadable" in capsys.readouterr().err
+    assert read(path) == first  # the new measurement replaced the broken file
+
+
+def test_a_datasheet_gpu_has_the_datasheets_peaks_and_bandwidth():
+    name = "NVIDIA H100 80GB HBM3"
+    p = datasheet_profile(name)
+    for precision in ("fp32", "bf16"):
+        assert p.peak_tflops[precision] == datasheet_peak(name, precision).tflops
+    assert p.peak_tflops["bf16"] == 989.5 and p.memory_GBps == 3350.0
+    assert from_json(p.as_json()) == p
+    assert datasheet_profile("NVIDIA GeForce RTX 4090") is None
+
+
+@pytest.mark.parametrize(
+    ("name", "GBps"),
+    [
+        ("NVIDIA A100-SXM4-80GB", 2039.0),
+        ("NVIDIA A100 80GB PCIe", 1935.0),
+        ("NVIDIA A100-PCIE-40GB", 1555.0),
+        ("NVIDIA H100 PCIe", 2000.0),
+        ("NVIDIA H200", 4800.0),
+        ("NVIDIA B200", 8000.0),
+        ("NVIDIA A10G", 600.0),
+    ],
+)
+def test_the_bandwidth_is_the_variants(name, GBps):
+    assert datasheet_profile(name).memory_GBps == GBps
+
+
+def test_every_datasheet_gpu_has_a_bandwidth():
+    named = {row.gpu for row in MEMORY}
+    assert [r.gpu for r in DATASHEETS if not any(n.startswith(r.gpu) for n in named)] == []
