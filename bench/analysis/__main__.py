@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.analysis import critical_cli
+from bench.analysis import critical_cli, mfu_cli
 from bench.analysis.trace import TraceError
 from bench.analysis.trace_folder import DEFINITIONS, analyse, load_trace_dir
 from bench.console import records
@@ -31,9 +31,12 @@ def main(argv: list[str] | None = None) -> int:
         "HolisticTraceAnalysis's figures (hta: its last step left out; GPU traces only)",
     )
     critical_cli.add_arguments(p)
+    mfu_cli.add_arguments(p)
     args = p.parse_args(argv)
     if args.critical_path or args.what_if or args.step or args.all_steps:
         return critical_cli.run(args)
+    if args.mfu or args.device_profile:
+        return mfu_cli.run(args)
 
     try:
         ts = load_trace_dir(args.trace_dir, digest_each=True, definitions=args.definitions)

@@ -39,6 +39,7 @@ from bench.analysis.trace_events import (
     call_facts,
     num,
     payload_bytes,
+    shape_key,
 )
 
 CHUNK = 1 << 18  # characters read and decoded at a time (small batches stay in cache)
@@ -91,6 +92,9 @@ class _Columns:
     nbytes: array = field(default_factory=lambda: array("d"))
     correlation: array = field(default_factory=lambda: array("q"))
     stream: array = field(default_factory=lambda: array("q"))
+    seq: array = field(default_factory=lambda: array("q"))  # autograd sequence number, -1: none
+    shape: array = field(default_factory=lambda: array("i"))  # code of shape_key, -1: none
+    shapes: dict = field(default_factory=lambda: {None: -1})  # shape_key -> code
     mem_ts: array = field(default_factory=lambda: array("d"))
     mem_total: array = field(default_factory=lambda: array("d"))
     mem_bytes: array = field(default_factory=lambda: array("d"))
@@ -150,6 +154,12 @@ class _Columns:
             self._add_comm(facts, len(self.name) - len(xs), hits)
         self.correlation.extend([_int_or(a.correlation) for a in args])
         self.stream.extend([_int_or(a.stream) for a in args])
+        self.seq.extend([_int_or(a.seq) for a in args])
+        keys = [shape_key(a) for a in args]
+        table = self.shapes
+        for k in set(keys) - table.keys():
+            table[k] = len(table) - 1
+        self.shape.extend([table[k] for k in keys])
 
     def _add_comm(self, facts: list[tuple], first_row: int, hits: list[int]) -> None:
         count, out, *texts = zip(*facts, strict=True)
@@ -192,6 +202,11 @@ class _Columns:
                 "nbytes": num(self.nbytes, np.float64),
                 "correlation": num(self.correlation, np.int64),
                 "stream": num(self.stream, np.int64),
+                "seq": num(self.seq, np.int64),
+                "shapes": pd.Categorical.from_codes(
+                    num(self.shape, np.int32),
+                    categories=[k.decode() for k in self.shapes if k is not None],
+                ),
                 "comm_count": spread(comm[1], np.nan, np.float64),
                 "comm_out_count": spread(comm[2], np.nan, np.float64),
                 "comm_name": cat_col(comm[3], sparse=True),
@@ -213,8 +228,10 @@ def read_trace(path: str | Path) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
     """(metadata, complete events, memory events) of one trace file (plain or gzip).
 
     Complete events (``ph == "X"``) keep name, cat, ts, dur, pid, tid, the payload bytes of
-    communication events, the correlation id and the stream; memory events (``[memory]``
-    instants) keep ts, total allocated and bytes.
+    communication events, the correlation id, the stream, the autograd sequence number
+    (``seq``) and, where record_shapes recorded them, the op's signature (``shapes``: its
+    input shapes, types and concrete values as JSON text, a category per distinct signature);
+    memory events (``[memory]`` instants) keep ts, total allocated and bytes.
     """
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
@@ -397,7 +414,7 @@ def _read_events(s: _Stream, cols: _Columns, path: Path) -> None:
                 pending.append(event)
             else:
                 cols.count += 1  # not an event object: counted, not kept
-        try:
-            cols.add(msgspec.convert(pending, list[Event]))
+        try:  # through JSON text again: the signature fields are kept as raw JSON
+            cols.add(_EVENTS_DECODER.decode(msgspec.json.encode(pending)))
         except msgspec.ValidationError as e:
             raise TraceError(f"{path}: an event has fields of the wrong type ({e})") from None

@@ -19,8 +19,12 @@ class Args(msgspec.Struct, gc=False):
     stream: int | str | None = -1
     in_nelems: int | float | None = msgspec.field(default=None, name="In msg nelems")
     dtype: str | None = None
-    input_dims: list | None = msgspec.field(default=None, name="Input Dims")
-    input_type: list | None = msgspec.field(default=None, name="Input type")
+    # record_shapes' arguments, kept as their JSON text: most events only need them as the
+    # key of their signature (``shape_key``); the few that need the values decode them
+    input_dims: msgspec.Raw = msgspec.field(default=None, name="Input Dims")
+    input_type: msgspec.Raw = msgspec.field(default=None, name="Input type")
+    concrete: msgspec.Raw = msgspec.field(default=None, name="Concrete Inputs")
+    seq: int | None = msgspec.field(default=None, name="Sequence number")
     total_allocated: float | None = msgspec.field(default=None, name="Total Allocated")
     nbytes: float | None = msgspec.field(default=None, name="Bytes")
     # record_param_comms' metadata (torch/csrc/profiler/util.cpp, saveNcclMeta)
@@ -44,6 +48,23 @@ class Event(msgspec.Struct, gc=False):
     args: Args | None = None
 
 
+def _decoded(raw: msgspec.Raw | None) -> list | None:
+    if raw is None:
+        return None
+    value = msgspec.json.decode(raw)
+    return value if isinstance(value, list) else None
+
+
+def shape_key(a: Args) -> bytes | None:
+    """An op's recorded signature as one key: its input shapes, types and concrete values as
+    JSON text (``[dims, types, concrete]``); None where the trace recorded no shapes."""
+    if a.input_dims is None:
+        return None
+    concrete = bytes(a.concrete) if a.concrete is not None else b"null"
+    types = bytes(a.input_type) if a.input_type is not None else b"null"
+    return b"[" + bytes(a.input_dims) + b"," + types + b"," + concrete + b"]"
+
+
 def num(v) -> float:
     return float(v) if isinstance(v, int | float) else np.nan
 
@@ -53,10 +74,11 @@ def payload_bytes(a: Args) -> float:
     the input shapes x dtype (gloo spans, ``c10d::`` ops with ``record_shapes``)."""
     if a.in_nelems is not None:
         return float(a.in_nelems) * DTYPE_BYTES.get(str(a.dtype), np.nan)
-    if not a.input_dims or not a.input_type:
+    dims, types = _decoded(a.input_dims), _decoded(a.input_type)
+    if not dims or not types:
         return np.nan
     total = 0.0
-    for d, t in zip(a.input_dims, a.input_type, strict=False):
+    for d, t in zip(dims, types, strict=False):
         if isinstance(d, list) and d and all(isinstance(x, int) for x in d):
             total += float(np.prod(d)) * DTYPE_BYTES.get(t, np.nan)
     return total
@@ -78,7 +100,7 @@ def argument_elements(a: Args) -> tuple:
     """call_facts' tuple for an op that issues a collective (``c10d::_allgather_base_``): its
     first two arguments' elements, which of them the backend's own span lists depends on the
     op (an all-gather's input is the second), and nothing else."""
-    dims = [*(a.input_dims or ()), None, None]
+    dims = [*(_decoded(a.input_dims) or ()), None, None]
     return (_elements(dims[0]), _elements(dims[1]), None, None, None)
 
 
@@ -86,7 +108,7 @@ def call_facts(a: Args) -> tuple:
     """(input elements, output elements, collective name, dtype as spelled, process group as
     JSON) of a call: record_param_comms' metadata, else its input shapes summed as
     ``payload_bytes`` sums them, the first one's type the dtype."""
-    dims_types = zip(a.input_dims or (), a.input_type or (), strict=False)
+    dims_types = zip(_decoded(a.input_dims) or (), _decoded(a.input_type) or (), strict=False)
     shaped = [
         (float(np.prod(d)), t)
         for d, t in dims_types
