@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -151,6 +152,46 @@ def make_training_run(
                 "point": f"{model}-bucket_cap_mb={value:g}-{impl}",
             }
         )
+    return run_dir
+
+
+# A fixture's MFU waterfall (results.csv's wf_* columns): each part's share of the row's
+# window_ms; ideal + matmul_loss = matmul, and the parts but matmul add up to 1.
+WATERFALL_SHARES = {
+    "wf_ideal_ms": 0.1,
+    "wf_matmul_loss_ms": 0.3,
+    "wf_matmul_ms": 0.4,
+    "wf_memory_bound_ms": 0.2,
+    "wf_recompute_ms": 0.05,
+    "wf_optimizer_ms": 0.05,
+    "wf_exposed_comm_ms": 0.2,
+    "wf_idle_ms": 0.05,
+    "wf_other_ms": 0.05,
+}
+NO_SHAPES = "the trace has no shapes (record_shapes=False)"
+
+
+def add_waterfall(run_dir: Path, *, unpriced=(), missing=()) -> Path:
+    """The wf_* cells of every ok row of a ``make_training_run`` folder, ``WATERFALL_SHARES``
+    of its window_ms, on a named roofline; the points in ``unpriced`` without ideal and
+    matmul_loss (a trace without shapes: NO_SHAPES), those in ``missing`` with none at all.
+    Every other cell stays as written."""
+    path = run_dir / "results.csv"
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        fields, rows = reader.fieldnames, list(reader)
+    for row in rows:
+        if row["status"] != "ok" or row["point"] in missing:
+            continue
+        window = float(row["window_ms"])
+        row.update({c: repr(share * window) for c, share in WATERFALL_SHARES.items()})
+        row.update(wf_profile="test CPU (measured by the fixture)", wf_unpriced="")
+        if row["point"] in unpriced:
+            row.update(wf_ideal_ms="", wf_matmul_loss_ms="", wf_unpriced=NO_SHAPES)
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fields)
+        writer.writeheader()
+        writer.writerows(rows)
     return run_dir
 
 

@@ -33,6 +33,7 @@ from bench.report.replay_section import replay_sections
 from bench.report.style import CSS, LOAD_CHECK
 from bench.report.tables import html_table
 from bench.report.timeline_section import timeline_sections
+from bench.report.waterfall_section import waterfall_sections
 from bench.runfolder import columns
 from bench.runfolder.atomic import write_text
 from bench.runfolder.folder import ours_and_native
@@ -105,10 +106,8 @@ def _training_sections(run: Run, timelines: str) -> list[str]:
             if scaling
             else ["<h2>Step time</h2>", figs.step_time_figure(ok, sweep, swept_axes(points)[1])]
         )
-        parts += [
-            "<h2>Where the step goes</h2>",
-            figs.breakdown_figure(ok),
-        ]
+        parts += ["<h2>Where the step goes</h2>", figs.breakdown_figure(ok)]
+        parts += waterfall_sections(ok)  # where MFU goes, beside where the step goes
         if (
             "state_mb_expected" in ok
             and ok["state_mb_expected"].notna().any()

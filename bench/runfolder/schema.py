@@ -45,6 +45,9 @@ Schema versions (major.minor; a reader reads its own major and any minor):
 - 2.14: meta.json's ``ended`` says how the run ended (``finished``, or why it stopped: an
   interrupt, a termination, the launcher lost), with ``end_time``; a folder is held by one run
   at a time (``.lock``, ``bench/runfolder/lock.py``). A 2.13 folder reads as before.
+- 2.15: results.csv's ``wf_*`` columns, the MFU waterfall of a point's traced steps (its
+  parts, the roofline priced on, what could not be priced). A 2.14 folder reads as before,
+  without them.
 
 The measurements behind each version's change are in docs/benchmarks.md.
 """
@@ -62,7 +65,7 @@ from bench.runfolder.columns import COLLECTIVE, NOISE_COLUMNS, REPLAY, SAMPLE_CO
 from bench.runfolder.points import PointRecord, RunFolderError, is_point_id, read_points
 from bench.runfolder.verdicts import TIED_SEP, VERDICTS_COLUMNS, VERDICTS_FILE
 
-SCHEMA_VERSION = "2.14"
+SCHEMA_VERSION = "2.15"
 
 # meta.json: each field the reading side uses, with the types it may hold (a field a newer
 # minor version adds is left aside); ``sweep`` is the one every run has.

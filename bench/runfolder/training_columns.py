@@ -7,6 +7,83 @@ from __future__ import annotations
 
 from bench.runfolder.column import DERIVED, MAX, MEAN, POINT, RAN_ON, READER, TIMED, Column
 
+# The MFU waterfall's parts of a traced step, each the mean over the profiled steps and ranks
+# (bench/runner/measure/waterfall_columns.py); all but wf_ideal_ms and wf_matmul_loss_ms, or
+# wf_matmul_ms in their place, add up to window_ms.
+WATERFALL: tuple[Column, ...] = (
+    Column(
+        name="wf_ideal_ms",
+        unit="ms",
+        ranks=MEAN,
+        meaning="MFU waterfall: the traced step's matmul, attention and convolution FLOPs at "
+        "the peak of wf_profile at their precision (its share of window_ms is the achieved "
+        "MFU); empty where not priced (no shapes, no profile)",
+    ),
+    Column(
+        name="wf_matmul_loss_ms",
+        unit="ms",
+        ranks=MEAN,
+        meaning="MFU waterfall: matmul, attention and convolution time beyond wf_ideal_ms",
+    ),
+    Column(
+        name="wf_matmul_ms",
+        unit="ms",
+        ranks=MEAN,
+        meaning="MFU waterfall: matmul, attention and convolution ops' time, "
+        "wf_ideal_ms + wf_matmul_loss_ms where priced",
+    ),
+    Column(
+        name="wf_memory_bound_ms",
+        unit="ms",
+        ranks=MEAN,
+        meaning="MFU waterfall: the other ops' time (elementwise, normalisation, copies; "
+        "memcpy and memset on a GPU)",
+    ),
+    Column(
+        name="wf_recompute_ms",
+        unit="ms",
+        ranks=MEAN,
+        meaning="MFU waterfall: forward ops recomputed in backward (activation checkpointing)",
+    ),
+    Column(
+        name="wf_optimizer_ms",
+        unit="ms",
+        ranks=MEAN,
+        meaning="MFU waterfall: the optimiser step's ops",
+    ),
+    Column(
+        name="wf_exposed_comm_ms",
+        unit="ms",
+        ranks=MEAN,
+        meaning="MFU waterfall: communication not hidden under computation",
+    ),
+    Column(
+        name="wf_idle_ms",
+        unit="ms",
+        ranks=MEAN,
+        meaning="MFU waterfall: nothing running",
+    ),
+    Column(
+        name="wf_other_ms",
+        unit="ms",
+        ranks=MEAN,
+        meaning="MFU waterfall: time outside any op (an annotation's or autograd node's own; "
+        "other device work)",
+    ),
+    Column(
+        name="wf_profile",
+        ranks=POINT,
+        meaning="the roofline the MFU waterfall is priced on: this host's measured profile "
+        "on a CPU, the datasheet's stated one on a GPU (docs/roofline.md)",
+    ),
+    Column(
+        name="wf_unpriced",
+        ranks=POINT,
+        meaning="what the MFU waterfall could not price, and why (no shapes, no device "
+        "profile); empty where it priced every part",
+    ),
+)
+
 TRAINING: tuple[Column, ...] = (
     Column(
         name="sweep",
@@ -428,6 +505,9 @@ TRAINING: tuple[Column, ...] = (
         report=12,
         console=13,
     ),
+    # the MFU waterfall of the traced steps (bench/analysis/waterfall.py, docs/analysis.md
+    # "The MFU waterfall"): its parts add up to window_ms; empty where not priced, never zero
+    *WATERFALL,
     # read, never written: figures the reading side computes from results.csv (the report,
     # the console's closing table), listed here so that both name them alike
     Column(

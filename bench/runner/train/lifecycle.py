@@ -9,7 +9,8 @@ Every training point runs through the same stages, on every rank of the job:
 4. timed steps: a point alone, in chunks until its median's interval is tight or its budget is
    spent (``time_steps``); a cohort's candidates in cycles, one step each in a fresh order
    (``cycles.py``);
-5. profile: on a first visit, a few traced steps and their breakdown (``profile``);
+5. profile: on a first visit, a few traced steps, their breakdown and MFU waterfall
+   (``profile``);
 6. figures: the replicas checked to agree, the timed figures, the FLOPs (``figures``);
 7. memory: on a first visit, its memory on a build of its own, its trainer released first
    (``memory``);
@@ -45,6 +46,7 @@ from bench.runner.measure.nvml import NvmlSampler
 from bench.runner.measure.peak_memory import point_memory
 from bench.runner.measure.profiling import profile_steps, reset_peak_rss
 from bench.runner.measure.timing import Budget, TimedStep, adaptive_steps, common_clock
+from bench.runner.measure.waterfall_columns import waterfall_columns
 from bench.runner.session.distenv import DistEnv
 from bench.runner.train import plain_check, plain_compare
 from bench.runner.train.candidate import PAIRED, Candidate, Visit
@@ -141,8 +143,8 @@ def time_steps(c: Candidate, env: DistEnv, progress: Callable[[str], None]) -> T
 
 
 def profile(c: Candidate, env: DistEnv, settings: PointSettings, times: np.ndarray) -> dict:
-    """Profile: the traced steps, analysed (the breakdown), and what tracing adds to a step
-    against ``times``, the untraced steps on this rank."""
+    """Profile: the traced steps, analysed (the breakdown, the MFU waterfall), and what
+    tracing adds to a step against ``times``, the untraced steps on this rank."""
     n_traced = settings.profile_wait + settings.profile_warmup + c.point.profile_steps
     inputs = [c.trainer.next_inputs() for _ in range(n_traced)]  # no data loading traced
     trace_path, traced_ms = profile_steps(
@@ -154,7 +156,9 @@ def profile(c: Candidate, env: DistEnv, settings: PointSettings, times: np.ndarr
         warmup=settings.profile_warmup,
         active=c.point.profile_steps,
     )
-    traced = analysis.summarize(analysis.breakdown(analysis.load_trace(trace_path)))
+    trace = analysis.load_trace(trace_path)
+    traced = analysis.summarize(analysis.breakdown(trace))
+    traced.update(waterfall_columns(trace, env.device))
     traced.update(
         comm_bytes_per_sample=traced["comm_bytes_per_step"] / c.trainer.samples_per_step,
         trace_overhead_pct=100 * (float(np.median(traced_ms)) / float(np.median(times)) - 1),
