@@ -251,6 +251,26 @@ def test_resume_refuses_a_run_of_another_schema(tmp_path, capsys):
 
 
 @pytest.mark.unit
+def test_resume_refuses_a_run_of_another_minor_version(tmp_path, capsys):
+    """A minor version adds columns: appending this version's rows under an older header would
+    shift every cell after the first new column."""
+    import json
+    import shutil
+
+    run = tmp_path / "older"
+    shutil.copytree(Path(__file__).parent / "data" / "runs" / "bucket2", run)
+    meta = json.loads((run / "meta.json").read_text())
+    meta["schema_version"] = "2.14"
+    (run / "meta.json").write_text(json.dumps(meta))
+    code, err = run_main(
+        ["--sweep", "bucket_cap_mb", "--out", str(run), "--resume", "--nproc-per-node", "2"],
+        capsys,
+    )
+    assert code == 2 and "written as run folder 2.14, this version writes" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "module",
     ["bench.runner.cli", "bench.report.__main__", "bench.analysis.__main__", "bench.plan.__main__"],

@@ -92,6 +92,12 @@ def resume_problem(run_dir: Path, config: RunConfig, world_size: int | None) -> 
         meta = read_meta(run_dir)
     except RunFolderError as e:
         return f"--resume: {e}"
+    if meta.get("schema_version") != SCHEMA_VERSION:  # another version's rows, other columns
+        return (
+            f"--resume: {run_dir} was written as run folder {meta.get('schema_version')}, "
+            f"this version writes {SCHEMA_VERSION} (other columns): resume it with the version "
+            "that wrote it, or start a new run"
+        )
     then = meta.get("config", {})
     now = config.run_settings()
     diffs = [f"{k} {then.get(k)!r} (now {v!r})" for k, v in now.items() if then.get(k) != v]
