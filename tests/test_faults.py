@@ -61,7 +61,7 @@ SWEEP = [
     "--sweep",
     "bucket_cap_mb",
     "--values",
-    "0.25,1,5,25,100",
+    "0.25,1,25",
     "--model",
     "mlp",
     "--steps",
@@ -116,7 +116,7 @@ def test_a_killed_rank_ends_the_job_loudly_and_resume_completes_it(tmp_path):
     assert line.startswith("error: rank 1 (pid") and "killed by SIGKILL" in line, err[-2000:]
     done = pd.read_csv(out / "results.csv")
     finished = done[done["status"] == "ok"]
-    assert 2 <= len(finished) < 10  # finished points kept
+    assert 2 <= len(finished) < 6  # finished points kept
     lost = done[done["status"] == "error"]  # the point that was running, when rank 0 saw it
     assert len(lost) <= 1 and lost["error"].astype(str).str.contains("lost contact").all()
 
@@ -127,7 +127,7 @@ def test_a_killed_rank_ends_the_job_loudly_and_resume_completes_it(tmp_path):
     assert resumed.stdout.count("already done, skipped (--resume)") == len(finished)
     final = pd.read_csv(out / "results.csv")
     ok = final[final["status"] == "ok"]
-    assert len(ok) == 10 and ok["point"].is_unique  # every point once, failed ones rerun
+    assert len(ok) == 6 and ok["point"].is_unique  # every point once, failed ones rerun
 
     other = launch(
         [
