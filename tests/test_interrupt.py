@@ -121,9 +121,12 @@ def test_a_full_disk_makes_error_rows_that_say_so_and_no_traceback(tmp_path):
         text = done.stdout + done.stderr
         assert "Traceback" not in text, text[-4000:]
         results = pd.read_csv(out / "results.csv")
-        assert len(results) == 2 and set(results["status"]) == {"error"}, results
+        assert len(results) >= 1 and set(results["status"]) == {"error"}, results
         assert results["error"].str.contains("No space left on device").all(), results["error"]
-        if done.returncode != 0:  # the run's end itself could not be written: said in a line
+        # A row that no longer fits (the disk fills in pages: how much is left after the traces
+        # depends on when each write failed) is taken back and the run ends saying so, as is a
+        # run whose end cannot be written: one line, exit 74.
+        if len(results) < 2 or done.returncode != 0:
             assert done.returncode == 74, text[-3000:]
             assert "error: cannot write" in text and "No space left on device" in text
     finally:
