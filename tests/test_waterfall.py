@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
-from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+from torch.profiler import ProfilerActivity, profile
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import checkpoint
 from torch.utils.flop_counter import FlopCounterMode
@@ -23,6 +23,7 @@ from bench.analysis.breakdown import load_trace
 from bench.analysis.op_costs import cost
 from bench.analysis.waterfall import PARTS, waterfall
 from bench.roofline.profile import from_json
+from tests.profiled_loop import model, profiled, train_step
 
 pytestmark = pytest.mark.unit
 
@@ -40,38 +41,9 @@ PROFILE = {
 ROOFLINE = from_json(PROFILE)
 
 
-def _model() -> tuple[nn.Module, torch.optim.Optimizer, torch.Tensor]:
-    torch.manual_seed(0)
-    m = nn.Sequential(nn.Linear(64, 128), nn.LayerNorm(128), nn.GELU(), nn.Linear(128, 32))
-    return m, torch.optim.SGD(m.parameters(), lr=0.1), torch.randn(16, 64)
-
-
-def _step(m, opt, x) -> None:
-    opt.zero_grad()
-    m(x).sum().backward()
-    opt.step()
-
-
-def _profiled(folder: Path, record_shapes: bool) -> Path:
-    """A user's plain profiler loop: 3 active steps after one of warm-up."""
-    m, opt, x = _model()
-    with profile(
-        activities=[ProfilerActivity.CPU],
-        record_shapes=record_shapes,
-        with_stack=False,
-        schedule=schedule(wait=0, warmup=1, active=3),
-        on_trace_ready=tensorboard_trace_handler(str(folder)),
-    ) as p:
-        for _ in range(4):
-            _step(m, opt, x)
-            p.step()
-    (trace,) = folder.glob("*.pt.trace.json")
-    return trace
-
-
 @pytest.fixture(scope="module")
 def cpu_trace(tmp_path_factory) -> Path:
-    return _profiled(tmp_path_factory.mktemp("shapes"), record_shapes=True)
+    return profiled(tmp_path_factory.mktemp("shapes"), record_shapes=True)
 
 
 @pytest.fixture(scope="module")
@@ -98,9 +70,9 @@ def test_parts_add_up_to_each_step(cpu_waterfall):
 
 
 def test_matmul_flops_are_flop_counter_modes(cpu_waterfall):
-    m, opt, x = _model()
+    m, opt, x = model()
     with FlopCounterMode(display=False) as counter:
-        _step(m, opt, x)
+        train_step(m, opt, x)
     assert counter.get_total_flops() > 0
     # the same FLOPs, summed in another order
     assert cpu_waterfall.steps["model_flops"].to_numpy() == pytest.approx(
@@ -133,9 +105,9 @@ class _Bytes(TorchDispatchMode):
 
 
 def test_memory_bound_bytes_are_their_tensors(cpu_trace):
-    m, opt, x = _model()
+    m, opt, x = model()
     with _Bytes() as mode:
-        _step(m, opt, x)
+        train_step(m, opt, x)
     events = load_trace(cpu_trace).events
     checked = 0
     for name in ("aten::gelu", "aten::gelu_backward", "aten::native_layer_norm_backward"):
@@ -167,7 +139,7 @@ def test_recomputed_ops_are_their_own_part(tmp_path):
 
 def test_a_trace_without_shapes_says_what_it_cannot_price(tmp_path, capsys):
     folder = tmp_path / "noshapes"
-    trace = _profiled(folder, record_shapes=False)
+    trace = profiled(folder, record_shapes=False)
     w = waterfall(load_trace(trace), ROOFLINE)
     assert w.steps["ideal_us"].isna().all() and w.steps["mfu_pct"].isna().all()
     assert (w.steps["matmul_us"] > 0).all() and _closure(w.steps) < 0.01

@@ -13,8 +13,6 @@ import numpy as np
 import pytest
 import torch
 from matplotlib.axes import Axes
-from torch import nn
-from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 from torch.utils.flop_counter import FlopCounterMode
 
 from bench.analysis.breakdown import load_trace
@@ -25,6 +23,7 @@ from bench.runfolder import columns
 from bench.runfolder.schema import read_run
 from bench.runner.measure import waterfall_columns as wc
 from bench.runner.train.figures import aggregate
+from tests.profiled_loop import model, profiled, train_step
 from tests.report_fixtures import NO_SHAPES, WATERFALL_SHARES, add_waterfall, make_training_run
 
 pytestmark = pytest.mark.unit
@@ -46,34 +45,6 @@ ROOFLINE = from_json(
 SUMMED = [c for c in wc.PARTS_MS if c not in ("wf_ideal_ms", "wf_matmul_loss_ms")]
 
 
-def _model():
-    torch.manual_seed(0)
-    m = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 32))
-    return m, torch.optim.SGD(m.parameters(), lr=0.1), torch.randn(16, 64)
-
-
-def _step(m, opt, x) -> None:
-    opt.zero_grad()
-    m(x).sum().backward()
-    opt.step()
-
-
-def _profiled(folder: Path, record_shapes: bool = True) -> Path:
-    """A plain profiler loop: 3 active steps after one of warm-up."""
-    m, opt, x = _model()
-    with profile(
-        activities=[ProfilerActivity.CPU],
-        record_shapes=record_shapes,
-        schedule=schedule(wait=0, warmup=1, active=3),
-        on_trace_ready=tensorboard_trace_handler(str(folder)),
-    ) as p:
-        for _ in range(4):
-            _step(m, opt, x)
-            p.step()
-    (trace,) = folder.glob("*.pt.trace.json")
-    return trace
-
-
 def _step_mean_ms(trace: Path) -> float:
     """The profiled steps' mean length, from the file's ProfilerStep spans."""
     events = json.loads(trace.read_text())["traceEvents"]
@@ -89,15 +60,15 @@ def test_roofline(monkeypatch):
 
 
 def test_a_rows_parts_add_up_to_the_profiled_step(tmp_path, test_roofline):
-    traces = [_profiled(tmp_path / f"rank{r}") for r in range(2)]
+    traces = [profiled(tmp_path / f"rank{r}") for r in range(2)]
     ranks = [wc.waterfall_columns(load_trace(t), torch.device("cpu")) for t in traces]
     for trace, row in zip(traces, ranks, strict=True):
         assert sum(row[c] for c in SUMMED) == pytest.approx(_step_mean_ms(trace), rel=0.01)
         assert row["wf_ideal_ms"] + row["wf_matmul_loss_ms"] == pytest.approx(row["wf_matmul_ms"])
         assert row["wf_profile"] == "test device (test)" and row["wf_unpriced"] == ""
-    m, opt, x = _model()
+    m, opt, x = model()
     with FlopCounterMode(display=False) as counter:
-        _step(m, opt, x)
+        train_step(m, opt, x)
     ideal_ms = counter.get_total_flops() / (PEAK_TFLOPS * 1e12) * 1e3
     assert ranks[0]["wf_ideal_ms"] == pytest.approx(ideal_ms, rel=1e-6)
     # over ranks, as the harness makes the point's row: each part the ranks' mean
@@ -109,7 +80,7 @@ def test_a_rows_parts_add_up_to_the_profiled_step(tmp_path, test_roofline):
 
 
 def test_a_trace_without_shapes_leaves_the_split_empty(tmp_path, test_roofline):
-    trace = _profiled(tmp_path, record_shapes=False)
+    trace = profiled(tmp_path, record_shapes=False)
     row = wc.waterfall_columns(load_trace(trace), torch.device("cpu"))
     assert math.isnan(row["wf_ideal_ms"]) and math.isnan(row["wf_matmul_loss_ms"])
     assert row["wf_matmul_ms"] > 0 and "no shapes" in row["wf_unpriced"]
@@ -121,7 +92,7 @@ def test_a_failed_waterfall_costs_the_cells_not_the_point(tmp_path, monkeypatch)
         raise RuntimeError("no roofline today\nsecond line")
 
     monkeypatch.setattr(wc, "device_roofline", broken)
-    trace = _profiled(tmp_path)
+    trace = profiled(tmp_path)
     row = wc.waterfall_columns(load_trace(trace), torch.device("cpu"))
     assert all(math.isnan(row[c]) for c in wc.PARTS_MS)
     assert row["wf_unpriced"] == "waterfall failed: RuntimeError: no roofline today"
