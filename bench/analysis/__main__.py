@@ -13,7 +13,7 @@ from bench.analysis import critical_cli, mfu_cli
 from bench.analysis.trace import TraceError
 from bench.analysis.trace_folder import DEFINITIONS, analyse, load_trace_dir
 from bench.console import records
-from bench.runfolder.atomic import OutputError, write_with
+from bench.runfolder.atomic import OutputError, write_tables
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,13 +47,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"warning: {problem}", file=sys.stderr)
     tables = analyse(ts)
     if args.csv:
-        args.csv.mkdir(parents=True, exist_ok=True)
-        for name, df in tables.items():
-            try:
-                write_with(args.csv / f"{name}.csv", lambda f, df=df: df.to_csv(f, index=False))
-            except OutputError as e:
-                print(f"error: {e}", file=sys.stderr)
-                return 1
+        try:
+            write_tables(args.csv, tables)
+        except OutputError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
     if args.json:
         print(
             json.dumps(

@@ -20,7 +20,7 @@ from bench.analysis.trace import Trace, TraceError
 from bench.analysis.trace_folder import load_trace_dir
 from bench.console import records
 from bench.roofline.profile import Roofline, RooflineError, read
-from bench.runfolder.atomic import OutputError, write_with
+from bench.runfolder.atomic import OutputError, write_tables
 
 TOP_CLASSES = 5  # op classes shown per rank on the console, by loss
 
@@ -97,13 +97,11 @@ def run(args: argparse.Namespace) -> int:
 
 def _output(args, tables: dict, problems: list[str], profiles: dict) -> int:
     if args.csv:
-        args.csv.mkdir(parents=True, exist_ok=True)
-        for name, df in tables.items():
-            try:
-                write_with(args.csv / f"{name}.csv", lambda f, df=df: df.to_csv(f, index=False))
-            except OutputError as e:
-                print(f"error: {e}", file=sys.stderr)
-                return 1
+        try:
+            write_tables(args.csv, tables)
+        except OutputError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
     if args.json:
         out = {name: records(df) for name, df in tables.items()}
         print(json.dumps(out | {"problems": problems, "profiles": profiles}))

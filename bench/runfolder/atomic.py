@@ -46,3 +46,11 @@ def write_text(path: Path, text: str) -> Path:
 
 def write_bytes(path: Path, data: bytes) -> Path:
     return write_with(path, lambda f: f.write(data), binary=True)
+
+
+def write_tables(folder: Path, tables: dict) -> None:
+    """Each DataFrame of ``tables`` (name -> table) as ``folder/<name>.csv``, each file whole;
+    ``OutputError`` at the first that cannot be written."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, df in tables.items():
+        write_with(folder / f"{name}.csv", lambda f, df=df: df.to_csv(f, index=False))
