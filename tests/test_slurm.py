@@ -140,26 +140,13 @@ def time_limited(cluster, tmp_path_factory):
     return jid, out, log
 
 
-@pytest.mark.timeout(120)
-@pytest.mark.usefixtures("time_limited")  # submitted first, to run beside this file's jobs
-def test_a_sweep_job_runs_to_its_report(cluster, tmp_path):
-    out = tmp_path / "run"
-    jid, rc = submit(cluster, tmp_path / "job.out", sweep_args(out, "1,25", 3))
-    log = (tmp_path / "job.out").read_text()
-    assert rc == 0, log[-3000:]
-    df = pd.read_csv(out / "results.csv")
-    assert len(df) == 2 and (df["status"] == "ok").all(), df[["point", "status", "error"]]
-    meta = json.loads((out / "meta.json").read_text())
-    assert meta["slurm"]["job_id"] == jid
-    assert meta["slurm"]["nodelist"] == cluster.host and meta["world_size"] == 2
-    assert [j["job_id"] for j in meta["slurm_jobs"]] == [jid]
-    assert list((tmp_path / "reports").glob("*.html")), log[-2000:]
-
-
 @pytest.mark.timeout(150)
+@pytest.mark.usefixtures("time_limited")  # submitted first, to run beside this file's jobs
 def test_a_cancelled_job_keeps_its_rows_and_a_resubmitted_one_finishes_the_run(cluster, tmp_path):
+    """A sweep job cancelled keeps its finished rows; submitted again, it resumes the run to
+    its report, the run's meta naming both jobs and the node they ran on."""
     out = tmp_path / "run"
-    args = [*sweep_args(out, "1,5,25", 300), "--no-report"]
+    args = sweep_args(out, "1,5,25", 300)
     jid, _ = submit(cluster, tmp_path / "job1.out", args, wait=False)
     results, log = out / "results.csv", tmp_path / "job1.out"
     end = time.monotonic() + 80
@@ -198,6 +185,9 @@ def test_a_cancelled_job_keeps_its_rows_and_a_resubmitted_one_finishes_the_run(c
     assert final.iloc[: len(cancelled)]["point"].tolist() == cancelled["point"].tolist()
     meta = json.loads((out / "meta.json").read_text())
     assert [j["job_id"] for j in meta["slurm_jobs"]] == [jid, jid2]
+    assert meta["slurm"]["job_id"] == jid2
+    assert meta["slurm"]["nodelist"] == cluster.host and meta["world_size"] == 2
+    assert list((tmp_path / "reports").glob("*.html")), log2[-2000:]
 
 
 def test_outside_slurm_is_one_line_and_exit_2(tmp_path):
