@@ -4,7 +4,8 @@
 # device), a zoo model's DDP and FSDP sweeps, two ranks sharing GPU 0 over gloo with CUDA
 # tensors (DDP, then TP), the collectives, the planner's memory against CUDA's allocator
 # (bench/selftime/plan_memory.py), and the analyser on the GPU traces the sweeps wrote. First it
-# measures the GPU's roofline (python -m bench.roofline: OUT/roofline.json, docs/roofline.md).
+# measures the GPU's roofline (python -m bench.roofline: OUT/roofline.json, docs/roofline.md);
+# last it prints the MFU waterfall of a GPU step priced on it.
 # It ends with a summary: device, MFU, GPU utilisation (trace and NVML), the analyser's figures.
 #
 #   make gpu-check TORCH=            # with your CUDA torch in .venv (README)
@@ -107,3 +108,14 @@ for name in ("ddp", "shared_gpu"):
             if key in tables:
                 print(tables[key].round(1).to_string(index=False))
 EOF
+
+# Where a GPU step's MFU goes: the MFU waterfall of the DDP sweep's first point, priced on the
+# roofline measured above (docs/analysis.md, "The MFU waterfall").
+first=$(ls -d "$OUT"/ddp/traces/*/ 2>/dev/null | grep -v sweep_scalars | head -n 1)
+if [ -n "$first" ]; then
+  profile=()
+  [ -s "$OUT/roofline.json" ] && profile=(--device-profile "$OUT/roofline.json")
+  echo "== MFU waterfall: bench.analysis $first --mfu ${profile[*]}" | tee -a "$OUT/summary.txt"
+  timeout 120 $PY -m bench.analysis "$first" --mfu "${profile[@]}" 2>&1 | tee -a "$OUT/summary.txt"
+  echo "exit ${PIPESTATUS[0]}" | tee -a "$OUT/summary.txt"
+fi

@@ -592,7 +592,10 @@ def test_a_plan_writes_its_rows_and_says_what_it_recommends(capsys, tmp_path):
     assert list(rows["rank"]) == list(range(1, len(rows) + 1))
     best = rows.iloc[0]
     assert f"recommended: {best['config']}" in printed and best["command"] in printed
-    assert "assumed MFU 40 %" in best["compute_source"] and "A100" in best["compute_source"]
+    # the A100's stated roofline prices the ops; the waterfall's parts make the computation
+    assert best["compute_source"].startswith("roofline: stated: A100")
+    parts = best[["matmul_ms", "memory_bound_ms", "op_fixed_ms", "other_compute_ms"]].sum()
+    assert parts == pytest.approx(best["compute_ms"]) and best["matmul_ms"] > 0
     assert best["step_ms"] == rows["step_ms"].min()
     # the page: offline (nothing fetched), the recommendation, the tie set, the memory bars
     page = (out / "plan.html").read_text()
@@ -621,23 +624,23 @@ def verified(tmp_path_factory):
 def test_the_calibration_measures_its_points_in_one_launch_and_fits_the_rates_there(verified):
     """The short launch a CPU plan makes: DDP in one micro-batch and in accumulated ones, with
     checkpointing, FSDP2's three shardings and TP, all interleaved in one launch of 2 ranks, its
-    points known by their roles; the rate, checkpointing's factor and FSDP's and TP's own work
-    come from it."""
-    from bench.plan.memory import recompute_ratio
+    points known by their roles; the roofline's calibration, checkpointing's factor and FSDP's
+    and TP's own work come from it."""
     from bench.plan.rates import (
         CKPT,
         FSDP,
         MANY,
         ONE,
         TP,
+        accumulated,
         at_precision,
-        ckpt_factor,
-        fit_launch,
         fsdp_extra,
         launch_ckpt_factor,
         launch_tables,
         tp_extra,
     )
+    from bench.plan.roofline_fit import calibrated_rates, ckpt_ratio, priced_optimiser_ms
+    from bench.roofline.measure import host_profile
 
     code, printed, out = verified
     assert code == 0, printed
@@ -658,16 +661,24 @@ def test_the_calibration_measures_its_points_in_one_launch_and_fits_the_rates_th
     assert set(tables[FSDP]["value"]) == {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"}
     # one verdict's candidates: they cycled as one group, whatever their implementations
     assert {p.verdict_group for p in read_points(run).values()} == {"plan calibration"}
-    rate = fit_launch(tables, 0.5, run)["fp32"]
-    assert rate.tflops > 0 and rate.micro_ms >= 0 and str(run) in rate.source
-    # the accumulated point's extra from the two points' cycles, timed moments apart
-    assert "paired cycle by cycle" in rate.source or "more than the whole step" in rate.source
-    off, on = at_precision(tables[ONE], "fp32"), tables[CKPT].iloc[0].to_dict()
-    factor = ckpt_factor(off, on, rate, 0.5, recompute_ratio("llama:tiny", 4))
-    assert 0.3 < factor < 5  # a ratio of two measured computations, whatever this host does
-    # as the plan takes it: the checkpointed computation paired with the plain one by cycle
-    paired = launch_ckpt_factor(tables, run, "fp32", rate, 0.5, recompute_ratio("llama:tiny", 4))
-    assert 0.3 < paired < 5
+    # the plan's roofline calibrated as the plan did: this host's profile at the factor the
+    # one micro-batch's point gives, and a cost per micro-batch from the accumulated point
+    # paired with it cycle by cycle
+    accumulated_here = accumulated(tables, run)
+    assert set(accumulated_here) == {"fp32"} and accumulated_here["fp32"][0] == 4
+    roof = host_profile("cpu")
+    off = at_precision(tables[ONE], "fp32")
+    ones = pd.DataFrame([off])
+    rate = calibrated_rates(ones, roof, roof, str(run), False, accumulated_here)["fp32"]
+    assert rate.pricing.scale > 0 and rate.micro_ms >= 0 and str(run) in rate.source
+    planned = json.loads((out / "plan.json").read_text())["rates"]["fp32"]
+    assert planned["roofline"]["scale"] == pytest.approx(rate.pricing.scale, rel=1e-6)
+    # checkpointing's factor: the checkpointed computation paired with the plain one by cycle,
+    # over the ratio their ops price
+    ratio = ckpt_ratio("llama:tiny", 4, "fp32", rate)
+    o = priced_optimiser_ms("llama:tiny", 4, "fp32", rate.pricing)
+    paired = launch_ckpt_factor(tables, run, "fp32", Rate(1.0, 0.0, ""), o, ratio)
+    assert 0.3 < paired < 5  # a ratio of two measured computations, whatever this host does
     extra = fsdp_extra(tables[FSDP], off)
     assert set(extra) == {"native"} and all(ms >= 0 for ms in extra["native"].values())
     own = tp_extra(tables[TP], off)
@@ -892,12 +903,11 @@ def test_fsdps_own_work_is_its_computation_over_ddps_and_lengthens_its_predicted
 
 
 @pytest.mark.unit
-def test_the_calibration_pairs_its_points_cycle_by_cycle_and_fits_no_impossible_rate(tmp_path):
+def test_the_calibration_pairs_its_points_cycle_by_cycle(tmp_path):
     """A micro-batch's fixed cost comes from the accumulated point's step less the one
-    micro-batch's, cycle by cycle, where the launch kept its cycles; one that would leave the
-    one micro-batch no computation of its own is no fit (it read so on a loaded machine, and
-    the rate came out negative)."""
-    from bench.plan.rates import MANY, ONE, fit_launch, paired_difference
+    micro-batch's, cycle by cycle, where the launch kept its cycles (``accumulated``, which
+    ``op_prices.fit_with_micro`` fits); without them, none."""
+    from bench.plan.rates import MANY, ONE, accumulated, paired_difference
 
     run = tmp_path / "launch"
     run.mkdir()
@@ -911,10 +921,9 @@ def test_the_calibration_pairs_its_points_cycle_by_cycle_and_fits_no_impossible_
     row = {"value": "fp32", "flops_per_step": 1e9, "batch_per_replica": 4, "status": "ok"}
     one = pd.DataFrame([{**row, "point": a, "compute_ms": 22.0}])
     many = pd.DataFrame([{**row, "point": b, "compute_ms": 115.0, "grad_accum": 4}])
-    # the traced computations (115 against 22) say 31 ms a micro-batch; the cycles say 2
-    rate = fit_launch({ONE: one, MANY: many}, 0.0, run)["fp32"]
-    assert rate.micro_ms == pytest.approx(2.0) and "paired cycle by cycle" in rate.source
-    assert rate.tflops == pytest.approx(1e9 / 20e-3 / 1e12)
+    # the traced computations (115 against 22) say 93 ms more; the cycles say 6
+    assert accumulated({ONE: one, MANY: many}, run) == {"fp32": (4, pytest.approx(6.0))}
+    rate = Rate(1.0, 0.0, "")
     # checkpointing's extra, paired likewise; a checkpointed step no longer than the plain
     # one in the pairs is noise: the traced computations then
     from bench.plan.rates import CKPT, launch_ckpt_factor
@@ -925,11 +934,9 @@ def test_the_calibration_pairs_its_points_cycle_by_cycle_and_fits_no_impossible_
     fast = samples.assign(ms=samples["ms"] - 12.0 * (samples["point"] == b))
     fast.to_csv(run / "samples.csv", index=False)
     assert launch_ckpt_factor(tables, run, "fp32", rate, 0.0, 1.0) == pytest.approx(40 / 22)
-    # without the cycles, the traced computations: more than the whole step, so none
+    # without the cycles, no pair: the calibration then fits the efficiencies alone
     (run / "samples.csv").unlink()
-    rate = fit_launch({ONE: one, MANY: many}, 0.0, run)["fp32"]
-    assert rate.micro_ms == 0.0 and "it read more than the whole step" in rate.source
-    assert rate.tflops == pytest.approx(1e9 / 22e-3 / 1e12)
+    assert accumulated({ONE: one, MANY: many}, run) == {}
 
 
 @pytest.mark.unit

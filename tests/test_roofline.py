@@ -3,7 +3,9 @@ measurement on this CPU against a matmul timed here directly, the per-host cache
 datasheet GPUs' stated profiles."""
 
 import json
+import multiprocessing
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,7 +13,8 @@ import torch
 from bench.roofline import measure as m
 from bench.roofline.__main__ import main
 from bench.roofline.datasheet import MEMORY, datasheet_profile
-from bench.roofline.profile import Curve, Roofline, from_json, read, write
+from bench.roofline.profile import Curve, Roofline, StepCost, from_json, read, write
+from bench.roofline.step_cost import Measured, body_us, fit
 from bench.runfolder.peaks import DATASHEETS, datasheet_peak
 
 pytestmark = pytest.mark.unit
@@ -35,6 +38,7 @@ def _profile() -> Roofline:
         matmul={"fp32": Curve((1e5, 1e7, 1e9), (0.2, 0.9, 1.0)), "bf16": Curve((1e6,), (0.5,))},
         memory=Curve((1e4, 1e8), (0.3, 1.0)),
         launch_us=1.5,
+        step=StepCost(op_us=7.0, efficiency=0.75),
     )
 
 
@@ -44,6 +48,9 @@ def test_the_file_format_round_trips(tmp_path):
     write(p, tmp_path / "sub" / "p.json")
     assert read(tmp_path / "sub" / "p.json") == p
     assert main(["--check", str(tmp_path / "sub" / "p.json")]) == 0
+    # without its optional step costs: an op in a step priced as an op alone
+    alone = {k: v for k, v in p.as_json().items() if k != "step"}
+    assert from_json(alone).in_step() == StepCost(op_us=1.5, efficiency=1.0)
 
 
 def _broken(data: dict, case: str) -> dict | str:
@@ -57,6 +64,8 @@ def _broken(data: dict, case: str) -> dict | str:
         data["memory"]["sizes"] = [1e8, 1e4]
     elif case == "efficiency > 1":
         data["matmul"]["fp32"]["efficiency"][1] = 1.2
+    elif case == "bad step":
+        data["step"] = {"op_us": 7.0, "efficiency": 0}
     elif case == "non-JSON":
         return '{"format": "parallel-bench roofline 1",'
     return data
@@ -70,6 +79,7 @@ def _broken(data: dict, case: str) -> dict | str:
         ("unknown precision", "unknown precision 'fp8'"),
         ("non-increasing sizes", "memory.sizes must increase"),
         ("efficiency > 1", "efficiency must lie in (0, 1]"),
+        ("bad step", "step.efficiency must be a positive number"),
         ("non-JSON", "not JSON"),
     ],
 )
@@ -116,6 +126,8 @@ def test_the_measurement_here_agrees_with_a_matmul_timed_directly():
     assert p.matmul["fp32"].sizes == (2 * 32**3, 2 * 64**3, 2 * 128**3)
     assert p.memory.sizes == tuple(3.0 * n for n in TINY.memory_bytes)
     assert max(p.memory.efficiency) == 1.0 and p.memory_GBps > 0
+    # an op inside a training step costs more than a bare launch here
+    assert p.step is not None and p.step.op_us > p.launch_us and 0.1 < p.step.efficiency < 3
 
 
 def test_the_curve_prices_each_measured_call_as_it_ran():
@@ -129,6 +141,24 @@ def test_the_curve_prices_each_measured_call_as_it_ran():
     assert curve.efficiency[1] == pytest.approx((r1 * r2) ** 0.5 / top)
     p = Roofline("cpu", "test", {"fp32": top / 1e12}, 1.0, {"fp32": curve}, curve, 1.0)
     assert p.op_us(1e9, 0, "fp32")[0] == pytest.approx(1e4)  # 10 ms, as it ran
+
+
+def test_the_step_costs_fitted_give_back_those_that_made_the_steps():
+    p = _profile()
+    op = ("forward", "aten.mm", "fp32", 2e6, 3e4)
+    sized = [(op,) * 10, (("forward", "aten.mm", "fp32", 2e8, 3e5),) * 10]
+    tiny = (("forward", "aten.add", "fp32", 0.0, 12.0),) * 100
+    op_us, slower = 9.0, 1.6  # what the steps cost: 9 us an op, the curves 1.6x slower
+
+    def step(records) -> Measured:
+        return Measured((slower * body_us(p, records) + op_us * len(records)) / 1e6, records)
+
+    got = fit(p, step(tiny), [step(r) for r in sized])
+    # the tiny step's FLOPs and bytes are priced at the curves, not at the 1.6x: a small bias
+    assert got.op_us == pytest.approx(op_us, rel=0.01)
+    assert got.efficiency == pytest.approx(1 / slower, rel=0.01)
+    # no step slower than a bare launch per op: the op cost is at least the launch
+    assert fit(p, Measured(0.0, tiny), [step(r) for r in sized]).op_us == p.launch_us
 
 
 def test_the_host_profile_is_measured_once_then_read(tmp_path, monkeypatch, capsys):
@@ -150,6 +180,32 @@ def test_the_host_profile_is_measured_once_then_read(tmp_path, monkeypatch, caps
     assert m.host_profile("cpu") == first and len(measured) == 2
     assert "unreadable" in capsys.readouterr().err
     assert read(path) == first  # the new measurement replaced the broken file
+
+
+def _ask(cache: str, log: str) -> None:
+    """A rank asking for this host's profile, with a measurement that takes a while."""
+    m.CACHE_DIR = Path(cache)
+
+    def slow_measure(device, sizes=None):
+        with open(log, "a") as f:
+            f.write("measured\n")
+        time.sleep(0.5)
+        return _profile()
+
+    m.measure = slow_measure
+    assert m.host_profile("cpu") == _profile()
+
+
+def test_ranks_asking_at_once_on_a_new_host_measure_once(tmp_path):
+    log = tmp_path / "log"
+    ctx = multiprocessing.get_context("fork")
+    ranks = [ctx.Process(target=_ask, args=(str(tmp_path / "cache"), str(log))) for _ in range(3)]
+    for r in ranks:
+        r.start()
+    for r in ranks:
+        r.join(30)
+    assert [r.exitcode for r in ranks] == [0, 0, 0]
+    assert log.read_text() == "measured\n"  # one measured; the others read its file
 
 
 def test_a_datasheet_gpu_has_the_datasheets_peaks_and_bandwidth():

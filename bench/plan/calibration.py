@@ -1,12 +1,14 @@
-"""Calibration: the target a plan is for, made once: its device's peaks, its links and its
-computation's rate per precision, measured here where the plan is for this machine.
+"""Calibration: the target a plan is for, made once: its device's peaks, its links and how its
+computation is priced per precision, measured here where the plan is for this machine.
 
-The rate comes from ``--compute`` runs (scaled by the target's peak over theirs), from one
-short launch of the model's points here for a CPU target (``calibration_launch``, fitted by
-``rates.py``), or from the peak times an assumed MFU. The links are presets (``--link``), a
-fitted ``--collectives`` run, or, on a CPU target given neither, this machine's collectives
-measured by a short run (``collectives_run``). The launches are the planner's only work before
-its rows; each failure is one line (a ``ValueError``).
+The computation is priced op by op on the target's roofline (``roofline_fit.py``): as its
+profile states it, or calibrated by ``--compute`` runs or, for a CPU target, by one short
+launch of the model's points here (``calibration_launch``: a factor on the efficiencies, a
+cost per micro-batch, checkpointing's and the implementations' own work, ``rates.py``);
+``--mfu`` (or a GPU without a stated profile) prices the FLOPs at a share of the peak. The
+links are presets (``--link``), a fitted ``--collectives`` run, or, on a CPU target given
+neither, this machine's collectives measured by a short run (``collectives_run``). The launches
+are the planner's only work before its rows; each failure is one line (a ``ValueError``).
 
 The calibration launch's points are interleaved in its cycles, so that the machine's drift
 falls on all of them alike (docs/benchmarks.md, "The calibration").
@@ -26,7 +28,6 @@ from bench.model.predict import overlap_share
 from bench.plan.devices import Device
 from bench.plan.families import FAMILIES, OP_DISPATCH, UNIT_COPIES
 from bench.plan.launch import launch_points, run_bench
-from bench.plan.memory import recompute_ratio
 from bench.plan.rates import (
     CKPT,
     FSDP,
@@ -34,19 +35,31 @@ from bench.plan.rates import (
     ONE,
     TP,
     Rate,
+    accum_of,
+    accumulated,
     at_precision,
-    fit_launch,
     fit_rates,
     fsdp_extra,
     launch_ckpt_factor,
     launch_tables,
+    ok_rows,
     optimiser_ms,
     param_bytes,
     tp_extra,
 )
 from bench.plan.request import OPTIONS, PlanRequest
+from bench.plan.roofline_fit import (
+    calibrated_rates,
+    check_precisions,
+    ckpt_ratio,
+    priced_optimiser_ms,
+    run_roofline,
+    stated,
+    target_roofline,
+)
 from bench.plan.space import Config, names_checkpoint_units
 from bench.plan.topology import Topology
+from bench.roofline.profile import Roofline
 from bench.runfolder import peaks
 from bench.runfolder.schema import read_results
 
@@ -197,28 +210,55 @@ def collectives_here(request: PlanRequest, topology: Topology, out: Path) -> Top
 def computation_rates(
     request: PlanRequest, peak: Peaks, launch: LaunchPlan, out: Path
 ) -> dict[str, Rate]:
-    """Per precision, the computation's rate on the target: fitted to ``--compute`` runs, to
-    ``launch`` made here for a CPU target (``calibrated``), or the peak times an assumed MFU."""
-    if not request.compute and not request.device.gpu_name and request.mfu is None:
-        return calibrated(request, peak, launch, out)
-    return rates_of(request, peak, launch.precisions)
+    """Per precision, how the computation is priced on the target: its ops on the target's
+    roofline (``roofline_fit.py``), calibrated by ``--compute`` runs or, for a CPU target,
+    by ``launch`` made here (``calibrated``; none with ``--no-calibration-launch``); the peak
+    times a given MFU (``--mfu``), or, on a GPU the datasheets do not state, an assumed one."""
+    if request.mfu is not None:
+        return rates_of(request, peak, launch.precisions)
+    roofline = target_roofline(request)
+    if roofline is None:
+        return rates_of(request, peak, launch.precisions)
+    check_precisions(roofline, launch.precisions)
+    if request.compute:
+        return _by_runs(request, roofline, launch.precisions)
+    if not request.device.gpu_name and request.calibration_launch:
+        return calibrated(request, launch, out, roofline)
+    return stated(roofline, launch.precisions)
 
 
-def calibrated(request: PlanRequest, peak: Peaks, launch: LaunchPlan, out: Path) -> dict:
-    """``computation_rates`` fitted to one short launch here (``calibration_launch``), at the
-    plan's first precision and taken for every precision: DDP's rate, and where the launch
+def _by_runs(request: PlanRequest, roofline: Roofline, precisions: tuple[str, ...]) -> dict:
+    """The target's roofline calibrated by the ``--compute`` run of fewest micro-batches per
+    step: its DDP point of each precision, priced on the device it ran on."""
+    run = min(request.compute, key=accum_of)
+    ones = ok_rows(run)
+    missing = [p for p in precisions if p not in set(ones["value"].astype(str))]
+    if missing:
+        raise ValueError(f"--compute: no {missing[0]} point of {request.model} to fit from")
+    there, gpu = run_roofline(run, roofline, request.device.gpu_name)
+    ones = ones[ones["value"].astype(str).isin(precisions)].drop_duplicates("value")
+    return calibrated_rates(ones, roofline, there, str(run), gpu)
+
+
+def calibrated(request: PlanRequest, launch: LaunchPlan, out: Path, roofline: Roofline) -> dict:
+    """``computation_rates`` calibrated by one short launch here (``calibration_launch``):
+    this host's roofline at the factor each precision's DDP point gives, and where the launch
     holds them, checkpointing's cost and the FSDP and TP implementations' own work."""
     print(f"calibrating: {launch.describe()}")
     run = calibration_launch(launch, out / CALIBRATION)
     tables = launch_tables(run)
-    o = _optimiser_ms(request)
-    fitted = _scaled(fit_launch(tables, o, run), run, request, peak, launch.precisions)
+    if ONE not in tables:
+        raise ValueError(f"the calibration launch {run}: no ok point of one micro-batch")
     first = launch.precisions[0]
+    ones = pd.concat([pd.DataFrame([at_precision(tables[ONE], p)]) for p in launch.precisions])
+    fitted = calibrated_rates(ones, roofline, roofline, str(run), False, accumulated(tables, run))
     notes, extra = [], {}
     if launch.ckpt:
-        recompute = recompute_ratio(request.model, launch.per_replica)
-        factor = launch_ckpt_factor(tables, run, first, fitted[first], o, recompute)
-        notes.append(f"checkpointing x{factor:.2f} its FLOPs' time")
+        ratio = ckpt_ratio(request.model, launch.per_replica, first, fitted[first])
+        o = priced_optimiser_ms(request.model, launch.per_replica, first, fitted[first].pricing)
+        # the ops' ratio stands for the FLOPs': a rate of no fixed cost per micro-batch
+        factor = launch_ckpt_factor(tables, run, first, Rate(1.0, 0.0, ""), o, ratio)
+        notes.append(f"checkpointing x{factor:.2f} its ops' time")
         extra["ckpt_factor"] = factor
     notes += _own_work(tables, launch, extra)
     if not notes:

@@ -18,16 +18,16 @@ What lets the suite's own code run there, and what the tracker is told that it c
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
 import warnings
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils.flop_counter import FlopCounterMode
 
 from bench.plan.fakes import (
     PeakTracker,
@@ -38,16 +38,19 @@ from bench.plan.fakes import (
     untracked_propagation,
 )
 from bench.plan.families import FAMILIES
+from bench.plan.op_mix import OpMix, along_batch, mix_of
 from bench.plan.space import NO_CHECKPOINT_UNITS, Config, names_checkpoint_units
 from bench.plan.tracked import Tracked, collinear, failed, shifted
 from bench.plan.tracking_workers import Progress, map_builds
 from bench.plan.trackings import Job, builds, figures, plan_trackings
 from bench.plan.workspace import kernel_workspaces
+from bench.roofline.op_count import OpCounter, Record
 from bench.runfolder.points import PointRecord
 from bench.runner.session.distenv import DistEnv
 from bench.runner.train.data import Batches
 from bench.runner.train.step import Recipe, build_trainer
 from parallel_kernels.checkpointing import checkpoint_blocks, set_checkpointing
+from parallel_kernels.facts import torch_dtype
 from parallel_kernels.models import build_model, workload
 from parallel_kernels.workload import block_list, keep_blocks, stamp, tensor_bytes
 
@@ -361,8 +364,12 @@ def _track(
         if peak.error:
             out.append(peak)
             continue
-        flops = _flops(point.model, point.batch_per_replica, _checkpointed(point), blocks)
-        out.append(replace(peak, flops=flops * int(point.knobs["grad_accum"])))
+        # what one micro-batch computes, and the optimiser's step (``op_mix.py``)
+        counted = (point.model, point.batch_per_replica, _checkpointed(point), blocks)
+        precision = point.knobs.get("precision", "fp32")
+        flops = _flops(*counted, precision, gpu)
+        ops = step_ops(*counted, precision, gpu)
+        out.append(replace(peak, flops=flops * int(point.knobs["grad_accum"]), ops=ops))
     rest = points[len(peaks) :]
     # A step that failed part-way leaves the build in no state to step again, and a later
     # phase may run where that one fails: FSDP1's NO_SHARD in bf16 fails accumulating ("a
@@ -429,20 +436,73 @@ def _optimiser_state(trainer) -> None:
     trainer.opt.zero_grad(set_to_none=True)
 
 
-def _flops(model: str, micro_batch: int, checkpointed: bool, blocks: int | None) -> float:
+def _flops(
+    model: str,
+    micro_batch: int,
+    checkpointed: bool,
+    blocks: int | None,
+    precision: str = "fp32",
+    foreach: bool = False,
+) -> float:
     """FLOPs of one micro-batch's forward and backward (recomputation included): a sample's
     times the micro-batch where the model's FLOPs grow in proportion to it (counted at one
     sample and at two: every op ``FlopCounterMode`` counts, a matrix product, a convolution,
     attention, is linear in the batch), else counted at the micro-batch itself. Of three
     blocks or more of a shortened model, one block's and the next's apart (every block adds
-    the same FLOPs, as ``track_phases``' extrapolation has it): no count of its own."""
+    the same FLOPs, as ``track_phases``' extrapolation has it): no count of its own.
+    ``precision`` and ``foreach`` change no FLOPs: they name the count that ``_ops`` shares."""
     if blocks is not None and blocks > 2:
-        one, two = (_flops(model, micro_batch, checkpointed, k) for k in (1, 2))
+        one, two = (_flops(model, micro_batch, checkpointed, k, precision, foreach) for k in (1, 2))
         return one + (blocks - 1) * (two - one)
-    one = _counted_flops(model, 1, checkpointed, blocks)
-    if micro_batch == 1 or _counted_flops(model, 2, checkpointed, blocks) != 2 * one:
-        return _counted_flops(model, micro_batch, checkpointed, blocks)
+    count = functools.partial(
+        _counted,
+        model,
+        checkpointed=checkpointed,
+        blocks=blocks,
+        precision=precision,
+        foreach=foreach,
+    )
+    one = count(1).flops
+    if micro_batch == 1 or count(2).flops != 2 * one:
+        return count(micro_batch).flops
     return one * micro_batch
+
+
+def step_ops(
+    model: str,
+    micro_batch: int,
+    checkpointed: bool,
+    blocks: int | None = None,
+    precision: str = "fp32",
+    foreach: bool = False,
+) -> OpMix:
+    """The ops of one micro-batch's forward and backward (recomputation included) and of
+    AdamW's step over the plain model (``op_mix.py``), as ``_flops`` derives its FLOPs: of
+    three blocks or more of a shortened model from one block's and two's; at ``micro_batch``
+    op by op along the line through the ops at one sample and two, or where those ran other
+    ops (a reshape that copies from two samples on), at two and three (``op_mix.along_batch``);
+    else counted there."""
+    if blocks is not None and blocks > 2:
+        one, two = (
+            step_ops(model, micro_batch, checkpointed, k, precision, foreach) for k in (1, 2)
+        )
+        return one.plus(two.plus(one, -1.0), blocks - 1)
+    count = functools.partial(
+        _counted,
+        model,
+        checkpointed=checkpointed,
+        blocks=blocks,
+        precision=precision,
+        foreach=foreach,
+    )
+    if micro_batch > 2:
+        two = count(2).records
+        derived = along_batch(count(1).records, two, micro_batch - 1) or along_batch(
+            two, count(3).records, micro_batch - 2
+        )
+        if derived is not None:
+            return derived
+    return mix_of(count(micro_batch).records)
 
 
 def recompute_ratio(model: str, micro_batch: int) -> float:
@@ -451,21 +511,56 @@ def recompute_ratio(model: str, micro_batch: int) -> float:
     return _flops(model, micro_batch, True, None) / _flops(model, micro_batch, False, None)
 
 
-@functools.cache
 def _counted_flops(model: str, micro_batch: int, checkpointed: bool, blocks: int | None) -> float:
-    """FLOPs of one micro-batch's forward and backward (recomputation included), counted by
-    torch's ``FlopCounterMode`` on the plain model under fake tensors: the same for every
-    layout of it (a TP rank's share is the planner's division), so counted once. Counted apart
-    from the tracked step: both modes at once change what activation checkpointing keeps, and
-    so the tracked peak (docs/benchmarks.md, "Planned memory")."""
+    """FLOPs of one micro-batch's forward and backward, counted at it (``_counted``)."""
+    return _counted(model, micro_batch, checkpointed, blocks).flops
+
+
+@dataclass(frozen=True)
+class Counted:
+    flops: float  # the forward's and backward's, as FlopCounterMode counts them
+    records: tuple[Record, ...]  # every op of the forward, backward and optimiser step, in order
+
+
+@functools.cache
+def _counted(
+    model: str,
+    micro_batch: int,
+    checkpointed: bool,
+    blocks: int | None,
+    precision: str = "fp32",
+    foreach: bool = False,
+) -> Counted:
+    """One micro-batch's forward and backward (recomputation included) under torch's
+    ``FlopCounterMode`` (``op_mix.OpCounter``), on the plain model under fake tensors, the
+    forward at ``precision`` (under autocast where it is not fp32), then AdamW's step (its
+    second: the first makes its state; ``foreach`` as the target runs it). The same for every
+    layout of the model (a TP rank's share is the planner's division), so counted once.
+    Counted apart from the tracked step: both modes at once change what activation
+    checkpointing keeps, and so the tracked peak (docs/benchmarks.md, "Planned memory")."""
     wl = workload(model)
     data = wl.dataset(micro_batch, 0)
     x, y = next(iter(Batches(data, batch_size=micro_batch, rank=0, world_size=1, device=CPU)))
     twin = _meta_plain(model, blocks)
+    dtype = torch_dtype(precision)
+    cast = (
+        torch.autocast("cpu", dtype=dtype)
+        if dtype not in (None, torch.float32)
+        else contextlib.nullcontext()
+    )
     with FakeTensorMode(allow_non_fake_inputs=True):
         plain = _plain(model, blocks, twin)
         if checkpointed:
             checkpoint_blocks(plain)
-        with FlopCounterMode(display=False) as counter:
-            wl.compute_loss(wl.forward(plain, x), y).backward()
-    return float(counter.get_total_flops())
+        opt = torch.optim.AdamW(plain.parameters(), foreach=foreach)
+        with OpCounter() as counter:
+            with cast:
+                loss = wl.compute_loss(wl.forward(plain, x), y)
+            counter.phase = "backward"
+            loss.backward()
+            flops = float(counter.get_total_flops())
+            counter.phase = None
+            opt.step()
+            counter.phase = "optimiser"
+            opt.step()
+    return Counted(flops, tuple(counter.records))

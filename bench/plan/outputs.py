@@ -26,11 +26,19 @@ def plan_json(request: PlanRequest, target: Target, took_s: float, n: int) -> di
         "device_source": target.device.source,
         "links": target.topology.about,
         "global_batch": request.global_batch,
-        "rates": {p: vars(r) for p, r in target.rates.items()},
+        "rates": {p: _rate(r) for p, r in target.rates.items()},
         "allowance_gib": target.allowance_gib,
         "configurations": n,
         "planning_s": took_s,
     }
+
+
+def _rate(rate) -> dict:
+    """A precision's rate as plan.json holds it: its roofline (profile and factor) whole."""
+    out = {k: v for k, v in vars(rate).items() if k != "pricing"}
+    if rate.pricing is not None:
+        out["roofline"] = rate.pricing.about()
+    return out
 
 
 def write_plan(rows: pd.DataFrame, meta: dict, request: PlanRequest, out: Path) -> None:

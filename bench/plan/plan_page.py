@@ -29,6 +29,9 @@ COLS = [
     "fits",
     "step_ms",
     "compute_ms",
+    "matmul_ms",
+    "memory_bound_ms",
+    "op_fixed_ms",
     "comm_ms",
     "exposed_comm_ms",
     "samples_per_s",
@@ -94,7 +97,7 @@ def page(rows: pd.DataFrame, meta: dict, tie_pct: float) -> str:
         body.append(
             html_table(
                 near,
-                COLS[:14],
+                COLS[: COLS.index("mfu_pct") + 1],
                 f"{len(near)} configurations",
                 row_class=lambda i, r: "best" if r["rank"] == best["rank"] else "tied",
             )
@@ -108,7 +111,7 @@ def page(rows: pd.DataFrame, meta: dict, tie_pct: float) -> str:
             for _, r in others.iterrows()
         ]
         body.append(
-            f"<p>Its step: {best['compute_ms']:.1f} ms of computation and "
+            f"<p>Its step: {best['compute_ms']:.1f} ms of computation{_waterfall(best)} and "
             f"{best['exposed_comm_ms']:.1f} ms of exposed communication (of "
             f"{best['comm_ms']:.1f} ms). The best of each other family:</p><ul>"
             + "".join(f"<li>{x}</li>" for x in lines)
@@ -126,6 +129,18 @@ def page(rows: pd.DataFrame, meta: dict, tie_pct: float) -> str:
     return (
         f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
         f"</title><style>{CSS}</style></head><body>{''.join(body)}</body></html>"
+    )
+
+
+def _waterfall(row: pd.Series) -> str:
+    """Where the row's computation goes, as its ops price on the roofline ("" where they are
+    not priced one by one)."""
+    if pd.isna(row.get("matmul_ms")):
+        return ""
+    return (
+        f" ({row['matmul_ms']:.1f} ms in compute-bound ops, {row['memory_bound_ms']:.1f} in "
+        f"memory-bound ops, {row['op_fixed_ms']:.1f} in the ops' fixed costs, predicted MFU "
+        f"{row['mfu_pct']:.1f} %)"
     )
 
 
@@ -150,10 +165,8 @@ def _assumed(meta: dict) -> list[str]:
     body.append("<h2>What it assumed</h2><ul>")
     body.append(f"<li>links: {html.escape(str(meta['links']))}</li>")
     for precision, rate in meta.get("rates", {}).items():
-        body.append(
-            f"<li>computation {precision}: {rate['tflops']:.3g} TFLOP/s, "
-            f"{html.escape(rate['source'])}</li>"
-        )
+        how = "op by op" if "roofline" in rate else f"{rate['tflops']:.3g} TFLOP/s"
+        body.append(f"<li>computation {precision}: {how}, {html.escape(rate['source'])}</li>")
     body.append(
         f"<li>memory: tracked under fake tensors with torch's MemTracker, plus "
         f"{meta['allowance_gib']:g} GiB per rank the allocator does not see</li></ul>"

@@ -36,6 +36,7 @@ import pandas as pd
 import torch
 
 from bench.plan.launch import role
+from bench.plan.op_prices import Pricing
 from bench.runfolder.points import RunFolderError, read_points
 from bench.runfolder.schema import read_results, read_samples
 from parallel_kernels.models import workload
@@ -59,6 +60,8 @@ class Rate:
     ckpt_factor: float = 1.0
     # implementation -> TP's own computation per step beyond the model's, ms (``tp_extra``)
     tp_ms: dict[str, float] = field(default_factory=dict, hash=False)
+    # the roofline the ops are priced on (``op_prices.py``); None: the FLOPs at ``tflops``
+    pricing: Pricing | None = None
 
     def fsdp_extra_ms(self, impl: str, strategy: str) -> float:
         """FSDP's own computation per step of ``impl`` at ``strategy``: its calibrated figure,
@@ -72,7 +75,7 @@ class Rate:
         return self.tp_ms.get(impl, 0.0)
 
 
-def _read(run: Path, what: str = "--compute") -> pd.DataFrame:
+def ok_rows(run: Path, what: str = "--compute") -> pd.DataFrame:
     """A run's ok points with their FLOPs; ``what`` names the run in an error."""
     try:
         df = read_results(run)
@@ -86,7 +89,7 @@ def _read(run: Path, what: str = "--compute") -> pd.DataFrame:
     return ok
 
 
-def _accum(run: Path) -> int:
+def accum_of(run: Path) -> int:
     """A run's gradient accumulation, from its points record's knobs."""
     try:
         first = next(iter(read_points(run).values()))
@@ -95,7 +98,7 @@ def _accum(run: Path) -> int:
     return int(first.knobs.get("grad_accum", 1))
 
 
-def _computation_ms(row) -> float:
+def computation_ms(row) -> float:
     """A results row's computation per step: the analyser's, else (no traces) the step."""
     try:
         value = float(row["compute_ms"])
@@ -107,10 +110,12 @@ def _computation_ms(row) -> float:
 def fit_rates(runs: list[Path], optimiser_ms: float) -> dict[str, Rate]:
     """Per precision, the rate and per-micro-batch cost the runs give (``--compute``: the run
     of fewest micro-batches per step, and the run of most)."""
-    tables = {r: _read(r) for r in runs}
-    by_accum = sorted(tables, key=_accum)
+    tables = {r: ok_rows(r) for r in runs}
+    by_accum = sorted(tables, key=accum_of)
     one, many = by_accum[0], by_accum[-1]
-    return _fit(tables[one], tables[many], _accum(many), optimiser_ms, f"in {one}", f"from {many}")
+    return _fit(
+        tables[one], tables[many], accum_of(many), optimiser_ms, f"in {one}", f"from {many}"
+    )
 
 
 def _fit(
@@ -131,13 +136,13 @@ def _fit(
     rates = {}
     for _, row in one.iterrows():
         precision = str(row["value"])
-        t1 = _computation_ms(row)
+        t1 = computation_ms(row)
         c, note = 0.0, ""
         match = many[many["value"].astype(str) == precision]
         if a > 1 and not match.empty:
             delta = (paired or {}).get(precision)
             if delta is None:
-                delta = _computation_ms(match.iloc[0]) - t1
+                delta = computation_ms(match.iloc[0]) - t1
             else:
                 note = ", paired cycle by cycle"
             c = max(0.0, delta / (a - 1))
@@ -160,29 +165,26 @@ def _fit(
 def launch_tables(run: Path) -> dict[str, pd.DataFrame]:
     """A calibration launch's ok points by role (``ONE``, ``MANY``, ``CKPT``, ``FSDP``,
     ``TP``)."""
-    df = _read(run, "the calibration launch").drop_duplicates("point", keep="last")
+    df = ok_rows(run, "the calibration launch").drop_duplicates("point", keep="last")
     roles = df["point"].map(role)
     return {name: df[roles == name] for name in roles.unique()}
 
 
-def fit_launch(tables: dict[str, pd.DataFrame], optimiser_ms: float, run: Path) -> dict[str, Rate]:
-    """Per precision, the rate and per-micro-batch cost a calibration launch gives: the
-    accumulated point's extra computation is its step less the one micro-batch's, cycle by
-    cycle (DDP synchronises once a step either way), where the launch kept its cycles."""
-    one = tables.get(ONE)
-    if one is None:
-        raise ValueError(f"the calibration launch {run}: no ok point of one micro-batch")
-    many = tables.get(MANY, one.iloc[:0])
-    a = int(many["grad_accum"].iloc[0]) if not many.empty else 1
-    paired = {}
+def accumulated(tables: dict[str, pd.DataFrame], run: Path) -> dict[str, tuple[int, float]]:
+    """Per precision of a calibration launch, its accumulated point's micro-batches and its
+    step less the one micro-batch's, paired cycle by cycle (``paired_difference``), where the
+    launch kept both points' cycles."""
+    one, many = tables.get(ONE), tables.get(MANY)
+    if one is None or many is None:
+        return {}
+    out = {}
     for _, row in many.iterrows():
         base = one[one["value"].astype(str) == str(row["value"])]
         if not base.empty:
             delta = paired_difference(run, base.iloc[0]["point"], row["point"])
             if delta is not None:
-                paired[str(row["value"])] = delta
-    where = f"in {run}"
-    return _fit(one, many, a, optimiser_ms, where, f"from {a} accumulated there", paired)
+                out[str(row["value"])] = (int(row["grad_accum"]), delta)
+    return out
 
 
 def paired_difference(run: Path, a: str, b: str) -> float | None:
@@ -210,10 +212,10 @@ def at_precision(table: pd.DataFrame, precision: str) -> dict:
 def fsdp_extra(fsdp: pd.DataFrame, ddp: dict) -> dict[str, dict[str, float]]:
     """Per FSDP point (by implementation, then sharding strategy), its computation per step
     less DDP's (``ddp``: its row at the same micro-batch and precision), at least 0."""
-    ddp_ms = _computation_ms(ddp)
+    ddp_ms = computation_ms(ddp)
     extra: dict[str, dict[str, float]] = {}
     for _, row in fsdp.iterrows():
-        own = max(0.0, _computation_ms(row) - ddp_ms)
+        own = max(0.0, computation_ms(row) - ddp_ms)
         extra.setdefault(str(row["impl"]), {})[str(row["value"])] = own
     return extra
 
@@ -228,7 +230,7 @@ def tp_extra(tp: pd.DataFrame, ddp: dict) -> dict[str, float]:
         except (KeyError, TypeError, ValueError, ZeroDivisionError):
             ratio = math.nan
         ratio = ratio if math.isfinite(ratio) and ratio > 0 else 1.0
-        extra[str(row["impl"])] = max(0.0, _computation_ms(row) - ratio * _computation_ms(ddp))
+        extra[str(row["impl"])] = max(0.0, computation_ms(row) - ratio * computation_ms(ddp))
     return extra
 
 
@@ -252,7 +254,7 @@ def launch_ckpt_factor(
     # a checkpointed step no longer than the plain one is noise, not a pair (under CI's load
     # the pairs read a factor of 0.30): the traced computations then
     if delta is not None and delta > 0:
-        on = {**on, "compute_ms": _computation_ms(off) + delta}
+        on = {**on, "compute_ms": computation_ms(off) + delta}
     return ckpt_factor(off, on, rate, optimiser_ms, recompute)
 
 
@@ -263,7 +265,7 @@ def ckpt_factor(off: dict, on: dict, rate: Rate, optimiser_ms: float, recompute:
     c)``, ``F`` the plain micro-batch's FLOPs (the harness's count), ``recompute`` the
     checkpointed micro-batch's FLOPs over the plain one's (the planner's count, its
     recomputation included)."""
-    off_ms, on_ms = _computation_ms(off), _computation_ms(on)
+    off_ms, on_ms = computation_ms(off), computation_ms(on)
     o = optimiser_ms if min(off_ms, on_ms) > optimiser_ms else 0.0
     measured = (on_ms - o) / (off_ms - o)
     flops_ms = float(off["flops_per_step"]) / (rate.tflops * 1e12) * 1e3

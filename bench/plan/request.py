@@ -15,6 +15,7 @@ from pathlib import Path
 from bench.plan.devices import DEVICES, Device, device
 from bench.plan.families import FAMILIES
 from bench.plan.topology import DEFAULT_LINKS, link_names
+from bench.roofline.profile import Roofline, RooflineError, read
 from parallel_kernels.models import workload
 
 GPU_ALLOWANCE_GIB = 2.0  # CUDA context and NCCL's buffers, about a GiB each
@@ -41,6 +42,8 @@ class PlanRequest:
     options: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: dict(OPTIONS))
     mfu: float | None = None  # assumed model FLOPs utilisation, %
     compute: tuple[Path, ...] = ()  # runs the computation's rate is fitted to
+    device_profile: Roofline | None = None  # --device-profile FILE: the target's roofline
+    calibration_launch: bool = True  # a CPU plan calibrates its roofline by a launch here
     allowance_gib: float | None = None  # None: the device's default
     tie_pct: float = 15.0
     verify: int = 0
@@ -125,6 +128,20 @@ def _how(p: argparse.ArgumentParser) -> None:
         "and accumulated ones) to fit the computation's rate to (default on cpu: made here)",
     )
     p.add_argument(
+        "--device-profile",
+        type=Path,
+        metavar="FILE",
+        help="the target's roofline (docs/roofline.md) to price the ops on, in place of the "
+        "datasheet's stated one (a GPU) or this host's measured one (cpu)",
+    )
+    p.add_argument(
+        "--calibration-launch",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="on cpu, calibrate the roofline by a short launch of the model here (default); "
+        "--no-calibration-launch prices the ops on the profile as it is",
+    )
+    p.add_argument(
         "--allowance-gib",
         type=float,
         help="memory per rank the allocator does not see (default 2 on GPUs, 0 on cpu)",
@@ -189,6 +206,8 @@ def parse_request(argv: list[str] | None, description: str = "") -> PlanRequest:
         options={**OPTIONS, **options},
         mfu=args.mfu,
         compute=tuple(args.compute or ()),
+        device_profile=_device_profile(args.device_profile, options.get("precision")),
+        calibration_launch=args.calibration_launch,
         allowance_gib=args.allowance_gib,
         tie_pct=args.tie_pct,
         verify=args.verify,
@@ -253,3 +272,19 @@ def _check_computation(mfu: float | None, compute: list[Path] | None) -> None:
     for run in compute or []:
         if not (run / "results.csv").is_file():
             raise ValueError(f"--compute {run}: not a run folder (no results.csv)")
+
+
+def _device_profile(path: Path | None, precisions: tuple[str, ...] | None) -> Roofline | None:
+    """The roofline ``--device-profile`` names, with figures for each precision planned
+    (``precisions``, None: every one), or a one-line ValueError saying why not."""
+    if path is None:
+        return None
+    try:
+        roofline = read(path)
+        for p in precisions or OPTIONS["precision"]:
+            roofline.precision(p)
+    except RooflineError as e:
+        raise ValueError(
+            f"--device-profile {e}" if str(path) in str(e) else f"--device-profile {path}: {e}"
+        ) from None
+    return roofline

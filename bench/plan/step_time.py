@@ -2,11 +2,11 @@
 (``bench.model.predict.simulate_case``: DDP buckets, FSDP units, TP's calls) over the target's
 links (``topology.py``).
 
-Computation is the configuration's own FLOPs per rank (counted by torch's ``FlopCounterMode``
-in the step the planner tracks under fake tensors, activation checkpointing's recomputation
-included) at the rate of the configuration's precision, plus a cost per micro-batch
-(``rates.py``: both fitted to profiled steps of the model, here or in ``--compute`` runs
-scaled by the devices' peaks; or the peak times an assumed MFU, ``--mfu``). Forward is a
+Computation is the configuration's own ops per rank (``op_mix.py``: counted under fake tensors,
+activation checkpointing's recomputation included), each priced on the target's roofline
+(``op_prices.py``; ``rank_ops``, ``priced_profile``): the forward's ops, the backward's, then the
+optimiser's; plus a calibrated cost per micro-batch. Without a roofline (``--mfu``), its FLOPs
+at the rate of its precision plus a cost per micro-batch (``compute_profile``): forward is a
 third of a step's FLOPs, backward two thirds (a fourth and three fourths with checkpointing,
 which repeats the forward; Narayanan et al., SC'21, section 5.1), and each gradient is ready
 when backward has done its parameters' share (backward FLOPs of a linear layer are
@@ -35,6 +35,8 @@ from bench.model.compute import ComputeProfile
 from bench.model.predict import UNMODELLED_KNOBS, Unmodelled, case_of, simulate_case, simulator
 from bench.plan.calibration import Target
 from bench.plan.families import FAMILIES, OP_DISPATCH, UNIT_COPIES
+from bench.plan.op_mix import COMPUTE, PHASES, OpMix
+from bench.plan.op_prices import Priced, Pricing, priced
 from bench.plan.rates import Rate, optimiser_ms, param_bytes
 from bench.plan.space import Config
 from bench.plan.topology import Topology
@@ -51,14 +53,26 @@ class StepTime:
     comm_ms: float = math.nan
     exposed_comm_ms: float = math.nan
     error: str = ""
+    # the computation's ops on the roofline, a step's (``op_prices.Priced``); None: not priced
+    # op by op (an assumed MFU)
+    ops: Priced | None = None
 
     def columns(self) -> dict:
-        """plan.csv's columns of it: only ``time_error`` where it has no step."""
+        """plan.csv's columns of it: only ``time_error`` where it has no step. The predicted
+        waterfall: the step's computation in compute-bound ops (``matmul_ms``), memory-bound
+        ops and launches, and what the ops do not price (``other_compute_ms``: an
+        implementation's own work, checkpointing's measured extra); beside it the exposed
+        communication."""
         if self.error:
             return {"time_error": self.error}
+        ops = self.ops or Priced(math.nan, math.nan, math.nan)
         return {
             "step_ms": self.step_ms,
             "compute_ms": self.compute_ms,
+            "matmul_ms": ops.matmul_ms,
+            "memory_bound_ms": ops.memory_ms,
+            "op_fixed_ms": ops.fixed_ms,
+            "other_compute_ms": self.compute_ms - ops.total_ms,
             "comm_ms": self.comm_ms,
             "exposed_comm_ms": self.exposed_comm_ms,
             "time_error": "",
@@ -72,8 +86,62 @@ def step_times(configs: list[Config], figures: list[Tracked], target: Target) ->
     for c, t in zip(configs, figures, strict=True):
         rate = target.rates[c.knobs["precision"]]
         flops = c.step_flops(t.flops)
-        out.append(predict_step(c, flops, rate, target.device.bandwidth_GBps, target.topology))
+        bandwidth = target.device.bandwidth_GBps
+        out.append(predict_step(c, flops, rate, bandwidth, target.topology, t.ops))
     return out
+
+
+@dataclass(frozen=True)
+class StepOps:
+    """A configuration's ops as one rank runs them, priced: a micro-batch's forward and
+    backward, and the optimiser's step."""
+
+    forward: Priced
+    backward: Priced
+    optimiser: Priced
+
+    def step(self, accum: int) -> Priced:
+        return self.optimiser.plus(self.forward.plus(self.backward), accum)
+
+
+def rank_ops(point: PointRecord, ops: OpMix, pricing: Pricing) -> StepOps:
+    """``ops`` (the plain model's, ``memory.step_ops``) as one rank of ``point`` runs them,
+    priced: a TP rank computes 1/tp of each forward and backward op, and steps AdamW over
+    the share of the state it holds (its row's expected state bytes over the whole model's),
+    each tensor's ops launched still."""
+    tp = point.tp_size
+    state = point.figures.get("state_bytes_expected") or 4 * sum(param_bytes(point.model)) / tp
+    share = state / (4 * sum(param_bytes(point.model)))
+    mine = ops.shared(1 / tp, COMPUTE).shared(share, ("optimiser",))
+    return StepOps(*(priced(mine.of((phase,)), pricing) for phase in PHASES))
+
+
+def priced_profile(point: PointRecord, ops: StepOps, rate: Rate) -> ComputeProfile:
+    """One micro-batch's computation of the configuration on the target priced op by op
+    (``compute_profile``'s, on the roofline): its forward and backward as their ops price,
+    the gradients ready as backward does their parameters' share, then the optimiser's ops."""
+    factor = rate.ckpt_factor if point.knobs["activation_checkpointing"] == "on" else 1.0
+    forward_ms = ops.forward.total_ms * factor + rate.micro_ms / 3
+    backward_ms = ops.backward.total_ms * factor + 2 * rate.micro_ms / 3
+    sizes = [b // point.tp_size for b in param_bytes(point.model)]
+    return ComputeProfile(
+        forward_ms=forward_ms,
+        backward_ms=backward_ms,
+        after_ms=ops.optimiser.total_ms,
+        grad_ready_ms=_ready(sizes, backward_ms),
+        grad_bytes=tuple(sizes),
+        source=f"ops counted under fake tensors, {rate.source}",
+    )
+
+
+def _ready(sizes: list[int], backward_ms: float) -> tuple[float, ...]:
+    """When each gradient is ready: backward has done its parameters' share (backward FLOPs
+    of a linear layer are proportional to its parameters)."""
+    done, ready = 0, []
+    for b in sizes:
+        done += b
+        ready.append(backward_ms * done / sum(sizes))
+    return tuple(ready)
 
 
 def compute_profile(
@@ -88,11 +156,8 @@ def compute_profile(
         total_ms *= rate.ckpt_factor
     forward = 0.25 if checkpointed else 1 / 3
     sizes = [b // point.tp_size for b in param_bytes(point.model)]
-    done, ready = 0, []
     backward_ms = total_ms * (1 - forward)
-    for b in sizes:
-        done += b
-        ready.append(backward_ms * done / sum(sizes))
+    ready = _ready(sizes, backward_ms)
     after_ms = optimiser_ms(
         point.figures.get("state_bytes_expected") or 4 * sum(sizes), bandwidth_GBps
     )
@@ -146,14 +211,25 @@ OWN_WORK = {
 
 
 def predict_step(
-    c: Config, flops: float, rate: Rate, bandwidth_GBps: float, topo: Topology
+    c: Config,
+    flops: float,
+    rate: Rate,
+    bandwidth_GBps: float,
+    topo: Topology,
+    ops: OpMix | None = None,
 ) -> StepTime:
     """The configuration's predicted step: ``step_ms`` and its communication, or its error
-    where the schedules do not model it."""
+    where the schedules do not model it. Its computation is its ``ops`` priced on the
+    rate's roofline where it has one (``rank_ops``), else its FLOPs at the rate."""
     if not (flops > 0 and math.isfinite(flops)):
         return StepTime(error="no FLOPs count (the tracked step failed)")
     point = c.point()
-    prof = compute_profile(point, flops, rate, bandwidth_GBps)
+    mine = None
+    if rate.pricing is not None and ops is not None:
+        mine = rank_ops(point, ops, rate.pricing)
+        prof = priced_profile(point, mine, rate)
+    else:
+        prof = compute_profile(point, flops, rate, bandwidth_GBps)
     prof = OWN_WORK[FAMILIES[c.family].own_work](prof, rate, point)
     case = _modelled_case(point)
     try:
@@ -171,4 +247,5 @@ def predict_step(
         compute_ms=m["compute_ms"] + before,
         comm_ms=m["comm_ms"],
         exposed_comm_ms=m["exposed_comm_ms"],
+        ops=mine.step(accum) if mine is not None else None,
     )

@@ -22,6 +22,8 @@ CONSOLE = {  # plan.csv column -> console heading
     "peak_mem_gib": "peak GiB",
     "fits": "fits",
     "step_ms": "step ms",
+    "matmul_ms": "matmul ms",
+    "memory_bound_ms": "mem-bound ms",
     "exposed_comm_ms": "exposed comm ms",
     "samples_per_s": "samples/s",
     "mfu_pct": "MFU %",
@@ -37,7 +39,9 @@ def header(request: PlanRequest, target: Target, n: int) -> str:
             f"global batch {request.global_batch}: {n} configurations",
             f"  links: {topo.about}",
             *(
-                f"  computation {p}: {r.tflops:.3g} TFLOP/s, {r.source}"
+                f"  computation {p}: "
+                + ("op by op, " if r.pricing else f"{r.tflops:.3g} TFLOP/s, ")
+                + r.source
                 for p, r in target.rates.items()
             ),
             f"  memory: tracked under fake tensors + {target.allowance_gib:g} GiB allowance",

@@ -7,6 +7,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from bench.plan.op_mix import OpMix
+
 
 @dataclass(frozen=True)
 class Tracked:
@@ -24,6 +26,8 @@ class Tracked:
     error: str = ""
     how: str = ""  # how the figures were made (tracked in full, or extrapolated from what)
     stages: tuple[tuple[float, dict[str, float]], ...] = ()
+    # one micro-batch's ops and the optimiser's step (``op_mix.py``), combined as ``flops``
+    ops: OpMix | None = None
 
     def plus(self, other: Tracked, times: float) -> Tracked:
         """``self + times * other``, part by part and stage by stage (an extrapolation's
@@ -34,15 +38,17 @@ class Tracked:
 
         error = self.error or other.error
         flops = self.flops + times * other.flops
+        ops = None if self.ops is None or other.ops is None else self.ops.plus(other.ops, times)
         if self.stages and len(self.stages) == len(other.stages):
             stages = tuple(
                 (p + times * q, add(a, b))
                 for (p, a), (q, b) in zip(self.stages, other.stages, strict=True)
             )
             peak, parts = max(stages, key=lambda stage: stage[0])
-            return Tracked(peak, parts, flops, error, self.how, stages)
+            return Tracked(peak, parts, flops, error, self.how, stages, ops)
         peak = self.peak_mib + times * other.peak_mib
-        return Tracked(peak, add(self.parts_mib, other.parts_mib), flops, error, self.how)
+        parts = add(self.parts_mib, other.parts_mib)
+        return Tracked(peak, parts, flops, error, self.how, ops=ops)
 
     def minus(self, other: Tracked) -> Tracked:
         return self.plus(other, -1.0)

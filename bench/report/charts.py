@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+from collections.abc import Callable
 
 import matplotlib
 
@@ -16,6 +17,7 @@ import pandas as pd
 
 from bench.report.claims import fmt_value
 
+Part = tuple[str, pd.Series, str]  # a stacked bar's part: label, ms per row, colour
 # The seed's rules of thumb for a healthy data-parallel step.
 COMPUTE_SHARE_TARGET = 80.0
 GPU_UTIL_TARGET = 90.0
@@ -104,7 +106,7 @@ def _with_interval(g: pd.DataFrame) -> tuple[pd.Series, list[pd.Series]]:
     return y, [(y - lo).fillna(0).clip(lower=0), (hi - y).fillna(0).clip(lower=0)]
 
 
-def breakdown_parts(g: pd.DataFrame) -> list[tuple[str, pd.Series, str]]:
+def breakdown_parts(g: pd.DataFrame) -> list[Part]:
     """The stacked bar's parts (name, ms, colour), which add up to the traced step window:
     window = compute + exposed communication + idle + the device work that is neither
     (memcpy/memset and other device events outside computation and communication, HTA's
@@ -123,33 +125,49 @@ def breakdown_parts(g: pd.DataFrame) -> list[tuple[str, pd.Series, str]]:
     ]
 
 
-def breakdown_figure(ok: pd.DataFrame) -> str:
-    """Stacked horizontal bar per point: compute alone, overlapped communication, exposed
-    communication, memory copies and other device work, idle (their sum is the traced step,
-    ``breakdown_parts``); one panel per model, each on its own scale, so a small model's bars
-    are not flattened by a large one's."""
+def stacked_by_model(
+    ok: pd.DataFrame,
+    parts: Callable[[pd.DataFrame], list[Part]],
+    xlabel: str,
+    note: Callable[[pd.DataFrame], list[str]] | None = None,
+):
+    """A figure of one stacked horizontal bar per point, ``parts(model's rows)`` left to right
+    (empty cells 0, negatives clipped), ``note``'s text after each bar; one panel per model,
+    each on its own scale, so a small model's bars are not flattened by a large one's."""
     models = list(dict.fromkeys(ok["model"]))
     heights = [max(1.2, 0.3 * (ok["model"] == m).sum() + 0.6) for m in models]
     fig, axes = plt.subplots(
         len(models),
         1,
-        figsize=(8, sum(heights) + 0.6),
+        figsize=(8, sum(heights) + 0.9),
         squeeze=False,
-        gridspec_kw={"height_ratios": heights},
+        gridspec_kw={"height_ratios": heights, "hspace": 0.6},
     )
     for ax, model in zip(axes[:, 0], models, strict=True):
         g = ok[ok["model"] == model]
         left = np.zeros(len(g))
-        for name, vals, color in breakdown_parts(g):
+        for label, vals, color in parts(g):
             vals = vals.fillna(0).clip(lower=0).to_numpy()
-            ax.barh(range(len(g)), vals, left=left, label=name, color=color)
+            ax.barh(range(len(g)), vals, left=left, label=label, color=color)
             left += vals
+        for y, text in enumerate(note(g) if note else []):
+            ax.text(left[y], y, f" {text}", va="center", fontsize=7)
         ax.set_yticks(range(len(g)), [point_label(r) for r in g.itertuples()], fontsize=7)
         ax.invert_yaxis()
         ax.set_title(model, fontsize=9)
         ax.grid(axis="x", alpha=0.3)
-    axes[-1, 0].set_xlabel("ms per step (traced steps, mean over ranks)")
+        if note:
+            ax.margins(x=0.15)
+    axes[-1, 0].set_xlabel(xlabel)
     axes[0, 0].legend(fontsize=7, loc="lower left", bbox_to_anchor=(0, 1.08), ncol=2)
+    return fig
+
+
+def breakdown_figure(ok: pd.DataFrame) -> str:
+    """Stacked horizontal bar per point: compute alone, overlapped communication, exposed
+    communication, memory copies and other device work, idle (their sum is the traced step,
+    ``breakdown_parts``), a panel per model."""
+    fig = stacked_by_model(ok, breakdown_parts, "ms per step (traced steps, mean over ranks)")
     return png(
         fig,
         "Where each point's step goes: computation alone, communication overlapped "

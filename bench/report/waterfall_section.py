@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import html
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from bench.report.charts import png, point_label
+from bench.report.charts import Part, png, point_label, stacked_by_model
 from bench.report.tables import html_table
 
 # (column, label, colour) of each part, in the bar's order: the achieved share first, then the
@@ -58,35 +57,17 @@ def has_waterfall(df: pd.DataFrame) -> pd.Series:
 def waterfall_figure(ok: pd.DataFrame) -> str:
     """A stacked horizontal bar per point, ideal first, each labelled with its MFU; one panel
     per model, each on its own scale."""
-    models = list(dict.fromkeys(ok["model"]))
-    heights = [max(1.2, 0.3 * (ok["model"] == m).sum() + 0.6) for m in models]
-    fig, axes = plt.subplots(
-        len(models),
-        1,
-        figsize=(8, sum(heights) + 0.9),
-        squeeze=False,
-        gridspec_kw={"height_ratios": heights, "hspace": 0.6},
-    )
-    for ax, model in zip(axes[:, 0], models, strict=True):
-        g = ok[ok["model"] == model]
-        parts = waterfall_parts(g)
-        left = np.zeros(len(g))
-        for col, label, color in PARTS:
-            vals = parts[col].clip(lower=0).to_numpy()
-            ax.barh(range(len(g)), vals, left=left, label=label, color=color)
-            left += vals
-        for y, (total, mfu) in enumerate(zip(left, _mfu_pct(g), strict=True)):
-            text = "MFU not priced" if np.isnan(mfu) else f"MFU {mfu:.1f} %"
-            ax.text(total, y, f" {text}", va="center", fontsize=7)
-        ax.set_yticks(range(len(g)), [point_label(r) for r in g.itertuples()], fontsize=7)
-        ax.invert_yaxis()
-        ax.set_title(model, fontsize=9)
-        ax.grid(axis="x", alpha=0.3)
-        ax.margins(x=0.15)
-    axes[-1, 0].set_xlabel("ms per traced step (mean over steps and ranks)")
-    axes[0, 0].legend(fontsize=7, loc="lower left", bbox_to_anchor=(0, 1.08), ncol=2)
+
+    def parts(g: pd.DataFrame) -> list[Part]:
+        ms = waterfall_parts(g)
+        return [(label, ms[col], color) for col, label, color in PARTS]
+
+    def mfu(g: pd.DataFrame) -> list[str]:
+        return ["MFU not priced" if np.isnan(v) else f"MFU {v:.1f} %" for v in _mfu_pct(g)]
+
+    xlabel = "ms per traced step (mean over steps and ranks)"
     return png(
-        fig,
+        stacked_by_model(ok, parts, xlabel, mfu),
         "Where MFU goes: each point's traced step, from its FLOPs at the device's peak (the "
         "achieved MFU's share) through what it lost to the peak: matmuls below it, memory-bound "
         "ops, recomputation, the optimizer, exposed communication, idle and other time, stacked.",

@@ -34,7 +34,7 @@ def _points(curve, unit: str) -> str:
 
 
 def table(profile: Roofline) -> str:
-    """The profile in a few lines: peaks, bandwidth, launch, points of each curve."""
+    """The profile in a few lines: peaks, bandwidth, launch, points of each curve, step costs."""
     lines = [f"device   {profile.device}", f"source   {profile.source}"]
     for p, tflops in profile.peak_tflops.items():
         curve = profile.matmul.get(p)
@@ -44,6 +44,12 @@ def table(profile: Roofline) -> str:
         f"memory   {profile.memory_GBps:.4g} GB/s; efficiency {_points(profile.memory, 'B')}"
     )
     lines.append(f"launch   {profile.launch_us:.3g} us per op")
+    if profile.step is not None:
+        step = profile.step
+        lines.append(
+            f"in step  {step.op_us:.3g} us per op; efficiencies x{step.efficiency:.3g} "
+            "(an op inside a training step)"
+        )
     return "\n".join(lines)
 
 

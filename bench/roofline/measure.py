@@ -10,7 +10,8 @@ not the figure:
   the rate stops growing: ``peak_tflops`` is the best rate reached, a curve point the geometric
   mean of its shapes' rates over that peak, for fp32 and bf16 (where the device runs it);
 - an elementwise add over sizes from KBs to well past the caches: ``memory_GBps`` is the best
-  bandwidth reached (bytes read and written), the curve its rate at each size over that best.
+  bandwidth reached (bytes read and written), the curve its rate at each size over that best;
+- on a CPU, what an op costs inside a training step beyond that (``step_cost.py``).
 
 Rates are taken on a call's time less one launch (at least a twentieth of it), so that a
 profile prices each measured op as it ran: its FLOPs or bytes at the curve's rate, plus the
@@ -23,22 +24,26 @@ reads the file (the profile format, docs/roofline.md) under ``CACHE_DIR`` after.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import fcntl
 import json
 import math
+import os
 import platform
 import re
 import socket
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from bench.roofline.profile import Curve, Roofline, from_json, write
+from bench.roofline.step_cost import step_cost
 from bench.runfolder import atomic
 
 CACHE_DIR = Path.home() / ".cache" / "parallel-bench" / "roofline"
@@ -227,7 +232,7 @@ def measure(device: torch.device | str = "cpu", sizes: Sizes | None = None) -> R
     bandwidth, memory = curve(bench, memory_times(bench))
     threads = f", threads: {torch.get_num_threads()}" if device.type == "cpu" else ""
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    return Roofline(
+    alone = Roofline(
         device=device_name(device),
         source=f"measured on {socket.gethostname()}, torch {torch.__version__}{threads}, {when}",
         peak_tflops=peaks,
@@ -236,6 +241,9 @@ def measure(device: torch.device | str = "cpu", sizes: Sizes | None = None) -> R
         memory=memory,
         launch_us=bench.launch_s * 1e6,
     )
+    if device.type != "cpu":
+        return alone  # a GPU's steps overlap the host's costs with the kernels: not fitted here
+    return replace(alone, step=step_cost(alone, device, bench.sync))
 
 
 def cache_path(device: torch.device | str = "cpu") -> Path:
@@ -265,13 +273,43 @@ def remeasure(device: torch.device | str | None = None, sizes: Sizes | None = No
 
 def host_profile(device: torch.device | str | None = None, sizes: Sizes | None = None) -> Roofline:
     """This host's profile of ``device`` (None: ``this_device()``): read from the cache, or
-    measured and cached where it has none or cannot be read (saying so)."""
+    measured and cached where it has none or cannot be read (saying so). The ranks of a run
+    that ask at once on a new host take turns on a lock beside the file: the first measures
+    (on a quiet machine, its neighbours waiting), the others read what it wrote."""
     device = torch.device(device) if device is not None else this_device()
     path = cache_path(device)
-    if path.exists():
-        try:
-            return from_json(json.loads(path.read_text()), where=str(path))
-        except (OSError, ValueError) as e:  # RooflineError and JSONDecodeError among them
-            why = (str(e).splitlines() or [type(e).__name__])[0]
-            print(f"roofline: cached profile unreadable ({why}); measuring again", file=sys.stderr)
-    return remeasure(device, sizes)
+    with _turn(path.with_name(path.name + ".lock")):
+        return _cached(path, device) or remeasure(device, sizes)
+
+
+@contextlib.contextmanager
+def _turn(lock: Path) -> Iterator[None]:
+    """``lock`` held (a blocking ``flock``) while inside; nothing held where it cannot be made
+    (an unwritable cache: each process then measures for itself)."""
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def _cached(path: Path, device: torch.device) -> Roofline | None:
+    """The cached profile, or None (saying why where one is there but will not do)."""
+    if not path.exists():
+        return None
+    try:
+        cached = from_json(json.loads(path.read_text()), where=str(path))
+    except (OSError, ValueError) as e:  # RooflineError and JSONDecodeError among them
+        why = (str(e).splitlines() or [type(e).__name__])[0]
+        print(f"roofline: cached profile unreadable ({why}); measuring again", file=sys.stderr)
+        return None
+    if cached.step is None and device.type == "cpu":
+        print("roofline: cached profile without step costs; measuring again", file=sys.stderr)
+        return None
+    return cached

@@ -14,7 +14,16 @@ The file is JSON (docs/roofline.md)::
     {"format": "parallel-bench roofline 1", "device": "...", "source": "...",
      "peak_tflops": {"fp32": ..., "bf16": ...}, "memory_GBps": ...,
      "matmul": {"fp32": {"sizes": [FLOPs, ...], "efficiency": [0..1, ...]}, ...},
-     "memory": {"sizes": [bytes, ...], "efficiency": [...]}, "launch_us": ...}
+     "memory": {"sizes": [bytes, ...], "efficiency": [...]}, "launch_us": ...,
+     "step": {"op_us": ..., "efficiency": ...}}
+
+``step`` (optional) is what an op costs inside a training step, where it is not called alone
+in a loop (``step_cost.py``): ``op_us`` its fixed cost there (the modules' Python and
+autograd's bookkeeping beside the dispatch; on a CPU, where nothing overlaps them, several
+times a bare launch), ``efficiency`` the factor on the curves' efficiencies its FLOPs and bytes
+reach there (below 1 on this CPU: a model's matmuls and elementwise ops run on operands just
+written elsewhere, in layouts backward transposes). A profile without it prices a step's op as
+it prices an op alone.
 
 A malformed file, or one naming a precision the suite does not know, is refused with one line
 (``RooflineError``).
@@ -59,6 +68,18 @@ class Curve:
 
 
 @dataclass(frozen=True)
+class StepCost:
+    """An op inside a training step: its fixed cost, and the factor on the profile's
+    efficiencies its FLOPs and bytes reach (both fitted to measured steps, ``step_cost.py``)."""
+
+    op_us: float
+    efficiency: float
+
+    def as_json(self) -> dict:
+        return {"op_us": self.op_us, "efficiency": self.efficiency}
+
+
+@dataclass(frozen=True)
 class Roofline:
     """One device's roofline: ceilings, the efficiencies ops reach, a launch's fixed cost."""
 
@@ -69,6 +90,11 @@ class Roofline:
     matmul: Mapping[str, Curve]  # per precision: efficiency against a matmul's FLOPs
     memory: Curve  # efficiency of memory-bound ops against their bytes moved
     launch_us: float  # fixed cost of one op (host dispatch on a CPU, a kernel's launch on a GPU)
+    step: StepCost | None = None  # an op inside a training step; None: as an op alone
+
+    def in_step(self) -> StepCost:
+        """What an op costs inside a training step: ``step``, or an op alone's."""
+        return self.step or StepCost(self.launch_us, 1.0)
 
     def precision(self, precision: str) -> str:
         """The precision this profile has figures for: tf32 falls back to fp32 where the
@@ -105,7 +131,7 @@ class Roofline:
             "matmul": {p: c.as_json() for p, c in self.matmul.items()},
             "memory": self.memory.as_json(),
             "launch_us": self.launch_us,
-        }
+        } | ({"step": self.step.as_json()} if self.step else {})
 
 
 def _positive(where: str, value) -> float:
@@ -145,6 +171,7 @@ def _precisions(where: str, data, parse) -> dict:
 
 
 KEYS = ("format", "device", "source", "peak_tflops", "memory_GBps", "matmul", "memory", "launch_us")
+OPTIONAL = ("step",)
 
 
 def from_json(data, where: str = "profile") -> Roofline:
@@ -152,7 +179,7 @@ def from_json(data, where: str = "profile") -> Roofline:
     if not isinstance(data, dict):
         raise RooflineError(f"{where}: not a JSON object")
     missing = [k for k in KEYS if k not in data]
-    extra = [k for k in data if k not in KEYS]
+    extra = [k for k in data if k not in KEYS + OPTIONAL]
     if missing or extra:
         what = f"lacks {missing[0]!r}" if missing else f"has an unknown field {extra[0]!r}"
         raise RooflineError(f"{where} {what} (fields: {', '.join(KEYS)})")
@@ -174,7 +201,15 @@ def from_json(data, where: str = "profile") -> Roofline:
         matmul=matmul,
         memory=_curve(f"{where}.memory", data["memory"]),
         launch_us=_nonnegative(f"{where}.launch_us", data["launch_us"]),
+        step=_step(f"{where}.step", data["step"]) if "step" in data else None,
     )
+
+
+def _step(where: str, data) -> StepCost:
+    if not isinstance(data, dict) or set(data) != {"op_us", "efficiency"}:
+        raise RooflineError(f'{where} must be {{"op_us": ..., "efficiency": ...}}')
+    eff = _positive(f"{where}.efficiency", data["efficiency"])
+    return StepCost(_nonnegative(f"{where}.op_us", data["op_us"]), eff)
 
 
 def _nonnegative(where: str, value) -> float:
