@@ -532,10 +532,10 @@ def _counted(
     foreach: bool = False,
 ) -> Counted:
     """One micro-batch's forward and backward (recomputation included) under torch's
-    ``FlopCounterMode`` (``op_mix.OpCounter``), on the plain model under fake tensors, the
-    forward at ``precision`` (under autocast where it is not fp32), then AdamW's step (its
-    second: the first makes its state; ``foreach`` as the target runs it). The same for every
-    layout of the model (a TP rank's share is the planner's division), so counted once.
+    ``FlopCounterMode`` (``bench.roofline.op_count.OpCounter``), on the plain model under fake
+    tensors, the forward at ``precision`` (under autocast where it is not fp32), then AdamW's
+    step (its second: the first makes its state; ``foreach`` as the target runs it). The same
+    for every layout of the model (a TP rank's share is the planner's division), so counted once.
     Counted apart from the tracked step: both modes at once change what activation
     checkpointing keeps, and so the tracked peak (docs/benchmarks.md, "Planned memory")."""
     wl = workload(model)

@@ -60,7 +60,7 @@ class StepTime:
     def columns(self) -> dict:
         """plan.csv's columns of it: only ``time_error`` where it has no step. The predicted
         waterfall: the step's computation in compute-bound ops (``matmul_ms``), memory-bound
-        ops and launches, and what the ops do not price (``other_compute_ms``: an
+        ops and the ops' fixed costs, and what the ops do not price (``other_compute_ms``: an
         implementation's own work, checkpointing's measured extra); beside it the exposed
         communication."""
         if self.error:
