@@ -1,0 +1,136 @@
+"""Per-op prediction (bench/analysis/op_accuracy.py): each top-level op of a small profiled
+loop priced alone on a roofline, checked against ``Roofline.op_us`` of FLOPs and bytes worked
+out here by hand, and against the trace's own durations; nested ops and views counted once;
+a trace without shapes says it cannot price."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from bench.analysis.breakdown import load_trace
+from bench.analysis.op_accuracy import NO_SHAPES, op_accuracy, per_op, summary
+from bench.roofline.profile import from_json
+from bench.selftime.op_prediction import main
+
+pytestmark = pytest.mark.unit
+
+ROOFLINE = from_json(
+    {
+        "format": "parallel-bench roofline 1",
+        "device": "test device",
+        "source": "written by the test",
+        "peak_tflops": {"fp32": 0.1},
+        "memory_GBps": 50.0,
+        "matmul": {"fp32": {"sizes": [1e4, 1e8], "efficiency": [0.3, 0.9]}},
+        "memory": {"sizes": [1e3, 1e7], "efficiency": [0.9, 0.4]},
+        "launch_us": 2.0,
+    }
+)
+STEPS = 3
+N, B, K, M = 64, 16, 64, 32  # the mm's side; the linear's batch, input and output widths
+F32 = 4
+
+
+def _loop(path: Path, record_shapes: bool) -> Path:
+    """Per step four top-level ops: a 64x64 mm, a view (t), a linear (holding t and addmm), an
+    elementwise add."""
+    torch.manual_seed(0)
+    a, b = torch.randn(N, N), torch.randn(N, N)
+    x, w, bias = torch.randn(B, K), torch.randn(M, K), torch.randn(M)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=record_shapes) as p:
+        for i in range(STEPS):
+            with record_function(f"ProfilerStep#{i}"):  # the step window a schedule makes
+                c = torch.mm(a, b)
+                c.t()
+                y = F.linear(x, w, bias)
+                torch.add(c, a)
+    p.export_chrome_trace(str(path))
+    assert y.shape == (B, M)
+    return path
+
+
+@pytest.fixture(scope="module")
+def accuracy(tmp_path_factory):
+    path = _loop(tmp_path_factory.mktemp("shapes") / "t.json", record_shapes=True)
+    return path, op_accuracy(load_trace(path), ROOFLINE)
+
+
+def test_each_op_is_priced_on_its_own_flops_and_bytes(accuracy):
+    _, acc = accuracy
+    assert acc.unpriced == ()
+    by_op = acc.calls.groupby("op")
+    # 2 m k n FLOPs, the two inputs and the output read or written once
+    expected = {
+        "aten::mm": ROOFLINE.op_us(2 * N**3, 3 * N * N * F32, "fp32")[0],
+        "aten::linear": ROOFLINE.op_us(2 * B * K * M, (B * K + M * K + M + B * M) * F32, "fp32")[0],
+        "aten::add": ROOFLINE.op_us(0, 3 * N * N * F32, "fp32")[0],
+        "aten::t": ROOFLINE.launch_us,  # a view moves nothing: one launch
+    }
+    assert set(by_op.groups) == set(expected)  # linear's own t and addmm are not ops of their own
+    for op, price in expected.items():
+        assert by_op.size()[op] == STEPS
+        assert by_op.get_group(op)["priced_us"].to_numpy() == pytest.approx([price] * STEPS)
+    kinds = acc.calls.drop_duplicates("op").set_index("op")["op_class"].to_dict()
+    assert kinds == {
+        "aten::mm": "matmul",
+        "aten::linear": "matmul",
+        "aten::add": "memory_bound",
+        "aten::t": "view",
+    }
+
+
+def test_measured_time_is_the_ops_own_span_and_counts_what_it_dispatched(accuracy):
+    path, acc = accuracy
+    events = [e for e in json.loads(path.read_text())["traceEvents"] if e.get("cat") == "cpu_op"]
+    for op in ("aten::mm", "aten::linear"):
+        spans = sorted((e["dur"], e["ts"]) for e in events if e["name"] == op)
+        rows = acc.calls[acc.calls["op"] == op].sort_values("measured_us")
+        assert rows["measured_us"].tolist() == pytest.approx([d for d, _ in spans])
+        inside = [sum(ts <= e["ts"] < ts + d for e in events) for d, ts in spans]
+        assert rows["ops_inside"].tolist() == inside
+    assert (acc.calls.loc[acc.calls["op"] == "aten::linear", "ops_inside"] >= 3).all()
+
+
+def test_the_tables_aggregate_the_calls_time_weighted():
+    calls = pd.DataFrame(
+        {
+            "op": ["aten::mm", "aten::mm", "aten::bmm", "aten::add"],
+            "op_class": ["matmul", "matmul", "matmul", "memory_bound"],
+            "measured_us": [100.0, 100.0, 250.0, 10.0],
+            "priced_us": [110.0, 80.0, 230.0, 14.0],
+            "ops_inside": [1, 1, 1, 1],
+        }
+    )
+    calls["error_pct"] = 100 * (calls["priced_us"] / calls["measured_us"] - 1)
+    s = summary(calls).set_index("op_class")
+    assert s.loc["matmul", "error_pct"] == pytest.approx(100 * (420 / 450 - 1))
+    assert s.loc["matmul", "median_abs_error_pct"] == pytest.approx(10.0)  # of 10, 20, 8
+    assert s.loc["matmul", "within_target_pct"] == pytest.approx(100 * 2 / 3)  # within 15 %
+    assert s.loc["memory_bound", "within_target_pct"] == 0.0  # 40 % off, target 30 %
+    ops = per_op(calls).set_index("op")
+    assert ops.loc["aten::mm", "calls"] == 2
+    assert ops.loc["aten::mm", "error_pct"] == pytest.approx(100 * (190 / 200 - 1))
+    assert list(ops.index) == ["aten::bmm", "aten::mm", "aten::add"]  # most time first
+
+
+def test_a_trace_without_shapes_says_it_cannot_price(tmp_path):
+    acc = op_accuracy(load_trace(_loop(tmp_path / "t.json", record_shapes=False)), ROOFLINE)
+    assert acc.unpriced == (NO_SHAPES,)
+    assert acc.calls.empty and acc.ops.empty and acc.summary.empty
+
+
+def test_the_command_refuses_a_bad_profile_in_one_line(tmp_path, capsys):
+    bad = tmp_path / "p.json"
+    bad.write_text('{"format": "nope"}')
+    with pytest.raises(SystemExit) as e:
+        main(["--device-profile", str(bad)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err
