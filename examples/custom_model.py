@@ -5,17 +5,21 @@
 
 ``workload()`` returns a ``Workload``: how to build the model, how to make a deterministic
 synthetic batch, the loss, and the facts that parallelism needs (the blocks FSDP wraps and
-activation checkpointing recomputes, a tensor-parallel plan). Leave out a fact and the strategies
-that need it give an error row naming it; every other sweep still runs.
+activation checkpointing recomputes, a tensor-parallel plan, where a pipeline cuts it). Leave
+out a fact and the strategies that need it give an error row naming it; every other sweep
+still runs.
 """
 
 from __future__ import annotations
+
+import operator
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from parallel_kernels import Workload
+from parallel_kernels.workload import PipelineCut, in_order
 
 VOCAB, TAGS, DIM, SEQ, LAYERS = 1000, 16, 128, 32, 4
 
@@ -71,4 +75,8 @@ def workload() -> Workload:
         tokens_per_sample=SEQ,  # activation rows per sample, for tensor parallelism's volume
         fsdp_units=(Block,),  # FSDP's units, and what activation checkpointing recomputes
         tp_plan={"blocks.*.up": "colwise", "blocks.*.down": "rowwise"},
+        # pipeline stages: the embedding first, the blocks split between the stages, the head last
+        pipeline=PipelineCut(
+            blocks=operator.attrgetter("blocks"), embed=in_order("embed"), head=in_order("head")
+        ),
     )

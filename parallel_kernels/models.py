@@ -10,12 +10,13 @@ and the tests treat every model alike, the user's own and the zoo's too.
 from __future__ import annotations
 
 import itertools
+import operator
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from parallel_kernels.workload import Workload, stamp
+from parallel_kernels.workload import PipelineCut, Workload, in_order, stamp
 
 
 class MLP(nn.Module):
@@ -99,6 +100,24 @@ class Transformer(nn.Module):
         return self.head(self.ln_f(x))
 
 
+class TokenPositions(nn.Module):
+    """The ``Transformer``'s embedding as one module (token ids -> the hidden state): a
+    pipeline's first stage runs it before its blocks."""
+
+    def __init__(self, model: Transformer) -> None:
+        super().__init__()
+        self.tok, self.pos = model.tok, model.pos
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        return self.tok(idx) + self.pos(pos)
+
+
+TRANSFORMER_CUT = PipelineCut(
+    blocks=operator.attrgetter("blocks"), embed=TokenPositions, head=in_order("ln_f", "head")
+)
+
+
 def _classification_data(
     n: int, seed: int, features: int = 784, classes: int = 10
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -162,6 +181,7 @@ MODELS: dict[str, Workload] = {
             tokens_per_sample=64,
             fsdp_units=(Block,),
             tp_plan=tp_plan_of,
+            pipeline=TRANSFORMER_CUT,
         ),
     )
 }

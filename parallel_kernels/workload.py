@@ -19,6 +19,8 @@ that returns its own loss (a dict with ``"loss"``, a Hugging Face ``ModelOutput`
 from __future__ import annotations
 
 import fnmatch
+import functools
+import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +30,44 @@ from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
 COLWISE, ROWWISE = "colwise", "rowwise"  # the placements a tp_plan names
+
+
+@dataclass(frozen=True, kw_only=True)
+class PipelineCut:
+    """How a pipeline cuts the model into stages, each a module taking one tensor and returning
+    one (``parallel_kernels/pipeline_stages.py``): the parts are functions of the built model
+    returning its own modules (never new parameters), so that a stage shares the plain
+    model's weights. The first stage runs ``embed`` (the model's input tensor -> the hidden
+    state) before its blocks, the last ``head`` (the hidden state -> the output the loss
+    takes) after them; every stage calls each of its blocks as ``block(hidden,
+    **block_inputs(hidden))``."""
+
+    # the model's repeated blocks, in order (``operator.attrgetter("model.layers")``)
+    blocks: Callable[[nn.Module], nn.ModuleList]
+    # the first stage's part before its blocks: the model's input tensor -> the hidden state
+    embed: Callable[[nn.Module], nn.Module]
+    # the last stage's part after its blocks: the hidden state -> the loss's input (logits)
+    head: Callable[[nn.Module], nn.Module]
+    # what a block takes besides the hidden state (rotary positions, an attention mask), made
+    # on every stage from the hidden state alone: a module, hidden state -> keyword arguments;
+    # None: a block takes the hidden state alone
+    block_inputs: Callable[[nn.Module], nn.Module] | None = None
+    # a batch's (inputs, targets) -> (the first stage's one tensor, the targets the last stage's
+    # loss takes); None: the inputs are that tensor and the targets are the loss's
+    split_batch: Callable[[Any, Any], tuple[torch.Tensor, Any]] | None = None
+    # (the last stage's output, its targets) -> the loss; None: the workload's own loss
+    loss: Callable[[torch.Tensor, Any], torch.Tensor] | None = None
+
+
+def _in_order(paths: tuple[str, ...], model: nn.Module) -> nn.Module:
+    parts = [operator.attrgetter(p)(model) for p in paths]
+    return parts[0] if len(parts) == 1 else nn.Sequential(*parts)
+
+
+def in_order(*paths: str) -> Callable[[nn.Module], nn.Module]:
+    """A ``PipelineCut`` part: the model's modules at these dotted paths, run one after the
+    other (``in_order("model.norm", "lm_head")``); a partial, so workloads stay picklable."""
+    return functools.partial(_in_order, paths)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,6 +96,9 @@ class Workload:
     # multiply-adds of its forward pass that papers quote); None: counted. MFU uses this figure,
     # and warns where it is more than 3x away from the counter's.
     flops_per_sample: float | None = None
+    # Pipeline parallelism: where the repeated blocks are and what runs before and after them
+    # (``PipelineCut``); None: the model cannot be split into stages.
+    pipeline: PipelineCut | None = None
 
     def dataset(self, n: int, seed: int) -> Dataset:
         """``n`` samples made by ``batch(n, seed)``, indexed one at a time (for a sampler): a

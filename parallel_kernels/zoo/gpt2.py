@@ -6,17 +6,57 @@ whose output is split in three, so a column split of it would not split the head
 
 from __future__ import annotations
 
-from parallel_kernels.workload import Workload
+import operator
+
+import torch
+from torch import nn
+
+from parallel_kernels.workload import PipelineCut, Workload, in_order
 from parallel_kernels.zoo import ZOO, sized
-from parallel_kernels.zoo.hf import HFClasses, causal_lm_batch, config, hf_workload
+from parallel_kernels.zoo.hf import (
+    DecoderInputs,
+    HFClasses,
+    causal_lm_batch,
+    causal_lm_loss,
+    causal_lm_stage_batch,
+    config,
+    hf_workload,
+)
+
+
+class TokensAndPositions(nn.Module):
+    """GPT-2's embedding as one module (token ids -> the hidden state), as ``GPT2Model``'s
+    forward makes it: token plus learned position embeddings, then its dropout (0 here)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        body = model.transformer
+        self.wte, self.wpe, self.drop = body.wte, body.wpe, body.drop
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0)
+        return self.drop(self.wte(ids) + self.wpe(positions))
+
 
 NO_DROPOUT = {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
+# A pipeline's stages: the embeddings first, the blocks (each stage makes the causal mask from
+# its hidden state), the final norm and the LM head last; the head's weight is the token
+# embedding's, which the first and the last stage then share (pipeline_stages.StageSplit.shared).
+PIPELINE = PipelineCut(
+    blocks=operator.attrgetter("transformer.h"),
+    embed=TokensAndPositions,
+    head=in_order("transformer.ln_f", "lm_head"),
+    block_inputs=DecoderInputs,
+    split_batch=causal_lm_stage_batch,
+    loss=causal_lm_loss,
+)
 CLASSES = HFClasses(
     model="GPT2LMHeadModel",
     family="gpt2",
     layer="GPT2Block",
     batch=causal_lm_batch,
     loss_type="ForCausalLM",
+    pipeline=PIPELINE,
 )
 
 

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from types import ModuleType
 
 import torch
+from torch import nn
 
-from parallel_kernels.workload import Workload
+from parallel_kernels.workload import PipelineCut, Workload
 
 
 def transformers() -> ModuleType:
@@ -86,18 +87,61 @@ def classification_batch(vocab: int, seq: int):
     return functools.partial(_classification_batch, vocab=vocab, seq=seq)
 
 
+def causal_lm_stage_batch(inputs: dict, targets: None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A causal LM batch as a pipeline takes it: the token ids into the first stage, the labels
+    to the last stage's loss (``PipelineCut.split_batch``)."""
+    return inputs["input_ids"], inputs["labels"]
+
+
+def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The loss a Hugging Face causal LM computes on its logits (labels shifted by one token),
+    by its own function: a pipeline's last stage gives the plain model's loss."""
+    loss_utils = importlib.import_module("transformers.loss.loss_utils")
+    return loss_utils.ForCausalLMLoss(logits, labels, vocab_size=logits.shape[-1])
+
+
+class DecoderInputs(nn.Module):
+    """What a Hugging Face decoder's block takes besides the hidden state, made as the model's
+    forward makes them but from the hidden state alone, so that every pipeline stage makes its
+    own: the positions 0..s-1, the causal mask (no padding mask: the synthetic batches have
+    none), and the rotary position embeddings where the model has them (``rotary``: the path
+    of its rotary module, e.g. ``"model.rotary_emb"``)."""
+
+    def __init__(self, model: nn.Module, rotary: str | None = None) -> None:
+        super().__init__()
+        self.config = model.config
+        self.rotary = model.get_submodule(rotary) if rotary else None
+
+    def forward(self, hidden: torch.Tensor) -> dict:
+        masking = importlib.import_module("transformers.masking_utils")
+        positions = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
+        mask = masking.create_causal_mask(
+            config=self.config,
+            inputs_embeds=hidden,
+            attention_mask=None,
+            cache=None,
+            position_ids=positions,
+        )
+        extra = {"attention_mask": mask, "position_ids": positions}
+        if self.rotary is not None:
+            extra["position_embeddings"] = self.rotary(hidden, position_ids=positions)
+        return extra
+
+
 @dataclass(frozen=True)
 class HFClasses:
     """What a zoo family takes from Hugging Face: its model class, the ``layer`` block class of
     ``transformers.models.<family>`` (the unit FSDP shards and checkpointing recomputes), its
     synthetic batch (``causal_lm_batch`` or ``classification_batch``), and the loss of a model
-    class whose name gives none (``model_of``)."""
+    class whose name gives none (``model_of``), and how a pipeline cuts the family's models
+    (None: it cannot)."""
 
     model: str
     family: str
     layer: str
     batch: Callable[[int, int], Callable]
     loss_type: str | None = None
+    pipeline: PipelineCut | None = None
 
 
 def hf_workload(
@@ -112,4 +156,5 @@ def hf_workload(
         tokens_per_sample=seq,
         fsdp_units=(layer_class(classes.family, classes.layer),),
         tp_plan=tp_plan,
+        pipeline=classes.pipeline,
     )

@@ -11,9 +11,20 @@ the TP degree must divide, key/value heads included."""
 
 from __future__ import annotations
 
-from parallel_kernels.workload import COLWISE, ROWWISE, Workload
+import functools
+import operator
+
+from parallel_kernels.workload import COLWISE, ROWWISE, PipelineCut, Workload, in_order
 from parallel_kernels.zoo import ZOO, sized
-from parallel_kernels.zoo.hf import HFClasses, causal_lm_batch, config, hf_workload
+from parallel_kernels.zoo.hf import (
+    DecoderInputs,
+    HFClasses,
+    causal_lm_batch,
+    causal_lm_loss,
+    causal_lm_stage_batch,
+    config,
+    hf_workload,
+)
 
 _LAYER = "model.layers.*."
 TP_PLAN = {
@@ -23,8 +34,24 @@ TP_PLAN = {
     _LAYER + "mlp.up_proj": COLWISE,
     _LAYER + "mlp.down_proj": ROWWISE,
 }
+# A pipeline's stages: the token embedding first, the decoder layers (each stage makes the
+# rotary position embeddings and the causal mask from its hidden state), the final norm and
+# the LM head last. The head's weight is the embedding's where tie_word_embeddings is set: the
+# first and the last stage then share it (pipeline_stages.StageSplit.shared).
+PIPELINE = PipelineCut(
+    blocks=operator.attrgetter("model.layers"),
+    embed=in_order("model.embed_tokens"),
+    head=in_order("model.norm", "lm_head"),
+    block_inputs=functools.partial(DecoderInputs, rotary="model.rotary_emb"),
+    split_batch=causal_lm_stage_batch,
+    loss=causal_lm_loss,
+)
 CLASSES = HFClasses(
-    model="LlamaForCausalLM", family="llama", layer="LlamaDecoderLayer", batch=causal_lm_batch
+    model="LlamaForCausalLM",
+    family="llama",
+    layer="LlamaDecoderLayer",
+    batch=causal_lm_batch,
+    pipeline=PIPELINE,
 )
 
 
