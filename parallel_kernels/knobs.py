@@ -21,6 +21,7 @@ from parallel_kernels.fsdp_layout import STRATEGIES as SHARDING_STRATEGIES
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd", "powersgd2")  # powersgd: rank 1
 MIXED_PRECISIONS = ("none", "bf16", "fp16")
 PRECISIONS = ("fp32", "bf16", "fp16")
+PP_SCHEDULES = ("gpipe", "1f1b")  # parallel_kernels/pipeline.py's SCHEDULES
 
 
 # The bounds of the numeric knobs, each checked by its row's parser before any rank starts, so
@@ -197,6 +198,22 @@ KNOBS: dict[str, Knob] = {
             parse=boolean,
             default=False,
             strategies=("tp",),
+        ),
+        Knob(
+            name="pp_schedule",
+            description="the pipeline's schedule: gpipe or 1f1b",
+            parse=one_of(PP_SCHEDULES, "a pipeline schedule"),
+            default="1f1b",
+            strategies=("pp",),
+        ),
+        Knob(
+            name="pp_microbatches",
+            description="micro-batches a pipeline step splits the batch into",
+            parse=at_most(
+                positive_int, MAX_GRAD_ACCUM, "micro-batches (a step loads them all at once)"
+            ),
+            default=2,
+            strategies=("pp",),
         ),
         Knob(
             name="precision",

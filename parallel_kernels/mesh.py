@@ -332,6 +332,6 @@ def expected_state_bytes(
 def data_parallel_coords(model: nn.Module, rank: int, world: int) -> tuple[int, int]:
     """(index, size) of this rank's data-parallel replica: ranks of one tensor-parallel group
     must read the same batch."""
-    if isinstance(model, MeshParallel):
+    if hasattr(model, "dp_size"):  # a (dp, tp) mesh's, a pipeline's
         return model.dp_rank, model.dp_size
     return MeshDims(world=world).coords(rank)[0], world  # every rank its own replica

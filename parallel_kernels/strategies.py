@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from parallel_kernels import ddp, fsdp, mesh
+from parallel_kernels import ddp, fsdp, mesh, pipeline
 from parallel_kernels.accelerate_ddp import apply_accelerate
 from parallel_kernels.dims import MeshDims
 from parallel_kernels.fsdp_layout import zero_state_bytes
@@ -56,6 +56,12 @@ def reference_fsdp_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
     return {**whole, **state}
 
 
+def pipeline_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
+    """A pipeline's parameters in full by the plain model's names, every stage's gathered
+    (``PipelinedModel``)."""
+    return model.full_state()
+
+
 def mesh_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
     """A (dp, tp) mesh's parameters in full by name, TP slices joined (``MeshParallel``)."""
     return model.full_state()
@@ -79,6 +85,10 @@ class Impl:
     skip_sync: str | None = None
     # The gradient reductions block computation until they finish (our FSDP waits on each).
     reduce_blocks: bool = False
+    # How the trainer steps the wrapped model: "micro_batches" (forward and backward of each
+    # micro-batch, bench/runner/train/step.py) or "schedule" (its own ``train_step`` runs a
+    # pipeline schedule's forwards and backwards over the batch, parallel_kernels/pipeline.py).
+    steps: str = "micro_batches"
     tp_layer: str | None = None  # the TP layers: "megatron" pairs or "naive" gathering columns
     # The wrapped model's parameters in full, under the plain model's names (a collective on
     # every rank): what the check against the plain model compares
@@ -130,6 +140,9 @@ class Strategy:
     # Ranks of one tensor-parallel group, (**knobs) -> degree: a data-parallel replica spans
     # that many ranks (1 without tensor parallelism).
     tp_size: Callable[..., int] = lambda **_: 1
+    # Ranks one data-parallel replica spans, (world size, **knobs) -> ranks, where more than
+    # its tensor-parallel group (a pipeline's stages); None: ``tp_size``.
+    replica_ranks: Callable[..., int] | None = None
 
     @property
     def knobs(self) -> list[Knob]:
@@ -327,6 +340,33 @@ STRATEGIES: dict[str, Strategy] = {
                 MeshDims(world=n, inner=tp_degree, dp_shard=dp_shard).shape
             ),
             tp_size=lambda tp_degree=1, **_: tp_degree,
+        ),
+        Strategy(
+            name="pp",
+            description="pipeline parallel: one stage of the model's blocks per rank, stepped by "
+            "a schedule (GPipe, 1F1B) over pp_microbatches micro-batches",
+            impls=_by_name(
+                Impl(
+                    name="native",
+                    apply=pipeline.apply_pipeline,
+                    native=True,
+                    overlap=False,
+                    full_state=pipeline_parameters,
+                    steps="schedule",
+                ),
+                Impl(
+                    name="reference",
+                    apply=partial(pipeline.apply_pipeline, native=False),
+                    native=False,
+                    overlap=False,
+                    full_state=pipeline_parameters,
+                    steps="schedule",
+                ),
+            ),
+            default_impls=("native", "reference"),
+            schedule="pp",
+            replicated=lambda m: [],  # every rank holds its own stage: nothing replicated
+            replica_ranks=lambda n, **_: n,  # one pipeline over every rank
         ),
     )
 }

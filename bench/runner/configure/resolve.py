@@ -194,8 +194,10 @@ def resolve_point(request: PointRequest) -> PointRecord:
     workload(request.model)
     facts = row.impl(request.impl)
     settings, defaults, autocast = _settings(row, request.knobs)
-    tp = row.tp_size(**{k.param: settings[k.param] for k in row.knobs})
-    dp = max(1, request.world_size // tp) if isinstance(tp, int) and tp > 0 else 1
+    own = {k.param: settings[k.param] for k in row.knobs}
+    tp = row.tp_size(**own)
+    span = row.replica_ranks(request.world_size, **own) if row.replica_ranks else tp
+    dp = max(1, request.world_size // span) if isinstance(span, int) and span > 0 else 1
     batch: int | None = request.per_visit.batch_size
     if request.global_batch is not None:
         batch = request.global_batch // dp if request.global_batch % dp == 0 else None

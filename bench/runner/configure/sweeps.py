@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from parallel_kernels.knobs import COMM_HOOKS, KNOBS, positive_int
+from parallel_kernels.knobs import COMM_HOOKS, KNOBS, PP_SCHEDULES, positive_int
 
 
 def _tp_degree(degree: int, world: int) -> dict[str, Any]:
@@ -151,6 +151,25 @@ SWEEPS: dict[str, Sweep] = {
             sets=("tp_degree", "dp_shard"),
             default_models=("transformer",),
             expand=_mesh,
+        ),
+        Sweep(
+            name="pp_schedule",
+            description="pipeline schedule, GPipe or 1F1B, one stage of the model's blocks per "
+            "rank (models whose workload says where its blocks are), torch.distributed."
+            "pipelining's schedules and the reference from point-to-point sends",
+            knob="pp_schedule",
+            strategy="pp",
+            default_values=PP_SCHEDULES,
+            default_models=("transformer",),
+        ),
+        Sweep(
+            name="pp_microbatches",
+            description="micro-batches a pipeline step splits its batch into (2, 4, 8): the "
+            "schedule's bubble against each micro-batch's fixed cost",
+            knob="pp_microbatches",
+            strategy="pp",
+            default_values=("2", "4", "8"),
+            default_models=("transformer",),
         ),
         Sweep(
             name="grad_accum",

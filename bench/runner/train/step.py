@@ -74,6 +74,12 @@ class Trainer:
         self._workload = workload(self.point.model)
         self._autocast = autocast_for(self.point, self.device)
         facts = self.point.impl_facts
+        self._scheduled = facts.get("steps") == "schedule"
+        if self._scheduled and self.accum > 1:
+            raise ValueError(
+                "a pipeline accumulates over its own micro-batches (pp_microbatches): "
+                "grad_accum must be 1"
+            )
         self._skip_sync = unsynced(self.wrapped, facts["skip_sync"]) if self.accum > 1 else None
         accelerator = getattr(self.wrapped, "accelerator", None)  # Accelerate's own backward
         self._backward = accelerator.backward if accelerator is not None else torch.Tensor.backward
@@ -107,7 +113,11 @@ class Trainer:
 
     def micro_step(self, x, y, *, last: bool) -> torch.Tensor:
         """One micro-batch's forward and backward, its gradients synchronised on the ``last``
-        only; its share of the loss, detached."""
+        only; its share of the loss, detached. A model whose implementation steps by its own
+        schedule (``Impl.steps``, a pipeline) runs it over the micro-batch."""
+        if self._scheduled:  # the wrapped model's schedule runs forward and backward itself
+            with self._autocast():
+                return self.wrapped.train_step(x, y).detach()
         with contextlib.nullcontext() if last else self._skip_sync():
             with self._autocast():
                 out = self._workload.forward(self.wrapped, x)
