@@ -74,15 +74,17 @@ def test_one_linears_step_prices_its_three_matmuls_at_their_flops_over_the_peak(
 
 
 def test_the_ops_at_a_micro_batch_are_those_counted_there_and_sum_to_its_flops():
-    derived = memory.step_ops("llama:tiny", 4, False)
-    counted = mix_of(memory._counted("llama:tiny", 4, False, None).records)
+    derived = memory.step_ops(memory.Counting("llama:tiny", False), 4)
+    counted = mix_of(memory._counted(memory.Counting("llama:tiny", False), 4).records)
     assert derived.counts.keys() == counted.counts.keys()
     for k, n in counted.counts.items():
         assert derived.counts[k] == pytest.approx(n)
-    assert derived.of(COMPUTE).flops() == pytest.approx(memory._flops("llama:tiny", 4, False, None))
+    assert derived.of(COMPUTE).flops() == pytest.approx(
+        memory._flops(memory.Counting("llama:tiny", False), 4)
+    )
     assert {k.phase for k in derived.counts} == {"forward", "backward", "optimiser"}
     # checkpointing's recomputation is in backward's ops
-    ckpt = memory.step_ops("llama:tiny", 4, True)
+    ckpt = memory.step_ops(memory.Counting("llama:tiny", True), 4)
     assert ckpt.of(["forward"]).flops() == pytest.approx(derived.of(["forward"]).flops())
     assert ckpt.of(["backward"]).flops() > derived.of(["backward"]).flops()
 
@@ -141,14 +143,14 @@ def test_a_profile_twice_as_fast_halves_the_compute_bound_part_and_a_factor_scal
     # a launch per op: each micro-batch's forward and backward, and the optimiser's step once
     for accum in (1, 2, 4):
         row = base[base["grad_accum"] == accum].iloc[0]
-        ops = memory.step_ops("llama:tiny", 4 // accum, False)
+        ops = memory.step_ops(memory.Counting("llama:tiny", False), 4 // accum)
         launches = accum * ops.of(COMPUTE).ops() + ops.of(["optimiser"]).ops()
         assert row["op_fixed_ms"] == pytest.approx(launches * LAUNCH_US / 1e3)
 
 
 def test_a_measured_computation_fits_the_factor_that_prices_it():
     roof = from_json(profile())
-    ops = memory.step_ops("llama:tiny", 4, False)
+    ops = memory.step_ops(memory.Counting("llama:tiny", False), 4)
     at_half = priced(ops, Pricing(roof, 0.5)).total_ms
     assert fit_scale(ops, at_half, roof) == pytest.approx(0.5)
     row = {"model": "llama:tiny", "batch_per_replica": 4, "value": "fp32", "compute_ms": at_half}
@@ -156,7 +158,7 @@ def test_a_measured_computation_fits_the_factor_that_prices_it():
     # with a cost per micro-batch beyond the ops: the same 4 samples in 2 micro-batches cost
     # their ops at the factor and that cost twice; the two steps give both back
     micro_ms, rows = 3.0, pd.DataFrame([{**row, "compute_ms": at_half + 3.0}])
-    small = memory.step_ops("llama:tiny", 2, False)
+    small = memory.step_ops(memory.Counting("llama:tiny", False), 2)
     two = small.of(["optimiser"]).plus(small.of(COMPUTE), 2)
     delta = priced(two, Pricing(roof, 0.5)).total_ms + 2 * micro_ms - rows["compute_ms"][0]
     rate = calibrated_rates(rows, roof, roof, "a test", False, {"fp32": (2, delta)})["fp32"]

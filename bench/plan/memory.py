@@ -365,10 +365,11 @@ def _track(
             out.append(peak)
             continue
         # what one micro-batch computes, and the optimiser's step (``op_mix.py``)
-        counted = (point.model, point.batch_per_replica, _checkpointed(point), blocks)
-        precision = point.knobs.get("precision", "fp32")
-        flops = _flops(*counted, precision, gpu)
-        ops = step_ops(*counted, precision, gpu)
+        of = Counting(
+            point.model, _checkpointed(point), blocks, point.knobs.get("precision", "fp32"), gpu
+        )
+        flops = _flops(of, point.batch_per_replica)
+        ops = step_ops(of, point.batch_per_replica)
         out.append(replace(peak, flops=flops * int(point.knobs["grad_accum"]), ops=ops))
     rest = points[len(peaks) :]
     # A step that failed part-way leaves the build in no state to step again, and a later
@@ -436,84 +437,66 @@ def _optimiser_state(trainer) -> None:
     trainer.opt.zero_grad(set_to_none=True)
 
 
-def _flops(
-    model: str,
-    micro_batch: int,
-    checkpointed: bool,
-    blocks: int | None,
-    precision: str = "fp32",
-    foreach: bool = False,
-) -> float:
+@dataclass(frozen=True)
+class Counting:
+    """What a step's ops are counted on: the plain model, shortened to ``blocks`` (None: all),
+    checkpointed or not, its forward at ``precision``, AdamW with ``foreach`` as the target
+    runs it; the micro-batch apart, since counts at several make one at another."""
+
+    model: str
+    checkpointed: bool
+    blocks: int | None = None
+    precision: str = "fp32"
+    foreach: bool = False
+
+
+def _flops(of: Counting, micro_batch: int) -> float:
     """FLOPs of one micro-batch's forward and backward (recomputation included): a sample's
     times the micro-batch where the model's FLOPs grow in proportion to it (counted at one
     sample and at two: every op ``FlopCounterMode`` counts, a matrix product, a convolution,
     attention, is linear in the batch), else counted at the micro-batch itself. Of three
     blocks or more of a shortened model, one block's and the next's apart (every block adds
     the same FLOPs, as ``track_phases``' extrapolation has it): no count of its own.
-    ``precision`` and ``foreach`` change no FLOPs: they name the count that ``_ops`` shares."""
-    if blocks is not None and blocks > 2:
-        one, two = (_flops(model, micro_batch, checkpointed, k, precision, foreach) for k in (1, 2))
-        return one + (blocks - 1) * (two - one)
-    count = functools.partial(
-        _counted,
-        model,
-        checkpointed=checkpointed,
-        blocks=blocks,
-        precision=precision,
-        foreach=foreach,
-    )
-    one = count(1).flops
-    if micro_batch == 1 or count(2).flops != 2 * one:
-        return count(micro_batch).flops
+    ``precision`` and ``foreach`` change no FLOPs: they name the count that ``step_ops``
+    shares."""
+    if of.blocks is not None and of.blocks > 2:
+        one, two = (_flops(replace(of, blocks=k), micro_batch) for k in (1, 2))
+        return one + (of.blocks - 1) * (two - one)
+    one = _counted(of, 1).flops
+    if micro_batch == 1 or _counted(of, 2).flops != 2 * one:
+        return _counted(of, micro_batch).flops
     return one * micro_batch
 
 
-def step_ops(
-    model: str,
-    micro_batch: int,
-    checkpointed: bool,
-    blocks: int | None = None,
-    precision: str = "fp32",
-    foreach: bool = False,
-) -> OpMix:
+def step_ops(of: Counting, micro_batch: int) -> OpMix:
     """The ops of one micro-batch's forward and backward (recomputation included) and of
     AdamW's step over the plain model (``op_mix.py``), as ``_flops`` derives its FLOPs: of
     three blocks or more of a shortened model from one block's and two's; at ``micro_batch``
     op by op along the line through the ops at one sample and two, or where those ran other
     ops (a reshape that copies from two samples on), at two and three (``op_mix.along_batch``);
     else counted there."""
-    if blocks is not None and blocks > 2:
-        one, two = (
-            step_ops(model, micro_batch, checkpointed, k, precision, foreach) for k in (1, 2)
-        )
-        return one.plus(two.plus(one, -1.0), blocks - 1)
-    count = functools.partial(
-        _counted,
-        model,
-        checkpointed=checkpointed,
-        blocks=blocks,
-        precision=precision,
-        foreach=foreach,
-    )
+    if of.blocks is not None and of.blocks > 2:
+        one, two = (step_ops(replace(of, blocks=k), micro_batch) for k in (1, 2))
+        return one.plus(two.plus(one, -1.0), of.blocks - 1)
     if micro_batch > 2:
-        two = count(2).records
-        derived = along_batch(count(1).records, two, micro_batch - 1) or along_batch(
-            two, count(3).records, micro_batch - 2
+        two = _counted(of, 2).records
+        derived = along_batch(_counted(of, 1).records, two, micro_batch - 1) or along_batch(
+            two, _counted(of, 3).records, micro_batch - 2
         )
         if derived is not None:
             return derived
-    return mix_of(count(micro_batch).records)
+    return mix_of(_counted(of, micro_batch).records)
 
 
 def recompute_ratio(model: str, micro_batch: int) -> float:
     """A checkpointed micro-batch's FLOPs over a plain one's (its recomputation; the whole
     model's, counted)."""
-    return _flops(model, micro_batch, True, None) / _flops(model, micro_batch, False, None)
+    return _flops(Counting(model, True), micro_batch) / _flops(Counting(model, False), micro_batch)
 
 
 def _counted_flops(model: str, micro_batch: int, checkpointed: bool, blocks: int | None) -> float:
     """FLOPs of one micro-batch's forward and backward, counted at it (``_counted``)."""
-    return _counted(model, micro_batch, checkpointed, blocks).flops
+    return _counted(Counting(model, checkpointed, blocks), micro_batch).flops
 
 
 @dataclass(frozen=True)
@@ -523,36 +506,29 @@ class Counted:
 
 
 @functools.cache
-def _counted(
-    model: str,
-    micro_batch: int,
-    checkpointed: bool,
-    blocks: int | None,
-    precision: str = "fp32",
-    foreach: bool = False,
-) -> Counted:
+def _counted(of: Counting, micro_batch: int) -> Counted:
     """One micro-batch's forward and backward (recomputation included) under torch's
     ``FlopCounterMode`` (``bench.roofline.op_count.OpCounter``), on the plain model under fake
-    tensors, the forward at ``precision`` (under autocast where it is not fp32), then AdamW's
-    step (its second: the first makes its state; ``foreach`` as the target runs it). The same
+    tensors, the forward at ``of.precision`` (under autocast where it is not fp32), then AdamW's
+    step (its second: the first makes its state; ``of.foreach`` as the target runs it). The same
     for every layout of the model (a TP rank's share is the planner's division), so counted once.
     Counted apart from the tracked step: both modes at once change what activation
     checkpointing keeps, and so the tracked peak (docs/benchmarks.md, "Planned memory")."""
-    wl = workload(model)
+    wl = workload(of.model)
     data = wl.dataset(micro_batch, 0)
     x, y = next(iter(Batches(data, batch_size=micro_batch, rank=0, world_size=1, device=CPU)))
-    twin = _meta_plain(model, blocks)
-    dtype = torch_dtype(precision)
+    twin = _meta_plain(of.model, of.blocks)
+    dtype = torch_dtype(of.precision)
     cast = (
         torch.autocast("cpu", dtype=dtype)
         if dtype not in (None, torch.float32)
         else contextlib.nullcontext()
     )
     with FakeTensorMode(allow_non_fake_inputs=True):
-        plain = _plain(model, blocks, twin)
-        if checkpointed:
+        plain = _plain(of.model, of.blocks, twin)
+        if of.checkpointed:
             checkpoint_blocks(plain)
-        opt = torch.optim.AdamW(plain.parameters(), foreach=foreach)
+        opt = torch.optim.AdamW(plain.parameters(), foreach=of.foreach)
         with OpCounter() as counter:
             with cast:
                 loss = wl.compute_loss(wl.forward(plain, x), y)

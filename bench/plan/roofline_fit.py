@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.plan.memory import step_ops
+from bench.plan.memory import Counting, step_ops
 from bench.plan.op_mix import COMPUTE, OpMix
 from bench.plan.op_prices import Pricing, fit_scale, fit_with_micro, priced
 from bench.plan.rates import Rate, computation_ms
@@ -65,7 +65,7 @@ def row_ops(row, gpu: bool, accum: int = 1) -> OpMix:
     """The ops of a results row of DDP (its model, samples per replica and precision, the
     sweep's value) in ``accum`` micro-batches, the optimiser's step once (``gpu``: foreach)."""
     micro = int(row["batch_per_replica"]) // accum
-    ops = step_ops(str(row["model"]), micro, False, None, str(row["value"]), gpu)
+    ops = step_ops(Counting(str(row["model"]), False, None, str(row["value"]), gpu), micro)
     return ops.of(("optimiser",)).plus(ops.of(COMPUTE), accum)
 
 
@@ -129,7 +129,9 @@ def ckpt_ratio(model: str, micro_batch: int, precision: str, rate: Rate) -> floa
     rate's roofline with its cost per micro-batch (its recomputation: what
     ``rates.ckpt_factor`` measures against)."""
     on, off = (
-        priced(step_ops(model, micro_batch, ckpt, None, precision).of(COMPUTE), rate.pricing)
+        priced(
+            step_ops(Counting(model, ckpt, None, precision), micro_batch).of(COMPUTE), rate.pricing
+        )
         for ckpt in (True, False)
     )
     return (on.total_ms + rate.micro_ms) / (off.total_ms + rate.micro_ms)
@@ -137,5 +139,5 @@ def ckpt_ratio(model: str, micro_batch: int, precision: str, rate: Rate) -> floa
 
 def priced_optimiser_ms(model: str, micro_batch: int, precision: str, pricing: Pricing) -> float:
     """AdamW's step over the whole model, as its ops price."""
-    ops = step_ops(model, micro_batch, False, None, precision)
+    ops = step_ops(Counting(model, False, None, precision), micro_batch)
     return priced(ops.of(("optimiser",)), pricing).total_ms
