@@ -60,8 +60,8 @@ def priced(mix: OpMix, pricing: Pricing) -> Priced:
     step = roof.in_step()
     matmul = memory = launches = 0.0
     for k, n in mix.counts.items():
-        us, bound = roof.op_us(k.flops, k.nbytes, k.precision)
-        body = n * (us - roof.launch_us) / (pricing.scale * step.efficiency)
+        us, bound = roof.body_us(k.flops, k.nbytes, k.precision)
+        body = n * us / (pricing.scale * step.efficiency)
         if bound == "compute":
             matmul += body
         else:

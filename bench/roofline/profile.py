@@ -115,11 +115,17 @@ class Roofline:
         """Microseconds ``nbytes`` take at the bandwidth an op moving that many reaches."""
         return nbytes / (self.memory_GBps * 1e3 * self.memory.at(nbytes))
 
-    def op_us(self, flops: float, nbytes: float, precision: str) -> tuple[float, str]:
-        """(microseconds, "compute" or "memory"): an op's time on the roofline, its bound."""
+    def body_us(self, flops: float, nbytes: float, precision: str) -> tuple[float, str]:
+        """(microseconds, "compute" or "memory"): an op's FLOPs or bytes on the curves,
+        whichever is longer, its launch left out; its bound."""
         c = self.compute_us(flops, precision) if flops > 0 else 0.0
         m = self.memory_us(nbytes) if nbytes > 0 else 0.0
-        return max(c, m) + self.launch_us, "compute" if c >= m else "memory"
+        return max(c, m), "compute" if c >= m else "memory"
+
+    def op_us(self, flops: float, nbytes: float, precision: str) -> tuple[float, str]:
+        """(microseconds, "compute" or "memory"): an op's time on the roofline, its bound."""
+        body, bound = self.body_us(flops, nbytes, precision)
+        return body + self.launch_us, bound
 
     def as_json(self) -> dict:
         return {

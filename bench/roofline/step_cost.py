@@ -128,12 +128,7 @@ def measured(width: int, batch: int, device: torch.device, sync: Callable[[], No
 
 def body_us(roofline: Roofline, records: Iterable[Record]) -> float:
     """The ops' FLOPs or bytes on ``roofline``'s curves, each op's longer, launches left out."""
-    total = 0.0
-    for _, _, precision, flops, nbytes in records:
-        c = roofline.compute_us(flops, precision) if flops > 0 else 0.0
-        m = roofline.memory_us(nbytes) if nbytes > 0 else 0.0
-        total += max(c, m)
-    return total
+    return sum(roofline.body_us(flops, nbytes, p)[0] for _, _, p, flops, nbytes in records)
 
 
 def fit(roofline: Roofline, overhead: Measured, sized: Iterable[Measured]) -> StepCost:
