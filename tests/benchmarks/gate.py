@@ -56,36 +56,24 @@ class GateFailure(AssertionError):
 
 
 def measure(
-    gate: Gate, pool, rounds: int = 5, slow_s: float = 0.0, seed: int = 0
+    gate: Gate, pool, rounds: int = 5, slow: float = 0.0, seed: int = 0
 ) -> dict[str, list[float]]:
     """Each implementation's figure per interleaved round: busbw (GB/s) for a collective,
     seconds per step for training. Each round times both in a fresh seeded random order, so
-    that going first (colder caches, a neighbour's burst) falls on either. ``slow_s`` slows the
-    reference (tests)."""
+    that going first (colder caches, a neighbour's burst) falls on either. ``slow`` makes the
+    reference's iterations ``1 + slow`` times as long (tests)."""
     figures: dict[str, list[float]] = {"native": [], "reference": []}
     rng = random.Random(f"{gate.name}/{seed}/{len(figures)}")
     for _ in range(rounds):
         for impl in rng.sample(list(figures), k=len(figures)):
             if gate.kind == "collective":
                 name, nbytes = gate.args
-                r = pool.run(workloads.collective, name, impl, nbytes, gate.iters, slow_s)[0]
+                r = pool.run(workloads.collective, name, impl, nbytes, gate.iters, slow)[0]
                 figures[impl].append(r["busbw_GBps"])
             else:
-                r = pool.run(workloads.train_step, gate.args[0], impl, gate.iters, slow_s)[0]
+                r = pool.run(workloads.train_step, gate.args[0], impl, gate.iters, slow)[0]
                 figures[impl].append(r["seconds"])
     return figures
-
-
-def native_seconds(gate: Gate, pool) -> float:
-    """The native kernel's seconds per call (or per step) now, on the slowest rank."""
-    if gate.kind == "collective":
-        name, nbytes = gate.args
-        return max(
-            r["seconds"] for r in pool.run(workloads.collective, name, "native", nbytes, gate.iters)
-        )
-    return max(
-        r["seconds"] for r in pool.run(workloads.train_step, gate.args[0], "native", gate.iters)
-    )
 
 
 def more(figures: dict[str, list[float]], extra: dict[str, list[float]]) -> dict:

@@ -11,7 +11,6 @@ from tests.benchmarks.gate import (
     interval,
     measure,
     more,
-    native_seconds,
 )
 
 pytestmark = pytest.mark.bench
@@ -19,11 +18,11 @@ pytestmark = pytest.mark.bench
 MAX_ROUNDS = 15  # rounds a gate may add while its interval straddles the limit
 
 
-def until_decided(gate, ranks, figures: dict, slow_s: float = 0.0) -> dict:
+def until_decided(gate, ranks, figures: dict, slow: float = 0.0) -> dict:
     """``figures`` with rounds of two added while the interval straddles the limit, up to
     ``MAX_ROUNDS``: a noisy machine widens the interval, a slower kernel moves it."""
     while not decided(gate, interval(figures)) and len(figures["native"]) < MAX_ROUNDS:
-        extra = measure(gate, ranks, rounds=2, slow_s=slow_s, seed=len(figures["native"]))
+        extra = measure(gate, ranks, rounds=2, slow=slow, seed=len(figures["native"]))
         figures = more(figures, extra)
     return figures
 
@@ -45,12 +44,10 @@ def test_reference_vs_native_within_limit(ranks, gate, record_property):
 @pytest.mark.parametrize("name", ["all_reduce 16MiB", "train step tp"])
 def test_gate_fails_on_a_slowed_kernel(ranks, name):
     gate = next(g for g in GATES if g.name == name)
-    # The reference slowed by three times the native kernel's own time, as measured now: a
-    # fixed 50 ms was several times the kernel's time on a quiet machine, but with a make
-    # sweep beside it the kernel's time grew to where 50 ms no longer crossed the limit.
-    slow_s = max(0.05, 3 * native_seconds(gate, ranks))
-    # Three rounds under the parallel pass's load once left the interval straddling the limit
-    # (no failure raised): measured on as the gate is, until decided or the rounds run out.
-    figures = until_decided(gate, ranks, measure(gate, ranks, rounds=3, slow_s=slow_s), slow_s)
+    # The reference's every iteration made four times as long (a sleep of three times its own
+    # time, measured as it runs): a sleep fixed beforehand, even at three times the native
+    # kernel's time measured a moment earlier, left the interval straddling the limit when the
+    # load beside the test grew in between.
+    figures = until_decided(gate, ranks, measure(gate, ranks, rounds=3, slow=3.0), 3.0)
     with pytest.raises(GateFailure, match=f"^{gate.name}: reference .* limit"):
         check(gate, figures)

@@ -3,9 +3,10 @@ that spawned rank processes can import them).
 
 Each call runs ``iters`` iterations with the suite's own timing discipline (``timed_steps``:
 barrier, per-iteration times, slowest rank) and returns the median seconds per iteration, so a
-benchmark round measures the work and never the pool's start-up or its messaging. ``slow_s``
-adds a sleep to every iteration of the reference implementation: the tests use it to prove
-that the regression gate fails when a kernel gets slower.
+benchmark round measures the work and never the pool's start-up or its messaging. ``slow``
+makes every iteration of the reference implementation ``1 + slow`` times as long (a sleep of
+``slow`` times the iteration's own time, so the factor holds however loaded the machine is):
+the tests use it to prove that the regression gate fails when a kernel gets slower.
 """
 
 from __future__ import annotations
@@ -26,25 +27,26 @@ from parallel_kernels.strategies import STRATEGIES
 CPU = torch.device("cpu")
 
 
-def _slowed(fn, impl: str, slow_s: float):
-    if impl == "native" or slow_s <= 0:
+def _slowed(fn, impl: str, slow: float):
+    if impl == "native" or slow <= 0:
         return fn
 
-    def slow():
+    def slowed():
+        start = time.perf_counter()
         fn()
-        time.sleep(slow_s)
+        time.sleep(slow * (time.perf_counter() - start))
 
-    return slow
+    return slowed
 
 
-def collective(name: str, impl: str, nbytes: int, iters: int, slow_s: float = 0.0) -> dict:
+def collective(name: str, impl: str, nbytes: int, iters: int, slow: float = 0.0) -> dict:
     """Seconds per call of a collective on ``nbytes`` (float32, sum), and #wrong elements of
     one checked call afterwards."""
     coll, n, rank = COLLECTIVES[name], dist.get_world_size(), dist.get_rank()
     count = coll.align(nbytes // 4, n)
     op = coll.ops[0] if coll.ops[0] != "none" else "sum"
     inp, out, _ = coll.buffers(count, torch.float32, rank, n, op, CPU)
-    run = _slowed(lambda: coll.run(impl, inp, out, op), impl, slow_s)
+    run = _slowed(lambda: coll.run(impl, inp, out, op), impl, slow)
     run()  # warm-up: connections, workspaces
     slowest, _ = timed_steps(run, iters, device=CPU, group=None)
     inp, out, expected = coll.buffers(count, torch.float32, rank, n, op, CPU)
@@ -103,14 +105,14 @@ def _trainer(workload: str, impl: str, batch_size: int = 32):
     return model, step, first, last
 
 
-def train_step(workload: str, impl: str, iters: int, slow_s: float = 0.0) -> dict:
+def train_step(workload: str, impl: str, iters: int, slow: float = 0.0) -> dict:
     """Seconds per training step, and the loss of the model's first and latest step; the model
     is built on the first call and kept."""
     key = (workload, impl)
     if key not in _LIVE:
         _LIVE[key] = _trainer(workload, impl)
     _, step, first, last = _LIVE[key]
-    slowest, _ = timed_steps(_slowed(step, impl, slow_s), iters, device=CPU, group=None)
+    slowest, _ = timed_steps(_slowed(step, impl, slow), iters, device=CPU, group=None)
     # the loss of the first step the model took, and of its latest: the steps timed train it
     return {"seconds": float(np.median(slowest)) / 1e3, "first_loss": first, "loss": float(last[0])}
 
