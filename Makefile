@@ -52,11 +52,10 @@ system:
 # for real; `make bench` gives the benchmarks their rounds and statistics. The suite is bound by
 # the CPU (about 1,700 CPU-seconds here) and a serial run leaves a third of 2 cores idle while
 # tests wait on signals, time limits and launches, so TEST_WORKERS pytest-xdist workers share it,
-# a file to a worker (its module fixtures launch once). Three keep both cores busy where two
-# leave an eighth idle; the speed gates slow a kernel in proportion to its own time, so the
-# workers' load beside them cannot hide the slowing. The tests marked serial (timing that reads
-# the scheduler) run after, alone. TEST_WORKERS=0 runs everything in one process.
-TEST_WORKERS ?= 3
+# a file to a worker (its module fixtures launch once). Three were no faster than two (the CPU
+# is the bound: docs/benchmarks.md, "make test's time"). The tests marked serial (timing that
+# reads the scheduler) run after, alone. TEST_WORKERS=0 runs everything in one process.
+TEST_WORKERS ?= 2
 test: $(BIN)/.installed system
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
