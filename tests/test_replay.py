@@ -61,6 +61,13 @@ def traced_worker(root: str) -> dict:
 def replay_worker(traces: str, out: str) -> None:
     """``python -m bench.replay TRACES --reps 3`` on the pool's ranks (its command's own
     path, less the launch: ``test_a_call_the_backend_cannot_run...`` launches it)."""
+    import torch.distributed as dist
+
+    # A rank that died makes the pool run the call once more on fresh ranks: what the first
+    # try left is removed, by one rank, before any rank's `prepare` refuses a folder of results.
+    if dist.get_rank() == 0:
+        shutil.rmtree(out, ignore_errors=True)
+    dist.barrier()
     argv = [traces, "--reps", "3", "--out", out, "--no-report"]
     args = build_parser().parse_args(argv)
     seq, costs = prepare(args)
