@@ -134,3 +134,35 @@ def test_the_command_refuses_a_bad_profile_in_one_line(tmp_path, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err
+
+
+def test_an_elementwise_function_is_priced_at_its_rate_where_that_is_longer(tmp_path):
+    """A profile's math rates price the functions it names by their elements, also inside an
+    outer op (log_softmax holds _log_softmax), where that is longer than their bytes; an add
+    it does not name stays priced by its bytes."""
+    rates = {"aten::tanh": 0.01, "aten::_log_softmax": 0.02, "aten::add": 1e6}
+    roof = from_json({**ROOFLINE.as_json(), "math_Gelems": rates})
+    x = torch.randn(N, N)
+    cpu = [ProfilerActivity.CPU]
+    with profile(activities=cpu, record_shapes=True) as p, record_function("ProfilerStep#0"):
+        torch.tanh(x)
+        torch.log_softmax(x, dim=-1)
+        torch.add(x, x)
+    p.export_chrome_trace(str(tmp_path / "t.json"))
+    calls = op_accuracy(load_trace(tmp_path / "t.json"), roof).calls.set_index("op")
+    elements_us = {op: N * N / (rate * 1e3) for op, rate in rates.items()}
+    assert calls.loc["aten::tanh", "priced_us"] == pytest.approx(
+        elements_us["aten::tanh"] + roof.launch_us
+    )
+    assert calls.loc["aten::log_softmax", "priced_us"] == pytest.approx(
+        elements_us["aten::_log_softmax"] + roof.launch_us
+    )
+    assert set(calls.loc[["aten::tanh", "aten::log_softmax"], "bound"]) == {"math"}
+    add = roof.op_us(0, 3 * N * N * F32, "fp32")
+    assert (calls.loc["aten::add", "priced_us"], calls.loc["aten::add", "bound"]) == (
+        pytest.approx(add[0]),
+        "memory",
+    )
+    # without rates, the same calls are priced by their bytes alone
+    plain = op_accuracy(load_trace(tmp_path / "t.json"), ROOFLINE).calls.set_index("op")
+    assert plain.loc["aten::tanh", "priced_us"] < calls.loc["aten::tanh", "priced_us"]

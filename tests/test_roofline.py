@@ -39,6 +39,7 @@ def _profile() -> Roofline:
         memory=Curve((1e4, 1e8), (0.3, 1.0)),
         launch_us=1.5,
         step=StepCost(op_us=7.0, efficiency=0.75),
+        math_Gelems={"aten::tanh": 0.4, "aten::exp": 1.2},
     )
 
 
@@ -66,6 +67,8 @@ def _broken(data: dict, case: str) -> dict | str:
         data["matmul"]["fp32"]["efficiency"][1] = 1.2
     elif case == "bad step":
         data["step"] = {"op_us": 7.0, "efficiency": 0}
+    elif case == "bad math rate":
+        data["math_Gelems"]["aten::tanh"] = -1
     elif case == "non-JSON":
         return '{"format": "parallel-bench roofline 1",'
     return data
@@ -80,6 +83,7 @@ def _broken(data: dict, case: str) -> dict | str:
         ("non-increasing sizes", "memory.sizes must increase"),
         ("efficiency > 1", "efficiency must lie in (0, 1]"),
         ("bad step", "step.efficiency must be a positive number"),
+        ("bad math rate", "math_Gelems.aten::tanh must be a positive number"),
         ("non-JSON", "not JSON"),
     ],
 )
@@ -126,6 +130,10 @@ def test_the_measurement_here_agrees_with_a_matmul_timed_directly():
     assert p.matmul["fp32"].sizes == (2 * 32**3, 2 * 64**3, 2 * 128**3)
     assert p.memory.sizes == tuple(3.0 * n for n in TINY.memory_bytes)
     assert max(p.memory.efficiency) == 1.0 and p.memory_GBps > 0
+    # every elementwise function timed, a tanh of 64K elements slower than its bytes' time
+    assert set(p.math_Gelems) == set(m.MATH_OPS)
+    tanh_us = p.math_us("aten::tanh", m.MATH_ELEMENTS)
+    assert tanh_us > p.memory_us(2 * 4 * m.MATH_ELEMENTS) and p.math_us("aten::add", 1e6) == 0
     # an op inside a training step costs more than a bare launch here
     assert p.step is not None and p.step.op_us > p.launch_us and 0.1 < p.step.efficiency < 3
 

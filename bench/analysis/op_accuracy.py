@@ -1,8 +1,8 @@
 """How well a device's roofline prices the ops of a measured trace: every top-level operator
 the host's main thread ran in a profiled step, its measured time against its price on the
-roofline (``Roofline.op_us``: an op alone, its FLOPs and bytes at the profile's curves plus one
-launch), per call, per op and per class of op (docs/benchmarks.md, "Per-op prediction on this
-CPU").
+roofline (an op alone: its FLOPs and bytes at the profile's curves, or the elementwise functions
+it computes at the profile's math rates, whichever is longer, plus one launch), per call, per op
+and per class of op (docs/benchmarks.md, "Per-op prediction on this CPU").
 
 An op is priced as a whole: an operator inside another belongs to its outermost one (the
 waterfall's *unit*: ``aten::linear`` holds its ``aten::t`` and ``aten::addmm``), so nothing is
@@ -124,10 +124,23 @@ def _flops(spans: Spans, shapes: np.ndarray) -> pd.DataFrame:
     )
 
 
-def _units(ev: pd.DataFrame) -> pd.DataFrame:
+def _math(spans: Spans, shapes: np.ndarray, ops) -> pd.Series:
+    """Per unit, the elementwise functions it computed: ((op, elements), ...) of the spans
+    inside it (itself included) that ``ops`` names."""
+    names = spans.table["name"].astype(str).to_numpy()
+    rows = np.flatnonzero(np.isin(names, list(ops)) & (spans.unit >= 0))
+    found: dict[int, list] = {}
+    for i in rows:
+        elements = cost(names[i], shapes[i]).elements if shapes[i] else np.nan
+        found.setdefault(int(spans.unit[i]), []).append((names[i], elements))
+    return pd.Series({u: tuple(v) for u, v in found.items()}, dtype=object)
+
+
+def _units(ev: pd.DataFrame, math_ops=()) -> pd.DataFrame:
     """Each unit of the main thread's steps: step, op, measured_us, flops, bytes, precision,
-    op_class (NaN flops or bytes: its shapes did not fit it), and ``ops_inside``: the operators
-    it dispatched, itself included (each pays a dispatch; its price holds one launch)."""
+    op_class (NaN flops or bytes: its shapes did not fit it), ``ops_inside``: the operators
+    it dispatched, itself included (each pays a dispatch; its price holds one launch), and
+    ``math``: the elementwise functions of ``math_ops`` it computed (``_math``)."""
     spans = host_spans(ev)
     t = spans.table
     raw = t["shapes"].to_numpy(object) if "shapes" in t else np.full(len(t), None)
@@ -142,6 +155,7 @@ def _units(ev: pd.DataFrame) -> pd.DataFrame:
     is_operator = all_names.map(is_op).to_numpy(bool) & (t["cat"] == "cpu_op").to_numpy()
     inside = np.bincount(spans.unit[is_operator & (spans.unit >= 0)], minlength=len(t))
     kind = np.where(holds, "matmul", np.where(nbytes > 0, "memory_bound", "view"))
+    math_of = _math(spans, shapes, math_ops)
     return pd.DataFrame(
         {
             "step": t["step"].to_numpy()[units],
@@ -152,6 +166,7 @@ def _units(ev: pd.DataFrame) -> pd.DataFrame:
             "bytes": nbytes,
             "precision": precision,
             "ops_inside": inside[units],
+            "math": [math_of.get(u, ()) for u in units],
         }
     )
 
@@ -159,11 +174,12 @@ def _units(ev: pd.DataFrame) -> pd.DataFrame:
 def _priced(units: pd.DataFrame, roofline: Roofline) -> tuple[pd.DataFrame, list[str]]:
     """The units priced on ``roofline`` (CALL_COLUMNS), and what kept some from a price."""
     prices, problems = [], []
-    for flops, nbytes, precision in units[["flops", "bytes", "precision"]].itertuples(False):
+    columns = ["flops", "bytes", "precision", "math"]
+    for flops, nbytes, precision, math in units[columns].itertuples(False):
         price = (np.nan, None)
         if np.isfinite(flops) and np.isfinite(nbytes) and (precision or flops == 0):
             try:
-                price = roofline.op_us(flops, nbytes, precision or "fp32")
+                price = _price(roofline, flops, nbytes, precision or "fp32", math)
             except RooflineError as e:
                 problems.append(str(e))
         prices.append(price)
@@ -176,6 +192,16 @@ def _priced(units: pd.DataFrame, roofline: Roofline) -> tuple[pd.DataFrame, list
         ops = ", ".join(sorted(set(unknown["op"]))[:5])
         problems.append(f"{len(unknown)} of {len(out)} calls not priced (shapes unread): {ops}")
     return out[out["priced_us"].notna()].reset_index(drop=True)[CALL_COLUMNS], problems
+
+
+def _price(roofline: Roofline, flops, nbytes, precision: str, math) -> tuple[float, str]:
+    """(microseconds, bound) of a unit: its FLOPs or bytes on the curves, or the elementwise
+    functions it computes at the profile's rates ("math"), whichever is longer, plus a launch."""
+    body, bound = roofline.body_us(flops, nbytes, precision)
+    math_us = sum(roofline.math_us(op, n) for op, n in math if np.isfinite(n))
+    if math_us > body:
+        body, bound = math_us, "math"
+    return body + roofline.launch_us, bound
 
 
 def per_op(calls: pd.DataFrame) -> pd.DataFrame:
@@ -227,5 +253,5 @@ def op_accuracy(trace: Trace, roofline: Roofline) -> OpAccuracy:
     if "shapes" not in ev or ev["shapes"].isna().all():
         empty = pd.DataFrame(columns=CALL_COLUMNS)
         return OpAccuracy(empty, per_op(empty), summary(empty), (NO_SHAPES,))
-    calls, problems = _priced(_units(ev), roofline)
+    calls, problems = _priced(_units(ev, roofline.math_Gelems), roofline)
     return OpAccuracy(calls, per_op(calls), summary(calls), tuple(dict.fromkeys(problems)))

@@ -53,12 +53,15 @@ class OpCost:
     """An op's price inputs: ``flops`` (0 for an op without a formula; NaN where it has one but
     its shapes could not be read), ``nbytes`` moved (NaN where unknown), the ``precision`` its
     FLOPs run at (None without FLOPs) and whether it is a FLOP op at all (``matmul``: a
-    matmul, attention or convolution, known from its name alone, shapes or not)."""
+    matmul, attention or convolution, known from its name alone, shapes or not); ``elements``
+    of its first output (NaN where unknown), what an elementwise function computes per
+    element (``Roofline.math_us``)."""
 
     flops: float
     nbytes: float
     precision: str | None
     matmul: bool
+    elements: float = math.nan
 
 
 UNKNOWN = OpCost(math.nan, math.nan, None, False)
@@ -187,11 +190,13 @@ def cost(name: str, signature: str | None) -> OpCost:
         return OpCost(math.nan if f else 0.0, math.nan, None, f is not None)
     args, kwargs, out, schema = called
     nbytes = _moved(schema, inputs, out)
+    outputs = _tensors(out)
+    elements = float(outputs[0].numel()) if outputs else math.nan
     if f is None:
-        return OpCost(0.0, nbytes, None, False)
+        return OpCost(0.0, nbytes, None, False, elements)
     try:
         flops = float(f(*args, **kwargs, out_val=out))
     except CALL_ERRORS:  # a formula's assumptions about its arguments did not hold
         flops = math.nan
     dtype = str(inputs[0].dtype).removeprefix("torch.") if inputs else None
-    return OpCost(flops, nbytes, PRECISION.get(dtype), True)
+    return OpCost(flops, nbytes, PRECISION.get(dtype), True, elements)

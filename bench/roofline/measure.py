@@ -11,7 +11,10 @@ not the figure:
   mean of its shapes' rates over that peak, for fp32 and bf16 (where the device runs it);
 - an elementwise add over sizes from KBs to well past the caches: ``memory_GBps`` is the best
   bandwidth reached (bytes read and written), the curve its rate at each size over that best;
-- on a CPU, what an op costs inside a training step beyond that (``step_cost.py``).
+- on a CPU, the elementwise functions (``MATH_OPS``: tanh, exp, GELU, softmax ...) over
+  operands in cache, each one's elements a second (``math_Gelems``): the CPU computes them at a
+  rate far below its bandwidth; and what an op costs inside a training step beyond all that
+  (``step_cost.py``).
 
 Rates are taken on a call's time less one launch (at least a twentieth of it), so that a
 profile prices each measured op as it ran: its FLOPs or bytes at the curve's rate, plus the
@@ -200,6 +203,44 @@ def memory_times(bench: Bench) -> list[Timed]:
     return points
 
 
+MATH_ELEMENTS = 64 * KIB  # 256 KiB of fp32 an operand: in cache, so the arithmetic bounds
+_F = torch.nn.functional
+_A = torch.ops.aten
+# Per elementwise function, as a trace names the op that computes it, one call of it over
+# x (positive, MATH_ELEMENTS long), a gradient g and an output y of x's shape, and r, x as
+# rows of 256 (softmax's). The innermost ops only: a trace's outer op holds one of these.
+MATH_OPS: dict[str, Callable] = {
+    "aten::tanh": lambda x, g, y, r: torch.tanh(x, out=y),
+    "aten::exp": lambda x, g, y, r: torch.exp(x, out=y),
+    "aten::log": lambda x, g, y, r: torch.log(x, out=y),
+    "aten::sqrt": lambda x, g, y, r: torch.sqrt(x, out=y),
+    "aten::rsqrt": lambda x, g, y, r: torch.rsqrt(x, out=y),
+    "aten::sigmoid": lambda x, g, y, r: torch.sigmoid(x, out=y),
+    "aten::erf": lambda x, g, y, r: torch.erf(x, out=y),
+    "aten::silu": lambda x, g, y, r: _F.silu(x),
+    "aten::gelu": lambda x, g, y, r: _F.gelu(x),
+    "aten::gelu_backward": lambda x, g, y, r: _A.gelu_backward(g, x),
+    "aten::silu_backward": lambda x, g, y, r: _A.silu_backward(g, x),
+    "aten::_softmax": lambda x, g, y, r: _A._softmax(r, -1, False),
+    "aten::_log_softmax": lambda x, g, y, r: _A._log_softmax(r, -1, False),
+    "aten::_log_softmax_backward_data": lambda x, g, y, r: _A._log_softmax_backward_data(
+        r, r, -1, torch.float32
+    ),
+}
+
+
+def math_rates(bench: Bench) -> dict[str, float]:
+    """Each of ``MATH_OPS``' billions of elements a second (fp32), its call less a launch."""
+    x = torch.rand(MATH_ELEMENTS, device=bench.device) + 0.5
+    g, y = torch.rand_like(x), torch.empty_like(x)
+    r = x.view(-1, 256)
+    with torch.no_grad():
+        return {
+            op: MATH_ELEMENTS / bench.net_s(bench.per_call_s(lambda c=call: c(x, g, y, r))) / 1e9
+            for op, call in MATH_OPS.items()
+        }
+
+
 def precisions(device: torch.device) -> tuple[str, ...]:
     """The precisions measured: fp32, and bf16 where the device runs it."""
     if device.type == "cuda" and not torch.cuda.is_bf16_supported():
@@ -243,6 +284,7 @@ def measure(device: torch.device | str = "cpu", sizes: Sizes | None = None) -> R
     )
     if device.type != "cpu":
         return alone  # a GPU's steps overlap the host's costs with the kernels: not fitted here
+    alone = replace(alone, math_Gelems=math_rates(bench))
     return replace(alone, step=step_cost(alone, device, bench.sync))
 
 
@@ -309,7 +351,10 @@ def _cached(path: Path, device: torch.device) -> Roofline | None:
         why = (str(e).splitlines() or [type(e).__name__])[0]
         print(f"roofline: cached profile unreadable ({why}); measuring again", file=sys.stderr)
         return None
-    if cached.step is None and device.type == "cpu":
-        print("roofline: cached profile without step costs; measuring again", file=sys.stderr)
+    if device.type == "cpu" and (cached.step is None or not cached.math_Gelems):
+        print(
+            "roofline: cached profile without step costs or math rates; measuring again",
+            file=sys.stderr,
+        )
         return None
     return cached

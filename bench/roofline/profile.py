@@ -15,7 +15,7 @@ The file is JSON (docs/roofline.md)::
      "peak_tflops": {"fp32": ..., "bf16": ...}, "memory_GBps": ...,
      "matmul": {"fp32": {"sizes": [FLOPs, ...], "efficiency": [0..1, ...]}, ...},
      "memory": {"sizes": [bytes, ...], "efficiency": [...]}, "launch_us": ...,
-     "step": {"op_us": ..., "efficiency": ...}}
+     "step": {"op_us": ..., "efficiency": ...}, "math_Gelems": {"aten::tanh": ..., ...}}
 
 ``step`` (optional) is what an op costs inside a training step, where it is not called alone
 in a loop (``step_cost.py``): ``op_us`` its fixed cost there (the modules' Python and
@@ -24,6 +24,12 @@ times a bare launch), ``efficiency`` the factor on the curves' efficiencies its 
 reach there (below 1 on this CPU: a model's matmuls and elementwise ops run on operands just
 written elsewhere, in layouts backward transposes). A profile without it prices a step's op as
 it prices an op alone.
+
+``math_Gelems`` (optional) is, per elementwise op that computes a function per element (a
+tanh, an exponential, a square root: ``aten::tanh``), the billions of elements a second it
+reaches where its operands are in cache: on a CPU such an op is bound by that arithmetic, not
+by its bytes, and is priced at the longer of the two (``math_us``). An op it does not name is
+priced by its bytes alone.
 
 A malformed file, or one naming a precision the suite does not know, is refused with one line
 (``RooflineError``).
@@ -35,7 +41,7 @@ import itertools
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -91,6 +97,8 @@ class Roofline:
     memory: Curve  # efficiency of memory-bound ops against their bytes moved
     launch_us: float  # fixed cost of one op (host dispatch on a CPU, a kernel's launch on a GPU)
     step: StepCost | None = None  # an op inside a training step; None: as an op alone
+    # per elementwise function op (its trace name): 1e9 elements a second, operands in cache
+    math_Gelems: Mapping[str, float] = field(default_factory=dict)
 
     def in_step(self) -> StepCost:
         """What an op costs inside a training step: ``step``, or an op alone's."""
@@ -122,22 +130,32 @@ class Roofline:
         m = self.memory_us(nbytes) if nbytes > 0 else 0.0
         return max(c, m), "compute" if c >= m else "memory"
 
+    def math_us(self, op: str, elements: float) -> float:
+        """Microseconds op ``op`` computes its function over ``elements`` (0: an op this
+        profile has no rate for, or an unknown count)."""
+        rate = self.math_Gelems.get(op)
+        return elements / (rate * 1e3) if rate and elements > 0 else 0.0
+
     def op_us(self, flops: float, nbytes: float, precision: str) -> tuple[float, str]:
         """(microseconds, "compute" or "memory"): an op's time on the roofline, its bound."""
         body, bound = self.body_us(flops, nbytes, precision)
         return body + self.launch_us, bound
 
     def as_json(self) -> dict:
-        return {
-            "format": FORMAT,
-            "device": self.device,
-            "source": self.source,
-            "peak_tflops": dict(self.peak_tflops),
-            "memory_GBps": self.memory_GBps,
-            "matmul": {p: c.as_json() for p, c in self.matmul.items()},
-            "memory": self.memory.as_json(),
-            "launch_us": self.launch_us,
-        } | ({"step": self.step.as_json()} if self.step else {})
+        return (
+            {
+                "format": FORMAT,
+                "device": self.device,
+                "source": self.source,
+                "peak_tflops": dict(self.peak_tflops),
+                "memory_GBps": self.memory_GBps,
+                "matmul": {p: c.as_json() for p, c in self.matmul.items()},
+                "memory": self.memory.as_json(),
+                "launch_us": self.launch_us,
+            }
+            | ({"step": self.step.as_json()} if self.step else {})
+            | ({"math_Gelems": dict(self.math_Gelems)} if self.math_Gelems else {})
+        )
 
 
 def _positive(where: str, value) -> float:
@@ -177,7 +195,7 @@ def _precisions(where: str, data, parse) -> dict:
 
 
 KEYS = ("format", "device", "source", "peak_tflops", "memory_GBps", "matmul", "memory", "launch_us")
-OPTIONAL = ("step",)
+OPTIONAL = ("step", "math_Gelems")
 
 
 def from_json(data, where: str = "profile") -> Roofline:
@@ -208,7 +226,14 @@ def from_json(data, where: str = "profile") -> Roofline:
         memory=_curve(f"{where}.memory", data["memory"]),
         launch_us=_nonnegative(f"{where}.launch_us", data["launch_us"]),
         step=_step(f"{where}.step", data["step"]) if "step" in data else None,
+        math_Gelems=_rates(f"{where}.math_Gelems", data.get("math_Gelems", {})),
     )
+
+
+def _rates(where: str, data) -> dict[str, float]:
+    if not isinstance(data, dict):
+        raise RooflineError(f"{where} must be an object keyed by op name")
+    return {str(k): _positive(f"{where}.{k}", v) for k, v in data.items()}
 
 
 def _step(where: str, data) -> StepCost:
