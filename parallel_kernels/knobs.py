@@ -17,11 +17,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from parallel_kernels.fsdp_layout import STRATEGIES as SHARDING_STRATEGIES
+from parallel_kernels.pp_schedules import SCHEDULES, parse_schedule
 
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd", "powersgd2")  # powersgd: rank 1
 MIXED_PRECISIONS = ("none", "bf16", "fp16")
 PRECISIONS = ("fp32", "bf16", "fp16")
-PP_SCHEDULES = ("gpipe", "1f1b")  # parallel_kernels/pipeline.py's SCHEDULES
+PP_SCHEDULES = tuple(SCHEDULES)  # those the installed torch has (parallel_kernels/pp_schedules.py)
 
 
 # The bounds of the numeric knobs, each checked by its row's parser before any rank starts, so
@@ -201,8 +202,9 @@ KNOBS: dict[str, Knob] = {
         ),
         Knob(
             name="pp_schedule",
-            description="the pipeline's schedule: gpipe or 1f1b",
-            parse=one_of(PP_SCHEDULES, "a pipeline schedule"),
+            description="the pipeline's schedule: gpipe, 1f1b (both implementations), "
+            "interleaved_1f1b, interleaved_zb, zbv, dualpipev (torch's, 2 stages a rank)",
+            parse=parse_schedule,
             default="1f1b",
             strategies=("pp",),
         ),
@@ -213,6 +215,14 @@ KNOBS: dict[str, Knob] = {
                 positive_int, MAX_GRAD_ACCUM, "micro-batches (a step loads them all at once)"
             ),
             default=2,
+            strategies=("pp",),
+        ),
+        Knob(
+            name="pp_degree",
+            description="ranks of one pipeline (default: every rank; the rest its data-parallel "
+            "replicas)",
+            parse=at_most(optional_positive_int, MAX_RANKS, "ranks"),
+            default=None,
             strategies=("pp",),
         ),
         Knob(

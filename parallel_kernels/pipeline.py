@@ -1,67 +1,159 @@
-"""Pipeline parallelism as a strategy: the plain model cut into one stage per rank of the group
-(``pipeline_stages.split_stages``), each rank holding its stage, and a step that runs the
-schedule over the batch's micro-batches: torch's own (``torch.distributed.pipelining``'s
-``PipelineStage`` and schedules: the native implementation) or ours from point-to-point
-primitives (``pipeline_schedule``: the reference, every byte a stage sends counted).
+"""Pipeline parallelism as a strategy: the plain model cut into stages
+(``pipeline_stages.split_stages``), each rank of the pipeline holding its stages, and a step
+that runs the schedule over the batch's micro-batches: torch's own
+(``torch.distributed.pipelining``'s ``PipelineStage`` and schedules: the native
+implementation, every schedule of ``pp_schedules``) or ours from point-to-point primitives
+(``pipeline_schedule``: the reference, GPipe and 1F1B, every byte a stage sends counted).
+
+A schedule with v stages a rank (interleaved, zero-bubble V) cuts p x v stages and places
+them as its row says (``pp_schedules.PipeSchedule.stages_of``). The point's ranks form a
+(replica, stage rank) grid (``dims.MeshDims``, ``pp_degree`` ranks a pipeline): each
+replica runs the pipeline on its own batch, and after the schedule each stage's gradients are
+averaged over the ranks holding the same stages in the other replicas (data parallelism over
+the replicas, after backward rather than during it).
 
 A pipeline steps otherwise than a wrapped module: its schedule runs the forwards and
 backwards itself, so the model a strategy hands the trainer here is a ``PipelinedModel``
 whose ``train_step`` is one micro-batch of the trainer's (the implementation's ``steps`` fact
-says so, ``strategies.Impl``). Every rank reads the same batch (one pipeline, no data
-parallelism); the first stage takes its inputs, the last its targets, and every rank returns
-the pipeline's loss (the last stage's, broadcast). A weight two stages hold (an embedding tied
-to the head) has its gradient summed over the group before the optimiser steps, as Megatron's
-embedding group does.
+says so, ``strategies.Impl``). The first stage takes its inputs, the last its targets, and
+every rank returns its pipeline's loss (the last stage's, broadcast). A weight two stages hold
+(an embedding tied to the head) has its gradient summed over the pipeline before the
+optimiser steps, as Megatron's embedding group does.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+from torch.profiler import record_function
 
-from parallel_kernels.knobs import PP_SCHEDULES as SCHEDULES  # both implementations run them
+from parallel_kernels.dims import MeshDims
+from parallel_kernels.facts import PIPELINE_SCHEDULE_SPAN
+from parallel_kernels.groups import split
 from parallel_kernels.pipeline_schedule import MicroBatches, Stage, run_schedule
-from parallel_kernels.pipeline_stages import StageSplit, split_stages
+from parallel_kernels.pipeline_stages import StageError, StageSplit, pipeline_cut, split_stages
+from parallel_kernels.pp_schedules import SCHEDULES, schedule
+
+# The span a traced step's schedule runs in (forwards, backwards and their sends and receives,
+# not the tied weights' reduction nor the loss's broadcast): facts.py names it for its readers.
+SCHEDULE_SPAN = PIPELINE_SCHEDULE_SPAN
 
 
 @dataclass(frozen=True)
 class PipePlan:
-    """How the pipeline steps: its schedule, its micro-batches per step, whose schedules."""
+    """How the pipeline steps: its schedule, its micro-batches per step, whose schedules, and
+    the stages a rank holds (the schedule's row)."""
 
     schedule: str
     microbatches: int
     native: bool
+    per_rank: int = 1
+
+
+def pipe_dims(world: int, pp_degree: int | None) -> MeshDims:
+    """The point's ranks as (replica, pipeline rank): ``pp_degree`` ranks a pipeline (None:
+    every rank), the rest replicas; a degree that does not divide the world is refused."""
+    return MeshDims(world=world, inner=pp_degree or world, inner_name="PP degree")
+
+
+def mesh_shape(world: int, pp_degree: int | None = None, **_) -> tuple[int, int] | None:
+    """The (replica, pipeline rank) grid whose lines are the groups a point asks for; None
+    with one replica (the pipeline is the point's group)."""
+    dims = pipe_dims(world, pp_degree)
+    return dims.shape if dims.outer > 1 else None
+
+
+@dataclass(frozen=True)
+class PipeGroups:
+    """This rank's place in the grid: the pipeline's group, the group of the ranks holding the
+    same stages in every replica (None: one replica), and its (replica, pipeline rank)."""
+
+    dims: MeshDims
+    pipe: Any
+    replicas: Any
+    dp_rank: int
+    pp_rank: int
+
+
+def pipe_groups(group, pp_degree: int | None) -> PipeGroups:
+    dims = pipe_dims(dist.get_world_size(group), pp_degree)
+    dp_rank, pp_rank = dims.coords(dist.get_rank(group))
+    if dims.outer == 1:
+        return PipeGroups(dims, group, None, dp_rank, pp_rank)
+    dp_lines, pp_lines = dims.lines()
+    return PipeGroups(dims, split(group, pp_lines), split(group, dp_lines), dp_rank, pp_rank)
+
+
+def check_layout(
+    world: int,
+    model: nn.Module,
+    *,
+    pp_schedule: str = "1f1b",
+    pp_microbatches: int = 2,
+    pp_degree: int | None = None,
+    **_,
+) -> None:
+    """Refuse, in one ValueError line and before any rank trains, a pipeline the world or the
+    model cannot run: a degree that does not divide the world, a micro-batch count torch's
+    schedule refuses, more stages than the model has blocks. ``model``: the plain model (on the
+    meta device will do); one that does not say where its blocks are is left to its error
+    row."""
+    dims = pipe_dims(world, pp_degree)
+    row = schedule(pp_schedule)
+    why = row.refusal(pp_microbatches, dims.inner)
+    if why is not None:
+        raise ValueError(why)
+    try:
+        wl, cut = pipeline_cut(model)
+    except ValueError:
+        return
+    blocks, stages = len(cut.blocks(model)), dims.inner * row.per_rank
+    if stages > blocks:
+        raise ValueError(
+            f"workload {wl.name} has {blocks} blocks, fewer than the {stages} stages of "
+            f"pp_schedule={row.name} over {dims.inner} ranks ({row.per_rank} a rank)"
+        )
 
 
 class PipelinedModel(nn.Module):
-    """This rank's stage of the model and the schedule that steps it; ``parameters()`` are the
-    stage's (what the optimiser steps), ``full_state()`` the whole model's by the plain names.
-    The other stages' modules are not kept."""
+    """This rank's stages of the model and the schedule that steps them; ``parameters()`` are
+    the stages' (what the optimiser steps), ``full_state()`` the whole model's by the plain
+    names. The other ranks' stage modules are not kept."""
 
-    dp_rank, dp_size = 0, 1  # one pipeline: every rank reads the replica's one batch
-
-    def __init__(self, split: StageSplit, group, device: torch.device, plan: PipePlan) -> None:
+    def __init__(self, split: StageSplit, groups: PipeGroups, device: torch.device, plan: PipePlan):
         super().__init__()
-        self.group, self.device, self.plan = group, device, plan
-        self.index = dist.get_rank(group)
-        self.num_stages = dist.get_world_size(group)
-        self.stage = split.stages[self.index]
-        self.names = dict(split.param_names[self.index])
-        world = group if group is not None else dist.group.WORLD
-        self.ranks = [dist.get_global_rank(world, i) for i in range(self.num_stages)]
-        self._received = _received_per_sample(split, self.index, device)
+        self.group, self.replica_group = groups.pipe, groups.replicas
+        self.device, self.plan = device, plan
+        self.dp_rank, self.dp_size = groups.dp_rank, groups.dims.outer
+        self.pp_rank, self.pp_size = groups.pp_rank, groups.dims.inner
+        row = schedule(plan.schedule)
+        self.indices = row.stages_of(self.pp_rank, self.pp_size)
+        self.owners = row.owners(self.pp_size)  # the pipeline rank of each stage
+        self.num_stages = len(split.stages)
+        self.stages = nn.ModuleList(split.stages[i] for i in self.indices)
+        self.names = [dict(split.param_names[i]) for i in self.indices]
+        world = self.group if self.group is not None else dist.group.WORLD
+        self.ranks = [dist.get_global_rank(world, i) for i in range(self.pp_size)]
         plain = {
             split.param_names[i][n]: t
             for i, st in enumerate(split.stages)
             for n, t in st.named_parameters()
         }
         self._shared = [(s.name, plain[s.name].shape, plain[s.name].dtype) for s in split.shared]
+        self._received = None if plan.native else _received_per_sample(split, self.index, device)
         self._split = dataclasses.replace(split, stages=())  # its batch split and loss only
         self._native = _native_schedule(self) if plan.native else None
+
+    @property
+    def index(self) -> int:
+        """The stage of a rank that holds one (the reference's)."""
+        return self.indices[0]
 
     def forward(self, *args, **kwargs):
         raise RuntimeError("a pipeline steps through train_step, not a forward call")
@@ -77,27 +169,44 @@ class PipelinedModel(nn.Module):
 
     def train_step(self, inputs, targets) -> torch.Tensor:
         """Forward and backward of one batch over the schedule's micro-batches, gradients
-        accumulated in the stage's parameters (a tied weight's summed over its stages); the
-        batch's mean loss on every rank."""
+        accumulated in the stages' parameters (a tied weight's summed over its stages, every
+        one averaged over the replicas); the pipeline's mean loss on every rank. A stage whose
+        forward raises is named in the error."""
         x, y = self._split.stage_batch(inputs, targets)
-        first, last = self.index == 0, self.index == self.num_stages - 1
         losses: list[torch.Tensor] = []
+        with record_function(SCHEDULE_SPAN):
+            try:
+                self._run_schedule(x, y, losses)
+            except Exception as e:
+                named = _stage_error(e)
+                if named is None or named is e:
+                    raise
+                raise named from None
+        self._sum_shared()
+        self._average_replicas()
+        last = self.owners[-1] == self.pp_rank
+        loss = torch.stack(losses).mean().detach() if last else torch.zeros((), device=self.device)
+        dist.broadcast(loss, self.ranks[self.owners[-1]], group=self.group)
+        return loss
+
+    def _run_schedule(self, x, y, losses: list) -> None:
+        first, last = 0 in self.indices, self.num_stages - 1 in self.indices
         if self._native is not None:
             self._chunks(x)  # the reference's refusal of a batch that does not split
             args = (x,) if first else ()
-            self._native.step(*args, target=y if last else None, losses=losses if last else None)
-        else:
-            micro = MicroBatches(
-                self.plan.microbatches,
-                self._chunks(x) if first else (),
-                self._chunks(y) if last else (),
-            )
-            step = run_schedule(self._stage(x), micro, self._split.loss, self.plan.schedule)
-            losses = list(step.losses)
-        self._sum_shared()
-        loss = torch.stack(losses).mean().detach() if last else torch.zeros((), device=self.device)
-        dist.broadcast(loss, self.ranks[-1], group=self.group)
-        return loss
+            target = y if last else None
+            self._native.step(*args, target=target, losses=losses if last else None)
+            for p in self.parameters():  # each tensor once: a tie two local stages hold too
+                if p.grad is not None:
+                    p.grad.div_(self.plan.microbatches)
+            return
+        micro = MicroBatches(
+            self.plan.microbatches,
+            self._chunks(x) if first else (),
+            self._chunks(y) if last else (),
+        )
+        step = run_schedule(self._stage(x), micro, self._split.loss, self.plan.schedule)
+        losses.extend(step.losses)
 
     def _stage(self, x: torch.Tensor) -> Stage:
         """The reference schedule's view of this rank's stage: it receives per micro-batch the
@@ -106,7 +215,7 @@ class PipelinedModel(nn.Module):
         shape = (x.shape[0] // self.plan.microbatches, *trailing)
         last = self.num_stages - 1
         return Stage(
-            module=self.stage,
+            module=self.stages[0],
             index=self.index,
             num_stages=self.num_stages,
             group=self.group,
@@ -116,10 +225,18 @@ class PipelinedModel(nn.Module):
             recv_dtype=dtype,
         )
 
+    def _mine(self) -> dict[str, nn.Parameter]:
+        """This rank's parameters by the plain model's names (a tied one once)."""
+        return {
+            names[n]: p
+            for stage, names in zip(self.stages, self.names, strict=True)
+            for n, p in stage.named_parameters()
+        }
+
     def _sum_shared(self) -> None:
-        """Each tied weight's gradient summed over the stages that hold it (the others add
-        zeros: every rank joins, in the plain model's order)."""
-        mine = {self.names[n]: p for n, p in self.stage.named_parameters()}
+        """Each tied weight's gradient summed over the pipeline's ranks that hold it (the
+        others add zeros: every rank joins, in the plain model's order)."""
+        mine = self._mine()
         for name, shape, dtype in self._shared:
             p = mine.get(name)
             held = p is not None and p.grad is not None
@@ -128,16 +245,38 @@ class PipelinedModel(nn.Module):
             if p is not None:
                 p.grad = grad
 
+    def _average_replicas(self) -> None:
+        """The stages' gradients averaged over the replicas, in one flat all-reduce."""
+        if self.replica_group is None:
+            return
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        flat = _flatten_dense_tensors(grads)
+        dist.all_reduce(flat, group=self.replica_group)
+        flat.div_(self.dp_size)
+        for g, f in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
+            g.copy_(f)
+
     def full_state(self) -> dict[str, torch.Tensor]:
         """Every stage's parameters under the plain model's names, on every rank (one
-        all-gather of objects over the group)."""
-        mine = {self.names[n]: p.detach().cpu() for n, p in self.stage.named_parameters()}
-        every: list = [None] * self.num_stages
+        all-gather of objects over the pipeline; the replicas hold the same)."""
+        mine = {n: p.detach().cpu() for n, p in self._mine().items()}
+        every: list = [None] * self.pp_size
         dist.all_gather_object(every, mine, group=self.group)
         out: dict[str, torch.Tensor] = {}
         for part in every:
             out.update(part)
         return out
+
+
+def _stage_error(e: BaseException) -> StageError | None:
+    """The stage's own error that ``e`` was raised from (torch wraps a stage's forward error
+    in a many-line RuntimeError), or None."""
+    seen = e
+    while seen is not None:
+        if isinstance(seen, StageError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def _received_per_sample(
@@ -155,14 +294,25 @@ def _received_per_sample(
 
 
 def _native_schedule(model: PipelinedModel):
-    """torch's ``PipelineStage`` over this rank's stage and its schedule of the plan's name."""
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    """torch's ``PipelineStage`` over each of this rank's stages and the schedule of the
+    plan's name (one stage, or the list of a multi-stage schedule). Its gradients are left
+    summed over the micro-batches (``scale_grads=False``) and scaled by the caller: torch
+    scales each stage's parameters, so a weight two stages of a rank hold (a tie on a V)
+    would be scaled twice."""
+    from torch.distributed.pipelining import PipelineStage
 
-    stage = PipelineStage(
-        model.stage, model.index, model.num_stages, model.device, group=model.group
+    row = schedule(model.plan.schedule)
+    stages = [
+        PipelineStage(module, i, model.num_stages, model.device, group=model.group)
+        for i, module in zip(model.indices, model.stages, strict=True)
+    ]
+    kind = row.torch_type()
+    return kind(
+        stages[0] if row.per_rank == 1 else stages,
+        n_microbatches=model.plan.microbatches,
+        loss_fn=model._split.loss,
+        scale_grads=False,
     )
-    kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[model.plan.schedule]
-    return kind(stage, n_microbatches=model.plan.microbatches, loss_fn=model._split.loss)
 
 
 def apply_pipeline(
@@ -172,12 +322,23 @@ def apply_pipeline(
     device: torch.device,
     pp_schedule: str = "1f1b",
     pp_microbatches: int = 2,
+    pp_degree: int | None = None,
     native: bool = True,
 ) -> PipelinedModel:
-    """``model`` cut into one stage per rank of ``group`` and stepped by ``pp_schedule`` over
-    ``pp_microbatches`` micro-batches: torch's schedules (``native``) or ours."""
+    """``model`` cut into the stages of ``pp_schedule`` over pipelines of ``pp_degree`` ranks of
+    ``group`` (None: all of them; the rest replicas), stepped over ``pp_microbatches``
+    micro-batches: torch's schedules (``native``) or ours (GPipe and 1F1B)."""
     if pp_schedule not in SCHEDULES:
         known = ", ".join(SCHEDULES)
         raise ValueError(f"unknown pipeline schedule {pp_schedule!r} (known: {known})")
-    split = split_stages(model, dist.get_world_size(group))
-    return PipelinedModel(split, group, device, PipePlan(pp_schedule, pp_microbatches, native))
+    row = SCHEDULES[pp_schedule]
+    if not native and not row.reference:
+        ours = ", ".join(s.name for s in SCHEDULES.values() if s.reference)
+        raise ValueError(
+            f"pp_schedule={pp_schedule} runs in torch's schedules only (the native "
+            f"implementation); the reference runs {ours}"
+        )
+    groups = pipe_groups(group, pp_degree)
+    cut = split_stages(model, groups.dims.inner * row.per_rank)
+    plan = PipePlan(pp_schedule, pp_microbatches, native, row.per_rank)
+    return PipelinedModel(cut, groups, device, plan)

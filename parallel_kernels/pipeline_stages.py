@@ -28,10 +28,15 @@ from torch import nn
 from parallel_kernels.workload import PipelineCut, Workload, workload_of
 
 
+class StageError(RuntimeError):
+    """A stage's forward raised: the message names the stage (a pipeline's error row)."""
+
+
 @dataclass(frozen=True)
 class _StageParts:
     """The modules one stage is made of (embed and head only at the ends)."""
 
+    stage: int
     indices: tuple[int, ...]
     blocks: tuple[nn.Module, ...]
     block_inputs: nn.Module | None
@@ -41,10 +46,12 @@ class _StageParts:
 
 class StageModule(nn.Module):
     """One stage: the first stage's embedding, its blocks (named by their index in the plain
-    model), the last stage's head; one tensor in, one out."""
+    model), the last stage's head; one tensor in, one out. An error in its forward is a
+    ``StageError`` naming the stage."""
 
     def __init__(self, parts: _StageParts) -> None:
         super().__init__()
+        self.index = parts.stage
         self.embed = parts.embed
         self.blocks = nn.ModuleDict(
             {str(i): b for i, b in zip(parts.indices, parts.blocks, strict=True)}
@@ -53,6 +60,15 @@ class StageModule(nn.Module):
         self.head = parts.head
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        try:
+            return self._forward(x)
+        except StageError:
+            raise
+        except Exception as e:
+            first = (str(e).strip().splitlines() or [""])[0]
+            raise StageError(f"pipeline stage {self.index}: {type(e).__name__}: {first}") from e
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.embed is not None:
             x = self.embed(x)
         extra = self.block_inputs(x) if self.block_inputs is not None else {}
@@ -150,6 +166,7 @@ def split_stages(model: nn.Module, stages: int) -> StageSplit:
     modules = tuple(
         StageModule(
             _StageParts(
+                stage=s,
                 indices=r,
                 blocks=tuple(blocks[i] for i in r),
                 block_inputs=block_inputs,

@@ -143,6 +143,9 @@ class Strategy:
     # Ranks one data-parallel replica spans, (world size, **knobs) -> ranks, where more than
     # its tensor-parallel group (a pipeline's stages); None: ``tp_size``.
     replica_ranks: Callable[..., int] | None = None
+    # Refuses, in one ValueError line, a layout the world or the model cannot run, before any
+    # rank trains: (world size, the plain model on the meta device, **knobs) -> None.
+    check_layout: Callable[..., None] = lambda n, model, **_: None
 
     @property
     def knobs(self) -> list[Knob]:
@@ -343,8 +346,9 @@ STRATEGIES: dict[str, Strategy] = {
         ),
         Strategy(
             name="pp",
-            description="pipeline parallel: one stage of the model's blocks per rank, stepped by "
-            "a schedule (GPipe, 1F1B) over pp_microbatches micro-batches",
+            description="pipeline parallel: the model's blocks cut into stages over pp_degree "
+            "ranks (one or two a rank), stepped by a schedule (GPipe, 1F1B, interleaved, "
+            "zero bubble) over pp_microbatches micro-batches; the other ranks its replicas",
             impls=_by_name(
                 Impl(
                     name="native",
@@ -365,8 +369,11 @@ STRATEGIES: dict[str, Strategy] = {
             ),
             default_impls=("native", "reference"),
             schedule="pp",
-            replicated=lambda m: [],  # every rank holds its own stage: nothing replicated
-            replica_ranks=lambda n, **_: n,  # one pipeline over every rank
+            replicated=lambda m: [],  # every rank holds its own stages: nothing on every rank
+            mesh_shape=pipeline.mesh_shape,
+            # a data-parallel replica is one pipeline
+            replica_ranks=lambda n, pp_degree=None, **_: pp_degree or n,
+            check_layout=pipeline.check_layout,
         ),
     )
 }

@@ -37,6 +37,10 @@ from parallel_kernels.workload import stamp
 SCALINGS = ("weak", "strong")
 
 
+class PointRefused(ValueError):
+    """A point whose layout its world or model cannot run (``Strategy.check_layout``)."""
+
+
 def _fmt(value: Any) -> str:
     """A value as an id writes it: a float short (``25``, ``0.25``) where that reads back as
     the same number, else in full, so that two values never share an id."""
@@ -195,6 +199,10 @@ def resolve_point(request: PointRequest) -> PointRecord:
     facts = row.impl(request.impl)
     settings, defaults, autocast = _settings(row, request.knobs)
     own = {k.param: settings[k.param] for k in row.knobs}
+    try:
+        row.check_layout(request.world_size, _twin(request.model), **own)
+    except ValueError as e:
+        raise PointRefused(f"{request.model} at {request.world_size} ranks: {e}") from None
     tp = row.tp_size(**own)
     span = row.replica_ranks(request.world_size, **own) if row.replica_ranks else tp
     dp = max(1, request.world_size // span) if isinstance(span, int) and span > 0 else 1
@@ -365,7 +373,8 @@ def build_points(config: RunConfig, world_size: int) -> list[PointRecord]:
         if s.knob and s.knob not in known:
             raise ValueError(f"the {s.name} sweep varies a knob that {row.name} does not take")
     choices = _choices(sweeps[0], row, config, tuple(k for s in sweeps for k in s.knobs_set))
-    return _one_id_each(_grid_points(sweeps, axes, choices, world_size))
+    asked = tuple(v is not None for v in (config.values, config.values2))
+    return _one_id_each(_grid_points(sweeps, axes, choices, world_size, asked))
 
 
 def _one_id_each(points: list[PointRecord]) -> list[PointRecord]:
@@ -387,33 +396,50 @@ def _grid_points(
     axes: list[list[tuple[Any, dict]]],
     choices: SweepChoices,
     world_size: int,
+    asked: tuple[bool, ...] = (),
 ) -> list[PointRecord]:
     """A point per model, combination of the axes' values and implementation (implementations
-    innermost: interleaved per value), each with the fixed knobs and those its values set."""
+    innermost: interleaved per value), each with the fixed knobs and those its values set;
+    ``asked``: which axes' values were given (``resolved``)."""
     swept_defaults = {s.name: KNOBS[s.knob].default if s.knob else None for s in sweeps}
-    points = []
+    requests = []
     for m in choices.models:
         for combo in itertools.product(*axes):
             vals = {s.name: v for s, (v, _) in zip(sweeps, combo, strict=True)}
             knobs = dict(choices.fixed)
             for _, sets in combo:
                 knobs.update(sets)
-            points += [
-                resolve_point(
-                    PointRequest(
-                        sweep=",".join(s.name for s in sweeps),
-                        values=vals,
-                        model=m,
-                        strategy=choices.strategy.name,
-                        impl=i,
-                        knobs=knobs,
-                        world_size=world_size,
-                        swept_defaults=swept_defaults,
-                        per_visit=choices.per_visit,
-                    )
+            requests += [
+                PointRequest(
+                    sweep=",".join(s.name for s in sweeps),
+                    values=vals,
+                    model=m,
+                    strategy=choices.strategy.name,
+                    impl=i,
+                    knobs=knobs,
+                    world_size=world_size,
+                    swept_defaults=swept_defaults,
+                    per_visit=choices.per_visit,
                 )
                 for i in choices.impls
             ]
+    return resolved(requests, defaulted=not all(asked[: len(sweeps)]))
+
+
+def resolved(requests: list[PointRequest], *, defaulted: bool) -> list[PointRecord]:
+    """The requests resolved. One whose layout cannot run (``PointRefused``) is left out where
+    the sweep's values are its defaults (``defaulted``), as TP degrees larger than the world
+    are; where the values were asked for, or none is left, it is refused."""
+    points, refused = [], []
+    for request in requests:
+        try:
+            points.append(resolve_point(request))
+        except PointRefused as e:
+            if not defaulted:
+                raise
+            refused.append(e)
+    if refused and not points:
+        raise refused[0]
     return points
 
 
@@ -448,25 +474,23 @@ def _world_size_points(sweep: Sweep, config: RunConfig, world_size: int) -> list
     )
     choices = _choices(sweep, row, config, ())
     global_batch = config.batch_size * max(sizes)
-    points = [
-        resolve_point(
-            PointRequest(
-                sweep=sweep.name,
-                values={sweep.name: k},
-                model=m,
-                strategy=row.name,
-                impl=i,
-                knobs=dict(choices.fixed),
-                world_size=k,
-                scaling=sc,
-                global_batch=global_batch if sc == "strong" else None,
-                per_visit=choices.per_visit,
-                id_suffix=f"-{sc}-{row.name}",
-            )
+    requests = [
+        PointRequest(
+            sweep=sweep.name,
+            values={sweep.name: k},
+            model=m,
+            strategy=row.name,
+            impl=i,
+            knobs=dict(choices.fixed),
+            world_size=k,
+            scaling=sc,
+            global_batch=global_batch if sc == "strong" else None,
+            per_visit=choices.per_visit,
+            id_suffix=f"-{sc}-{row.name}",
         )
         for m in choices.models
         for sc in scalings
         for k in sizes
         for i in choices.impls
     ]
-    return _one_id_each(points)
+    return _one_id_each(resolved(requests, defaulted=not config.values))

@@ -23,6 +23,12 @@ def _tp_degree(degree: int, world: int) -> dict[str, Any]:
     return {"tp_degree": degree}
 
 
+def _pp_degree(degree: int | None, world: int) -> dict[str, Any]:
+    if degree is not None and world % degree:
+        raise ValueError(f"PP degree {degree} does not divide the world size {world}")
+    return {"pp_degree": degree}
+
+
 MESH_LAYOUTS = ("dp", "tp", "ddp_tp", "fsdp_tp")
 
 
@@ -154,9 +160,10 @@ SWEEPS: dict[str, Sweep] = {
         ),
         Sweep(
             name="pp_schedule",
-            description="pipeline schedule, GPipe or 1F1B, one stage of the model's blocks per "
-            "rank (models whose workload says where its blocks are), torch.distributed."
-            "pipelining's schedules and the reference from point-to-point sends",
+            description="pipeline schedule: GPipe and 1F1B (one stage a rank; torch.distributed."
+            "pipelining's and the reference from point-to-point sends), interleaved 1F1B, "
+            "interleaved zero bubble, ZBV and DualPipeV (two stages a rank, torch's only) where "
+            "the installed torch has them; models whose workload says where its blocks are",
             knob="pp_schedule",
             strategy="pp",
             default_values=PP_SCHEDULES,
@@ -170,6 +177,17 @@ SWEEPS: dict[str, Sweep] = {
             strategy="pp",
             default_values=("2", "4", "8"),
             default_models=("transformer",),
+        ),
+        Sweep(
+            name="pp_degree",
+            description="ranks of one pipeline (1, 2, 4 up to the world size; 1: data "
+            "parallel alone), the rest of the ranks its data-parallel replicas, each stage's "
+            "gradients averaged over them",
+            knob="pp_degree",
+            strategy="pp",
+            default_values=("1", "2", "4"),
+            default_models=("transformer",),
+            expand=_pp_degree,
         ),
         Sweep(
             name="grad_accum",

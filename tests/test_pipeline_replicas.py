@@ -1,0 +1,58 @@
+"""A pipeline's replicas (``pp_degree`` ranks a pipeline, the rest data parallel over them,
+parallel_kernels/pipeline.py): at 4 ranks, 2 pipelines of 2 ranks, each reading its own batch,
+each stage's gradients averaged over the replicas; every point run through the harness and its
+first step checked against the plain model on the global batch, and the gradients themselves
+compared with the plain model's (AdamW's step hides a gradient scaled as a whole). One call
+into the session's rank pool runs every case."""
+
+import pytest
+import torch
+
+from parallel_kernels.models import build_model, workload
+from parallel_kernels.pipeline import apply_pipeline
+from tests.test_harness import make_point, run_points
+
+pytestmark = pytest.mark.ranks
+
+TIED = "tests/data/models/pipeline_models.py:tied"
+RIGHT = [  # both implementations; two stages a rank; a tie summed, then averaged
+    (TIED, "native", {"pp_schedule": "1f1b", "pp_degree": 2}),
+    (TIED, "reference", {"pp_schedule": "gpipe", "pp_degree": 2}),
+    (TIED, "native", {"pp_schedule": "zbv", "pp_degree": 2}),
+    (TIED, "reference", {"pp_schedule": "1f1b", "pp_degree": 1}),  # 4 replicas of one stage
+]
+STEPS = {"batch_size": 8, "warmup_steps": 1, "steps": 1, "profile_steps": 1}
+
+
+def gradient_error(schedule: str) -> float:
+    """The largest difference between this rank's gradients after one step of 2 pipelines of
+    2 ranks (each replica on its own batch) and the plain model's on both batches."""
+    wl = workload(TIED)
+    knobs = {"pp_schedule": schedule, "pp_microbatches": 2, "pp_degree": 2}
+    pipe = apply_pipeline(build_model(TIED), group=None, device=torch.device("cpu"), **knobs)
+    batches = [wl.batch(8, 10 + r) for r in range(pipe.dp_size)]
+    pipe.train_step(*batches[pipe.dp_rank])
+    plain = build_model(TIED)
+    loss = sum(wl.compute_loss(plain(x), y) for x, y in batches) / len(batches)
+    loss.backward()
+    want = dict(plain.named_parameters())
+    return max((p.grad - want[n].grad).abs().max().item() for n, p in pipe._mine().items())
+
+
+def worker(root: str) -> tuple[list[tuple], list[float]]:
+    points = [
+        make_point("case", m, i, impl, "pp", knobs=k, world_size=4, **STEPS)
+        for i, (m, impl, k) in enumerate(RIGHT)
+    ]
+    rows = [(r["status"], r["error"], r.get("checked")) for r in run_points(points, root)]
+    return rows, [gradient_error(s) for s in ("1f1b", "zbv")]
+
+
+@pytest.mark.timeout(300)
+def test_pipeline_replicas_train_as_the_plain_model(pool, tmp_path):
+    every = pool(4).run(worker, str(tmp_path), timeout=280)
+    rows, grad_errors = every[0][0], [e for _, errors in every for e in errors]
+    for (status, error, checked), case in zip(rows, RIGHT, strict=True):
+        assert status == "ok", (case, error)
+        assert checked.startswith("ok (fp32 tolerance"), (case, checked)
+    assert max(grad_errors) < 1e-5, grad_errors
