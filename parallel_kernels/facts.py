@@ -1,7 +1,7 @@
 """Facts every side needs, once, torch-free: the one name of each collective however a trace
 spells it, the bus factor of each, how its nccl-tests size relates to the bytes a trace records,
-which are point-to-point, the dtype each precision name computes in, and the dtypes' spellings
-in traces and flight records with their sizes.
+which are point-to-point, the spans a pipeline's step records, the dtype each precision name
+computes in, and the dtypes' spellings in traces and flight records with their sizes.
 
 The registry (``collectives.py``), the trace analysis, the cost model's report and the replay
 all read these; the analysis may import this module alone of ``parallel_kernels`` (its layer
@@ -89,6 +89,39 @@ def op_name(spelling: str) -> str:
     if key in _OPS:
         return _OPS[key]
     return spelling[5:] if spelling.startswith(("gloo:", "nccl:")) else spelling
+
+
+# The spans a pipeline's step records, which the trace analysis reads: the schedule's whole run
+# on a stage (parallel_kernels/pipeline.py; a stage's bubble is the part of it the stage does
+# not compute) and each micro-batch's forward (F) or backward (B) in the reference schedules
+# (pipeline_schedule.py: ``pipeline F 3``). torch's own schedules name theirs otherwise: its
+# single-stage GPipe ``Forward 3`` and ``Backward 3``, its multi-stage ones ``PP:<action>``
+# (``PP:1F3``: stage 1's forward of micro-batch 3; I and W the backward's input and weight
+# halves); its 1F1B records none.
+PIPELINE_SCHEDULE_SPAN = "pipeline schedule"
+PIPELINE_MICRO_SPAN = re.compile(
+    r"^(?:pipeline (?P<ours>[FBW]) (?P<ours_mb>\d+)"
+    r"|(?P<gpipe>Forward|Backward) (?P<gpipe_mb>\d+)"
+    r"|PP:(?P<stage>\d+)(?P<pp>[FBIW])(?P<pp_mb>\d+))$"
+)
+
+
+def pipeline_micro_span(kind: str, micro: int) -> str:
+    """The span of one micro-batch's forward (``F``) or backward (``B``) in our schedules."""
+    return f"pipeline {kind} {micro}"
+
+
+def pipeline_micro_label(span: str) -> str | None:
+    """A micro-batch span's short label, its kind and micro-batch (``F3``, ``B3``; torch's
+    multi-stage actions keep their stage: ``1F3``), or None for any other name."""
+    m = PIPELINE_MICRO_SPAN.match(span)
+    if m is None:
+        return None
+    if m["ours"]:
+        return f"{m['ours']}{m['ours_mb']}"
+    if m["gpipe"]:
+        return f"{m['gpipe'][0]}{m['gpipe_mb']}"
+    return f"{m['stage']}{m['pp']}{m['pp_mb']}"
 
 
 # What a backend's collective allocates beside the caller's buffers, by op: which of the two

@@ -12,7 +12,9 @@ receive is waited on where its tensor is needed: the next stage starts on a micr
 as it arrives (GPipe's forwards overlap across stages), and two neighbours that both send
 before they receive in 1F1B's steady state never wait on each other's sends. The last stage's
 loss is scaled by 1 / m, so the gradients are those of the full batch's mean loss when
-``loss_fn`` takes a mean over equal micro-batches.
+``loss_fn`` takes a mean over equal micro-batches. Each micro-batch's forward and backward
+(its receive, computation and send) runs in a profiler span of its own (``pipeline F 3``,
+``facts.pipeline_micro_span``), so that a trace shows the schedule micro-batch by micro-batch.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.profiler import record_function
 
+from parallel_kernels.facts import pipeline_micro_span
 from parallel_kernels.pipeline_theory import (
     FORWARD,
     SCHEDULES,
@@ -173,10 +177,11 @@ class _StageRun:
         self.peak = 0
 
     def act(self, action: Action) -> None:
-        if action.kind == FORWARD:
-            self.forward(action.micro)
-        else:
-            self.backward(action.micro)
+        with record_function(pipeline_micro_span(action.kind, action.micro)):
+            if action.kind == FORWARD:
+                self.forward(action.micro)
+            else:
+                self.backward(action.micro)
 
     def finish(self) -> None:
         """Wait for every send of the step."""

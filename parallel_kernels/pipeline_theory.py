@@ -1,6 +1,7 @@
 """A pipeline schedule as arithmetic: the order in which a stage runs its micro-batches'
 forwards and backwards, the schedule's theoretical bubble, the point-to-point bytes a stage
-sends in one step, and the most micro-batches' activations a stage holds at once.
+sends in one step (one stage a rank, or any placement of the stages: ``p2p_bytes_by_rank``),
+and the most micro-batches' activations a stage holds at once.
 
 Torch-free, so that the reference schedules (``pipeline_schedule.py``) run exactly the order
 written here and a planner can price a pipeline without building one. Formulas after GPipe
@@ -114,3 +115,29 @@ def p2p_bytes_per_step(pipe: Pipeline, stage: int, received: int, sent: int) -> 
     forward = sent if stage < pipe.stages - 1 else 0
     backward = received if stage > 0 else 0
     return pipe.microbatches * (forward + backward)
+
+
+def p2p_bytes_by_rank(
+    microbatches: int, owners: tuple[int, ...], boundaries: tuple[int, ...]
+) -> dict[int, int]:
+    """The bytes each rank sends in one step, for any placement of the stages: ``owners[s]``
+    is the rank that holds stage s (one stage a rank: ``range(p)``; interleaved: several a
+    rank), ``boundaries[s]`` the bytes per micro-batch of what stage s hands stage s + 1. In
+    every forward stage s sends its output to s + 1, in every backward s + 1 sends the gradient
+    of that input back; two stages of one rank hand theirs over without a send.
+    ``p2p_bytes_per_step`` is the case of one stage a rank."""
+    if len(boundaries) != len(owners) - 1:
+        raise ValueError(
+            f"{len(owners)} stages have {len(owners) - 1} boundaries, got {len(boundaries)}"
+        )
+    if microbatches < 1 or any(b < 0 for b in boundaries):
+        raise ValueError(
+            f"need a positive micro-batch count and boundary bytes of 0 or more, got "
+            f"{microbatches} and {list(boundaries)}"
+        )
+    out = dict.fromkeys(owners, 0)
+    for s, size in enumerate(boundaries):
+        if owners[s] != owners[s + 1]:
+            out[owners[s]] += microbatches * size  # the activation, forward
+            out[owners[s + 1]] += microbatches * size  # its gradient, backward
+    return out

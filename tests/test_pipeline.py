@@ -23,19 +23,37 @@ WRONG = [
 ]
 
 
-def worker(root: str) -> list[tuple]:
+KEPT = ("status", "error", "checked", "peak_mem_mb")  # and every pp_* column
+
+
+def worker(root: str) -> list[dict]:
     points = [case(i, m, "pp", impl, **k) for i, (m, impl, k) in enumerate(RIGHT)]
     points += [case(100 + i, m, "pp", impl, **k) for i, (m, impl, k, _) in enumerate(WRONG)]
-    return [(r["status"], r["error"], r.get("checked")) for r in run_points(points, root)]
+    return [
+        {k: v for k, v in r.items() if k in KEPT or k.startswith("pp_")}
+        for r in run_points(points, root)
+    ]
+
+
+def check_pipeline_figures(r: dict, microbatches: int) -> None:
+    """A pipelined row's own figures: 2 stages' bubbles, their theory, bytes and memory."""
+    assert 0 <= r["pp_bubble_mean_pct"] <= r["pp_bubble_pct"] < 100
+    assert r["pp_bubble_theory_pct"] == pytest.approx(100 / (microbatches + 1))  # (p-1)/(m+p-1)
+    stages = [float(b) for b in r["pp_bubble_by_rank_pct"].split(";")]
+    assert len(stages) == 2 and max(stages) == pytest.approx(r["pp_bubble_pct"], rel=1e-3)
+    # every byte the stages' sends carried, and nothing else, is what their shapes say
+    assert r["pp_p2p_bytes_per_step"] == r["pp_p2p_bytes_expected"] > 0
+    peaks = [float(m) for m in r["pp_peak_mem_by_rank_mb"].split(";")]
+    assert len(peaks) == 2 and max(peaks) == pytest.approx(r["peak_mem_mb"], rel=1e-3)
 
 
 @pytest.mark.timeout(300)
 def test_pipelines_train_as_the_plain_model_and_refuse_what_they_cannot_run(pool, tmp_path):
     rows = pool(2).run(worker, str(tmp_path), timeout=280)[0]
-    for (status, error, checked), (model, impl, knobs) in zip(rows, RIGHT, strict=False):
-        assert status == "ok", (model, impl, knobs, error)
-        assert checked.startswith("ok (fp32 tolerance"), (model, impl, knobs, checked)
-    for (status, error, _), (model, impl, knobs, says) in zip(
-        rows[len(RIGHT) :], WRONG, strict=True
-    ):
-        assert status == "error" and says in error, (model, impl, knobs, error)
+    for r, (model, impl, knobs) in zip(rows, RIGHT, strict=False):
+        assert r["status"] == "ok", (model, impl, knobs, r["error"])
+        assert r["checked"].startswith("ok (fp32 tolerance"), (model, impl, knobs, r["checked"])
+        check_pipeline_figures(r, knobs["pp_microbatches"])
+    for r, (model, impl, knobs, says) in zip(rows[len(RIGHT) :], WRONG, strict=True):
+        assert r["status"] == "error" and says in r["error"], (model, impl, knobs, r["error"])
+        assert r.get("pp_bubble_pct") is None

@@ -5,7 +5,9 @@ Each rank gets these lanes, from the analyser's own definitions (``breakdown.py`
 
 - ``phase``: forward, backward, optimizer, the host's spans. Backward runs from the first
   autograd function evaluated to the last, and the optimizer is ``Optimizer.step``. Forward runs
-  from the step's start to backward's start.
+  from the step's start to backward's start. A pipeline's stage has its micro-batches' spans
+  instead of forward and backward (``F3``, ``B3``: ``facts.PIPELINE_MICRO_SPAN``), so that its
+  ranks' lanes draw the schedule, stage by stage.
 - ``compute``: the computation (GPU: compute kernels; CPU: the main thread's ops, less its
   calls into the collective library and its blocking waits, as ``cpu_compute``).
 - ``comm``: one bar per collective call (GPU: its kernel; CPU: gloo's span on its worker
@@ -39,7 +41,7 @@ from bench.analysis.trace import (
     step_windows,
 )
 from bench.console import human_bytes
-from parallel_kernels.facts import op_name
+from parallel_kernels.facts import PIPELINE_MICRO_SPAN, op_name, pipeline_micro_label
 
 TIMELINE_COLUMNS = ["rank", "step", "lane", "start_ms", "end_ms", "label", "op", "bytes"]
 LANES = ("phase", "compute", "comm", "wait", "idle")
@@ -65,12 +67,27 @@ def pick_step(traces: list[Trace], step: int | None = None) -> int:
     return step
 
 
+def _micro_batches(host: pd.DataFrame) -> list[tuple[str, float, float]]:
+    """A pipeline stage's micro-batch spans (``facts.PIPELINE_MICRO_SPAN``), labelled ``F3``,
+    ``B3`` (torch's multi-stage actions with their stage: ``1F3``)."""
+    spans = host[
+        name_matches(host["name"], PIPELINE_MICRO_SPAN) & (host["cat"] != "gpu_user_annotation")
+    ]
+    names = spans["name"].astype(str)
+    labels = names.map({n: pipeline_micro_label(n) for n in names.unique()})
+    ends = spans["ts"] + spans["dur"]
+    return [
+        (str(label), float(s), float(e))
+        for label, s, e in zip(labels, spans["ts"], ends, strict=True)
+    ]
+
+
 def _phases(ev: pd.DataFrame, lo: float, hi: float) -> list[tuple[str, float, float]]:
     host = ev[(ev["stream"] < 0) & (ev["ts"] >= lo) & (ev["ts"] < hi)]
-    out = []
+    out = _micro_batches(host)  # a pipeline's stage: its micro-batches, not one forward
     back = host[name_matches(host["name"], _BACKWARD)]
     b0 = float(back["ts"].min()) if len(back) else np.nan
-    if len(back):
+    if len(back) and not out:
         out.append(("forward", lo, b0))
         out.append(("backward", b0, float((back["ts"] + back["dur"]).max())))
     opt = host[name_matches(host["name"], _OPTIMIZER)]

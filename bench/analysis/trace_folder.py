@@ -26,6 +26,7 @@ from bench.analysis.collective_calls import (
     stragglers,
     wait_split,
 )
+from bench.analysis.pipeline_bubble import pipeline_bubble
 from bench.analysis.reader import TraceError
 
 TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz", ".json", ".json.gz")
@@ -53,6 +54,7 @@ class TraceDigest:
     steps: pd.DataFrame
     summary: dict
     calls: pd.DataFrame
+    pipeline: pd.DataFrame  # its stage's bubble per step: empty where it does not pipeline
 
 
 def digest(trace: Trace, definitions: str = "suite") -> TraceDigest:
@@ -66,6 +68,7 @@ def digest(trace: Trace, definitions: str = "suite") -> TraceDigest:
         steps=steps,
         summary=DEFINITIONS[definitions](trace, steps),
         calls=collective_calls(trace),
+        pipeline=pipeline_bubble(trace),
     )
 
 
@@ -155,14 +158,19 @@ def _one_run_one_trace_per_rank(traces: list, problems: list[str]) -> list:
 
 def analyse(ts: TraceSet, definitions: str = "suite") -> dict[str, pd.DataFrame]:
     """All tables for a set of per-rank traces: ranks, steps, collectives, waits, stragglers
-    (the ranks table by ``definitions``, where the traces are not digested yet)."""
+    (the ranks table by ``definitions``, where the traces are not digested yet), and, for a
+    pipeline's traces, each stage's bubble per step (``pipeline``)."""
     digests = [t if isinstance(t, TraceDigest) else digest(t, definitions) for t in ts.traces]
     steps = pd.concat([d.steps for d in digests], ignore_index=True)
     ranks = pd.DataFrame([d.summary for d in digests], columns=RANK_COLUMNS)
     calls = wait_split(pd.concat([d.calls for d in digests], ignore_index=True))
-    return {
+    tables = {
         "ranks": ranks,
         "steps": steps,
         "collectives": collective_summary(calls, digests[0].world_size),
         "stragglers": stragglers(steps, calls),
     }
+    stages = [d.pipeline for d in digests if len(d.pipeline)]
+    if stages:
+        tables["pipeline"] = pd.concat(stages, ignore_index=True)
+    return tables

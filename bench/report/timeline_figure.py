@@ -5,6 +5,8 @@ are paired with hatches so that a grey print still tells the lanes apart."""
 
 from __future__ import annotations
 
+import re
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -21,6 +23,8 @@ STYLE = {  # lane -> (face colour, hatch)
     "comm": ("#55a868", ""),
 }
 PHASE = {"forward": "#e8e8f4", "backward": "#f4e8e8", "optimizer": "#e8f4e8"}
+MICRO_KIND = re.compile(r"^\d*([FBIW])\d+$")  # a pipeline micro-batch's label (timeline.py)
+MICRO_PHASE = {"F": "forward", "B": "backward", "I": "backward", "W": "backward"}
 PATH_COLOUR = "#c0392b"  # the critical path, a thin line over the rank's compute lane
 LABEL_MIN_SHARE = 0.04  # a bar narrower than this share of the axis goes unlabelled
 
@@ -40,13 +44,21 @@ def _rows(starts, ends) -> list[int]:
     return out
 
 
+def _phase_colour(label: str) -> str:
+    """A phase's colour; a pipeline's micro-batch (``F3``, ``B3``, ``1W3``) takes its kind's."""
+    if label in PHASE:
+        return PHASE[label]
+    kind = MICRO_KIND.match(label)
+    return PHASE[MICRO_PHASE[kind[1]]] if kind else "#eeeeee"
+
+
 def _phase_strip(ax, g: pd.DataFrame, base: float, span: float) -> None:
     """One rank's strip of step phases (forward, backward, optimizer), labelled where wide."""
     for p in g[g["lane"] == "phase"].itertuples():
         ax.broken_barh(
             [(p.start_ms, p.end_ms - p.start_ms)],
             (base + 2.05, 0.5),
-            facecolor=PHASE.get(p.label, "#eeeeee"),
+            facecolor=_phase_colour(p.label),
             edgecolor="#888888",
             linewidth=0.5,
         )

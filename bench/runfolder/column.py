@@ -11,6 +11,7 @@ POINT = "point"  # the same on every rank: a fact of the point or of its outcome
 TIMED = "timed"  # already cross-rank: the timing all-reduces each step's first start and last end
 MEAN = "mean"  # mean over ranks (NaN where a rank has none)
 MAX = "max"  # largest over ranks (memory: the rank that needs most)
+RANKS = "ranks"  # every rank's figure, in rank order, joined by ";" (text: a pipeline's stages)
 DERIVED = "derived"  # computed from other aggregated columns
 READER = "reader"  # computed by the reading side; never written to results.csv
 
@@ -30,7 +31,9 @@ class Column:
 
     @property
     def number(self) -> bool:
-        return self.numeric if self.numeric is not None else self.ranks not in (POINT, READER)
+        return (
+            self.numeric if self.numeric is not None else self.ranks not in (POINT, READER, RANKS)
+        )
 
     @property
     def written(self) -> bool:

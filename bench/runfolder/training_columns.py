@@ -5,7 +5,17 @@ them."""
 
 from __future__ import annotations
 
-from bench.runfolder.column import DERIVED, MAX, MEAN, POINT, RAN_ON, READER, TIMED, Column
+from bench.runfolder.column import (
+    DERIVED,
+    MAX,
+    MEAN,
+    POINT,
+    RAN_ON,
+    RANKS,
+    READER,
+    TIMED,
+    Column,
+)
 
 # The MFU waterfall's parts of a traced step, each the mean over the profiled steps and ranks
 # (bench/runner/measure/waterfall_columns.py); all but wf_ideal_ms and wf_matmul_loss_ms, or
@@ -81,6 +91,60 @@ WATERFALL: tuple[Column, ...] = (
         ranks=POINT,
         meaning="what the MFU waterfall could not price, and why (no shapes, no device "
         "profile); empty where it priced every part",
+    ),
+)
+
+# A pipeline's figures (bench/runner/measure/pipeline_columns.py): filled only for points whose
+# implementation steps by a schedule, a stage a rank (its place in the pipeline).
+PIPELINE: tuple[Column, ...] = (
+    Column(
+        name="pp_bubble_pct",
+        unit="%",
+        ranks=MAX,
+        meaning="pipelines: the most idle stage's bubble, the share of its traced steps' "
+        "schedule span ('pipeline schedule') it did not compute (breakdown's computation: "
+        "CPU, the main thread less its waits; GPU, compute kernels)",
+    ),
+    Column(
+        name="pp_bubble_mean_pct",
+        unit="%",
+        ranks=MEAN,
+        meaning="pipelines: the stages' bubble, mean over stages",
+    ),
+    Column(
+        name="pp_bubble_theory_pct",
+        numeric=True,
+        unit="%",
+        ranks=POINT,
+        meaning="pipelines: the schedule's theoretical bubble, (p-1)/(v m+p-1) of p stages of "
+        "equal work, v a rank, m micro-batches",
+    ),
+    Column(
+        name="pp_bubble_by_rank_pct",
+        unit="%",
+        ranks=RANKS,
+        meaning="pipelines: each rank's stage's bubble, in rank order, ';'-joined",
+    ),
+    Column(
+        name="pp_peak_mem_by_rank_mb",
+        unit="MiB",
+        ranks=RANKS,
+        meaning="pipelines: each rank's peak_mem_mb (its stage's), in rank order, ';'-joined",
+    ),
+    Column(
+        name="pp_p2p_bytes_per_step",
+        unit="B",
+        ranks=MEAN,
+        meaning="pipelines: point-to-point bytes a stage sends per step (its traced sends in "
+        "the schedule span), mean over stages",
+    ),
+    Column(
+        name="pp_p2p_bytes_expected",
+        numeric=True,
+        unit="B",
+        ranks=POINT,
+        meaning="pipelines: pp_p2p_bytes_per_step counted from the stages' shapes: each "
+        "activation forward and its gradient back, per micro-batch",
     ),
 )
 
@@ -508,6 +572,7 @@ TRAINING: tuple[Column, ...] = (
     # the MFU waterfall of the traced steps (bench/analysis/waterfall.py, docs/analysis.md
     # "The MFU waterfall"): its parts add up to window_ms; empty where not priced, never zero
     *WATERFALL,
+    *PIPELINE,
     # read, never written: figures the reading side computes from results.csv (the report,
     # the console's closing table), listed here so that both name them alike
     Column(

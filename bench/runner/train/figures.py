@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from bench.runfolder import columns
-from bench.runfolder.column import MAX, MEAN
+from bench.runfolder.column import MAX, MEAN, RANKS
 from bench.runner.measure import flops
 from bench.runner.measure.profiling import peak_rss_bytes
 from bench.runner.measure.timing import summarize_times
@@ -76,7 +76,7 @@ def state_bytes(opt: torch.optim.Optimizer) -> tuple[int, int, int]:
 def aggregate(per_rank: list[dict]) -> dict:
     """The point's figures from the ranks', as the column table says: times from the timing
     all-reduce are already cross-rank, breakdowns are averaged, memory takes the largest rank,
-    ratios are made again from the averages."""
+    ratios are made again from the averages, and a per-rank column lists every rank's."""
     ranks = [r for r in per_rank if r]
     out = dict(ranks[0])
     for how, reduce in ((MEAN, np.nanmean), (MAX, np.nanmax)):
@@ -85,6 +85,9 @@ def aggregate(per_rank: list[dict]) -> dict:
                 continue
             vals = [np.nan if r.get(key) is None else r[key] for r in ranks]
             out[key] = float(reduce(vals)) if not np.all(np.isnan(vals)) else np.nan
+    for key in columns.by_ranks(columns.TRAINING, RANKS):
+        if key in out:  # each rank's own figure, by rank: a pipeline's stages side by side
+            out[key] = ";".join(_figure(r.get(key)) for r in ranks)
     out.update(flops.utilisation(out))  # mfu_pct from the ranks' aggregated figures
     if "comm_ms" not in out:
         return out
@@ -92,3 +95,8 @@ def aggregate(per_rank: list[dict]) -> dict:
     out["compute_comm_ratio"] = out["compute_ms"] / comm if comm and comm > 0 else np.nan
     out["overlap_pct"] = 100.0 * out["overlap_ms"] / comm if comm and comm > 0 else np.nan
     return out
+
+
+def _figure(value) -> str:
+    """A rank's figure in a per-rank list: four significant digits, empty where it has none."""
+    return "" if value is None or not np.isfinite(value) else f"{value:.4g}"

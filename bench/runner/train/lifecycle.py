@@ -44,6 +44,7 @@ from bench.runner.measure import flops
 from bench.runner.measure.collector import settled
 from bench.runner.measure.nvml import NvmlSampler
 from bench.runner.measure.peak_memory import point_memory
+from bench.runner.measure.pipeline_columns import layout_of, pipeline_columns, pipelines
 from bench.runner.measure.profiling import profile_steps, reset_peak_rss
 from bench.runner.measure.timing import Budget, TimedStep, adaptive_steps, common_clock
 from bench.runner.measure.waterfall_columns import waterfall_columns
@@ -143,8 +144,9 @@ def time_steps(c: Candidate, env: DistEnv, progress: Callable[[str], None]) -> T
 
 
 def profile(c: Candidate, env: DistEnv, settings: PointSettings, times: np.ndarray) -> dict:
-    """Profile: the traced steps, analysed (the breakdown, the MFU waterfall), and what
-    tracing adds to a step against ``times``, the untraced steps on this rank."""
+    """Profile: the traced steps, analysed (the breakdown, the MFU waterfall, a pipeline's
+    bubble), and what tracing adds to a step against ``times``, the untraced steps on this
+    rank."""
     n_traced = settings.profile_wait + settings.profile_warmup + c.point.profile_steps
     inputs = [c.trainer.next_inputs() for _ in range(n_traced)]  # no data loading traced
     trace_path, traced_ms = profile_steps(
@@ -159,6 +161,8 @@ def profile(c: Candidate, env: DistEnv, settings: PointSettings, times: np.ndarr
     trace = analysis.load_trace(trace_path)
     traced = analysis.summarize(analysis.breakdown(trace))
     traced.update(waterfall_columns(trace, env.device))
+    if pipelines(c.point):
+        traced.update(pipeline_columns(trace, layout_of(c.point, c.trainer.wrapped)))
     traced.update(
         comm_bytes_per_sample=traced["comm_bytes_per_step"] / c.trainer.samples_per_step,
         trace_overhead_pct=100 * (float(np.median(traced_ms)) / float(np.median(times)) - 1),
@@ -179,13 +183,17 @@ def figures(c: Candidate, env: DistEnv, timed: Timed) -> dict:
 
 
 def memory(c: Candidate, env: DistEnv, settings: PointSettings) -> dict:
-    """Memory: ``point_memory`` on a build of the point's own (its trainer released first)."""
-    return point_memory(
+    """Memory: ``point_memory`` on a build of the point's own (its trainer released first); a
+    pipeline's row lists each rank's, its stage's."""
+    out = point_memory(
         lambda: build_trainer(c.point, env, c.group, settings.recipe),
         c.step_of,
         device=env.device,
         scratch_dir=c.trace_dir / f".memory-rank{env.rank}",
     )
+    if pipelines(c.point):
+        out["pp_peak_mem_by_rank_mb"] = out["peak_mem_mb"]
+    return out
 
 
 def _at_most_every(seconds: float, fn: Callable) -> Callable:
