@@ -92,8 +92,9 @@ def test_the_space_holds_every_family_and_each_row_makes_the_global_batch():
     assert {"ddp bucket 25 MB", "fsdp2 FULL_SHARD", "fsdp1 SHARD_GRAD_OP"} <= labels
     assert {"fsdp2 HYBRID_SHARD/8", "tp2 x ddp", "tp4 x fsdp", "tp8 x ddp"} <= labels
     assert not any(lab.startswith("tp16") for lab in labels)  # TP stays inside a node
+    assert {"pp2 gpipe x dp", "pp2 1f1b x dp"} <= labels  # llama:tiny's 2 blocks: 2 stages
     for c in configs:
-        replicas = 16 // c.knobs.get("tp_degree", 1)
+        replicas = 16 // FAMILIES[c.family].replica_ranks(c.knobs)
         assert c.micro_batch * c.knobs["grad_accum"] * replicas == 64, c
     assert {c.knobs["precision"] for c in configs} == {"fp32", "bf16"}
     assert {c.knobs["activation_checkpointing"] for c in configs} == {"off", "on"}
@@ -300,7 +301,7 @@ def test_a_steps_inputs_count_and_gloos_copies_are_made_where_the_target_runs_gl
     for, and NCCL does not (``facts.BACKEND_COPIES``)."""
     point = _point(batch=8)
     got = memory.track(point)
-    held = tensor_bytes(memory._inputs(point))
+    held = tensor_bytes(memory.step_inputs(point))
     assert got.parts_mib["inputs"] == pytest.approx(held / MiB) and held > 0
     peaks = {}
     for backend in ("gloo", "nccl"):

@@ -44,7 +44,8 @@ def test_every_family_is_a_strategys_implementation_the_planner_schedules():
     for f in FAMILIES.values():
         strategy = STRATEGIES[f.strategy]
         assert f.impl in strategy.impls, f.name
-        assert strategy.schedule in SIMULATORS, f.name  # its step: a schedule of bench.model
+        # its step: a schedule of bench.model, or a pipeline's simulation over its stages
+        assert strategy.schedule in SIMULATORS or f.pipelined, f.name
         assert f.layout_knob in {k.param for k in strategy.knobs}, f.name  # its command's sweep
         assert f.own_work in OWN_WORK, f.name
         assert family_of(f.strategy, f.impl) == f.name  # one family per implementation

@@ -113,6 +113,7 @@ def test_resnet50_is_the_papers_network():
     [
         pytest.param("gpt2:small", 124_439_808, marks=NEEDS_HF),  # the 124M, head tied
         pytest.param("llama:1b", 1_038_682_112, marks=NEEDS_HF),  # Llama 3.2 1B, vocab 32000
+        pytest.param("llama:70b", 68_976_648_192, marks=NEEDS_HF),  # Llama 2 70B, for planning
         pytest.param("bert:base", 109_483_778, marks=NEEDS_HF),  # BERT-base, 2-class head
     ],
 )

@@ -2,13 +2,13 @@
 step time predicted, ranked; the best verified here with ``--verify K``.
 
     python -m bench.plan --model llama:1b --world-size 64 --gpus-per-node 8 --device h100 \\
-        --link nvlink4,ib_ndr --global-batch 512 [--family ddp,fsdp2,fsdp1,tp] \\
+        --link nvlink4,ib_ndr --global-batch 512 [--family ddp,fsdp2,fsdp1,tp,pp] \\
         [--option precision=bf16] [--mfu 40 | --compute RUN] [--allowance-gib 2] [--out DIR]
 
 The pipeline, one stage a module, each handing the next a typed value: the request
 (``request.py``: the flags checked, a ``PlanRequest``), the space (``space.py``: the
 configurations), the calibration (``calibration.py``: the ``Target``, measured here where the
-plan is for this machine), the memory (``memory.py``: each configuration's tracked figures),
+plan is for this machine), the memory (``memory_stage.py``: each configuration's tracked figures),
 the time (``step_time.py``: each one's step), the ranking (``ranking.py``: plan.csv's rows),
 the outputs (``outputs.py``: plan.csv, plan.json, plan.html, the console) and, with
 ``--verify K``, the verification (``verification.py``). Bad input (an unknown model, device,
@@ -26,11 +26,11 @@ from datetime import UTC, datetime
 import bench.plan.one_thread  # noqa: F401 - first: one thread before torch loads
 from bench.plan import table
 from bench.plan.calibration import calibrate
-from bench.plan.memory import predict_memory
+from bench.plan.memory_stage import predict_memory
 from bench.plan.outputs import plan_json, write_plan, write_verification
 from bench.plan.ranking import ranked_rows
 from bench.plan.request import parse_request
-from bench.plan.space import enumerate_space
+from bench.plan.space import enumerate_space, why_empty
 from bench.plan.step_time import step_times
 from bench.runfolder.atomic import OutputError
 
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         request = parse_request(argv, DESCRIPTION)
         configs = enumerate_space(request)
         if not configs:
-            raise ValueError("no configuration of the space makes that global batch")
+            raise ValueError(why_empty(request))
         out = request.folder(datetime.now(UTC).strftime("%Y%m%d-%H%M%S"))
         out.mkdir(parents=True, exist_ok=True)
         target = calibrate(request, configs, out)

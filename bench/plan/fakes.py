@@ -5,7 +5,9 @@ fake process group does not, and torch's ``MemTracker`` as the planner reads it.
 Two shims let the native wrappers run on fake tensors, neither changing what is allocated:
 DistributedDataParallel checks its parameters' shapes across ranks by reading their data (one
 process here: nothing to check), and its all-reduce's future holds nothing under the fake
-process group (the bucket is reduced in place, so the bucket itself is the result).
+process group (the bucket is reduced in place, so the bucket itself is the result). A third
+lets the reference pipeline schedules run there (``fake_pipeline``), and a pipeline rank's
+stage, called once per micro-batch, is tracked as each call's own (``StageTracker``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ import torch.distributed as dist
 import torch.nn.parallel.distributed as ddp_module
 from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker
 from torch.testing._internal.distributed.fake_pg import FakeStore
+from torch.utils._pytree import tree_map_only
 
+from parallel_kernels import pipeline_schedule
 from parallel_kernels.facts import BACKEND_COPIES, op_name
 from parallel_kernels.groups import forget_groups
 
@@ -61,6 +65,40 @@ class PeakTracker(MemTracker):
                 self._peak_mem_snap[dev] = dict(snap)  # category -> bytes: ints to copy
 
 
+class StageTracker(PeakTracker):
+    """``PeakTracker`` for a pipeline rank, whose schedule calls its stage, a root module, once
+    per micro-batch in one step: torch's tracker takes a root's second forward for the next
+    iteration's and refuses it. Each call is tracked as a call of its own (the module's own
+    statistics, which the planner does not read, start again); what is live is counted as
+    ever. And a later stage's input is a leaf that requires its gradient (what the schedule
+    receives): torch's module tracker hangs a hook on each module's inputs whose closure holds
+    their gradient nodes, and through them the leaf's gradient accumulator, which holds the
+    leaf: a cycle through C++ that no collection frees, each received activation live in every
+    later step (no run holds it). The module tracker is shown the inputs detached (the same
+    storage), and closes each module's backward by the engine's callback at the end of
+    backward, as it does a first stage's, whose input needs no gradient."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        modules = self._mod_tracker
+        pre_hook = modules._fw_pre_hook
+
+        def seen_detached(module, inputs):
+            def detached(t: torch.Tensor) -> torch.Tensor:
+                return t.detach() if t.requires_grad else t
+
+            return pre_hook(module, tree_map_only(torch.Tensor, detached, inputs))
+
+        modules._fw_pre_hook = seen_detached  # what its __enter__ registers
+
+    def _pre_fw_hook(self, module, inputs) -> None:
+        name = self._mod_tracker.get_known_fqn(module)
+        again = module in self.memory_tracking and not self._mod_tracker.is_bw
+        if again and set(self._mod_tracker.parents) - {name} == {"Global"}:
+            del self.memory_tracking[module]
+        super()._pre_fw_hook(module, inputs)
+
+
 @contextlib.contextmanager
 def untracked_propagation(tracker: PeakTracker) -> Iterator[None]:
     """DTensor's sharding propagation kept out of ``tracker``'s count. The first time an op
@@ -90,12 +128,12 @@ def untracked_propagation(tracker: PeakTracker) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def fake_world(world_size: int) -> Iterator[None]:
-    """Torch's fake process group as the default group, this process its rank 0 of
+def fake_world(world_size: int, rank: int = 0) -> Iterator[None]:
+    """Torch's fake process group as the default group, this process its rank ``rank`` of
     ``world_size``: collectives return at once and move nothing."""
     if dist.is_initialized():
         raise RuntimeError("the planner needs a process without a process group")
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
     try:
         yield
     finally:
@@ -119,6 +157,68 @@ def fake_ddp() -> Iterator[None]:
     finally:
         ddp_module._verify_param_shape_across_processes = verify
         reducer._rebuild_buckets = rebuild
+
+
+class _Sent:
+    """A point-to-point operation's work under the fake pipeline: done."""
+
+    def wait(self, *args, **kwargs) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+
+@contextlib.contextmanager
+def fake_pipeline() -> Iterator[None]:
+    """The reference pipeline schedules as the fake process group can run them: without their
+    first agreement (every stage learns the others' micro-batch counts by reading an
+    all-reduced tensor back; a fake one has no value, and one process here has nothing to
+    disagree on), and with their sends and receives done at once: the fake group's
+    point-to-point works keep their tensors for ever, which a tracker would count in every
+    later step (gloo's are freed once waited for). The schedule's own tensors, its receive
+    buffers and the sends it keeps, are made and held as in a run."""
+    agree = getattr(pipeline_schedule, "_agree", None)
+    exchange = dist.batch_isend_irecv
+    dist.batch_isend_irecv = lambda ops: [_Sent() for _ in ops]
+    if agree is not None:  # else a schedule that agrees otherwise: left as it is
+        pipeline_schedule._agree = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        dist.batch_isend_irecv = exchange
+        if agree is not None:
+            pipeline_schedule._agree = agree
+
+
+@contextlib.contextmanager
+def action_marks(tracker: PeakTracker) -> Iterator[list[tuple[dict, dict]]]:
+    """The reference schedule's steps marked for ``tracker``: before its first action, after
+    each action and after its sends are waited for, (the peak since the last mark, what is
+    live now), MemTracker's snapshots, the peak started again from there. What a pipeline
+    rank's memory is composed from over any schedule (``pipeline_memory.StageMemory``)."""
+    run = pipeline_schedule._StageRun
+    act, finish = run.act, run.finish
+    marks: list[tuple[dict, dict]] = []
+
+    def mark() -> None:
+        marks.append((tracker.restart_peak(), tracker.get_tracker_snapshot()))
+
+    def marked_act(self, action) -> None:
+        if not marks:
+            mark()
+        act(self, action)
+        mark()
+
+    def marked_finish(self) -> None:
+        finish(self)
+        mark()
+
+    run.act, run.finish = marked_act, marked_finish
+    try:
+        yield marks
+    finally:
+        run.act, run.finish = act, finish
 
 
 # torch.distributed's calls that gather or scatter whole tensors, (output, input) first.

@@ -1,25 +1,30 @@
 """The planner's families: the ways a plan lays a model over its ranks, one row of facts each.
 
-A family is what ``--family`` names: ``ddp``, ``fsdp2``, ``fsdp1``, ``tp``. It is the
+A family is what ``--family`` names: ``ddp``, ``fsdp2``, ``fsdp1``, ``tp``, ``pp``. It is the
 planner's word, not ``bench/run.py``'s: each row maps onto ``bench/run.py``'s vocabulary, a
 strategy (a row of ``parallel_kernels/strategies.py``'s ``STRATEGIES``) and one of its
 implementations, so FSDP2 and FSDP1 are two families of the one strategy ``fsdp``. A row says
 which layouts of the family a plan weighs at a world size, which knob's sweep runs one
 (``space.Config.command``), what a rank's state is sharded over (``trackings.worlds``), what a
 CPU plan calibrates of its implementation's own work (``calibration.py``, ``step_time.py``),
-and whether its accumulating rows are tracked (``memory.py``). The rest of the planner asks
-these rows and the strategy's own row (its ``schedule``, its implementations' memory facts);
-docs/extending.md says what a new one needs.
+whether its accumulating rows are tracked (``memory.py``), how a replica's batch is split
+into micro-batches, and whether it cuts the model into pipeline stages (``pipelined``: its
+memory per stage, ``pipeline_memory.py``, and its step from the schedule's simulation,
+``pipeline_time.py``). The rest of the planner asks these rows and the strategy's own row (its
+``schedule``, its implementations' memory facts); docs/extending.md says what a new one needs.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 from parallel_kernels.fsdp_layout import shard_group_size
+from parallel_kernels.knobs import KNOBS
+from parallel_kernels.pipeline_theory import SCHEDULES as PP_SCHEDULES
 from parallel_kernels.workload import Workload
 
 BUCKETS_MB = (5.0, 25.0, 100.0)
@@ -30,8 +35,34 @@ SHARDINGS = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD")
 UNIT_COPIES = "copies per unit"  # FSDP's: its collectives' buffers copied, its hooks, per unit
 OP_DISPATCH = "dispatch per op"  # TP's: DTensor decides each op's sharding in Python
 
+MAX_ACCUM = 8  # the most micro-batches a row accumulates
+PP_MICROBATCHES = (1, 2, 4)  # a pipeline of d stages: d, 2d and 4d micro-batches a step
+
 # Layout = (label, knobs): a row's name in plan.csv and the knobs that lay it out.
 Layouts = Callable[[int, int, Workload], list[tuple[str, dict[str, Any]]]]
+# (global batch, replicas, a layout's knobs) -> each (micro-batch, knobs) that makes the batch:
+# the ``--batch-size`` of its command and the knobs that split a replica's batch
+Splits = Callable[[int, int, Mapping[str, Any]], list[tuple[int, dict[str, Any]]]]
+
+
+def _tp_ranks(knobs: Mapping[str, Any]) -> int:
+    """Ranks one data-parallel replica spans: its TP group (1 without one)."""
+    return int(knobs.get("tp_degree", 1))
+
+
+def accumulated(global_batch: int, replicas: int, knobs: Mapping) -> list[tuple[int, dict]]:
+    """(micro-batch, ``grad_accum``) with micro x accumulation x replicas = global batch,
+    accumulation a power of two up to ``MAX_ACCUM``."""
+    del knobs
+    if global_batch % replicas:
+        return []
+    per_replica = global_batch // replicas
+    pairs, accum = [], 1
+    while accum <= min(MAX_ACCUM, per_replica):
+        if per_replica % accum == 0:
+            pairs.append((per_replica // accum, {"grad_accum": accum}))
+        accum *= 2
+    return pairs
 
 
 @dataclass(frozen=True)
@@ -49,6 +80,15 @@ class Family:
     own_work: str = ""  # UNIT_COPIES, OP_DISPATCH, or "": none calibrated
     # why its accumulating rows are not tracked (each is its row's error); "": they are
     accumulation_untracked: str = ""
+    # (a layout's knobs) -> the ranks one data-parallel replica spans (TP's group, a pipeline)
+    replica_ranks: Callable[[Mapping[str, Any]], int] = _tp_ranks
+    splits: Splits = accumulated  # how a replica's batch is split (``Splits``)
+    # it cuts the model into pipeline stages, one a rank: its memory is tracked per stage
+    # (``pipeline_memory.py``) and its step simulated over the schedule (``pipeline_time.py``)
+    pipelined: bool = False
+    # (a row's knobs, its world size) -> plan.csv's columns of its own (a pipeline's degree,
+    # schedule, micro-batches, and why this checkout cannot run it, ``cannot_run``)
+    columns: Callable[[Mapping[str, Any], int], dict[str, Any]] = lambda knobs, world: {}
 
 
 def replicated(knobs: Mapping[str, Any], world: int) -> int:
@@ -106,6 +146,74 @@ def _tp_state_group(knobs: Mapping[str, Any], world: int) -> int | None:
     return None if knobs.get("dp_shard") else int(knobs["tp_degree"])
 
 
+def pipeline_blocks(wl: Workload) -> int:
+    """The blocks a pipeline cuts the model into stages by (its ``Workload.pipeline``), from
+    the model on the meta device; 0 for a model whose workload does not say where they are."""
+    return 0 if wl.pipeline is None else _blocks_of(wl.name)
+
+
+@functools.cache
+def _blocks_of(model: str) -> int:
+    import torch
+
+    from parallel_kernels.models import workload
+
+    wl = workload(model)
+    with torch.device("meta"):
+        return len(wl.pipeline.blocks(wl.build()))
+
+
+def _pp_layouts(world: int, gpus_per_node: int, wl: Workload) -> list[tuple[str, dict]]:
+    """Each pipeline degree d that divides the world, from 2 to the model's blocks, the rest of
+    the ranks data-parallel replicas of the pipeline, with each schedule the planner simulates
+    (``pipeline_theory.SCHEDULES``); none for a model that names no blocks to cut."""
+    del gpus_per_node
+    blocks = pipeline_blocks(wl)
+    out: list[tuple[str, dict]] = []
+    for degree in range(2, min(world, blocks) + 1):
+        if world % degree:
+            continue
+        for schedule in PP_SCHEDULES:
+            label = f"pp{degree} {schedule}" + (" x dp" if world > degree else "")
+            out.append((label, {"pp_degree": degree, "pp_schedule": schedule}))
+    return out
+
+
+def _pp_ranks(knobs: Mapping[str, Any]) -> int:
+    return int(knobs["pp_degree"])
+
+
+def _pp_splits(global_batch: int, replicas: int, knobs: Mapping) -> list[tuple[int, dict]]:
+    """A replica's whole batch a step (the command's ``--batch-size``), split by the schedule
+    into d, 2d or 4d micro-batches (``pp_microbatches``) where they divide it; no
+    accumulation beside (the pipeline accumulates over its own micro-batches)."""
+    degree = int(knobs["pp_degree"])
+    if global_batch % replicas:
+        return []
+    batch = global_batch // replicas
+    counts = [k * degree for k in PP_MICROBATCHES if batch % (k * degree) == 0]
+    return [(batch, {"grad_accum": 1, "pp_microbatches": m}) for m in counts]
+
+
+def _pp_columns(knobs: Mapping[str, Any], world: int) -> dict[str, Any]:
+    """A pipeline row's own columns; ``cannot_run`` says why ``bench/run.py`` here cannot run
+    it ("" where it can): a checkout whose ``pp`` strategy has no ``pp_degree`` knob runs one
+    pipeline over every rank."""
+    degree = int(knobs["pp_degree"])
+    why = ""
+    if "pp_degree" not in KNOBS and degree != world:
+        why = (
+            f"this checkout's pp runs one pipeline over every rank (no pp_degree knob): "
+            f"{degree} stages with replicas at {world} ranks cannot run"
+        )
+    return {
+        "pp_degree": degree,
+        "pp_schedule": knobs["pp_schedule"],
+        "pp_microbatches": int(knobs["pp_microbatches"]),
+        "cannot_run": why,
+    }
+
+
 # An accumulating step under DTensor's fake dispatch costs two micro-batches' steps, too slow
 # for a plan's time target, so those TP rows are not tracked; ``bench/run.py`` runs them
 # (MeshParallel.no_sync). The cost: docs/benchmarks.md, "Planning time".
@@ -145,6 +253,21 @@ FAMILIES: dict[str, Family] = {
             _tp_state_group,
             own_work=OP_DISPATCH,
             accumulation_untracked=TP_ACCUMULATION_UNTRACKED,
+        ),
+        # the reference implementation: its step can be tracked under fake tensors (torch's
+        # PipelineStage agrees shapes over the group at its first step, which a fake process
+        # group cannot answer), and every byte it sends is known
+        Family(
+            "pp",
+            "pp",
+            "reference",
+            "pp_schedule",
+            _pp_layouts,
+            replicated,
+            replica_ranks=_pp_ranks,
+            splits=_pp_splits,
+            pipelined=True,
+            columns=_pp_columns,
         ),
     )
 }

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import numbers
 import os
 import subprocess
 import sys
@@ -70,8 +71,10 @@ def outcome(done: subprocess.CompletedProcess) -> str:
 
 
 def describe(row) -> str:
-    """A plan row's configuration: layout, checkpointing, precision, micro-batch x accumulation."""
-    return (
-        f"{row['config']}, ckpt {row['activation_checkpointing']}, {row['precision']}, "
-        f"{row['micro_batch']} x {row['grad_accum']}"
-    )
+    """A plan row's configuration: layout, checkpointing, precision, micro-batch x accumulation
+    (a pipeline's: its batch in its micro-batches)."""
+    split = f"{row['micro_batch']} x {row['grad_accum']}"
+    m = row.get("pp_microbatches")
+    if isinstance(m, numbers.Real) and m == m:  # a pipeline row's (NaN on the others)
+        split = f"{row['micro_batch']} in {int(m)} micro-batches"
+    return f"{row['config']}, ckpt {row['activation_checkpointing']}, {row['precision']}, {split}"

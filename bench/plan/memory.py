@@ -144,12 +144,12 @@ def _refused(c: Config, point: PointRecord) -> str:
     return ""
 
 
-def _failure(e: Exception) -> Tracked:
+def failure(e: Exception) -> Tracked:
     line = " ".join(str(e).split()) or type(e).__name__
     return failed(f"{type(e).__name__}: {line[:300]}")
 
 
-def _plan_env(world_size: int, gpus_per_node: int) -> DistEnv:
+def plan_env(world_size: int, gpus_per_node: int) -> DistEnv:
     return DistEnv(
         rank=0,
         world_size=world_size,
@@ -162,7 +162,7 @@ def _plan_env(world_size: int, gpus_per_node: int) -> DistEnv:
     )
 
 
-def _inputs(point: PointRecord) -> list:
+def step_inputs(point: PointRecord) -> list:
     """One step's micro-batches, real (a few samples' ids or pixels, not weights): made
     outside the fake mode, which the data loader's sampler cannot run in."""
     accum = int(point.knobs["grad_accum"])
@@ -181,7 +181,7 @@ def _blocks_of(model: str) -> int:
     return 0 if blocks is None else len(blocks)
 
 
-def _meta_plain(model: str, blocks: int | None) -> torch.nn.Module | None:
+def meta_plain(model: str, blocks: int | None) -> torch.nn.Module | None:
     """The plain model (its first ``blocks`` blocks where given) on the meta device, built
     outside the fake mode and the tracker: building under fake tensors runs every initialiser
     of all the blocks through both, slowly (docs/benchmarks.md, "Planning time"), and the
@@ -194,7 +194,7 @@ def _meta_plain(model: str, blocks: int | None) -> torch.nn.Module | None:
     return twin
 
 
-def _plain(model: str, blocks: int | None, twin: torch.nn.Module | None) -> torch.nn.Module:
+def plain_model(model: str, blocks: int | None, twin: torch.nn.Module | None) -> torch.nn.Module:
     """Under the fake mode: ``twin`` given storage, or (no twin) the model built there."""
     if twin is not None:
         _give_storage(twin)
@@ -270,7 +270,7 @@ def track_phases(
             first = int(points[0].impl_facts.get("memory_blocks_from", 1))
             return _stepped(points, n, first, gpus_per_node, gpu)
         except Exception as e:  # noqa: BLE001 - any failure is these configurations' rows
-            return [_failure(e)] * len(points)
+            return [failure(e)] * len(points)
 
 
 def _stepped(
@@ -326,9 +326,9 @@ def _track(
     points: list[PointRecord], gpus_per_node: int, blocks: int | None, gpu: bool
 ) -> list[Tracked]:
     first = points[0]
-    inputs = [_inputs(p) for p in points]
-    twin = _meta_plain(first.model, blocks)
-    env = _plan_env(first.world_size, gpus_per_node)
+    inputs = [step_inputs(p) for p in points]
+    twin = meta_plain(first.model, blocks)
+    env = plan_env(first.world_size, gpus_per_node)
     tracker = PeakTracker()
     peaks = []
     foreach = True if gpu else None  # torch's default there; here, this CPU's
@@ -343,11 +343,11 @@ def _track(
         # The build is tracked: what a wrapper allocates as it wraps (DDP's buckets) lives
         # through every step, and the harness counts it too.
         with tracker:
-            plain = _plain(first.model, blocks, twin)
+            plain = plain_model(first.model, blocks, twin)
             recipe = Recipe(batches=iter(()), plain=plain, foreach=foreach)
             trainer = build_trainer(first, env, dist.group.WORLD, recipe)
             resolve_ddp_hooks(trainer.wrapped)
-        _optimiser_state(trainer)
+        optimiser_state(trainer)
         checkpointed = _checkpointed(first)
         for point, micro_batches in zip(points, inputs, strict=True):
             try:
@@ -355,9 +355,9 @@ def _track(
                     checkpointed = _checkpointed(point)
                     set_checkpointing(plain, checkpointed)
                 phase = dataclasses.replace(trainer, point=point, accum=len(micro_batches))
-                peaks.append(_peak_of_step(tracker, phase, micro_batches, here=not gpu))
+                peaks.append(peak_of_step(tracker, phase, micro_batches, here=not gpu))
             except Exception as e:  # noqa: BLE001 - this phase's row
-                peaks.append(_failure(e))
+                peaks.append(failure(e))
                 break
     out = []
     for point, peak in zip(points, peaks, strict=False):
@@ -389,14 +389,14 @@ def _rebuilt(
     try:
         return _track(points, gpus_per_node, blocks, gpu)
     except Exception as e:  # noqa: BLE001 - these phases' rows
-        return [_failure(e)] * len(points)
+        return [failure(e)] * len(points)
 
 
 def _checkpointed(point: PointRecord) -> bool:
     return point.knobs["activation_checkpointing"] == "on"
 
 
-def _peak_of_step(tracker: PeakTracker, trainer, micro_batches: list, *, here: bool) -> Tracked:
+def peak_of_step(tracker: PeakTracker, trainer, micro_batches: list, *, here: bool) -> Tracked:
     """One step of ``trainer`` over ``micro_batches``, tracked from what is live before it,
     its forward and backward and its optimiser step each a stage (``Tracked.stages``);
     ``here``: its kernels are this machine's, whose working buffers are measured
@@ -426,7 +426,7 @@ def _peak_of_step(tracker: PeakTracker, trainer, micro_batches: list, *, here: b
     return Tracked(peak, parts, 0.0, stages=tuple(stages))
 
 
-def _optimiser_state(trainer) -> None:
+def optimiser_state(trainer) -> None:
     """AdamW's state, made as its first step makes it, without a forward and backward (the
     measured step is one after the first): a step over zero gradients, which are then
     dropped as the step's ``zero_grad`` drops them."""
@@ -517,7 +517,7 @@ def _counted(of: Counting, micro_batch: int) -> Counted:
     wl = workload(of.model)
     data = wl.dataset(micro_batch, 0)
     x, y = next(iter(Batches(data, batch_size=micro_batch, rank=0, world_size=1, device=CPU)))
-    twin = _meta_plain(of.model, of.blocks)
+    twin = meta_plain(of.model, of.blocks)
     dtype = torch_dtype(of.precision)
     cast = (
         torch.autocast("cpu", dtype=dtype)
@@ -525,7 +525,7 @@ def _counted(of: Counting, micro_batch: int) -> Counted:
         else contextlib.nullcontext()
     )
     with FakeTensorMode(allow_non_fake_inputs=True):
-        plain = _plain(of.model, of.blocks, twin)
+        plain = plain_model(of.model, of.blocks, twin)
         if of.checkpointed:
             checkpoint_blocks(plain)
         opt = torch.optim.AdamW(plain.parameters(), foreach=of.foreach)

@@ -9,6 +9,7 @@ import math
 import pandas as pd
 
 from bench.plan.calibration import Target
+from bench.plan.families import FAMILIES
 from bench.plan.space import Config
 from bench.plan.step_time import StepTime
 from bench.plan.tracked import Tracked
@@ -61,6 +62,10 @@ def row(c: Config, t: Tracked, step: StepTime, target: Target) -> dict:
     out["mfu_pct"] = 100.0 * model_flops / step_s / (peak * 1e12) if step_s > 0 else math.nan
     out["compute_source"] = target.rates[precision].source
     out["command"] = c.command(gpus_per_node=target.topology.gpus_per_node)
+    # a family's columns of its own (a pipeline's degree, schedule and most loaded stage)
+    out.update(FAMILIES[c.family].columns(c.knobs, c.world_size))
+    if t.pipeline is not None:
+        out.update(t.pipeline.columns())
     return out
 
 

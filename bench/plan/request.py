@@ -105,7 +105,7 @@ def _what(p: argparse.ArgumentParser) -> None:
         "--family",
         "--strategy",
         dest="family",
-        help="comma list of ddp, fsdp2, fsdp1, tp (default all; --strategy: the same)",
+        help=f"comma list of {', '.join(FAMILIES)} (default all; --strategy: the same)",
     )
     p.add_argument(
         "--option",

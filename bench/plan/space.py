@@ -3,9 +3,11 @@ would run.
 
 For a model at a world size, each family's layouts (``families.py``: DDP at a few bucket sizes;
 FSDP2 and FSDP1 with each sharding strategy; tensor parallelism at each degree within a node,
-the rest of the ranks replicated or sharded), each with activation checkpointing off and on, in
-fp32 and bf16 (``request.OPTIONS``, as ``--option`` narrows them), and at each (micro-batch,
-accumulation) pair whose product over the replicas is the global batch. Every configuration
+the rest of the ranks replicated or sharded; pipelines of each degree and schedule, the rest
+replicas), each with activation checkpointing off and on, in fp32 and bf16
+(``request.OPTIONS``, as ``--option`` narrows them), and at each split of a replica's batch
+that makes the global batch (its family's ``splits``: a (micro-batch, accumulation) pair, or a
+pipeline's micro-batch count). Every configuration
 resolves to a ``PointRecord`` (``bench.runner.configure.resolve.resolve_point``, what
 ``bench/run.py`` resolves) and names the exact ``bench/run.py`` command that runs it.
 """
@@ -16,13 +18,13 @@ import shlex
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from bench.plan.families import FAMILIES
+from bench.plan.families import FAMILIES, accumulated
 from bench.plan.request import PlanRequest
 from bench.runfolder.points import PointRecord
 from bench.runner.configure.resolve import PointRequest, VisitSettings, resolve_point
+from parallel_kernels.knobs import KNOBS
 from parallel_kernels.models import workload
 
-MAX_ACCUM = 8
 # A checkpointed row of a model whose workload names no blocks to recompute: its build raises
 # (``parallel_kernels.checkpointing``), as ``bench/run.py``'s point of it fails (an error row).
 NO_CHECKPOINT_UNITS = (
@@ -48,7 +50,7 @@ class Config:
     """One configuration: its family and name, ``bench/run.py``'s strategy and implementation
     (its family's), the knobs it sets, its micro-batch, and the world size it runs at."""
 
-    family: str  # a row of families.FAMILIES: ddp, fsdp2, fsdp1, tp
+    family: str  # a row of families.FAMILIES: ddp, fsdp2, fsdp1, tp, pp
     label: str  # e.g. "fsdp2 HYBRID_SHARD/8", "tp4 x ddp"
     model: str
     strategy: str
@@ -70,6 +72,13 @@ class Config:
         """Ranks of the group inside a replica (a TP group; 1 without one)."""
         return int(self.knobs.get("tp_degree") or 1)
 
+    @property
+    def run_knobs(self) -> dict[str, Any]:
+        """The knobs ``bench/run.py`` takes: those of the plan's layout that this checkout's
+        knob table lacks are the plan's own words (a pipeline's ``pp_degree`` where the
+        strategy runs one pipeline over every rank: ``families.Family.columns``)."""
+        return {k: v for k, v in self.knobs.items() if k in KNOBS}
+
     def step_flops(self, micro_batch_flops: float) -> float:
         """A rank's FLOPs per step from one micro-batch's as counted: ``grad_accum`` of them,
         of which a rank computes 1/tp (the counter sees a TP group's ops whole, DTensor's global
@@ -87,7 +96,7 @@ class Config:
                 model=c.model,
                 strategy=c.strategy,
                 impl=c.impl,
-                knobs=dict(c.knobs),
+                knobs=c.run_knobs,
                 world_size=c.world_size,
                 per_visit=VisitSettings(batch_size=c.micro_batch),
             )
@@ -116,28 +125,20 @@ class Config:
             "--batch-size",
             str(self.micro_batch),
         ]
-        args += [f"--option={k}={_text(v)}" for k, v in self.knobs.items() if k != sweep]
+        args += [f"--option={k}={_text(v)}" for k, v in self.run_knobs.items() if k != sweep]
         return shlex.join(args)
 
 
 def micro_batches(global_batch: int, replicas: int) -> list[tuple[int, int]]:
     """(micro-batch, accumulation) pairs with micro x accumulation x replicas = global batch,
-    accumulation a power of two up to ``MAX_ACCUM``."""
-    if global_batch % replicas:
-        return []
-    per_replica = global_batch // replicas
-    pairs, accum = [], 1
-    while accum <= min(MAX_ACCUM, per_replica):
-        if per_replica % accum == 0:
-            pairs.append((per_replica // accum, accum))
-        accum *= 2
-    return pairs
+    accumulation a power of two up to ``families.MAX_ACCUM``."""
+    return [(m, k["grad_accum"]) for m, k in accumulated(global_batch, replicas, {})]
 
 
 def enumerate_space(request: PlanRequest) -> list[Config]:
     """Every configuration of the request's model at its world size that makes its global
     batch: each family's layouts, in the families' table order, by checkpointing, precision and
-    (micro-batch, accumulation)."""
+    split of a replica's batch (its family's ``splits``)."""
     world, options = request.world_size, request.options
     wl = workload(request.model)
     configs = []
@@ -145,15 +146,15 @@ def enumerate_space(request: PlanRequest) -> list[Config]:
         if family.name not in request.families:
             continue
         for label, layout in family.layouts(world, request.gpus_per_node, wl):
-            replicas = world // layout.get("tp_degree", 1)
+            replicas = world // family.replica_ranks(layout)
             for ckpt in options["activation_checkpointing"]:
                 for precision in options["precision"]:
-                    for micro, accum in micro_batches(request.global_batch, replicas):
+                    for micro, split in family.splits(request.global_batch, replicas, layout):
                         knobs = {
                             **layout,
                             "activation_checkpointing": ckpt,
                             "precision": precision,
-                            "grad_accum": accum,
+                            **split,
                         }
                         configs.append(
                             Config(
@@ -168,3 +169,18 @@ def enumerate_space(request: PlanRequest) -> list[Config]:
                             )
                         )
     return configs
+
+
+def why_empty(request: PlanRequest) -> str:
+    """Why the request's space holds no configuration, in one line: its families lay out none
+    of the model at its world size (a pipeline needs a workload that names its blocks), or no
+    layout splits its global batch."""
+    wl = workload(request.model)
+    asked = [FAMILIES[f] for f in request.families]
+    if not any(f.layouts(request.world_size, request.gpus_per_node, wl) for f in asked):
+        return (
+            f"{', '.join(request.families)} lay out no configuration of {request.model} at "
+            f"{request.world_size} ranks (tp needs the model's TP plan; pp a workload that names "
+            "two blocks or more, Workload.pipeline, and a degree that divides the world)"
+        )
+    return "no configuration of the space makes that global batch"

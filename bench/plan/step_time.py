@@ -29,7 +29,7 @@ third in forward and two in backward (``rates.tp_extra``).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from bench.model.compute import ComputeProfile
 from bench.model.predict import UNMODELLED_KNOBS, Unmodelled, case_of, simulate_case, simulator
@@ -37,6 +37,7 @@ from bench.plan.calibration import Target
 from bench.plan.families import FAMILIES, OP_DISPATCH, UNIT_COPIES
 from bench.plan.op_mix import COMPUTE, PHASES, OpMix
 from bench.plan.op_prices import Priced, Pricing, priced
+from bench.plan.pipeline_time import predict_pipeline
 from bench.plan.rates import Rate, optimiser_ms, param_bytes
 from bench.plan.space import Config
 from bench.plan.topology import Topology
@@ -56,6 +57,8 @@ class StepTime:
     # the computation's ops on the roofline, a step's (``op_prices.Priced``); None: not priced
     # op by op (an assumed MFU)
     ops: Priced | None = None
+    # columns of a family's own (a pipeline's bubble: ``pipeline_time.PipelineStep``)
+    extra: dict = field(default_factory=dict)
 
     def columns(self) -> dict:
         """plan.csv's columns of it: only ``time_error`` where it has no step. The predicted
@@ -76,19 +79,39 @@ class StepTime:
             "comm_ms": self.comm_ms,
             "exposed_comm_ms": self.exposed_comm_ms,
             "time_error": "",
+            **self.extra,
         }
 
 
 def step_times(configs: list[Config], figures: list[Tracked], target: Target) -> list[StepTime]:
     """Each configuration's step on the target, from its FLOPs as the memory stage counted
-    them (``figures``, in the configurations' order)."""
+    them (``figures``, in the configurations' order); a pipelined family's from its stages'
+    ops over its schedule (``pipeline_time.py``)."""
     out = []
     for c, t in zip(configs, figures, strict=True):
+        if FAMILIES[c.family].pipelined:
+            out.append(pipeline_step(c, t, target))
+            continue
         rate = target.rates[c.knobs["precision"]]
         flops = c.step_flops(t.flops)
         bandwidth = target.device.bandwidth_GBps
         out.append(predict_step(c, flops, rate, bandwidth, target.topology, t.ops))
     return out
+
+
+def pipeline_step(c: Config, t: Tracked, target: Target) -> StepTime:
+    """A pipeline row's step (``pipeline_time.predict_pipeline``), or why it has none."""
+    if t.pipeline is None:
+        return StepTime(error="no stage costs (the tracked step failed)")
+    got = predict_pipeline(c, t.pipeline, target)
+    return StepTime(
+        got.step_ms,
+        got.compute_ms,
+        got.comm_ms,
+        got.exposed_comm_ms,
+        ops=got.ops,
+        extra=got.columns,
+    )
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,9 @@ class Tracked:
     stages: tuple[tuple[float, dict[str, float]], ...] = ()
     # one micro-batch's ops and the optimiser's step (``op_mix.py``), combined as ``flops``
     ops: OpMix | None = None
+    # a pipeline row's stages, what its time is simulated from (``pipeline_memory.PipelineCosts``);
+    # None for the others, and through the arithmetic below
+    pipeline: object | None = None
 
     def plus(self, other: Tracked, times: float) -> Tracked:
         """``self + times * other``, part by part and stage by stage (an extrapolation's

@@ -44,6 +44,9 @@ DISTINGUISHING = (
     "precision",
     "micro_batch",
     "grad_accum",
+    "pp_degree",
+    "pp_schedule",
+    "pp_microbatches",
     "step_ms",
     "peak_mem_gib",
 )
@@ -54,8 +57,11 @@ def picks(rows: pd.DataFrame, k: int) -> pd.DataFrame:
     predicts (``DISTINGUISHING``: of rows alike, the first is verified for them all, or DDP at
     its defaults where it is one of them), and DDP at its defaults (25 MB buckets, fp32, no
     checkpointing, no accumulation) where it is not among them: the calibration's own point,
-    whose two launches give their drift (``launch_drift``)."""
+    whose two launches give their drift (``launch_drift``). A row this checkout cannot run
+    (its ``cannot_run``) is not verified."""
     ok = rows[rows["fits"] & rows["step_ms"].notna()]
+    if "cannot_run" in ok:
+        ok = ok[ok["cannot_run"].fillna("").astype(str).eq("")]
     default = ok[
         (ok["config"] == DEFAULT_DDP["config"])
         & (ok["precision"] == DEFAULT_DDP["precision"])
@@ -118,6 +124,12 @@ def _measured(out: Path, n: int, failure: str) -> list[dict]:
                 "measured_step_ms_ci_low": num(r, "step_ms_ci_low"),
                 "measured_step_ms_ci_high": num(r, "step_ms_ci_high"),
                 "measured_peak_mib": num(r, "peak_mem_mb"),
+                # a pipeline's, each rank's (its stage's), where the run measured them
+                **(
+                    {"measured_stage_peaks_mib": r["pp_peak_mem_by_rank_mb"]}
+                    if r.get("pp_peak_mem_by_rank_mb", "") != ""
+                    else {}
+                ),
                 "stop": r.get("stop", ""),
                 "run_dir": str(out),
             }
@@ -148,6 +160,7 @@ def verify(
                 "grad_accum": row["grad_accum"],
                 "predicted_step_ms": row["step_ms"],
                 "predicted_peak_mib": 1024 * row["peak_mem_gib"],
+                **_stage_peaks(row),
                 **got,
                 "command": row["command"],
             }
@@ -164,6 +177,12 @@ def verify(
             drift["calibration_error_pct"] = 100 * (ms / drift["launch_drift_ms"][0] - 1)
     got.update(drift)
     return df, got
+
+
+def _stage_peaks(row: pd.Series) -> dict:
+    """A pipeline row's tracked stages' peaks ("0:9.7;1:12.4", MiB), beside the measured."""
+    peaks = row.get("stage_peaks_mib")
+    return {"predicted_stage_peaks_mib": peaks} if isinstance(peaks, str) and peaks else {}
 
 
 def launch_drift(calibration: Path, verification: Path) -> dict:

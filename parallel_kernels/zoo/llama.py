@@ -101,4 +101,25 @@ def one_b() -> Workload:
     )
 
 
-ZOO["llama"] = sized("llama", {"tiny": tiny, "1b": one_b})
+def seventy_b() -> Workload:
+    # Llama 2 70B's published config (meta-llama/Llama-2-70b-hf's config.json: hidden 8192, 80
+    # layers, 64 heads, 8 key/value heads, MLP 28672, vocabulary 32000, RMSNorm epsilon 1e-5,
+    # context 4096, LM head untied): 68,976,648,192 parameters. For planning (the planner builds
+    # it on the meta device and steps it under fake tensors): a run here would allocate them.
+    return _llama(
+        "70b",
+        "Llama 2 70B, for planning only (python -m bench.plan): 80 layers, dim 8192, "
+        "64 heads (8 key/value), MLP 28672, vocab 32000, seq 4096",
+        seq=4096,
+        vocab_size=32000,
+        hidden_size=8192,
+        intermediate_size=28672,
+        num_hidden_layers=80,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        tie_word_embeddings=False,
+        rms_norm_eps=1e-5,
+    )
+
+
+ZOO["llama"] = sized("llama", {"tiny": tiny, "1b": one_b, "70b": seventy_b})

@@ -1,0 +1,148 @@
+"""The time stage of a pipelined family (``families.Family.pipelined``: ``pp``): a row's step
+simulated over its schedule (``bench.model.pipeline_sim``).
+
+Each stage's forward and backward of one micro-batch are its ops priced on the target's
+roofline (``op_prices.py``; without one, their FLOPs at the rate), as the other families'
+computation is (``step_time.priced_profile``): checkpointing's measured factor on both, and the
+calibrated cost of a micro-batch beyond its ops shared among the stages by their ops. A
+stage's output goes to the next over the link between their ranks (a pipeline's ranks are
+consecutive, ``parallel_kernels.pipeline.pipe_dims``: inside a node, but where a hop crosses
+a node's edge), priced as one step of a two-rank ring. After the schedule, as the
+implementation steps (``parallel_kernels/pipeline.py``): the tied weights' gradients summed
+over the pipeline, each stage's gradients averaged over its replicas (one flat all-reduce, on
+the link the world spans, not overlapped), the loss broadcast, then each rank's optimiser step
+over its stage: the step ends with the slowest.
+
+The row's computation and waterfall are the busiest stage's; its bubble (``bubble_pct``) the
+mean share of the schedule's span the stages idle, beside the theory's (p - 1) / (m + p - 1)
+(``bubble_theory_pct``), which holds for equal stages over free links.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from bench.model.pipeline_sim import StageCost, StagedPipeline, simulate_pipeline
+from bench.plan.calibration import Target
+from bench.plan.op_mix import COMPUTE, PHASES, OpMix
+from bench.plan.op_prices import Priced, priced
+from bench.plan.pipeline_memory import PipelineCosts
+from bench.plan.rates import optimiser_ms
+from bench.plan.space import Config
+from bench.plan.topology import Topology
+from parallel_kernels.pipeline_theory import Pipeline, bubble_fraction, p2p_bytes_per_step
+
+LOSS_BYTES = 4  # the loss every rank is sent (one fp32 scalar)
+
+
+@dataclass(frozen=True)
+class PipelineStep:
+    """A pipeline row's step: what ``step_time.StepTime`` holds, and its own columns."""
+
+    step_ms: float
+    compute_ms: float
+    comm_ms: float
+    exposed_comm_ms: float
+    ops: Priced | None
+    columns: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StagePriced:
+    """One stage's micro-batch forward and backward and its optimiser step, ms, and its ops
+    (a step's, priced; None where priced by FLOPs)."""
+
+    forward_ms: float
+    backward_ms: float
+    optimiser_ms: float
+    ops: Priced | None
+
+
+def price_stage(
+    ops: OpMix, grad_bytes: float, share: float, c: Config, target: Target
+) -> StagePriced:
+    """A stage's costs from its ops: on the roofline where the rate has one, else their FLOPs
+    at the rate and AdamW's traffic over the stage's state (its gradients' bytes, 4 times);
+    ``share``, its part of the model's ops, takes that part of the calibrated cost of a
+    micro-batch beyond them."""
+    rate = target.rates[c.knobs["precision"]]
+    factor = rate.ckpt_factor if c.checkpointed else 1.0
+    if rate.pricing is not None:
+        fwd, bwd, opt = (priced(ops.of((p,)), rate.pricing) for p in PHASES)
+        step = opt.plus(fwd.plus(bwd), int(c.knobs["pp_microbatches"]))
+        f, b, o = fwd.total_ms, bwd.total_ms, opt.total_ms
+    else:
+        f, b = (1e3 * ops.of((p,)).flops() / (rate.tflops * 1e12) for p in COMPUTE)
+        o, step = optimiser_ms(4 * grad_bytes, target.device.bandwidth_GBps), None
+    micro = share * rate.micro_ms
+    return StagePriced(f * factor + micro / 3, b * factor + 2 * micro / 3, o, step)
+
+
+def _p2p_ms(topo: Topology, nbytes: float, crosses: bool) -> float:
+    """A send of ``nbytes`` between two ranks: one step of a two-rank ring, what a two-rank
+    all-gather of twice the bytes costs (the one collective every cost model here prices)."""
+    link = topo.inter if crosses else topo.intra
+    return 1e3 * link.time("all_gather", 2 * nbytes, 2)
+
+
+def _all_reduce_ms(link, nbytes: float, ranks: int) -> float:
+    return 1e3 * link.time("all_reduce", nbytes, ranks) if nbytes > 0 and ranks > 1 else 0.0
+
+
+def sends_ms(c: Config, costs: PipelineCosts, topo: Topology) -> tuple[float, ...]:
+    """Each hop's send of a micro-batch's activation: inside a node, but where the pipeline's
+    consecutive ranks cross a node's edge."""
+    degree, per_node = int(c.knobs["pp_degree"]), topo.gpus_per_node
+    crosses = [degree > per_node and (s + 1) % per_node == 0 for s in range(degree - 1)]
+    return tuple(_p2p_ms(topo, b, x) for b, x in zip(costs.sends, crosses, strict=True))
+
+
+def after_schedule_ms(c: Config, costs: PipelineCosts, topo: Topology) -> float:
+    """What follows the schedule before the optimiser: the tied weights' gradients summed over
+    the pipeline, each stage's averaged over its replicas (on the link the world spans), the
+    loss broadcast (priced as a scalar's all-reduce)."""
+    degree = int(c.knobs["pp_degree"])
+    replicas = c.world_size // degree
+    pipe, world = topo.of_world(degree), topo.of_world(c.world_size)
+    return (
+        _all_reduce_ms(pipe, costs.shared_bytes, degree)
+        + max(_all_reduce_ms(world, g, replicas) for g in costs.grad_bytes)
+        + _all_reduce_ms(pipe, LOSS_BYTES, degree)
+    )
+
+
+def _sent(c: Config, costs: PipelineCosts) -> int:
+    """The most bytes a rank sends in a step (``pipeline_theory.p2p_bytes_per_step``)."""
+    degree, m = int(c.knobs["pp_degree"]), int(c.knobs["pp_microbatches"])
+    edges = [0, *map(int, costs.sends), 0]
+    pipe = Pipeline(degree, m)
+    return max(p2p_bytes_per_step(pipe, s, edges[s], edges[s + 1]) for s in range(degree))
+
+
+def predict_pipeline(c: Config, costs: PipelineCosts, target: Target) -> PipelineStep:
+    """``c``'s step on ``target``: its schedule simulated over its stages' costs, then the
+    collectives and the optimiser steps after it."""
+    degree, m = int(c.knobs["pp_degree"]), int(c.knobs["pp_microbatches"])
+    total = sum(o.of(COMPUTE).ops() for o in costs.ops) or 1.0
+    stages = [
+        price_stage(o, g, o.of(COMPUTE).ops() / total, c, target)
+        for o, g in zip(costs.ops, costs.grad_bytes, strict=True)
+    ]
+    sends = sends_ms(c, costs, target.topology)
+    each = tuple(StageCost(s.forward_ms, s.backward_ms) for s in stages)
+    timeline = simulate_pipeline(StagedPipeline(c.knobs["pp_schedule"], m, each, sends))
+    after = after_schedule_ms(c, costs, target.topology)
+    busiest = max(stages, key=lambda s: s.forward_ms + s.backward_ms)
+    pipe = Pipeline(degree, m)
+    return PipelineStep(
+        step_ms=timeline.makespan_ms + after + max(s.optimiser_ms for s in stages),
+        compute_ms=m * (busiest.forward_ms + busiest.backward_ms) + busiest.optimiser_ms,
+        comm_ms=after + m * sum(sends),
+        exposed_comm_ms=after,
+        ops=busiest.ops,
+        columns={
+            "bubble_pct": 100 * timeline.mean_bubble(),
+            "bubble_theory_pct": 100 * bubble_fraction(pipe),
+            "p2p_bytes_per_step": _sent(c, costs),
+        },
+    )

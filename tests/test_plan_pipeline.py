@@ -1,0 +1,179 @@
+"""The planner's pipeline rows (the ``pp`` family): the schedule's simulation against the theory,
+the space of degrees, schedules and micro-batch counts with commands ``bench/run.py`` resolves,
+each rank's memory extrapolated from proxies against the rank tracked in full, and a plan of
+them on this machine, ranked with their memory and bubble columns filled. No launch: the
+figures measured against runs are in docs/benchmarks.md."""
+
+from __future__ import annotations
+
+import functools
+import shlex
+
+import pandas as pd
+import pytest
+
+from bench.model.pipeline_sim import StageCost, StagedPipeline, simulate_pipeline
+from bench.plan import __main__ as plan_cli
+from bench.plan import pipeline_memory
+from bench.plan.families import FAMILIES
+from bench.plan.request import OPTIONS, PlanRequest
+from bench.plan.space import Config, enumerate_space
+from bench.runner.cli import resolve
+from bench.runner.configure.flags import parse_config
+from parallel_kernels.models import TRANSFORMER_CUT, Block, Transformer, workload
+from parallel_kernels.pipeline_theory import Pipeline, bubble_fraction
+from parallel_kernels.workload import Workload
+
+# a transformer of eight small blocks: enough to cut into 8 stages, or 2 of four blocks
+DEEP = "tests/test_plan_pipeline.py:deep"
+
+
+def deep() -> Workload:
+    tiny = workload("transformer")
+    return Workload(
+        name="deep",
+        build=functools.partial(Transformer, vocab=64, dim=32, heads=2, layers=8, seq=8),
+        batch=_tokens,
+        loss=tiny.loss,
+        tokens_per_sample=8,
+        fsdp_units=(Block,),
+        pipeline=TRANSFORMER_CUT,
+    )
+
+
+def _tokens(n: int, seed: int):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, 64, (n, 9), generator=g)
+    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+
+def _run(schedule, m, costs, sends=None):
+    p = len(costs)
+    stages = tuple(StageCost(f, b) for f, b in costs)
+    return simulate_pipeline(StagedPipeline(schedule, m, stages, sends or (0.0,) * (p - 1)))
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_equal_stages_over_free_links_idle_the_theorys_bubble_exactly(schedule):
+    for p, m in ((2, 2), (2, 8), (3, 5), (4, 4), (8, 16)):
+        for f, b in ((1.0, 1.0), (1.0, 2.0), (0.3, 0.7)):
+            t = _run(schedule, m, [(f, b)] * p)
+            theory = bubble_fraction(Pipeline(p, m))
+            for s in range(p):
+                assert t.bubble(s) == pytest.approx(theory, abs=1e-12), (p, m, f, b, s)
+            assert t.makespan_ms == pytest.approx((m + p - 1) * (f + b))
+
+
+@pytest.mark.unit
+def test_1f1b_holds_p_minus_s_in_flight_where_gpipe_holds_every_micro_batch():
+    p, m = 4, 8
+    one = _run("1f1b", m, [(1.0, 2.0)] * p)
+    gpipe = _run("gpipe", m, [(1.0, 2.0)] * p)
+    assert [one.most_in_flight(s) for s in range(p)] == [4, 3, 2, 1]
+    assert [gpipe.most_in_flight(s) for s in range(p)] == [m] * p
+    # fewer micro-batches than stages: 1F1B's first stage holds them all
+    assert _run("1f1b", 2, [(1.0, 2.0)] * p).most_in_flight(0) == 2
+
+
+@pytest.mark.unit
+def test_a_slow_stage_and_slow_links_idle_more_than_the_theory_says():
+    theory = bubble_fraction(Pipeline(3, 6))
+    slow = _run("1f1b", 6, [(1.0, 2.0), (2.0, 4.0), (1.0, 2.0)])
+    assert slow.mean_bubble() > theory + 0.05
+    assert slow.bubble(1) < theory < slow.bubble(0)  # the slow stage sets the pace, the rest wait
+    sent = _run("1f1b", 6, [(1.0, 2.0)] * 3, sends=(0.5, 0.5))
+    assert sent.makespan_ms > _run("1f1b", 6, [(1.0, 2.0)] * 3).makespan_ms
+
+
+def _space(model, world, batch, options=None):
+    request = PlanRequest(
+        model=model,
+        world_size=world,
+        global_batch=batch,
+        gpus_per_node=8,
+        families=("pp",),
+        options={**OPTIONS, **(options or {})},
+    )
+    return enumerate_space(request)
+
+
+@pytest.mark.unit
+def test_the_space_cuts_models_that_name_their_blocks_and_its_commands_resolve():
+    configs = _space(DEEP, 16, 64, {"precision": ("fp32",), "activation_checkpointing": ("off",)})
+    degrees = {c.knobs["pp_degree"] for c in configs}
+    assert degrees == {2, 4, 8}  # divide the world, at most the model's 8 blocks
+    assert {c.knobs["pp_schedule"] for c in configs} == {"gpipe", "1f1b"}
+    for c in configs:
+        d, m = c.knobs["pp_degree"], c.knobs["pp_microbatches"]
+        assert m in (d, 2 * d, 4 * d) and c.micro_batch % m == 0
+        assert c.micro_batch * (16 // d) == 64 and c.knobs["grad_accum"] == 1
+    assert not _space("resnet:tiny", 4, 8)  # names no blocks to cut
+    assert {c.knobs["pp_degree"] for c in _space("llama:tiny", 8, 16)} == {2}  # 2 blocks
+    for c in [c for c in configs if c.knobs["pp_microbatches"] == 2 * c.knobs["pp_degree"]]:
+        args = shlex.split(c.command())
+        (point,) = resolve(parse_config(args[args.index("bench/run.py") + 1 :]), 16).points
+        assert (point.strategy, point.impl) == ("pp", FAMILIES["pp"].impl)
+        assert (
+            point.batch_per_replica == c.micro_batch and point.dp_size == 16 // c.knobs["pp_degree"]
+        )
+        for knob in ("pp_degree", "pp_schedule", "pp_microbatches"):
+            assert point.knobs[knob] == c.knobs[knob]
+
+
+@pytest.mark.unit
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "degree,schedule,m,ckpt",
+    [(2, "gpipe", 4, "off"), (8, "1f1b", 8, "on")],
+    ids=["2 stages of 4 blocks", "8 stages, checkpointed"],
+)
+def test_a_ranks_memory_composed_over_its_order_is_the_rank_tracked_over_it(
+    degree, schedule, m, ckpt
+):
+    """Each tracked rank composed from one step of two micro-batches of a proxy (of 3 stages
+    at most, of one and two blocks a stage) against the rank tracked over its own schedule at
+    its own degree (4 blocks a stage: extrapolated; 8 stages: 1F1B's in-flight counts)."""
+    knobs = {"pp_degree": degree, "pp_schedule": schedule, "pp_microbatches": m}
+    knobs |= {"activation_checkpointing": ckpt, "precision": "fp32", "grad_accum": 1}
+    c = Config("pp", "pp", DEEP, "pp", FAMILIES["pp"].impl, knobs, 2 * m, degree)
+    got = {}
+    for js in pipeline_memory.jobs_of(c).values():
+        for j in js:
+            (got[pipeline_memory._key(j)],) = pipeline_memory.track_stage_build((j,), 8, False)
+    pipe = Pipeline(degree, m)
+    for role in pipeline_memory.roles(degree):
+        stage = pipeline_memory.stage_index(role, degree)
+        mem = pipeline_memory.role_memory(c, role, got)
+        composed = pipeline_memory.compose(mem, schedule, pipe, stage)
+        tracked = pipeline_memory.track_over_order(c, role)
+        assert not tracked.error, tracked.error
+        assert composed.peak_mib == pytest.approx(tracked.peak_mib, rel=0.01), role
+
+
+@pytest.mark.unit
+@pytest.mark.timeout(180)
+def test_a_plan_of_pipelines_ranks_them_with_their_stage_memory_and_bubble(tmp_path):
+    out = tmp_path / "plan"
+    argv = ["--model", "llama:tiny", "--world-size", "2", "--device", "cpu"]
+    argv += ["--global-batch", "8", "--family", "pp", "--no-calibration-launch"]
+    argv += ["--link", "nvlink4", "--option", "precision=fp32"]
+    argv += ["--option", "activation_checkpointing=off", "--workers", "1", "--out", str(out)]
+    assert plan_cli.main(argv) == 0
+    rows = pd.read_csv(out / "plan.csv", keep_default_na=False)
+    # 2 stages, gpipe and 1f1b, 2, 4 and 8 micro-batches of the batch of 8
+    assert len(rows) == 6 and set(rows["family"]) == {"pp"}
+    assert list(rows["rank"]) == list(range(1, 7))
+    assert rows["step_ms"].astype(float).is_monotonic_increasing
+    for _, r in rows.iterrows():
+        assert r["error"] == "" and r["time_error"] == "" and r["cannot_run"] == ""
+        assert float(r["peak_mem_gib"]) > 0 and int(r["peak_stage"]) in (0, 1)
+        theory = 100 / (int(r["pp_microbatches"]) + 1)
+        assert float(r["bubble_theory_pct"]) == pytest.approx(theory)
+        assert 0 < float(r["bubble_pct"]) < 100 and float(r["p2p_bytes_per_step"]) > 0
+    gpipe = rows[(rows["pp_schedule"] == "gpipe") & (rows["pp_microbatches"] == 8)]
+    one = rows[(rows["pp_schedule"] == "1f1b") & (rows["pp_microbatches"] == 8)]
+    # GPipe holds all 8 micro-batches' activations on a stage, 1F1B at most 2
+    assert float(gpipe["peak_mem_gib"].iloc[0]) > float(one["peak_mem_gib"].iloc[0])
