@@ -502,6 +502,7 @@ def test_rows_rank_by_step_among_those_that_fit_and_fsdp1_takes_fsdp2s_figure_wh
         (["--option", "precision=fp64"], "is not among fp32, bf16"),
         (["--verify", "3"], "--verify K runs the plan's best here"),
         (["--mfu", "140"], "--mfu 140"),
+        (["--launch-seconds", "0"], "--launch-seconds must be more than 0"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2_before_any_work(argv, says, capsys, tmp_path):
@@ -613,7 +614,8 @@ def verified(tmp_path_factory):
     out = tmp_path_factory.mktemp("verified") / "plan"
     argv = ["--model", "llama:tiny", "--world-size", "2", "--gpus-per-node", "2", "--device",
             "cpu", "--global-batch", "8", "--family", "ddp,fsdp2,tp", "--option",
-            "precision=fp32", "--verify", "2", "--workers", "1", "--out", str(out)]  # fmt: skip
+            "precision=fp32", "--verify", "2", "--workers", "1", "--launch-seconds", "2",
+            "--out", str(out)]  # fmt: skip
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         code = plan_cli.main(argv)

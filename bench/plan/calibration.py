@@ -27,7 +27,7 @@ from bench.model.errors import FitError
 from bench.model.predict import overlap_share
 from bench.plan.devices import Device
 from bench.plan.families import FAMILIES, OP_DISPATCH, UNIT_COPIES
-from bench.plan.launch import launch_points, run_bench
+from bench.plan.launch import launch_points, run_bench, timing
 from bench.plan.rates import (
     CKPT,
     FSDP,
@@ -67,9 +67,9 @@ DEFAULT_MFU_PCT = 40.0  # what a tuned dense training step reaches on recent GPU
 FSDP_CALIBRATED = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD")  # HYBRID_SHARD needs 4 ranks
 CALIBRATION_GROUP = "plan calibration"
 CALIBRATION = Path("calibration") / "training"  # a plan's folder: the launch's run folder
-# A point's seconds of interleaved cycles, and three traced steps: its computation is the
-# analyser's, which one step leaves noisy.
-BUDGET = ["--max-point-s", "4", "--rounds", "1", "--warmup-steps", "3", "--profile-steps", "3"]
+# A point's seconds of interleaved cycles (``--launch-seconds`` sets another), and three
+# traced steps: its computation is the analyser's, which one step leaves noisy.
+POINT_SECONDS = 4.0
 
 
 @dataclass(frozen=True)
@@ -104,6 +104,7 @@ class LaunchPlan:
     ckpt: bool = False
     fsdp: tuple[str, ...] = ()
     tp: tuple[str, ...] = ()
+    seconds: float = POINT_SECONDS  # each point's seconds of interleaved cycles
 
     def describe(self) -> str:
         what = (
@@ -137,6 +138,7 @@ def launch_plan(request: PlanRequest, configs: list[Config]) -> LaunchPlan:
         ckpt=names_checkpoint_units(request.model) and any(c.checkpointed for c in configs),
         fsdp=impls(UNIT_COPIES),
         tp=impls(OP_DISPATCH) if ranks > 1 else (),
+        seconds=request.launch_seconds or POINT_SECONDS,
     )
 
 
@@ -363,7 +365,8 @@ def calibration_launch(launch: LaunchPlan, out: Path, timeout_s: float = 600) ->
     ranks with their ``ranks * per_replica`` samples (``TP``: a rank's FLOPs are DDP's). The
     folder ``out``, or the ValueError that says why the launch failed (one line)."""
     model, per_replica, precisions = launch.model, launch.per_replica, launch.precisions
-    ddp = ["--model", model, "--impl", "native", *BUDGET]
+    timed = timing(launch.seconds, traced=3)
+    ddp = ["--model", model, "--impl", "native", *timed]
     each = ["--sweep", "precision", "--values", ",".join(precisions), *ddp]
     named = [(ONE, model, [*each, "--batch-size", str(per_replica)])]
     splits = [a for a in (4, 2) if per_replica % a == 0]
@@ -377,11 +380,11 @@ def calibration_launch(launch: LaunchPlan, out: Path, timeout_s: float = 600) ->
         named.append((CKPT, f"{model}'s checkpointing", ckpt))
     if launch.fsdp:
         fsdp = ["--sweep", "sharding_strategy", "--values", ",".join(FSDP_CALIBRATED)]
-        fsdp += ["--model", model, "--impl", ",".join(launch.fsdp), *BUDGET, *at_first]
+        fsdp += ["--model", model, "--impl", ",".join(launch.fsdp), *timed, *at_first]
         named.append((FSDP, f"{model}'s FSDP", fsdp))
     if launch.tp:
         tp = ["--sweep", "tp_degree", "--values", str(launch.ranks), "--model", model]
-        tp += ["--impl", ",".join(launch.tp), *BUDGET]
+        tp += ["--impl", ",".join(launch.tp), *timed]
         tp += ["--batch-size", str(per_replica * launch.ranks), "--option", at_first[-1]]
         named.append((TP, f"{model}'s TP", tp))
     failure = launch_points(named, launch.ranks, out, CALIBRATION_GROUP, timeout_s)

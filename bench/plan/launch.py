@@ -18,6 +18,21 @@ from bench.runner.configure.flags import parse_config
 RUN_PY = Path(__file__).resolve().parents[2] / "bench" / "run.py"
 
 
+def timing(seconds: float, traced: int) -> list[str]:
+    """A launched point's timing: ``seconds`` of interleaved cycles in one round, after three
+    warm-up steps, then ``traced`` profiled steps."""
+    return [
+        "--max-point-s",
+        f"{seconds:g}",
+        "--rounds",
+        "1",
+        "--warmup-steps",
+        "3",
+        "--profile-steps",
+        str(traced),
+    ]
+
+
 def run_bench(args: list[str], timeout_s: float) -> str:
     """``bench/run.py args`` here: "" when it exits 0, else its output's last line (what a
     one-line error says). A run past ``timeout_s`` raises ``subprocess.TimeoutExpired``."""

@@ -44,6 +44,7 @@ class PlanRequest:
     compute: tuple[Path, ...] = ()  # runs the computation's rate is fitted to
     device_profile: Roofline | None = None  # --device-profile FILE: the target's roofline
     calibration_launch: bool = True  # a CPU plan calibrates its roofline by a launch here
+    launch_seconds: float | None = None  # a launched point's cycles; None: each launch's own
     allowance_gib: float | None = None  # None: the device's default
     tie_pct: float = 15.0
     verify: int = 0
@@ -142,6 +143,13 @@ def _how(p: argparse.ArgumentParser) -> None:
         "--no-calibration-launch prices the ops on the profile as it is",
     )
     p.add_argument(
+        "--launch-seconds",
+        type=float,
+        metavar="S",
+        help="seconds each point of the plan's own launches (the calibration, --verify) is "
+        "timed in interleaved cycles (default 4 and 6): fewer are quicker and noisier",
+    )
+    p.add_argument(
         "--allowance-gib",
         type=float,
         help="memory per rank the allocator does not see (default 2 on GPUs, 0 on cpu)",
@@ -194,6 +202,8 @@ def parse_request(argv: list[str] | None, description: str = "") -> PlanRequest:
         args.allowance_gib >= 0 and math.isfinite(args.allowance_gib)
     ):
         raise ValueError("--allowance-gib must be 0 or more")
+    if args.launch_seconds is not None and not args.launch_seconds > 0:
+        raise ValueError("--launch-seconds must be more than 0")
     return PlanRequest(
         model=args.model,
         world_size=args.world_size,
@@ -208,6 +218,7 @@ def parse_request(argv: list[str] | None, description: str = "") -> PlanRequest:
         compute=tuple(args.compute or ()),
         device_profile=_device_profile(args.device_profile, options.get("precision")),
         calibration_launch=args.calibration_launch,
+        launch_seconds=args.launch_seconds,
         allowance_gib=args.allowance_gib,
         tie_pct=args.tie_pct,
         verify=args.verify,

@@ -19,7 +19,7 @@ import pandas as pd
 from scipy import stats
 
 from bench.plan.calibration import CALIBRATION
-from bench.plan.launch import describe, launch_points, role
+from bench.plan.launch import describe, launch_points, role, timing
 from bench.plan.request import PlanRequest
 from bench.runfolder.points import RunFolderError, read_points
 from bench.runfolder.schema import read_results, read_samples
@@ -29,7 +29,7 @@ DEFAULT_DDP = {"config": "ddp bucket 25 MB", "precision": "fp32", "activation_ch
 # The verification's configurations are one verdict's candidates (``racing.py``).
 VERDICT_GROUP = "plan verification"
 # Each verified configuration's timing budget: its seconds of interleaved cycles.
-BUDGET = ["--max-point-s", "6", "--rounds", "1", "--warmup-steps", "3", "--profile-steps", "1"]
+POINT_SECONDS = 6.0  # --launch-seconds sets another
 
 
 # What a row says beyond its name: two rows alike in all of these the plan cannot distinguish
@@ -87,12 +87,12 @@ def _run_args(row: pd.Series) -> list[str]:
     return args[args.index("bench/run.py") + 1 :]
 
 
-def _launch(chosen: pd.DataFrame, world: int, out: Path, timeout_s: float) -> str:
+def _launch(chosen: pd.DataFrame, world: int, out: Path, timeout_s: float, seconds: float) -> str:
     """The chosen rows' points (each as its command resolves it) in one launch of ``world``
     ranks here, raced as one cohort whatever their implementations: "" when it ran, else why
     not, in one line."""
     named = [
-        (f"v{i:02d}", describe(row), [*_run_args(row), *BUDGET])
+        (f"v{i:02d}", describe(row), [*_run_args(row), *timing(seconds, traced=1)])
         for i, (_, row) in enumerate(chosen.iterrows(), 1)
     ]
     return launch_points(named, world, out, VERDICT_GROUP, timeout_s)
@@ -146,7 +146,8 @@ def verify(
     chosen, world = picks(rows, request.verify), request.world_size
     progress(f"verify: {len(chosen)} configurations, interleaved in one launch of {world} ranks")
     folder = out / "verify"
-    measured = _measured(folder, len(chosen), _launch(chosen, world, folder, timeout_s))
+    seconds = request.launch_seconds or POINT_SECONDS
+    measured = _measured(folder, len(chosen), _launch(chosen, world, folder, timeout_s, seconds))
     table = []
     for (_, row), got in zip(chosen.iterrows(), measured, strict=True):
         table.append(
