@@ -10,11 +10,12 @@ the command line. A schedule whose class the installed torch lacks is not offere
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
-from torch.distributed.pipelining import schedules as torch_schedules
 
 
 def _any(m: int, p: int) -> str | None:
@@ -73,7 +74,9 @@ class PipeSchedule:
 
     def torch_type(self) -> type:
         """The installed torch's class of this schedule."""
-        return getattr(torch_schedules, self.torch_class)
+        from torch.distributed.pipelining import schedules
+
+        return getattr(schedules, self.torch_class)
 
 
 ALL: tuple[PipeSchedule, ...] = (
@@ -103,9 +106,24 @@ ALL: tuple[PipeSchedule, ...] = (
     ),
 )
 
+
+def _installed_classes() -> frozenset[str]:
+    """The classes the installed torch's ``pipelining/schedules.py`` defines, read from its
+    source: importing ``torch.distributed.pipelining`` costs a process 1.2 s here (it imports
+    torch.export), and every rank and command reads the knobs (docs/benchmarks.md, "make
+    test's time")."""
+    path = Path(torch.__file__).parent / "distributed" / "pipelining" / "schedules.py"
+    try:
+        return frozenset(re.findall(r"^class (\w+)", path.read_text(), re.MULTILINE))
+    except OSError:  # a torch installed without its sources: ask the module itself
+        from torch.distributed.pipelining import schedules
+
+        return frozenset(dir(schedules))
+
+
 # The schedules the installed torch has, by name: the knob's values.
 SCHEDULES: dict[str, PipeSchedule] = {
-    s.name: s for s in ALL if hasattr(torch_schedules, s.torch_class)
+    s.name: s for s in ALL if s.torch_class in _installed_classes()
 }
 
 
