@@ -267,6 +267,20 @@ def test_measured_peak_is_the_best_rate_over_sizes(monkeypatch):
 
 
 @pytest.mark.unit
+def test_a_cpus_peak_is_its_roofline_profiles_or_measured_where_it_has_none(monkeypatch):
+    from bench.roofline.profile import Curve, Roofline
+
+    flat = Curve((1.0, 2.0), (1.0, 1.0))
+    roof = Roofline("a CPU", "test", {"fp32": 0.25}, 10.0, {"fp32": flat}, flat, 1.0)
+    monkeypatch.setattr(flops, "device_roofline", lambda device: (roof, "a CPU (test)"))
+    monkeypatch.setattr(flops, "measured_peak", lambda device, p: peaks.Peak(0.5, f"{p} timed"))
+    assert flops.device_peak(CPU, "fp32") == peaks.Peak(0.25, "measured: fp32 peak of a CPU (test)")
+    assert flops.device_peak(CPU, "fp16") == peaks.Peak(0.5, "fp16 timed")
+    monkeypatch.setattr(flops, "device_roofline", lambda device: (None, "none here"))
+    assert flops.device_peak(CPU, "fp32") == peaks.Peak(0.5, "fp32 timed")
+
+
+@pytest.mark.unit
 def test_op_classes_split_a_cnns_flops_from_a_transformers():
     cnn = flops.count_op_flops(workload("resnet:tiny"), 2)
     assert cnn.keys() == {"conv", "matmul"} and cnn["conv"] > 100 * cnn["matmul"]  # the fc
@@ -543,10 +557,9 @@ def test_a_two_rank_run_writes_flops_and_mfu(pool, tmp_path):
         torch.testing.assert_close(
             r["tflops_per_s"], expected * steps_per_s / 1e12, rtol=1e-6, atol=0
         )
-        # on CPU the peak is the measured one, in the point's precision, the best over sizes
+        # on CPU the peak is the measured one in the point's precision: this host's roofline's
         precision = p.knobs["precision"]
-        measured = MEASURED.fullmatch(r["peak_source"])
-        assert measured and measured.group(1) == precision, r["peak_source"]
+        assert r["peak_source"].startswith(f"measured: {precision} peak of "), r["peak_source"]
         assert r["peak_tflops"] == r["peak_tflops_measured"] > 0
         assert math.isfinite(r["mfu_pct"]) and 0 < r["mfu_pct"] < 100
         assert r["mfu_pct"] == pytest.approx(100 * r["tflops_per_s"] / r["peak_tflops"])

@@ -160,15 +160,15 @@ def calibrate(request: PlanRequest, configs: list[Config], out: Path) -> Target:
 
 
 def _peaks(dev: Device) -> Peaks:
-    """The target device's peaks: this host's measured (a matmul, when first asked), or a
-    GPU's datasheet figures."""
+    """The target device's peaks: this host's measured (its roofline profile's, as a run's
+    MFU is against), or a GPU's datasheet figures."""
     if not dev.gpu_name:
         import torch
 
-        from bench.runner.measure.flops import measured_peak
+        from bench.runner.measure.flops import device_peak
 
         cpu = torch.device("cpu")
-        return Peaks(lambda p: measured_peak(cpu, p).tflops, lambda p: measured_peak(cpu, p).source)
+        return Peaks(lambda p: device_peak(cpu, p).tflops, lambda p: device_peak(cpu, p).source)
     missing = [p for p in OPTIONS["precision"] if peaks.datasheet_peak(dev.gpu_name, p) is None]
     if missing:
         raise ValueError(f"device {dev.name} has no {missing[0]} datasheet peak")

@@ -3,8 +3,8 @@ datasheet peaks (``bench.runfolder.peaks``) are matched by.
 
 Capacities and bandwidths are the vendors' datasheet figures (SXM parts); the memory a job can
 use is less (the CUDA context, NCCL's buffers, fragmentation): the planner's ``--allowance``.
-``cpu`` is this machine: its memory is what the host has, its peak is measured here (a matmul
-at each size, ``bench.runner.measure.flops.measured_peak``) and its bandwidth an assumption
+``cpu`` is this machine: its memory is what the host has, its peak is measured here (this
+host's roofline profile, ``bench.runner.measure.flops.device_peak``) and its bandwidth an assumption
 (the optimiser step on a CPU is rarely the step's length).
 """
 

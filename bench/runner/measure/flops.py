@@ -44,6 +44,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from bench.runfolder import peaks
 from bench.runfolder.points import PointRecord
+from bench.runner.measure.waterfall_columns import device_roofline
 from bench.runner.session.distenv import synchronize
 from parallel_kernels.facts import torch_dtype
 from parallel_kernels.models import workload
@@ -286,6 +287,20 @@ def measured_peak(device: torch.device, precision: str) -> peaks.Peak:
     return peaks.Peak(rates[best], f"measured: {precision} matmul {best}^3 (best of {sizes})")
 
 
+def device_peak(device: torch.device, precision: str) -> peaks.Peak:
+    """This device's measured peak in ``precision``: on a CPU, that of this host's roofline
+    profile where it has the precision (measured once per host and read from its cache: the
+    ceiling the waterfall prices against, and no matmuls on every launch), else the matmuls'
+    best rate measured in this process (``measured_peak``)."""
+    if device.type != "cuda":
+        roofline, what = device_roofline(device)
+        if roofline is not None and precision in roofline.peak_tflops:
+            return peaks.Peak(
+                roofline.peak_tflops[precision], f"measured: {precision} peak of {what}"
+            )
+    return measured_peak(device, precision)
+
+
 def point_peaks(point: PointRecord, device: torch.device) -> tuple[peaks.Peak, peaks.Peak]:
     """(The peak MFU is against, the measured one): a GPU's datasheet peak at the precision
     the point's FLOPs run in where the table has it, else the measured one, which says so. The
@@ -293,7 +308,7 @@ def point_peaks(point: PointRecord, device: torch.device) -> tuple[peaks.Peak, p
     that sets torch's precision as it builds has done so), before it holds memory."""
     micro = _micro_batch(point.model, point.batch_per_replica, device)
     precision, why = peak_precision(point, device, micro.by_class)
-    measured = measured_peak(device, precision)
+    measured = device_peak(device, precision)
     used = measured
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
