@@ -373,3 +373,80 @@ def test_the_report_draws_the_path_and_tables_its_communication_share(tmp_path):
     assert on["end_ms"].max() == pytest.approx(tl["end_ms"].max(), rel=0.02)
     line = tl.attrs["critical_path"]
     assert line.startswith("Critical path of step ") and "Would save the most: " in line, line
+
+
+# -- a pipeline's sends and receives -----------------------------------------------------------
+def _p2p(op: str, ts: float, end: float, peer: int, tid: int = 1) -> list[dict]:
+    """A send or receive as gloo records it: the host's call (its peer the third argument),
+    and gloo's span from inside that call to where it is waited on."""
+    args = {
+        "Input Dims": [[[4, 8]], [], [], []],
+        "Input type": ["TensorList", "", "Scalar", "Scalar"],
+        "Concrete Inputs": ["", "", str(peer), "0"],
+    }
+    name = "c10d::send" if op == "send" else "c10d::recv_"
+    call = {**_x(name, "cpu_op", ts, 10.0, tid=tid), "args": args}
+    return [call, _x(f"gloo:{op}", "user_annotation", ts + 5.0, end - ts - 5.0, tid=tid)]
+
+
+def _pipeline_folder(tmp_path):
+    """Two stages, one micro-batch: stage 0 computes 1000 us and sends at 1000 (its send
+    waited on after its next op, at 2020); stage 1 posts its receive at 10, gets the data at
+    1100 and computes 2800 us after it."""
+    meta = {"pg_config": [{"pg_name": "0", "pg_desc": "default_pg", "ranks": [0, 1]}]}
+    ranks = {
+        0: [
+            _x("ProfilerStep#1", "user_annotation", 0.0, 2100.0),
+            _x("pipeline schedule", "user_annotation", 0.0, 2050.0),
+            _x("aten::mm", "cpu_op", 0.0, 1000.0),
+            *_p2p("send", 1000.0, 2020.0, peer=1),
+            _x("aten::add_", "cpu_op", 1010.0, 1000.0),  # another micro-batch's work, say
+        ],
+        1: [
+            _x("ProfilerStep#1", "user_annotation", 0.0, 4000.0),
+            _x("pipeline schedule", "user_annotation", 0.0, 3950.0),
+            *_p2p("recv", 10.0, 1100.0, peer=0),
+            _x("aten::mm", "cpu_op", 1100.0, 2800.0),
+        ],
+    }
+    for rank, events in ranks.items():
+        info = {"rank": rank, "world_size": 2, "backend": "gloo", **meta}
+        write_trace(tmp_path / f"rank{rank}.1.pt.trace.json", events, {"distributedInfo": info})
+    return tmp_path
+
+
+@pytest.mark.unit
+def test_a_stage_waiting_on_its_receive_points_at_the_previous_stages_work(tmp_path):
+    (sp,), problems = cp.folder_paths(_pipeline_folder(tmp_path))
+    assert problems == []
+    path, g = sp.path, sp.graph
+    assert sp.summary["length_us"] == pytest.approx(4000.0)
+    assert path["dur_us"].sum() == pytest.approx(4000.0)
+    # stage 0's matmul, the transfer after the send began (1100 - 1000), stage 1's matmul
+    work = path[path["label"] != ""]
+    assert list(zip(work["rank"], work["label"], strict=True)) == [
+        (0, "aten::mm"),
+        (1, "recv"),
+        (1, "aten::mm"),
+    ], path.to_string()
+    recv = path[path["op"] == "recv"]
+    assert recv["category"].tolist() == [COMM] and recv["dur_us"].sum() == pytest.approx(100.0)
+    assert sp.summary["setting_rank"] == 1
+    # stage 0's send lingers until the schedule's end: its span is not a transfer on the path
+    assert "send" not in set(path["label"])
+    np.testing.assert_allclose(wi.replay(g, g.weight, g.slack), g.time)
+    zero = wi.what_if(g, [wi.parse_change("p2p=0x")])
+    assert zero["predicted_us"] <= zero["step_us"]
+    assert zero["saves_us"] == pytest.approx(100.0)
+    # stage 0 twice as fast: the receive ends 500 us earlier, and the step with it
+    assert wi.what_if(g, [wi.parse_change("rank0=0.5x")])["saves_us"] == pytest.approx(500.0)
+
+
+@pytest.mark.unit
+def test_a_send_with_no_receive_is_one_line(tmp_path):
+    _pipeline_folder(tmp_path)
+    meta = {"rank": 1, "world_size": 2, "backend": "gloo"}
+    events = [_x("ProfilerStep#1", "user_annotation", 0.0, 4000.0), _x("aten::mm", "cpu_op", 0, 9)]
+    write_trace(tmp_path / "rank1.1.pt.trace.json", events, {"distributedInfo": meta})
+    with pytest.raises(GraphError, match=r"rank 0 sends 1 tensors to rank 1, which receives 0"):
+        cp.folder_paths(tmp_path)

@@ -521,3 +521,21 @@ def test_a_scatter_whose_input_only_the_root_holds_is_no_disagreement(tmp_path):
     other["output_sizes"] = [[999]]
     write(tmp_path, 1, [call(1), other, call(3)])
     assert diagnose(load(tmp_path)).kind == "disagree"
+
+
+@pytest.mark.unit
+def test_a_pipeline_stage_whose_send_has_no_receive_is_named_with_its_peer():
+    """The suite's dumps of a pipeline whose rank 1 ran one micro-batch fewer
+    (tests/data/hang/README.md): the recorder keeps no gloo send, so rank 0's stacks say it
+    stood in one; rank 1 waits in the all-reduce after its schedule."""
+    from bench.hang.diagnose import diagnose_folder
+
+    diag = diagnose_folder(Path(__file__).parent / "data" / "hang" / "pipeline")
+    assert diag.kind == "p2p" and diag.ranks == (0,)
+    assert diag.line.startswith(
+        "rank 0 (stage 0) sends to rank 1, which never receives it (at pipeline.py:211, "
+        "torch's schedules.py:"
+    ), diag.line
+    assert "rank 1 left its sends and receives and waits in all_reduce #1 (group point" in (
+        diag.line
+    )

@@ -230,3 +230,28 @@ def test_the_report_shows_each_diagnosis_whole(injected, tmp_path):
     for case in CASES:
         assert html.escape(rows[case]["diagnosis"]) in page, case
     assert f"python -m bench.hang {rows['raises']['hang_dir']}" in page
+
+
+@pytest.mark.timeout(200)
+def test_a_pipeline_whose_stages_disagree_on_the_micro_batch_count_is_named(tmp_path):
+    """7. torch's 1F1B over two stages, rank 1's schedule one micro-batch short
+    (deadlocks.py:microbatches): rank 0's last send has no receive. A sweep of its own (a
+    pipeline point: the DDP launch above cannot hold it); the recorder keeps no gloo send or
+    receive, so the diagnosis reads rank 0's stacks."""
+    cmd = [
+        sys.executable, "bench/run.py", "--sweep", "pp_microbatches", "--values", "4",
+        "--impl", "native", "--model", f"{MODELS}:microbatches", "--steps", "3",
+        "--max-steps", "3", "--rounds", "1", "--interleave", "off", "--warmup-steps", "1",
+        "--profile-steps", "1", "--point-timeout", str(TIMEOUT_S), "--nproc-per-node", "2",
+        "--out", str(tmp_path / "run"), "--no-report",
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=REPO, env=env)
+    row = pd.read_csv(tmp_path / "run" / "results.csv", keep_default_na=False).iloc[0]
+    assert row["status"] == "error"
+    assert re.search(
+        r"^rank 0 \(stage 0\) sends to rank 1, which never receives it \(at pipeline\.py:\d+, "
+        r"torch's schedules\.py:\d+\): rank 1 left its sends and receives and waits in "
+        r"all_reduce #\d+ \(group point",
+        row["diagnosis"],
+    ), row["diagnosis"]

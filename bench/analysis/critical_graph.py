@@ -16,7 +16,14 @@ thread blocked on something). Edges across lanes say what a node could not happe
 - a collective ends after its last member arrives: call k of a step on every rank is one call
   (issue order, as the sequence extractor matches them), and its end on rank r depends on each
   member's start with the weight ``T_r`` = its end less the last member's start: the transfer
-  after everyone is there. A rank's wait for a slow peer so points at the peer's work.
+  after everyone is there. A rank's wait for a slow peer so points at the peer's work;
+- a point-to-point send and its receive are a call of two members, matched per (sender,
+  receiver) pair in issue order within the step: the receive ends after the send started,
+  and the send after the receive was posted (gloo hands the data over once both sides are
+  there). Each starts where the host called into the library (``c10d::send``, ``c10d::recv_``:
+  the peer is its argument, a rank of its group, mapped to the job's by the trace's groups)
+  and ends where gloo's span of it ends. A pipeline stage blocked in a receive so points at
+  the previous stage's work.
 
 The first three kinds are in one rank's trace and are found as its lanes are cut
 (``rank_graphs``, while a folder is read); the last joins the ranks (``step_graph``).
@@ -29,6 +36,7 @@ other weights (``critical_what_if.what_if``) it gives the step those weights wou
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 
@@ -44,7 +52,7 @@ from bench.analysis.trace import (
     prepared,
     step_windows,
 )
-from parallel_kernels.facts import op_name
+from parallel_kernels.facts import PIPELINE_SCHEDULE_SPAN, POINT_TO_POINT, op_name
 
 COMPUTE = "computation"
 COMM = "communication"
@@ -59,6 +67,8 @@ LAUNCH = "launch"  # a launch edge's mark: a kernel's delay after it is launch o
 DATA_LOADING = re.compile(r"^enumerate\(DataLoader\)")
 HOST_SYNC = re.compile(r"^cuda(Stream|Device|Event)Synchronize$")
 HOST_CATS = ("cpu_op", "user_annotation", "cuda_runtime", "cuda_driver", "python_function")
+# spans that hold a step's work without being work: the step itself, a pipeline's schedule
+CONTAINERS = re.compile(rf"^(?:ProfilerStep#\d+|{re.escape(PIPELINE_SCHEDULE_SPAN)})$")
 
 
 class GraphError(ValueError):
@@ -114,6 +124,7 @@ class RankSteps:
     lanes: list[Lane]
     edges: list[tuple]  # (src lane, src time, dst lane, dst time, weight, category, label, op)
     calls: list[dict]  # collectives in issue order: lane, start, end, op
+    p2p: list[dict] = field(default_factory=list)  # sends, receives: lane, start, end, op, peers
 
 
 @dataclass
@@ -165,7 +176,7 @@ def rank_step(
         w1 = float((mine["ts"] + mine["dur"]).max())
     device = mine[(mine["stream"] >= 0) & mine["kind"].isin(["compute", "comm", "memory"])]
     host = mine[(mine["stream"] < 0) & mine["cat"].isin(HOST_CATS)]
-    host = host[~name_matches(host["name"], re.compile(r"^ProfilerStep#"))]
+    host = host[~name_matches(host["name"], CONTAINERS)]
     gloo = host[name_matches(host["name"], GLOO_SPAN)]
     host = host.drop(gloo.index)
     if len(device):
@@ -175,8 +186,9 @@ def rank_step(
     edges: list[tuple] = []
     calls: list[dict] = []
     spans = _comm_lanes(step_events, lanes, calls)
-    _host_lanes(step_events, lanes, edges, spans)
-    return RankSteps(trace.rank, (w0, w1), lanes, edges, calls)
+    p2p, issues = _p2p_lanes(step_events, lanes, spans, _group_ranks(trace))
+    _host_lanes(step_events, lanes, edges, spans, issues)
+    return RankSteps(trace.rank, (w0, w1), lanes, edges, calls, p2p)
 
 
 @dataclass(frozen=True, eq=False)
@@ -201,7 +213,7 @@ def _comm_lanes(step: _StepEvents, lanes: list[Lane], calls: list[dict]) -> dict
     spans: dict = {}
     groups = [
         ("device", "stream", step.device, "stream"),
-        ("comm", "gloo thread", step.gloo, "tid"),
+        ("comm", "gloo thread", step.gloo[~_is_p2p(step.gloo)], "tid"),
     ]
     for kind, prefix, events, key in groups:
         for lane_key, sub in events.groupby(key, sort=True):
@@ -230,12 +242,74 @@ def _comm_lanes(step: _StepEvents, lanes: list[Lane], calls: list[dict]) -> dict
     return spans
 
 
-def _host_lanes(step: _StepEvents, lanes: list[Lane], edges: list[tuple], spans: dict) -> None:
+def _is_p2p(spans: pd.DataFrame) -> np.ndarray:
+    names = spans["name"].astype(str)
+    return names.map({n: op_name(n) in POINT_TO_POINT for n in names.unique()}).to_numpy(bool)
+
+
+def _group_ranks(trace: Trace) -> list[tuple[int, ...]]:
+    """The job's process groups as the trace lists them (``distributedInfo``'s ``pg_config``),
+    each its members' ranks in the job; none listed: the job's ranks, one group."""
+    groups = [tuple(g.get("ranks") or ()) for g in trace.dist_info.get("pg_config") or ()]
+    return [g for g in groups if g] or [tuple(range(trace.world_size))]
+
+
+def _peer_arg(signature) -> int | None:
+    """The peer a ``c10d::send``/``c10d::recv_`` names (its third argument, a rank of its
+    group), from the op's recorded signature (``[dims, types, concrete]``)."""
+    try:
+        return int(json.loads(str(signature))[2][2])
+    except (ValueError, TypeError, IndexError, KeyError):
+        return None
+
+
+def _p2p_lanes(
+    step: _StepEvents, lanes: list[Lane], spans: dict, groups: list[tuple[int, ...]]
+) -> tuple[list[dict], list[tuple]]:
+    """Each send and receive of the step as a lane of its own (its start, its end: gloo's span
+    of it may overlap others on the thread that issued it), listed with the job's ranks it may
+    have gone to (``peers``: (group, that rank, this rank's place in the group) each). Returns
+    the list and the issues: (thread, time, span key) each."""
+    rank, gloo, host = step.rank, step.gloo, step.host
+    mine = gloo[_is_p2p(gloo)].sort_values("ts", kind="stable")
+    calls = host[(host["kind"] == "comm_cpu") & _is_p2p(host)] if len(mine) else host.iloc[:0]
+    out, issues = [], []
+    for idx, name, tid, ts, dur in zip(
+        mine.index, mine["name"].astype(str), mine["tid"], mine["ts"], mine["dur"], strict=True
+    ):
+        op = op_name(name)
+        by = calls[(calls["tid"] == tid) & (calls["ts"] <= ts) & (calls["ts"] + calls["dur"] >= ts)]
+        start = float(by["ts"].iloc[-1]) if len(by) else float(ts)  # where the host called it
+        peer = _peer_arg(by["shapes"].iloc[-1]) if len(by) and "shapes" in by else None
+        peers = {
+            (g, g[peer], g.index(rank))
+            for g in groups
+            if peer is not None and rank in g and 0 <= peer < len(g) and g[peer] != rank
+        }
+        end = max(float(ts + dur), start)
+        lane_id = len(lanes)
+        lanes.append(_lane(rank, f"{op} {len(out)}", "comm", [start, end], []))
+        lanes[-1].category[:], lanes[-1].label[:], lanes[-1].op[:] = COMM, op, op
+        spans[("ev", idx)] = (lane_id, start, end)
+        issues.append((tid, start, ("ev", idx)))
+        out.append({"lane": lane_id, "start": start, "end": end, "op": op, "peers": peers})
+    return out, issues
+
+
+def _host_lanes(
+    step: _StepEvents, lanes: list[Lane], edges: list[tuple], spans: dict, p2p_issues: list
+) -> None:
     """Every host thread with ops in the step as a lane (its outermost ops), with the edges of
-    launches, of waits on the device or a collective, and of gloo's issues."""
-    rank, host, gloo, gpu = step.rank, step.host, step.gloo, step.gpu
+    launches, of waits on the device or a collective, and of gloo's issues (a collective's at
+    its span's start on the main thread, a send's or receive's at the call that issued it)."""
+    rank, host, gpu = step.rank, step.host, step.gpu
     w0, w1 = step.window
     waits = _waits(step)
+    gloo = step.gloo[~_is_p2p(step.gloo)]
+    main = _main_tid(host)
+    issues = [(main, float(t), ("ev", i)) for t, i in zip(gloo["ts"], gloo.index, strict=True)]
+    issues += p2p_issues
+    lingering = {key for _, _, key in p2p_issues}
     for tid, sub in host.groupby("tid", sort=True):
         sub = sub.sort_values(["ts", "dur"], ascending=[True, False], kind="stable")
         s = sub["ts"].to_numpy(dtype=float)
@@ -250,8 +324,8 @@ def _host_lanes(step: _StepEvents, lanes: list[Lane], edges: list[tuple], spans:
         mine = [w for w in waits if w[0] == tid]
         work += [(lo, hi, WAIT, "wait", "", False) for _, lo, hi, _ in mine]
         launches = sub[sub["correlation"] >= 0]
-        issue = gloo["ts"].to_numpy(dtype=float) if tid == _main_tid(host) else np.empty(0)
-        points = [s[top], e[top], launches["ts"], issue, [w0, w1]]
+        issued = [(t, key) for who, t, key in issues if who == tid]
+        points = [s[top], e[top], launches["ts"], [t for t, _ in issued], [w0, w1]]
         points += [[lo, hi] for _, lo, hi, _ in mine]
         lane_id = len(lanes)
         lanes.append(_lane(rank, f"thread {tid}", "host", np.concatenate(points), _inside(work)))
@@ -259,13 +333,15 @@ def _host_lanes(step: _StepEvents, lanes: list[Lane], edges: list[tuple], spans:
             to = spans.get(("corr", int(corr)))
             if to is not None:
                 edges.append((lane_id, float(t), to[0], to[1], 0.0, LAUNCH, "", ""))
-        for t, idx in zip(issue, gloo.index if len(issue) else [], strict=True):
-            to = spans[("ev", idx)]
+        for t, key in issued:
+            to = spans[key]
             edges.append((lane_id, float(t), to[0], to[1], 0.0, "", "", ""))
-        for _, _, hi, key in mine:
+        for _, lo, hi, key in mine:
             if key in spans:
                 src = spans[key]
                 edges.append((src[0], src[2], lane_id, hi, 0.0, "", "", ""))
+            if key in lingering:  # gloo's span of a send or receive ends once it is waited on
+                edges.append((lane_id, lo, src[0], src[2], 0.0, "", "", ""))
 
 
 def _inside(work: list[tuple]) -> list[tuple]:
@@ -456,6 +532,7 @@ def step_graph(per_rank: list[RankSteps], step: int) -> Graph:
         for sl, st, dl, dt, w, cat, lab, op in rs.edges:
             nodes.edge(_node(rs.lanes[sl], st), _node(rs.lanes[dl], dt), w, cat, lab, op, rs.rank)
     _match_calls(per_rank, step, nodes, notes)
+    _match_p2p(per_rank, step, nodes, notes)
     times = np.concatenate(nodes.time)
     final = nodes.add(times[ends].max(), -1, -1, IDLE)
     for e in ends:
@@ -514,5 +591,72 @@ def _match_calls(per_rank: list[RankSteps], step: int, nodes: _Nodes, notes: lis
     if skewed:
         notes.append(
             f"step {step}: {skewed} collective ends came before their last member's start "
+            "(clocks of different hosts differ): their transfer taken as 0"
+        )
+
+
+def _pairs(per_rank: list[RankSteps], notes: list) -> dict[tuple[int, int], tuple[list, list]]:
+    """Each (sender, receiver)'s sends and the receiver's receives from it, in issue order. A
+    call's peer is the rank of a group both are in whose places match on both sides (the
+    send names the receiver's place, the receive the sender's), else the one traced rank it
+    may go to; a call with none, or more than one, is left out, with a note."""
+    traced = {rs.rank: rs for rs in per_rank}
+    pairs: dict[tuple[int, int], tuple[list, list]] = {}
+    lost = 0
+    for rs in per_rank:
+        for call in rs.p2p:
+            other = "recv" if call["op"] == "send" else "send"
+            found = {
+                peer
+                for group, peer, _ in call["peers"]
+                if peer in traced
+                and any(
+                    c["op"] == other and (group, rs.rank, group.index(peer)) in c["peers"]
+                    for c in traced[peer].p2p
+                )
+            }
+            if not found:  # no receive answers it: the one rank it may go to, if one
+                found = {peer for _, peer, _ in call["peers"] if peer in traced}
+            if len(found) != 1:
+                lost += 1
+                continue
+            peer = found.pop()
+            key = (rs.rank, peer) if call["op"] == "send" else (peer, rs.rank)
+            pairs.setdefault(key, ([], []))[call["op"] == "recv"].append(call)
+    if lost:
+        notes.append(f"{lost} sends and receives whose peer the traces do not tell: not joined")
+    return pairs
+
+
+def _match_p2p(per_rank: list[RankSteps], step: int, nodes: _Nodes, notes: list) -> None:
+    """The k-th send from rank a to rank b and b's k-th receive from a are one call of two
+    members: each one's end depends on both starts, weighted by the transfer after the later
+    start (GraphError: a pair whose counts differ)."""
+    lanes = {rs.rank: rs.lanes for rs in per_rank}
+    skewed = 0
+    for (a, b), (sends, recvs) in sorted(_pairs(per_rank, notes).items()):
+        if len(sends) != len(recvs):
+            raise GraphError(
+                f"step {step}: rank {a} sends {len(sends)} tensors to rank {b}, which receives "
+                f"{len(recvs)} (a pipeline's stages that disagree, or a hang): python -m "
+                "bench.hang diagnoses it"
+            )
+        by_start = sorted(sends, key=lambda c: c["start"]), sorted(recvs, key=lambda c: c["start"])
+        for send, recv in zip(*by_start, strict=True):
+            pair = {a: send, b: recv}
+            begins = [_node(lanes[r][c["lane"]], c["start"]) for r, c in pair.items()]
+            last = max(send["start"], recv["start"])
+            # a send is done once its data arrived: gloo's span of it lasts until it is waited
+            # on, which may be long after (a stage waits for its sends at the schedule's end)
+            done = {a: min(send["end"], recv["end"]), b: recv["end"]}
+            for r, c in pair.items():
+                transfer = done[r] - last
+                skewed += transfer < 0
+                end = _node(lanes[r][c["lane"]], c["end"])
+                for begin in begins:
+                    nodes.edge(begin, end, max(transfer, 0.0), COMM, c["op"], c["op"], r)
+    if skewed:
+        notes.append(
+            f"step {step}: {skewed} sends or receives ended before their peer's start "
             "(clocks of different hosts differ): their transfer taken as 0"
         )

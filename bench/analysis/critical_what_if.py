@@ -1,8 +1,9 @@
 """What making one thing of a profiled step faster would save: the step's graph
 (``critical_graph.py``) with its edge weights changed (``compute=0.8x``, ``all_reduce=0.5x``,
-``link=2x``, ``rank1=1.0x-of-rank0``) and every node's time recomputed in topological order as
-the latest predecessor's time plus weight, plus the node's measured slack: the step those
-durations would make, on the schedule the trace shows (docs/analysis.md, "Critical path").
+``link=2x``, ``p2p=0x``, ``rank1=1.0x-of-rank0``) and every node's time recomputed in
+topological order as the latest predecessor's time plus weight, plus the node's measured
+slack: the step those durations would make, on the schedule the trace shows
+(docs/analysis.md, "Critical path").
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ import numpy as np
 import pandas as pd
 
 from bench.analysis.critical_graph import COMM, COMPUTE, DATA, OVERHEAD, Graph, GraphError
+from parallel_kernels.facts import POINT_TO_POINT
+
+P2P_OPS = list(POINT_TO_POINT)  # ``p2p=0.5x``: every send and receive
 
 _CHANGE = re.compile(
     r"^(?P<what>[a-z_][a-z0-9_]*)=(?P<factor>\d+(?:\.\d+)?)x(?:-of-rank(?P<of>\d+))?$"
@@ -34,13 +38,14 @@ class Change:
 
 
 def parse_change(spec: str) -> Change:
-    """``compute=0.8x``, ``all_reduce=0.5x``, ``link=2x``, ``overhead=0.5x``, ``rank1=2x``,
+    """``compute=0.8x``, ``all_reduce=0.5x``, ``link=2x``, ``overhead=0.5x``, ``p2p=0x`` (every
+    send and receive), ``rank1=2x``,
     ``rank1=1.0x-of-rank0``; ValueError with one line otherwise."""
     m = _CHANGE.match(spec.strip())
     if not m:
         raise ValueError(
             f"--what-if {spec!r}: expected NAME=FACTORx (compute, comm, link, overhead, data, "
-            "an op such as all_reduce, or rankN; rankN=1.0x-of-rankM)"
+            "p2p, an op such as all_reduce, or rankN; rankN=1.0x-of-rankM)"
         )
     what, factor = m["what"], float(m["factor"])
     of = int(m["of"]) if m["of"] else None
@@ -82,12 +87,12 @@ def _factors(g: Graph, change: Change) -> tuple[np.ndarray, np.ndarray]:
         edge[g.category == cat] = change.factor
         node[g.slack_category == cat] = change.factor
         return edge, node
-    picked = g.op == change.what
+    picked = np.isin(g.op, P2P_OPS) if change.what == "p2p" else g.op == change.what
     if not picked.any():
         known = sorted({o for o in g.op if o})
         raise GraphError(
             f"--what-if {change.spec}: no {change.what!r} in the step (its collectives: "
-            f"{', '.join(known) or 'none'}; or compute, comm, link, overhead, data, rankN)"
+            f"{', '.join(known) or 'none'}; or compute, comm, link, overhead, data, p2p, rankN)"
         )
     edge[picked] = change.factor
     return edge, node

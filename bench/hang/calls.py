@@ -144,3 +144,37 @@ def in_collective(stacks: dict | None) -> bool:
     """Whether the rank's main thread stood in ``torch.distributed`` when it dumped."""
     frames = main_thread_frames(stacks)
     return bool(frames) and any(_TORCH_DIST_FRAME.search(frame(f)["file"]) for f in frames[:3])
+
+
+# torch's point-to-point calls, and its pipeline schedules' helpers around them: a rank whose
+# stack stands in one of these is in a send or a receive (the recorder keeps none of gloo's)
+_P2P_FRAME = re.compile(
+    r"^(?:send|recv|isend|irecv|batch_isend_irecv|_batch_p2p|_sorted_batch_p2p|_wait_batch_p2p"
+    r"|send_object_list|recv_object_list)$"
+)
+# gloo's timeout of one: it names which, but a collective's timeout says "recv" too (gloo's
+# collectives are sends and receives between pairs), so only a frame says a rank is in one
+_P2P_ERROR = re.compile(r"for (send|recv) operation")
+
+
+def point_to_point(stacks: dict | None) -> dict | None:
+    """Where a rank stood in a send or a receive when it dumped or failed, else None: ``op``
+    (send, recv, or None where a batch holds both), ``site`` (the line outside torch that ran
+    it) and ``torch_site`` (torch's line, a schedule's). Read from the error's traceback, else
+    the main thread's stack: a frame of one of ``_P2P_FRAME``'s functions says it."""
+    if not stacks:
+        return None
+    said = _P2P_ERROR.search(str(stacks.get("error") or ""))
+    frames = [frame(f) for f in stacks.get("raised_at") or []]  # innermost first
+    frames = frames or [frame(f) for f in main_thread_frames(stacks)]
+    inner = next((f for f in frames if _P2P_FRAME.match(f["name"])), None)
+    if inner is None:
+        return None
+    mine = own_frame(frames)
+    # torch's line that called the send or receive helper: a schedule's, where it is one
+    after = frames[frames.index(inner) + 1 :]
+    torch_line = next((f for f in after if _TORCH_DIST_FRAME.search(f["file"])), None)
+    op = said.group(1) if said else None
+    if op is None and inner["name"] in ("send", "isend", "recv", "irecv"):
+        op = inner["name"].lstrip("i")
+    return {"op": op, "site": site(mine), "torch_site": site(torch_line)}

@@ -35,7 +35,7 @@ SIG_SITE = [*SIG, "site"]
 
 @dataclass(frozen=True)
 class Diagnosis:
-    kind: str  # disagree, skipped, extra, uneven, raised, own_code, waits, cycle, gone, none
+    kind: str  # disagree, skipped, extra, uneven, raised, own_code, waits, cycle, gone, p2p, none
     line: str
     ranks: tuple[int, ...] = ()  # the ranks it blames
     group: str | None = None
@@ -309,7 +309,7 @@ def diagnose(d: Dumps) -> Diagnosis:
             r in waits and _skipped(df, r, waits[r], head.call.site) for r in head.behind
         )
         first = 0 if skipped else 1
-        found.append((first, head.call.time_ns, _wait(d, df, head, waits, skipped)))
+        found.append((first, head.call.time_ns, _explain(d, df, head, waits, skipped)))
     if not found:
         missing = f" (no dump from {_ranks(d.missing)})" if d.missing else ""
         return Diagnosis(
@@ -345,11 +345,10 @@ def _skipped(df: pd.DataFrame, rank: int, row, site: str) -> bool:
 def _wait(d: Dumps, df: pd.DataFrame, head: _Head, waits: dict, skipped: bool) -> Diagnosis:
     """The Diagnosis of a wait in ``head``: what the ranks behind it do instead."""
     name, row, waiting, behind = head.group, head.call, head.waiting, head.behind
-    where = f"{_ranks(waiting)} wait{'s' if len(waiting) == 1 else ''} in it at {row.site}"
     about = {r: _whereabouts(d, df, r, waits) for r in behind}
     kinds = {k for k, _ in about.values()}
-    texts = "; ".join(t for _, t in about.values())
     args = (tuple(behind), name, row.seq, row.op, row.site)
+    texts = "; ".join(t for _, t in about.values())
     if kinds == {"raised"}:
         return Diagnosis(
             "raised",
@@ -383,6 +382,7 @@ def _wait(d: Dumps, df: pd.DataFrame, head: _Head, waits: dict, skipped: bool) -
             ),
             *args,
         )
+    where = f"{_ranks(waiting)} wait{'s' if len(waiting) == 1 else ''} in it at {row.site}"
     line = f"{_ranks(behind)} never issued {_call(d, row)}; {where}; {texts}"
     if skipped:
         return Diagnosis(
@@ -401,6 +401,50 @@ def _wait(d: Dumps, df: pd.DataFrame, head: _Head, waits: dict, skipped: bool) -
         )
         return Diagnosis("cycle", line, *args)
     return Diagnosis("waits", line, *args)
+
+
+def _explain(d: Dumps, df: pd.DataFrame, head: _Head, waits: dict, skipped: bool) -> Diagnosis:
+    """A wait's Diagnosis: the p2p one where every rank behind is blocked in a send or a
+    receive, else ``_wait``'s."""
+    blocked = {
+        r: c.point_to_point(d.ranks[r].stacks) if r in d.ranks else None for r in head.behind
+    }
+    if head.behind and all(blocked.values()):
+        row = head.call
+        return _unmatched(
+            d, head, blocked, (tuple(head.behind), head.group, row.seq, row.op, row.site)
+        )
+    return _wait(d, df, head, waits, skipped)
+
+
+def _unmatched(d: Dumps, head: _Head, p2p: dict[int, dict], args: tuple) -> Diagnosis:
+    """The "p2p" Diagnosis: ranks blocked in a send or a receive that the ranks waiting in
+    ``head``'s call never answer, having left the loop of sends and receives (a pipeline's
+    stages that disagree on the micro-batch count). The recorder keeps no gloo send or
+    receive: the stacks say where each stood, not which micro-batch."""
+    members = d.groups.get(head.group, ("", []))[1]
+    peers = _ranks(head.waiting)
+
+    def who(r: int) -> str:
+        return f"rank {r} (stage {members.index(r)})" if r in members else f"rank {r}"
+
+    parts = []
+    for r, p in sorted(p2p.items()):
+        at = f"at {p['site']}, torch's {p['torch_site']}"
+        if p["op"] == "send":
+            parts.append(f"{who(r)} sends to {peers}, which never receives it ({at})")
+        elif p["op"] == "recv":
+            parts.append(f"{who(r)} waits to receive from {peers}, which never sends ({at})")
+        else:
+            parts.append(f"{who(r)} is blocked in a send or receive with {peers} ({at})")
+    waiting = "waits" if len(head.waiting) == 1 else "wait"
+    line = (
+        f"{'; '.join(parts)}: {peers} left its sends and receives and {waiting} in "
+        f"{_call(d, head.call)} at {head.call.site}, which {_ranks(p2p)} never issued: the "
+        "stages ran different numbers of micro-batches (a micro-batch count that differs "
+        "between ranks?)"
+    )
+    return Diagnosis("p2p", line, *args)
 
 
 def heads_behind(d: Dumps, df: pd.DataFrame, row) -> list[int]:

@@ -128,3 +128,56 @@ def sleep() -> Workload:
 
 def raises() -> Workload:
     return _workload("raises")
+
+
+# -- a pipeline's deadlock: the stages disagree on the micro-batch count -----------------------
+def _fewer_microbatches(model) -> object:
+    """torch's schedule for this rank built over one micro-batch fewer than the point's (the
+    last stage, rank 1): it takes the same micro-batches, of the same size, but stops one short,
+    so the first stage's last send has no receive. ``parallel_kernels.pipeline`` is patched by
+    the workload's build, on rank 1 only: the product holds no such knob."""
+    import dataclasses
+
+    from parallel_kernels import pipeline
+
+    plan, m = model.plan, model.plan.microbatches
+    model.plan = dataclasses.replace(plan, microbatches=m - 1)
+    try:
+        schedule = _NATIVE_SCHEDULE(model)
+    finally:
+        model.plan = plan
+    step = schedule.step
+
+    def shorter(*args, target=None, losses=None):
+        cut = None if target is None else target[: target.shape[0] // m * (m - 1)]  # MICROBATCHES
+        return step(*args, target=cut, losses=losses)
+
+    schedule.step = shorter
+    del pipeline
+    return schedule
+
+
+_NATIVE_SCHEDULE = None
+
+
+def _pipeline_lm():
+    """The tied 4-block language model; on rank 1 of a run, its pipeline's schedule is built
+    one micro-batch short (``_fewer_microbatches``)."""
+    global _NATIVE_SCHEDULE
+    from parallel_kernels import pipeline
+    from tests.data.models.pipeline_models import TiedLM
+
+    if dist.is_initialized() and dist.get_rank() == 1 and _NATIVE_SCHEDULE is None:
+        _NATIVE_SCHEDULE = pipeline._native_schedule
+        pipeline._native_schedule = _fewer_microbatches
+    return TiedLM()
+
+
+def microbatches() -> Workload:
+    """A pipeline whose stages disagree on the micro-batch count (run it with ``--sweep
+    pp_microbatches --impl native``)."""
+    from dataclasses import replace
+
+    from tests.data.models.pipeline_models import tied
+
+    return replace(tied(), name="deadlock_microbatches", build=_pipeline_lm)
