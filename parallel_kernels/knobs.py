@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from parallel_kernels.checkpointing import parse_checkpointing
 from parallel_kernels.fsdp_layout import STRATEGIES as SHARDING_STRATEGIES
 from parallel_kernels.pp_schedules import SCHEDULES, parse_schedule
 
@@ -188,17 +189,18 @@ KNOBS: dict[str, Knob] = {
         ),
         Knob(
             name="tp_degree",
-            description="tensor-parallel degree (the rest of the ranks data parallel)",
+            description="tensor-parallel degree (the rest of the ranks data parallel; "
+            "pp: each stage's)",
             parse=at_most(positive_int, MAX_RANKS, "ranks"),
             default=1,
-            strategies=("tp",),
+            strategies=("tp", "pp"),
         ),
         Knob(
             name="dp_shard",
             description="the data-parallel dimension shards (FSDP) instead of replicating (DDP)",
             parse=boolean,
             default=False,
-            strategies=("tp",),
+            strategies=("tp", "pp"),
         ),
         Knob(
             name="pp_schedule",
@@ -242,8 +244,9 @@ KNOBS: dict[str, Knob] = {
         ),
         Knob(
             name="activation_checkpointing",
-            description="each block's forward recomputed in backward",
-            parse=one_of(("off", "on"), "off or on"),
+            description="blocks recomputed in backward: off, full (or on), selective:op "
+            "(matmul and attention outputs kept), selective:layer=N (every N-th block)",
+            parse=parse_checkpointing,
             default="off",
         ),
     )

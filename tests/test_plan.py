@@ -97,7 +97,7 @@ def test_the_space_holds_every_family_and_each_row_makes_the_global_batch():
         replicas = 16 // FAMILIES[c.family].replica_ranks(c.knobs)
         assert c.micro_batch * c.knobs["grad_accum"] * replicas == 64, c
     assert {c.knobs["precision"] for c in configs} == {"fp32", "bf16"}
-    assert {c.knobs["activation_checkpointing"] for c in configs} == {"off", "on"}
+    assert {c.knobs["activation_checkpointing"] for c in configs} == {"off", "full"}
     # a model without a TP plan has no TP rows; the options narrow the space
     resnet = space("resnet:tiny", 4, 4, 8)
     assert resnet and not any(c.family == "tp" for c in resnet)
@@ -808,7 +808,7 @@ def test_a_micro_batch_between_two_is_interpolated_as_its_tracking_gives():
         for c in space("llama:tiny", 2, 2, 16)
         if c.label == "ddp bucket 25 MB"
         and c.knobs["precision"] == "fp32"
-        and c.knobs["activation_checkpointing"] == "on"
+        and c.knobs["activation_checkpointing"] == "full"
     ]
     assert sorted(c.micro_batch for c in configs) == [1, 2, 4, 8]
     target = Target(

@@ -58,7 +58,7 @@ def test_a_model_without_blocks_is_planned_but_where_it_checkpoints(model):
     # FSDP shards what DDP replicates: its FULL_SHARD holds less than DDP
     by = plain[(plain["micro_batch"] == BATCH // WORLD)].set_index("config")
     assert by.loc["fsdp2 FULL_SHARD", "peak_mem_gib"] < by.loc["ddp bucket 25 MB", "peak_mem_gib"]
-    ckpt = rows[rows["activation_checkpointing"] == "on"]
+    ckpt = rows[rows["activation_checkpointing"] == "full"]
     assert len(ckpt) == len(plain)
     assert set(ckpt["error"]) == {NO_CHECKPOINT_UNITS}
     assert ckpt["peak_mem_gib"].isna().all() and ckpt["step_ms"].isna().all()
@@ -77,7 +77,7 @@ def test_a_failed_phase_rebuilt_fails_only_the_phases_after_it():
     ]
     # off 8 x 1, off 4 x 2, then checkpointed: the first of these fails its phase, the second
     # its new build
-    assert [p.knobs["activation_checkpointing"] for p in points] == ["off", "off", "on", "on"]
+    assert [p.knobs["activation_checkpointing"] for p in points] == ["off", "off", "full", "full"]
     got = memory.track_phases(points)
     assert [t.error for t in got[:2]] == ["", ""] and all(t.peak_mib > 0 for t in got[:2])
     assert all("activation checkpointing works per block" in t.error for t in got[2:])

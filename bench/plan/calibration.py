@@ -376,7 +376,7 @@ def calibration_launch(launch: LaunchPlan, out: Path, timeout_s: float = 600) ->
         named.append((MANY, f"{model} accumulating {a}", [*each, *accumulating]))
     at_first = ["--batch-size", str(per_replica), "--option", f"precision={precisions[0]}"]
     if launch.ckpt:
-        ckpt = ["--sweep", "activation_checkpointing", "--values", "on", *ddp, *at_first]
+        ckpt = ["--sweep", "activation_checkpointing", "--values", "full", *ddp, *at_first]
         named.append((CKPT, f"{model}'s checkpointing", ckpt))
     if launch.fsdp:
         fsdp = ["--sweep", "sharding_strategy", "--values", ",".join(FSDP_CALIBRATED)]

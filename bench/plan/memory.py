@@ -49,7 +49,7 @@ from bench.runfolder.points import PointRecord
 from bench.runner.session.distenv import DistEnv
 from bench.runner.train.data import Batches
 from bench.runner.train.step import Recipe, build_trainer
-from parallel_kernels.checkpointing import checkpoint_blocks, set_checkpointing
+from parallel_kernels.checkpointing import checkpoint_blocks, checkpointed, set_checkpointing
 from parallel_kernels.facts import torch_dtype
 from parallel_kernels.models import build_model, workload
 from parallel_kernels.workload import block_list, keep_blocks, stamp, tensor_bytes
@@ -393,7 +393,7 @@ def _rebuilt(
 
 
 def _checkpointed(point: PointRecord) -> bool:
-    return point.knobs["activation_checkpointing"] == "on"
+    return checkpointed(point.knobs["activation_checkpointing"])
 
 
 def peak_of_step(tracker: PeakTracker, trainer, micro_batches: list, *, here: bool) -> Tracked:

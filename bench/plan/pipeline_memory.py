@@ -208,7 +208,7 @@ class StageJob:
         knobs = {
             "pp_schedule": schedule,
             "pp_microbatches": microbatches,
-            "activation_checkpointing": "on" if self.checkpointed else "off",
+            "activation_checkpointing": "full" if self.checkpointed else "off",
             "precision": self.precision,
             "grad_accum": 1,
         }

@@ -16,11 +16,12 @@ from bench.plan.devices import DEVICES, Device, device
 from bench.plan.families import FAMILIES
 from bench.plan.topology import DEFAULT_LINKS, link_names
 from bench.roofline.profile import Roofline, RooflineError, read
+from parallel_kernels.checkpointing import parse_checkpointing
 from parallel_kernels.models import workload
 
 GPU_ALLOWANCE_GIB = 2.0  # CUDA context and NCCL's buffers, about a GiB each
 OPTIONS = {  # what --option narrows, and each one's values
-    "activation_checkpointing": ("off", "on"),
+    "activation_checkpointing": ("off", "full"),  # "on" is full's other spelling
     "precision": ("fp32", "bf16"),
 }
 TP_DEGREES = (1, 2, 4, 8, 16)  # the degrees a batch may split over (within a node)
@@ -267,12 +268,22 @@ def _options(items: list[str]) -> dict[str, tuple[str, ...]]:
             raise ValueError(
                 f"--option {item!r}: give KNOB=VALUES with KNOB one of {', '.join(OPTIONS)}"
             )
-        chosen = tuple(v.strip().lower() for v in values.split(",") if v.strip())
+        chosen = tuple(_spelled(key, v.strip().lower()) for v in values.split(",") if v.strip())
         bad = [v for v in chosen if v not in OPTIONS[key]]
         if bad or not chosen:
             raise ValueError(f"--option {key}: {values!r} is not among {', '.join(OPTIONS[key])}")
         out[key] = chosen
     return out
+
+
+def _spelled(key: str, value: str) -> str:
+    """A checkpointing value as rows spell it (``on``: ``full``); any other value as given."""
+    if key != "activation_checkpointing":
+        return value
+    try:
+        return parse_checkpointing(value)
+    except ValueError:
+        return value  # refused as not among the planned values
 
 
 def _check_computation(mfu: float | None, compute: list[Path] | None) -> None:

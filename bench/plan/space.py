@@ -22,6 +22,7 @@ from bench.plan.families import FAMILIES, accumulated
 from bench.plan.request import PlanRequest
 from bench.runfolder.points import PointRecord
 from bench.runner.configure.resolve import PointRequest, VisitSettings, resolve_point
+from parallel_kernels import checkpointing
 from parallel_kernels.knobs import KNOBS
 from parallel_kernels.models import workload
 
@@ -65,7 +66,7 @@ class Config:
 
     @property
     def checkpointed(self) -> bool:
-        return self.knobs.get("activation_checkpointing") == "on"
+        return checkpointing.checkpointed(self.knobs.get("activation_checkpointing", "off"))
 
     @property
     def tp_degree(self) -> int:

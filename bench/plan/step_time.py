@@ -43,6 +43,7 @@ from bench.plan.space import Config
 from bench.plan.topology import Topology
 from bench.plan.tracked import Tracked
 from bench.runfolder.points import PointRecord
+from parallel_kernels.checkpointing import checkpointed
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,7 @@ def priced_profile(point: PointRecord, ops: StepOps, rate: Rate) -> ComputeProfi
     """One micro-batch's computation of the configuration on the target priced op by op
     (``compute_profile``'s, on the roofline): its forward and backward as their ops price,
     the gradients ready as backward does their parameters' share, then the optimiser's ops."""
-    factor = rate.ckpt_factor if point.knobs["activation_checkpointing"] == "on" else 1.0
+    factor = rate.ckpt_factor if checkpointed(point.knobs["activation_checkpointing"]) else 1.0
     forward_ms = ops.forward.total_ms * factor + rate.micro_ms / 3
     backward_ms = ops.backward.total_ms * factor + 2 * rate.micro_ms / 3
     sizes = [b // point.tp_size for b in param_bytes(point.model)]
@@ -174,10 +175,10 @@ def compute_profile(
     simulate the last micro-batch, which communicates)."""
     accum = int(point.knobs["grad_accum"])
     total_ms = 1e3 * flops / (rate.tflops * 1e12) / accum + rate.micro_ms
-    checkpointed = point.knobs["activation_checkpointing"] == "on"
-    if checkpointed:  # what checkpointing costs this host beyond its FLOPs (rates.py)
+    recomputes = checkpointed(point.knobs["activation_checkpointing"])
+    if recomputes:  # what checkpointing costs this host beyond its FLOPs (rates.py)
         total_ms *= rate.ckpt_factor
-    forward = 0.25 if checkpointed else 1 / 3
+    forward = 0.25 if recomputes else 1 / 3
     sizes = [b // point.tp_size for b in param_bytes(point.model)]
     backward_ms = total_ms * (1 - forward)
     ready = _ready(sizes, backward_ms)

@@ -527,6 +527,20 @@ TRAINING: tuple[Column, ...] = (
         "recomputation, no optimiser)",
     ),
     Column(
+        name="activation_checkpointing",
+        ranks=POINT,
+        meaning="the point's activation checkpointing: off, full, selective:op or "
+        "selective:layer=N (docs/sweeps.md)",
+    ),
+    Column(
+        name="recompute_flops_per_step",
+        numeric=True,
+        unit="FLOP",
+        ranks=POINT,
+        meaning="FLOPs per step per rank that activation checkpointing recomputes in backward: "
+        "the plain model counted with the point's mode, less without (0 with it off)",
+    ),
+    Column(
         name="flops_source",
         ranks=POINT,
         meaning="counted (FlopCounterMode on the plain model), "

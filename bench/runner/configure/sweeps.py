@@ -200,10 +200,12 @@ SWEEPS: dict[str, Sweep] = {
         ),
         Sweep(
             name="activation_checkpointing",
-            description="activation checkpointing per transformer block, off or on: peak "
-            "memory saved against compute added; --strategy ddp (default) or fsdp",
+            description="activation checkpointing per transformer block: off, full, "
+            "selective:op (matmul and attention outputs kept), selective:layer=2 (every "
+            "second block): peak memory saved against compute added; --strategy ddp (default) "
+            "or fsdp",
             knob="activation_checkpointing",
-            default_values=("off", "on"),
+            default_values=("off", "full", "selective:op", "selective:layer=2"),
             default_models=("transformer",),
             tradeoff=True,
         ),

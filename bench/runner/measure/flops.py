@@ -46,9 +46,10 @@ from bench.runfolder import peaks
 from bench.runfolder.points import PointRecord
 from bench.runner.measure.waterfall_columns import device_roofline
 from bench.runner.session.distenv import synchronize
+from parallel_kernels.checkpointing import checkpoint_mode, set_checkpointing
 from parallel_kernels.facts import torch_dtype
 from parallel_kernels.models import workload
-from parallel_kernels.workload import Workload, to_device
+from parallel_kernels.workload import Workload, stamp, to_device
 
 MATMUL_REPS = 10  # timed matmuls per size after a warm-up one; the fastest is the peak
 MATMUL_BUDGET_S = 1.0  # timed seconds per size at most: a slow precision (fp16 on a CPU) ends early
@@ -75,16 +76,17 @@ def load_counter() -> None:
 
 
 def count_op_flops(
-    wl: Workload, batch: int, device: torch.device | None = None
+    wl: Workload, batch: int, device: torch.device | None = None, checkpointing: str = "off"
 ) -> dict[str, float]:
     """Forward and backward FLOPs of the plain model on a micro-batch of ``batch`` samples by
-    op class (``op_class``), on ``device``, or None: on fake tensors."""
+    op class (``op_class``), on ``device``, or None: on fake tensors; its blocks checkpointed
+    as ``checkpointing`` says (a mode of the knob), backward's recomputation then counted."""
     fake = contextlib.nullcontext() if device else FakeTensorMode(allow_non_fake_inputs=True)
     cuda = [device] if device is not None and device.type == "cuda" else []
     with torch.random.fork_rng(devices=cuda):  # the run's random state untouched
         inputs, targets = wl.batch(batch, 0)
         with fake, torch.device(device or "cpu"):
-            model = wl.build()
+            model = set_checkpointing(stamp(wl.build(), wl), checkpointing)
     if device is not None:
         model = model.to(device)
         inputs, targets = to_device(inputs, device), to_device(targets, device)
@@ -160,13 +162,39 @@ def _micro_batch(model: str, batch: int, device: torch.device) -> MicroBatch:
     return micro_batch_count(workload(model), batch, device)  # once per model and batch
 
 
+def _micro_batches_per_rank(point: PointRecord) -> float:
+    """Every replica's micro-batches of a step, shared by the step's ranks (a tensor-parallel
+    group computes one replica's FLOPs together); PaLM's MFU divides the model's FLOPs by the
+    number of devices alike."""
+    return int(point.knobs["grad_accum"]) * point.dp_size / point.world_size
+
+
 def step_flops(point: PointRecord, device: torch.device) -> tuple[float, str]:
-    """(Model FLOPs of one optimiser step per rank, their source): every replica's
-    micro-batches, shared by the step's ranks (a tensor-parallel group computes one replica's
-    FLOPs together); PaLM's MFU divides the model's FLOPs by the number of devices alike."""
+    """(Model FLOPs of one optimiser step per rank, their source)."""
     micro = _micro_batch(point.model, point.batch_per_replica, device)
-    steps = int(point.knobs["grad_accum"]) * point.dp_size / point.world_size
-    return micro.flops * steps, micro.source
+    return micro.flops * _micro_batches_per_rank(point), micro.source
+
+
+@functools.cache
+def _recomputed(model: str, batch: int, checkpointing: str) -> float:
+    """FLOPs a micro-batch recomputes in backward under ``checkpointing``: its count with the
+    mode applied less the plain one's, on fake tensors (NaN where the model cannot run on
+    them: the figure is the row's, never a reason to fail it)."""
+    if checkpoint_mode(checkpointing).every == 0:
+        return 0.0
+    wl = workload(model)
+    try:
+        counts = [count_op_flops(wl, batch, checkpointing=m) for m in (checkpointing, "off")]
+    except Exception:  # noqa: BLE001
+        return math.nan
+    return float(sum(counts[0].values()) - sum(counts[1].values()))
+
+
+def recompute_flops(point: PointRecord) -> float:
+    """FLOPs per step per rank that activation checkpointing recomputes (0 with it off)."""
+    mode = point.knobs["activation_checkpointing"]
+    micro = _recomputed(point.model, point.batch_per_replica, mode)
+    return micro * _micro_batches_per_rank(point)
 
 
 def _tf32(new: Callable[[], str], legacy: Callable[[], bool]) -> bool:
@@ -333,6 +361,7 @@ def figures(
     used, measured = peak
     return {
         "flops_per_step": flops,
+        "recompute_flops_per_step": recompute_flops(point),
         "flops_source": source,
         "tflops_per_s": flops / step_s / 1e12,
         "peak_tflops": used.tflops,

@@ -60,6 +60,7 @@ def point_columns(point: PointRecord) -> dict:
         "world_size": point.world_size,
         "scaling": point.scaling,
         "global_batch": point.global_batch,
+        "activation_checkpointing": point.knobs.get("activation_checkpointing"),
     }
 
 

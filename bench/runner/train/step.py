@@ -14,7 +14,7 @@ import torch.distributed as dist
 from bench.runfolder.points import PointRecord
 from bench.runner.session.distenv import DistEnv
 from bench.runner.train.data import Batches
-from parallel_kernels.checkpointing import checkpoint_blocks
+from parallel_kernels.checkpointing import set_checkpointing
 from parallel_kernels.facts import torch_dtype
 from parallel_kernels.mesh import data_parallel_coords
 from parallel_kernels.models import build_model, workload
@@ -157,8 +157,7 @@ def wrapped_model(
     model = _on(
         plain if plain is not None else build_model(point.model, seed=recipe.seed), env.device
     )
-    if knobs["activation_checkpointing"] == "on":
-        checkpoint_blocks(model)
+    set_checkpointing(model, knobs["activation_checkpointing"])
     options = {k.param: knobs[k.param] for k in strategy.knobs}
     return strategy.apply(point.impl, model, group=group, device=env.device, **options)
 
