@@ -7,10 +7,12 @@ implementation, every schedule of ``pp_schedules``) or ours from point-to-point 
 
 A schedule with v stages a rank (interleaved, zero-bubble V) cuts p x v stages and places
 them as its row says (``pp_schedules.PipeSchedule.stages_of``). The point's ranks form a
-(replica, stage rank) grid (``dims.MeshDims``, ``pp_degree`` ranks a pipeline): each
-replica runs the pipeline on its own batch, and after the schedule each stage's gradients are
-averaged over the ranks holding the same stages in the other replicas (data parallelism over
-the replicas, after backward rather than during it).
+(replica, stage rank, TP rank) grid (``dims.ParallelDims``, ``pp_degree`` ranks a pipeline,
+``pipeline_mesh``): each stage may be tensor-parallel over ``tp_degree`` ranks, each replica
+runs the pipeline on its own batch, and after the schedule each stage's gradients are averaged
+over the ranks holding the same stages in the other replicas (data parallelism over the
+replicas, after backward rather than during it), or, with ``dp_shard``, FSDP2 shards each stage
+over them and reduce-scatters its gradients in backward.
 
 A pipeline steps otherwise than a wrapped module: its schedule runs the forwards and
 backwards itself, so the model a strategy hands the trainer here is a ``PipelinedModel``
@@ -25,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -33,9 +34,18 @@ from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.profiler import record_function
 
-from parallel_kernels.dims import MeshDims
 from parallel_kernels.facts import PIPELINE_SCHEDULE_SPAN
-from parallel_kernels.groups import split
+from parallel_kernels.pipeline_mesh import (
+    PipeGroups,
+    check_tp,
+    full_tensor,
+    local,
+    local_shape,
+    pipe_dims,
+    pipe_groups,
+    shard_stages,
+    tensor_parallel,
+)
 from parallel_kernels.pipeline_schedule import MicroBatches, Stage, run_schedule
 from parallel_kernels.pipeline_stages import StageError, StageSplit, pipeline_cut, split_stages
 from parallel_kernels.pp_schedules import SCHEDULES, schedule
@@ -56,69 +66,51 @@ class PipePlan:
     per_rank: int = 1
 
 
-def pipe_dims(world: int, pp_degree: int | None) -> MeshDims:
-    """The point's ranks as (replica, pipeline rank): ``pp_degree`` ranks a pipeline (None:
-    every rank), the rest replicas; a degree that does not divide the world is refused."""
-    return MeshDims(world=world, inner=pp_degree or world, inner_name="PP degree")
+@dataclass(frozen=True, kw_only=True)
+class PipeLayout:
+    """The knobs that lay a pipeline out: its schedule and micro-batches, its degree (None:
+    every rank the TP groups leave), the TP degree of each stage, and whether the replicas
+    shard the stages (FSDP2) instead of averaging their gradients after the schedule."""
+
+    pp_schedule: str = "1f1b"
+    pp_microbatches: int = 2
+    pp_degree: int | None = None
+    tp_degree: int = 1
+    dp_shard: bool = False
 
 
-def mesh_shape(world: int, pp_degree: int | None = None, **_) -> tuple[int, int] | None:
-    """The (replica, pipeline rank) grid whose lines are the groups a point asks for; None
-    with one replica (the pipeline is the point's group)."""
-    dims = pipe_dims(world, pp_degree)
-    return dims.shape if dims.outer > 1 else None
-
-
-@dataclass(frozen=True)
-class PipeGroups:
-    """This rank's place in the grid: the pipeline's group, the group of the ranks holding the
-    same stages in every replica (None: one replica), and its (replica, pipeline rank)."""
-
-    dims: MeshDims
-    pipe: Any
-    replicas: Any
-    dp_rank: int
-    pp_rank: int
-
-
-def pipe_groups(group, pp_degree: int | None) -> PipeGroups:
-    dims = pipe_dims(dist.get_world_size(group), pp_degree)
-    dp_rank, pp_rank = dims.coords(dist.get_rank(group))
-    if dims.outer == 1:
-        return PipeGroups(dims, group, None, dp_rank, pp_rank)
-    dp_lines, pp_lines = dims.lines()
-    return PipeGroups(dims, split(group, pp_lines), split(group, dp_lines), dp_rank, pp_rank)
-
-
-def check_layout(
-    world: int,
-    model: nn.Module,
-    *,
-    pp_schedule: str = "1f1b",
-    pp_microbatches: int = 2,
-    pp_degree: int | None = None,
-    **_,
-) -> None:
+def check_layout(world: int, model: nn.Module, **knobs) -> None:
     """Refuse, in one ValueError line and before any rank trains, a pipeline the world or the
-    model cannot run: a degree that does not divide the world, a micro-batch count torch's
-    schedule refuses, more stages than the model has blocks. ``model``: the plain model (on the
-    meta device will do); one that does not say where its blocks are is left to its error
-    row."""
-    dims = pipe_dims(world, pp_degree)
-    row = schedule(pp_schedule)
-    why = row.refusal(pp_microbatches, dims.inner)
+    model cannot run: degrees that do not divide the world, a micro-batch count torch's
+    schedule refuses, more stages than the model has blocks, a TP degree its plan cannot
+    split, FSDP2 over a schedule that splits its backward (``split_backward``). ``model``: the
+    plain model (on the meta device will do); one that does not say where its blocks are is
+    left to its error row."""
+    lay = PipeLayout(**{k: v for k, v in knobs.items() if k in _LAYOUT_KNOBS})
+    dims = pipe_dims(world, lay.pp_degree, lay.tp_degree, lay.dp_shard)
+    row = schedule(lay.pp_schedule)
+    why = row.refusal(lay.pp_microbatches, dims.pp)
     if why is not None:
         raise ValueError(why)
     try:
         wl, cut = pipeline_cut(model)
     except ValueError:
         return
-    blocks, stages = len(cut.blocks(model)), dims.inner * row.per_rank
+    check_tp(model, dims.tp)
+    blocks, stages = len(cut.blocks(model)), dims.pp * row.per_rank
     if stages > blocks:
         raise ValueError(
             f"workload {wl.name} has {blocks} blocks, fewer than the {stages} stages of "
-            f"pp_schedule={row.name} over {dims.inner} ranks ({row.per_rank} a rank)"
+            f"pp_schedule={row.name} over {dims.pp} ranks ({row.per_rank} a rank)"
         )
+    if dims.dp_shard and dims.dp > 1 and row.split_backward:
+        raise ValueError(
+            f"dp_shard=true cannot shard pp_schedule={row.name}: its weight gradients run in a "
+            "pass of their own, which FSDP2 misses (gpipe, 1f1b and interleaved_1f1b take it)"
+        )
+
+
+_LAYOUT_KNOBS = {f.name for f in dataclasses.fields(PipeLayout)}
 
 
 class PipelinedModel(nn.Module):
@@ -126,12 +118,20 @@ class PipelinedModel(nn.Module):
     the stages' (what the optimiser steps), ``full_state()`` the whole model's by the plain
     names. The other ranks' stage modules are not kept."""
 
-    def __init__(self, split: StageSplit, groups: PipeGroups, device: torch.device, plan: PipePlan):
+    def __init__(
+        self,
+        split: StageSplit,
+        groups: PipeGroups,
+        device: torch.device,
+        plan: PipePlan,
+        tp_dims: dict[str, int] | None = None,
+    ):
         super().__init__()
-        self.group, self.replica_group = groups.pipe, groups.replicas
+        self.groups, self.group, self.replica_group = groups, groups.pipe, groups.replicas
         self.device, self.plan = device, plan
-        self.dp_rank, self.dp_size = groups.dp_rank, groups.dims.outer
-        self.pp_rank, self.pp_size = groups.pp_rank, groups.dims.inner
+        self.dp_rank, self.dp_size = groups.dp_rank, groups.dims.dp
+        self.pp_rank, self.pp_size = groups.pp_rank, groups.dims.pp
+        self._tp_dims = tp_dims or {}  # our TP layers' split dimensions, by plain names
         row = schedule(plan.schedule)
         self.indices = row.stages_of(self.pp_rank, self.pp_size)
         self.owners = row.owners(self.pp_size)  # the pipeline rank of each stage
@@ -145,8 +145,12 @@ class PipelinedModel(nn.Module):
             for i, st in enumerate(split.stages)
             for n, t in st.named_parameters()
         }
-        self._shared = [(s.name, plain[s.name].shape, plain[s.name].dtype) for s in split.shared]
+        self._shared = [
+            (s.name, local_shape(plain[s.name], groups), plain[s.name].dtype) for s in split.shared
+        ]
         self._received = None if plan.native else _received_per_sample(split, self.index, device)
+        if groups.sharded:
+            shard_stages(list(self.stages), split.workload.fsdp_units, groups)
         self._split = dataclasses.replace(split, stages=())  # its batch split and loss only
         self._native = _native_schedule(self) if plan.native else None
 
@@ -235,21 +239,23 @@ class PipelinedModel(nn.Module):
 
     def _sum_shared(self) -> None:
         """Each tied weight's gradient summed over the pipeline's ranks that hold it (the
-        others add zeros: every rank joins, in the plain model's order)."""
+        others add zeros: every rank joins, in the plain model's order); this rank's part of
+        it where TP or FSDP2 split it (each rank of the pipeline holds the same part)."""
         mine = self._mine()
         for name, shape, dtype in self._shared:
             p = mine.get(name)
             held = p is not None and p.grad is not None
-            grad = p.grad if held else torch.zeros(shape, dtype=dtype, device=self.device)
+            grad = local(p.grad) if held else torch.zeros(shape, dtype=dtype, device=self.device)
             dist.all_reduce(grad, group=self.group)
-            if p is not None:
+            if p is not None and not held:
                 p.grad = grad
 
     def _average_replicas(self) -> None:
-        """The stages' gradients averaged over the replicas, in one flat all-reduce."""
-        if self.replica_group is None:
+        """The stages' gradients averaged over the replicas, in one flat all-reduce; FSDP2's
+        reduce-scatter has averaged them already (``dp_shard``)."""
+        if self.replica_group is None or self.groups.sharded:
             return
-        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        grads = [local(p.grad) for p in self.parameters() if p.grad is not None]
         flat = _flatten_dense_tensors(grads)
         dist.all_reduce(flat, group=self.replica_group)
         flat.div_(self.dp_size)
@@ -257,9 +263,13 @@ class PipelinedModel(nn.Module):
             g.copy_(f)
 
     def full_state(self) -> dict[str, torch.Tensor]:
-        """Every stage's parameters under the plain model's names, on every rank (one
-        all-gather of objects over the pipeline; the replicas hold the same)."""
-        mine = {n: p.detach().cpu() for n, p in self._mine().items()}
+        """Every stage's parameters in full under the plain model's names, on every rank (each
+        gathered over its TP and FSDP2 ranks, then one all-gather of objects over the
+        pipeline; the replicas hold the same)."""
+        mine = {
+            n: full_tensor(p, self._tp_dims.get(n), self.groups).cpu()
+            for n, p in self._mine().items()
+        }
         every: list = [None] * self.pp_size
         dist.all_gather_object(every, mine, group=self.group)
         out: dict[str, torch.Tensor] = {}
@@ -316,29 +326,28 @@ def _native_schedule(model: PipelinedModel):
 
 
 def apply_pipeline(
-    model: nn.Module,
-    *,
-    group,
-    device: torch.device,
-    pp_schedule: str = "1f1b",
-    pp_microbatches: int = 2,
-    pp_degree: int | None = None,
-    native: bool = True,
+    model: nn.Module, *, group, device: torch.device, native: bool = True, **knobs
 ) -> PipelinedModel:
     """``model`` cut into the stages of ``pp_schedule`` over pipelines of ``pp_degree`` ranks of
-    ``group`` (None: all of them; the rest replicas), stepped over ``pp_microbatches``
-    micro-batches: torch's schedules (``native``) or ours (GPipe and 1F1B)."""
-    if pp_schedule not in SCHEDULES:
+    ``group`` (the knobs of ``PipeLayout``), each stage tensor-parallel over ``tp_degree``
+    ranks, stepped over ``pp_microbatches`` micro-batches: torch's schedules (``native``) or
+    ours (GPipe and 1F1B); the replicas average their gradients, or shard the stages
+    (``dp_shard``)."""
+    lay = PipeLayout(**knobs)
+    if lay.pp_schedule not in SCHEDULES:
         known = ", ".join(SCHEDULES)
-        raise ValueError(f"unknown pipeline schedule {pp_schedule!r} (known: {known})")
-    row = SCHEDULES[pp_schedule]
+        raise ValueError(f"unknown pipeline schedule {lay.pp_schedule!r} (known: {known})")
+    row = SCHEDULES[lay.pp_schedule]
     if not native and not row.reference:
         ours = ", ".join(s.name for s in SCHEDULES.values() if s.reference)
         raise ValueError(
-            f"pp_schedule={pp_schedule} runs in torch's schedules only (the native "
+            f"pp_schedule={lay.pp_schedule} runs in torch's schedules only (the native "
             f"implementation); the reference runs {ours}"
         )
-    groups = pipe_groups(group, pp_degree)
-    cut = split_stages(model, groups.dims.inner * row.per_rank)
-    plan = PipePlan(pp_schedule, pp_microbatches, native, row.per_rank)
-    return PipelinedModel(cut, groups, device, plan)
+    dims = pipe_dims(dist.get_world_size(group), lay.pp_degree, lay.tp_degree, lay.dp_shard)
+    check_tp(model, dims.tp)  # before any group exists: a bad degree fails cleanly
+    groups = pipe_groups(group, dims, device, native)
+    tp_dims = tensor_parallel(model, groups, native)
+    cut = split_stages(model, dims.pp * row.per_rank)
+    plan = PipePlan(lay.pp_schedule, lay.pp_microbatches, native, row.per_rank)
+    return PipelinedModel(cut, groups, device, plan, tp_dims)

@@ -47,6 +47,10 @@ class PipeSchedule:
     reference: bool = False  # our reference (pipeline_schedule.py) runs it too
     # (micro-batches, ranks of the pipeline) -> what torch asks of the count, or None: fits
     microbatch_rule: Callable[[int, int], str | None] = _any
+    # Weight gradients in a pass of their own (zero bubble, DualPipeV). FSDP2 over the replicas
+    # (dp_shard) is refused with these: at torch 2.13 the last stage's FSDP units get no
+    # gradient, or a wrong one (parallel_kernels/pipeline.py).
+    split_backward: bool = False
 
     def stages_of(self, rank: int, ranks: int) -> tuple[int, ...]:
         """The stages pipeline rank ``rank`` of ``ranks`` holds, in order."""
@@ -95,14 +99,22 @@ ALL: tuple[PipeSchedule, ...] = (
         torch_class="ScheduleInterleavedZeroBubble",
         per_rank=2,
         microbatch_rule=_whole_rounds,
+        split_backward=True,
     ),
-    PipeSchedule(name="zbv", torch_class="ScheduleZBVZeroBubble", per_rank=2, placement="v"),
+    PipeSchedule(
+        name="zbv",
+        torch_class="ScheduleZBVZeroBubble",
+        per_rank=2,
+        placement="v",
+        split_backward=True,
+    ),
     PipeSchedule(
         name="dualpipev",
         torch_class="ScheduleDualPipeV",
         per_rank=2,
         placement="v",
         microbatch_rule=_at_least_all_stages,
+        split_backward=True,
     ),
 )
 

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from parallel_kernels import ddp, fsdp, mesh, pipeline
+from parallel_kernels import ddp, fsdp, mesh, pipeline, pipeline_mesh
 from parallel_kernels.accelerate_ddp import apply_accelerate
 from parallel_kernels.dims import MeshDims
 from parallel_kernels.fsdp_layout import zero_state_bytes
@@ -370,9 +370,10 @@ STRATEGIES: dict[str, Strategy] = {
             default_impls=("native", "reference"),
             schedule="pp",
             replicated=lambda m: [],  # every rank holds its own stages: nothing on every rank
-            mesh_shape=pipeline.mesh_shape,
-            # a data-parallel replica is one pipeline
-            replica_ranks=lambda n, pp_degree=None, **_: pp_degree or n,
+            mesh_shape=pipeline_mesh.mesh_shape,
+            tp_size=lambda tp_degree=1, **_: tp_degree,
+            # a data-parallel replica is one pipeline (of TP groups)
+            replica_ranks=pipeline_mesh.replica_ranks,
             check_layout=pipeline.check_layout,
         ),
     )

@@ -121,6 +121,28 @@ def test_placements():
             "has 4 blocks, fewer than the 8 stages",
         ),
         (["--sweep", "pp_schedule", "--values", "looped"], "'looped' is not a pipeline schedule"),
+        (
+            [
+                *("--sweep", "pp_schedule", "--values", "1f1b"),
+                *("--option", "pp_degree=4", "--option", "tp_degree=2"),
+            ],
+            "PP x TP 4 x 2 does not divide the world size 4",
+        ),
+        (
+            ["--sweep", "pp_degree", "--values", "2", "--option", "tp_degree=3"],
+            "TP degree 3 does not divide the world size 4",
+        ),
+        (
+            ["--sweep", "pp_degree", "--values", "2", "--option", "tp_degree=2", "--model", TIED],
+            f"tensor parallelism needs a tp_plan, which workload {TIED} does not give",
+        ),
+        (
+            [
+                *("--sweep", "pp_schedule", "--values", "zbv", "--model", TIED),
+                *("--option", "pp_degree=2", "--option", "dp_shard=true"),
+            ],
+            "dp_shard=true cannot shard pp_schedule=zbv: its weight gradients run in a pass",
+        ),
     ],
 )
 def test_a_pipeline_that_cannot_run_is_one_line_and_exit_2(args, message, capsys):
