@@ -614,7 +614,7 @@ def verified(tmp_path_factory):
     out = tmp_path_factory.mktemp("verified") / "plan"
     argv = ["--model", "llama:tiny", "--world-size", "2", "--gpus-per-node", "2", "--device",
             "cpu", "--global-batch", "8", "--family", "ddp,fsdp2,tp", "--option",
-            "precision=fp32", "--verify", "2", "--workers", "1", "--launch-seconds", "2",
+            "precision=fp32", "--verify", "2", "--workers", "1", "--launch-seconds", "1",
             "--out", str(out)]  # fmt: skip
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):

@@ -52,6 +52,8 @@ def sweep(out: Path, values: str, impls: str) -> Path:
         "wide_mlp",
         "--impl",
         impls,
+        "--batch-size",  # the gradients, not the batch, make the buckets: 8 computes less
+        "8",
         "--steps",
         "3",
         "--max-steps",
