@@ -51,6 +51,9 @@ Schema versions (major.minor; a reader reads its own major and any minor):
 - 2.16: results.csv's ``pp_*`` columns, a pipeline's figures: its stages' bubble measured
   beside the schedule's theory, their point-to-point bytes beside the count, and each rank's
   bubble and peak memory listed by rank (text). A 2.15 folder reads as before, without them.
+- 2.17: results.csv's ``activation_checkpointing`` (the point's mode) and
+  ``recompute_flops_per_step`` (what its checkpointing recomputes). A 2.16 folder reads as
+  before, without them.
 
 The measurements behind each version's change are in docs/benchmarks.md.
 """
@@ -68,7 +71,7 @@ from bench.runfolder.columns import COLLECTIVE, NOISE_COLUMNS, REPLAY, SAMPLE_CO
 from bench.runfolder.points import PointRecord, RunFolderError, is_point_id, read_points
 from bench.runfolder.verdicts import TIED_SEP, VERDICTS_COLUMNS, VERDICTS_FILE
 
-SCHEMA_VERSION = "2.16"
+SCHEMA_VERSION = "2.17"
 
 # meta.json: each field the reading side uses, with the types it may hold (a field a newer
 # minor version adds is left aside); ``sweep`` is the one every run has.
