@@ -181,7 +181,10 @@ def rank_step(
     host = host.drop(gloo.index)
     if len(device):
         w1 = max(w1, float((device["ts"] + device["dur"]).max()))
-    step_events = _StepEvents(trace.rank, mine, host, gloo, device, gpu, (w0, w1))
+    p2p = _is_p2p(gloo)
+    step_events = _StepEvents(
+        trace.rank, mine, host, gloo, gloo[~p2p], gloo[p2p], device, gpu, (w0, w1)
+    )
     lanes: list[Lane] = []
     edges: list[tuple] = []
     calls: list[dict] = []
@@ -198,7 +201,9 @@ class _StepEvents:
     rank: int
     events: pd.DataFrame  # every event of the step (its blocking waits are read from them)
     host: pd.DataFrame  # host threads' ops, gloo's collective spans left out
-    gloo: pd.DataFrame  # gloo's collective spans, on its worker threads
+    gloo: pd.DataFrame  # gloo's spans, on its worker threads
+    collectives: pd.DataFrame  # those of collectives
+    p2p: pd.DataFrame  # those of sends and receives
     device: pd.DataFrame  # kernels, collectives and memory copies on GPU streams
     gpu: bool
     window: tuple[float, float]  # the step's start and end on this rank
@@ -213,7 +218,7 @@ def _comm_lanes(step: _StepEvents, lanes: list[Lane], calls: list[dict]) -> dict
     spans: dict = {}
     groups = [
         ("device", "stream", step.device, "stream"),
-        ("comm", "gloo thread", step.gloo[~_is_p2p(step.gloo)], "tid"),
+        ("comm", "gloo thread", step.collectives, "tid"),
     ]
     for kind, prefix, events, key in groups:
         for lane_key, sub in events.groupby(key, sort=True):
@@ -270,8 +275,8 @@ def _p2p_lanes(
     of it may overlap others on the thread that issued it), listed with the job's ranks it may
     have gone to (``peers``: (group, that rank, this rank's place in the group) each). Returns
     the list and the issues: (thread, time, span key) each."""
-    rank, gloo, host = step.rank, step.gloo, step.host
-    mine = gloo[_is_p2p(gloo)].sort_values("ts", kind="stable")
+    rank, host = step.rank, step.host
+    mine = step.p2p.sort_values("ts", kind="stable")
     calls = host[(host["kind"] == "comm_cpu") & _is_p2p(host)] if len(mine) else host.iloc[:0]
     out, issues = [], []
     for idx, name, tid, ts, dur in zip(
@@ -305,7 +310,7 @@ def _host_lanes(
     rank, host, gpu = step.rank, step.host, step.gpu
     w0, w1 = step.window
     waits = _waits(step)
-    gloo = step.gloo[~_is_p2p(step.gloo)]
+    gloo = step.collectives
     main = _main_tid(host)
     issues = [(main, float(t), ("ev", i)) for t, i in zip(gloo["ts"], gloo.index, strict=True)]
     issues += p2p_issues
