@@ -176,24 +176,25 @@ def step_flops(point: PointRecord, device: torch.device) -> tuple[float, str]:
 
 
 @functools.cache
-def _recomputed(model: str, batch: int, checkpointing: str) -> float:
-    """FLOPs a micro-batch recomputes in backward under ``checkpointing``: its count with the
-    mode applied less the plain one's, on fake tensors (NaN where the model cannot run on
-    them: the figure is the row's, never a reason to fail it)."""
+def _recomputed(model: str, batch: int, checkpointing: str, device: torch.device) -> float:
+    """FLOPs a micro-batch recomputes in backward under ``checkpointing``: its count on fake
+    tensors with the mode applied, less the plain count the row's FLOPs come from
+    (``_micro_batch``); NaN where the model cannot run on fake tensors (the figure is the
+    row's, never a reason to fail it)."""
     if checkpoint_mode(checkpointing).every == 0:
         return 0.0
-    wl = workload(model)
+    plain = _micro_batch(model, batch, device).by_class
     try:
-        counts = [count_op_flops(wl, batch, checkpointing=m) for m in (checkpointing, "off")]
+        checkpointed = count_op_flops(workload(model), batch, checkpointing=checkpointing)
     except Exception:  # noqa: BLE001
         return math.nan
-    return float(sum(counts[0].values()) - sum(counts[1].values()))
+    return float(sum(checkpointed.values()) - sum(plain.values())) if plain else math.nan
 
 
-def recompute_flops(point: PointRecord) -> float:
+def recompute_flops(point: PointRecord, device: torch.device) -> float:
     """FLOPs per step per rank that activation checkpointing recomputes (0 with it off)."""
     mode = point.knobs["activation_checkpointing"]
-    micro = _recomputed(point.model, point.batch_per_replica, mode)
+    micro = _recomputed(point.model, point.batch_per_replica, mode, device)
     return micro * _micro_batches_per_rank(point)
 
 
@@ -361,7 +362,7 @@ def figures(
     used, measured = peak
     return {
         "flops_per_step": flops,
-        "recompute_flops_per_step": recompute_flops(point),
+        "recompute_flops_per_step": recompute_flops(point, device),
         "flops_source": source,
         "tflops_per_s": flops / step_s / 1e12,
         "peak_tflops": used.tflops,
