@@ -1,11 +1,14 @@
-"""Rank arithmetic in one place: a group's ranks laid out as a row-major grid.
+"""Rank arithmetic in one place: a point's ranks as one validated row-major grid.
 
-``outer`` replicas of ``inner`` consecutive ranks each (row-major, as torchtitan's ParallelDims
-and ``init_device_mesh`` lay them out). Tensor parallelism puts a TP group on the inner
-dimension and data-parallel replicas on the outer one; hybrid FSDP a shard group inside and
-replicas across; plain data parallelism has an inner size of 1 (every rank its own replica).
-``ParallelDims`` is the same arithmetic over three dimensions, (dp, pp, tp), for a pipeline
-whose stages are tensor-parallel and whose replicas replicate or shard them.
+``ParallelDims`` lays a group's ranks out as (dp, pp, tp), as torchtitan's ParallelDims and
+``init_device_mesh`` do: ``tp`` consecutive ranks a tensor-parallel group (on a GPU node they
+share the fastest links), ``pp`` of those a pipeline, and the rest (``dp``) data-parallel
+replicas, which replicate each parameter (DDP) or, ``dp_shard``, shard it (FSDP). Hybrid FSDP
+splits the data-parallel ranks once more into replicas of ``shard_group`` consecutive ranks
+(``dp_grid``). Plain data parallelism is the grid (world, 1, 1); tensor parallelism x DP
+(parallel_kernels/mesh.py) is (dp, 1, tp); a pipeline's replicas and stages
+(parallel_kernels/pipeline_mesh.py) are (dp, pp, tp). Every degree is checked here, once,
+against the world size: a degree that does not divide it is one ValueError line.
 """
 
 from __future__ import annotations
@@ -15,62 +18,25 @@ from dataclasses import dataclass
 from parallel_kernels.groups import mesh_lines
 
 
-@dataclass(frozen=True, kw_only=True)
-class MeshDims:
-    world: int
-    inner: int = 1  # ranks of one inner group: the TP degree, or FSDP's shard group
-    dp_shard: bool = False  # TP: the outer (data-parallel) dimension shards (FSDP)
-    inner_name: str = "TP degree"  # what ``inner`` is, for the error messages
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.inner, int) or self.inner < 1:
-            raise ValueError(f"{self.inner_name} must be a positive integer, got {self.inner!r}")
-        if self.world % self.inner:
-            raise ValueError(
-                f"{self.inner_name} {self.inner} does not divide the world size {self.world}"
-            )
-
-    @property
-    def outer(self) -> int:
-        return self.world // self.inner
-
-    # Tensor parallelism's names for the two dimensions.
-    tp = property(lambda self: self.inner)
-    dp = property(lambda self: self.outer)
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (self.outer, self.inner)
-
-    def coords(self, rank: int) -> tuple[int, int]:
-        """(outer index, inner index) of a rank: (dp, tp) for TP, (replica, shard) for FSDP."""
-        return divmod(rank, self.inner)
-
-    def lines(self) -> tuple[list[list[int]], list[list[int]]]:
-        """(outer groups, inner groups): the rank lists of each dimension's groups."""
-        outer, inner = mesh_lines(self.shape)
-        return outer, inner
+def _positive(name: str, value) -> None:
+    if value is not None and (not isinstance(value, int) or value < 1):
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
 class ParallelDims:
-    """A point's ranks as a row-major (dp, pp, tp) grid: ``tp`` consecutive ranks a
-    tensor-parallel group, ``pp`` of those a pipeline, the rest (``dp``) its data-parallel
-    replicas, which replicate (DDP) or, ``dp_shard``, shard (FSDP2) each stage. A pipeline of
-    one tensor-parallel rank is ``MeshDims``' (replica, stage rank) grid, its ranks consecutive
-    as before. ``pp`` None: every rank the TP groups leave is a pipeline rank."""
-
     world: int
-    pp: int | None = None
-    tp: int = 1
-    dp_shard: bool = False
+    pp: int | None = 1  # ranks of one pipeline; None: every rank the TP groups leave
+    tp: int = 1  # ranks of one tensor-parallel group
+    dp_shard: bool = False  # the data-parallel ranks shard the parameters (FSDP), not replicate
+    shard_group: int | None = None  # hybrid FSDP: data-parallel ranks of one shard group
 
     NAMES = ("dp", "pp", "tp")
 
     def __post_init__(self) -> None:
-        for name, value in (("PP degree", self.pp), ("TP degree", self.tp)):
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        _positive("PP degree", self.pp)
+        _positive("TP degree", self.tp)
+        _positive("shard group", self.shard_group)
         if self.world % self.tp:
             raise ValueError(f"TP degree {self.tp} does not divide the world size {self.world}")
         if self.pp is None:
@@ -78,6 +44,10 @@ class ParallelDims:
         if self.world % (self.pp * self.tp):
             what = f"PP degree {self.pp}" if self.tp == 1 else f"PP x TP {self.pp} x {self.tp}"
             raise ValueError(f"{what} does not divide the world size {self.world}")
+        if self.shard_group is not None and self.dp % self.shard_group:
+            raise ValueError(
+                f"shard group {self.shard_group} does not divide the world size {self.world}"
+            )
 
     @property
     def dp(self) -> int:
@@ -100,3 +70,17 @@ class ParallelDims:
     def lines(self) -> list[list[list[int]]]:
         """Per dimension (dp, pp, tp), the rank lists of its groups."""
         return mesh_lines(self.shape)
+
+    @property
+    def dp_grid(self) -> tuple[int, int]:
+        """Hybrid FSDP's (replicate, shard) grid of the data-parallel ranks."""
+        shard = self.shard_group or 1
+        return (self.dp // shard, shard)
+
+    def dp_grid_lines(self) -> tuple[list[list[int]], list[list[int]]]:
+        """(replicate groups, shard groups) of a grid of data-parallel ranks only (pp = tp =
+        1): each shard group ``shard_group`` consecutive ranks."""
+        if self.replica != 1:
+            raise ValueError("a (replicate, shard) grid is of data-parallel ranks only")
+        replicate, shard = mesh_lines(self.dp_grid)
+        return replicate, shard

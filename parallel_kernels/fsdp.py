@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from parallel_kernels.dims import MeshDims
+from parallel_kernels.dims import ParallelDims
 from parallel_kernels.facts import torch_dtype
 from parallel_kernels.fsdp_layout import (
     STRATEGIES,
@@ -68,7 +68,7 @@ def mesh_shape(
     if sharding_strategy in ("FULL_SHARD", "SHARD_GRAD_OP"):
         return (n,)
     s = shard_group_size(sharding_strategy, n, shard_size)
-    return MeshDims(world=n, inner=s, inner_name="shard group").shape
+    return ParallelDims(world=n, shard_group=s).dp_grid
 
 
 def fsdp_mesh(device: torch.device, group, strategy: str, shard_size: int | None):

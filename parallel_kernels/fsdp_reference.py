@@ -34,7 +34,7 @@ from torch import nn
 from torch.profiler import record_function
 
 from parallel_kernels.ddp import CommStats
-from parallel_kernels.dims import MeshDims
+from parallel_kernels.dims import ParallelDims
 from parallel_kernels.fsdp_layout import STRATEGIES, shard_group_size, unit_params
 from parallel_kernels.groups import split
 
@@ -59,7 +59,7 @@ def _make_groups(group, strategy: str, shard_size: int | None) -> _Groups:
     s = shard_group_size(strategy, n, shard_size)
     shard_pg = replicate_pg = None
     if 1 < s < n:  # hybrid: a (replicate, shard) grid, shard groups of consecutive ranks
-        replicate_lines, shard_lines = MeshDims(world=n, inner=s, inner_name="shard group").lines()
+        replicate_lines, shard_lines = ParallelDims(world=n, shard_group=s).dp_grid_lines()
         shard_pg, replicate_pg = split(group, shard_lines), split(group, replicate_lines)
     elif s == n:
         shard_pg = group

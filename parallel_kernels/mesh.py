@@ -1,7 +1,7 @@
 """Two-dimensional parallelism applied to a plain model: data parallel x tensor parallel.
 
-``MeshDims`` (after torchtitan's ``ParallelDims``) is the one place that checks the degrees
-against the world size and lays the ranks out: a (dp, tp) grid in row-major order, so that the
+``dims.ParallelDims`` is the one place that checks the degrees against the world size and
+lays the ranks out: here a (dp, 1, tp) grid in row-major order, so that the
 ranks of one TP group are consecutive (on a GPU node they share the fastest links) and each DP
 group takes one rank from every TP group. The apply functions return a ``MeshParallel``, which
 the harness drives like any other wrapped model and asks for the data-parallel coordinates
@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch import nn
 
 from parallel_kernels.ddp import ReferenceDDP
-from parallel_kernels.dims import MeshDims
+from parallel_kernels.dims import ParallelDims
 from parallel_kernels.fsdp_layout import fsdp_comm_bytes, fsdp_units, zero_state_bytes
 from parallel_kernels.fsdp_reference import ReferenceFSDP
 from parallel_kernels.groups import device_mesh, host_tensors, split
@@ -48,7 +48,7 @@ class MeshParallel(nn.Module):
         module: nn.Module,
         model: nn.Module,
         *,
-        dims: MeshDims,
+        dims: ParallelDims,
         rank: int,
         tp_group,
         shard_dims: dict[str, int],
@@ -56,7 +56,7 @@ class MeshParallel(nn.Module):
         super().__init__()
         self.module = module
         self.dims = dims
-        self.dp_rank, self.tp_rank = dims.coords(rank)
+        self.dp_rank, _, self.tp_rank = dims.coords(rank)
         self.tp_group = tp_group
         self.shard_dims = shard_dims
         self._model = [model]  # the plain model, rewritten in place (a list: not a submodule)
@@ -156,17 +156,17 @@ class MeshParallel(nn.Module):
         return t.detach().clone()
 
 
-def _dims(group, tp_degree: int, dp_shard: bool) -> MeshDims:
-    return MeshDims(world=dist.get_world_size(group), inner=tp_degree, dp_shard=dp_shard)
+def _dims(group, tp_degree: int, dp_shard: bool) -> ParallelDims:
+    return ParallelDims(world=dist.get_world_size(group), tp=tp_degree, dp_shard=dp_shard)
 
 
-def _groups(group, dims: MeshDims):
+def _groups(group, dims: ParallelDims):
     """(tp group, dp group) over the ranks of ``group``."""
     if dims.tp == 1:
         return None, group
     if dims.dp == 1:
         return group, None
-    dp_lines, tp_lines = dims.lines()  # the groups of each mesh dimension
+    dp_lines, _, tp_lines = dims.lines()  # the groups of each mesh dimension
     return split(group, tp_lines), split(group, dp_lines)
 
 
@@ -247,7 +247,7 @@ def apply_native_tp(
     dims = _dims(group, tp_degree, dp_shard)
     plan = tp_plan(model)
     check_degree(model, plan, dims.tp)
-    mesh = device_mesh(device, group, dims.shape, ("dp", "tp"))
+    mesh = device_mesh(device, group, (dims.dp, dims.tp), ("dp", "tp"))
     dims_of = shard_dims(model, plan) if dims.tp > 1 else {}
     if dims.tp > 1:
         parallelize_module(model, mesh["tp"], native_plan(plan))
@@ -285,7 +285,7 @@ def _dp_strategy(dp_shard: bool) -> str:
 def local_layout(model: nn.Module, layer: str, n: int, tp_degree: int, dp_shard: bool):
     """(mesh dims, TP plan, parameters one rank holds after TP) for the analytical figures;
     ``layer``: the implementation's TP layers, ``megatron`` or ``naive``."""
-    dims = MeshDims(world=n, inner=tp_degree, dp_shard=dp_shard)
+    dims = ParallelDims(world=n, tp=tp_degree, dp_shard=dp_shard)
     plan = plan_for(model, layer, dims.tp)
     return dims, plan, local_param_count(model, shard_dims(model, plan), dims.tp)
 
@@ -329,9 +329,15 @@ def expected_state_bytes(
     return zero_state_bytes(local, dims.dp, _dp_strategy(dp_shard))
 
 
+def mesh_shape(n: int, tp_degree: int = 1, dp_shard: bool = False, **_) -> tuple[int, int]:
+    """The (dp, tp) mesh of ``n`` ranks; a TP degree that does not divide them is refused."""
+    dims = ParallelDims(world=n, tp=tp_degree, dp_shard=dp_shard)
+    return (dims.dp, dims.tp)
+
+
 def data_parallel_coords(model: nn.Module, rank: int, world: int) -> tuple[int, int]:
     """(index, size) of this rank's data-parallel replica: ranks of one tensor-parallel group
     must read the same batch."""
     if hasattr(model, "dp_size"):  # a (dp, tp) mesh's, a pipeline's
         return model.dp_rank, model.dp_size
-    return MeshDims(world=world).coords(rank)[0], world  # every rank its own replica
+    return rank, world  # every rank its own replica

@@ -21,7 +21,6 @@ from torch import nn
 
 from parallel_kernels import ddp, fsdp, mesh, pipeline, pipeline_mesh
 from parallel_kernels.accelerate_ddp import apply_accelerate
-from parallel_kernels.dims import MeshDims
 from parallel_kernels.fsdp_layout import zero_state_bytes
 from parallel_kernels.knobs import Knob, strategy_knobs
 
@@ -339,9 +338,7 @@ STRATEGIES: dict[str, Strategy] = {
             replicated=lambda m: list(m.full_state().values()),
             expected_state_bytes=mesh.expected_state_bytes,
             expected_comm_bytes=mesh.expected_comm_bytes,
-            mesh_shape=lambda n, tp_degree=1, dp_shard=False, **_: (
-                MeshDims(world=n, inner=tp_degree, dp_shard=dp_shard).shape
-            ),
+            mesh_shape=mesh.mesh_shape,
             tp_size=lambda tp_degree=1, **_: tp_degree,
         ),
         Strategy(
