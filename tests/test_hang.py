@@ -533,9 +533,24 @@ def test_a_pipeline_stage_whose_send_has_no_receive_is_named_with_its_peer():
     diag = diagnose_folder(Path(__file__).parent / "data" / "hang" / "pipeline")
     assert diag.kind == "p2p" and diag.ranks == (0,)
     assert diag.line.startswith(
-        "rank 0 (stage 0) sends to rank 1, which never receives it (at pipeline.py:211, "
-        "torch's schedules.py:"
+        "rank 0 (stage 0) sends to rank 1, which never receives it (at pipeline.py:202, "
+        "torch's schedules.py:1105; its schedule: 4 micro-batches, 4 forwards and 2 backwards "
+        "done)"
     ), diag.line
     assert "rank 1 left its sends and receives and waits in all_reduce #1 (group point" in (
         diag.line
     )
+
+
+def test_a_schedule_position_is_said_from_the_state_its_frame_kept():
+    """Each schedule's locals (bench/runner/faults/flight.py keeps them) in words; what a
+    dump could hold that is not a number or a string says nothing."""
+    from bench.hang.calls import schedule_position
+
+    assert schedule_position({"i": 2, "microbatches": 8}) == "8 micro-batches, at micro-batch 2"
+    assert schedule_position({"action": "1B3", "i": 0}) == "at action 1B3"
+    assert schedule_position({"fwd_mb_index": 3, "bwd_mb_index": 1}) == (
+        "3 forwards and 1 backward done"
+    )
+    assert schedule_position({"microbatches": True, "i": [1]}) is None
+    assert schedule_position(None) is None

@@ -251,7 +251,8 @@ def test_a_pipeline_whose_stages_disagree_on_the_micro_batch_count_is_named(tmp_
     assert row["status"] == "error"
     assert re.search(
         r"^rank 0 \(stage 0\) sends to rank 1, which never receives it \(at pipeline\.py:\d+, "
-        r"torch's schedules\.py:\d+\): rank 1 left its sends and receives and waits in "
+        r"torch's schedules\.py:\d+; its schedule: 4 micro-batches, 4 forwards and 2 "
+        r"backwards done\): rank 1 left its sends and receives and waits in "
         r"all_reduce #\d+ \(group point",
         row["diagnosis"],
     ), row["diagnosis"]

@@ -177,4 +177,39 @@ def point_to_point(stacks: dict | None) -> dict | None:
     op = said.group(1) if said else None
     if op is None and inner["name"] in ("send", "isend", "recv", "irecv"):
         op = inner["name"].lstrip("i")
-    return {"op": op, "site": site(mine), "torch_site": site(torch_line)}
+    raw = stacks.get("raised_at") or main_thread_frames(stacks)
+    state = next(
+        (f["schedule"] for f in raw if isinstance(f, dict) and isinstance(f.get("schedule"), dict)),
+        None,
+    )
+    return {
+        "op": op,
+        "site": site(mine),
+        "torch_site": site(torch_line),
+        "schedule": schedule_position(state),
+    }
+
+
+def schedule_position(state: dict | None) -> str | None:
+    """Where a pipeline schedule stood, in words, from the state the suite's stacks keep of
+    torch's schedule frame (bench/runner/faults/flight.py): its micro-batch count and its
+    position (1F1B's forward and backward counts, GPipe's micro-batch, a runtime's action in
+    torch's notation, stage F/B/W micro-batch); None without one."""
+    if not state:
+        return None
+
+    def number(key: str) -> int | None:
+        v = state.get(key)
+        return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+    fwd, bwd, i, count = (number(k) for k in ("fwd_mb_index", "bwd_mb_index", "i", "microbatches"))
+    if isinstance(state.get("action"), str):
+        where = f"at action {state['action'][:40]}"
+    elif fwd is not None and bwd is not None:
+        where = f"{fwd} forward{'s' * (fwd != 1)} and {bwd} backward{'s' * (bwd != 1)} done"
+    elif i is not None:
+        where = f"at micro-batch {i}"
+    else:
+        where = None
+    parts = [f"{count} micro-batches" if count is not None else None, where]
+    return ", ".join(p for p in parts if p) or None

@@ -421,7 +421,8 @@ def _unmatched(d: Dumps, head: _Head, p2p: dict[int, dict], args: tuple) -> Diag
     """The "p2p" Diagnosis: ranks blocked in a send or a receive that the ranks waiting in
     ``head``'s call never answer, having left the loop of sends and receives (a pipeline's
     stages that disagree on the micro-batch count). The recorder keeps no gloo send or
-    receive: the stacks say where each stood, not which micro-batch."""
+    receive: the stacks say where each stood, and the suite's stacks where its schedule
+    stood (its micro-batch count and position)."""
     members = d.groups.get(head.group, ("", []))[1]
     peers = _ranks(head.waiting)
 
@@ -431,6 +432,8 @@ def _unmatched(d: Dumps, head: _Head, p2p: dict[int, dict], args: tuple) -> Diag
     parts = []
     for r, p in sorted(p2p.items()):
         at = f"at {p['site']}, torch's {p['torch_site']}"
+        if p.get("schedule"):
+            at += f"; its schedule: {p['schedule']}"
         if p["op"] == "send":
             parts.append(f"{who(r)} sends to {peers}, which never receives it ({at})")
         elif p["op"] == "recv":

@@ -27,7 +27,6 @@ import socket
 import sys
 import threading
 import time
-import traceback
 from pathlib import Path
 
 import torch
@@ -87,9 +86,57 @@ def record(since_ns: int = 0) -> dict:
     return rec
 
 
-def _frames(tb_frames) -> list[dict]:
-    """Innermost first, as the flight recorder lists them."""
-    return [{"file": f.filename, "line": f.lineno, "name": f.name} for f in reversed(tb_frames)]
+# The file of torch's pipeline schedules, whose frames say where a schedule stood: the recorder
+# keeps no gloo send or receive, so a pipeline's hang is read from these frames' locals.
+_SCHEDULES = os.path.join("distributed", "pipelining", "schedules.py")
+# A schedule frame's locals that say its micro-batch: 1F1B's counters, GPipe's loop index, the
+# runtime's action (torch's notation: stage, F/B/W, micro-batch: "0F3").
+_SCHEDULE_LOCALS = ("fwd_mb_index", "bwd_mb_index", "i", "action")
+
+
+def _schedule_state(frame) -> dict | None:
+    """A schedule frame's micro-batch count and position, as plain values; None elsewhere."""
+    if not frame.f_code.co_filename.endswith(_SCHEDULES):
+        return None
+    local = frame.f_locals
+    state = {k: local[k] for k in _SCHEDULE_LOCALS if isinstance(local.get(k), int)}
+    if getattr(local.get("action"), "microbatch_index", None) is not None:
+        state["action"] = str(local["action"])
+    count = getattr(local.get("self"), "_n_microbatches", None)
+    if isinstance(count, int):
+        state["microbatches"] = count
+    return state or None
+
+
+def _frames(frames: list[tuple]) -> list[dict]:
+    """(frame, line) pairs, outermost first, as the flight recorder lists frames: innermost
+    first; a pipeline schedule's frame with its state (``_schedule_state``)."""
+    out = []
+    for f, line in reversed(frames):
+        row = {"file": f.f_code.co_filename, "line": line, "name": f.f_code.co_name}
+        state = _schedule_state(f)
+        if state:
+            row["schedule"] = state
+        out.append(row)
+    return out
+
+
+def _stack(frame) -> list[tuple]:
+    """(frame, line) from the outermost frame down to ``frame``."""
+    frames = []
+    while frame is not None:
+        frames.append((frame, frame.f_lineno))
+        frame = frame.f_back
+    return frames[::-1]
+
+
+def _raised(tb) -> list[tuple]:
+    """A traceback's (frame, line it raised through), outermost first."""
+    frames = []
+    while tb is not None:
+        frames.append((tb.tb_frame, tb.tb_lineno))
+        tb = tb.tb_next
+    return frames
 
 
 def thread_stacks(skip: int | None = None) -> list[dict]:
@@ -100,7 +147,7 @@ def thread_stacks(skip: int | None = None) -> list[dict]:
         {
             "thread": names.get(ident, str(ident)),
             "main": ident == main,
-            "frames": _frames(traceback.extract_stack(frame)),
+            "frames": _frames(_stack(frame)),
         }
         for ident, frame in sys._current_frames().items()
         if ident != skip
@@ -151,7 +198,7 @@ def write_stacks(
 ) -> None:
     raised_at: list[dict] = []
     if isinstance(error, BaseException):
-        raised_at = _frames(traceback.extract_tb(error.__traceback__))
+        raised_at = _frames(_raised(error.__traceback__))
         error = f"{type(error).__name__}: {error}"
     doc = {
         "rank": rank,
