@@ -3,8 +3,12 @@ the harness at 2 ranks, its first step checked against the plain model (``checke
 "ok"), torch's schedules and ours alike; a point the pipeline cannot run is an error row
 naming why. One call into the session's rank pool runs every case."""
 
+from pathlib import Path
+
 import pytest
 
+from bench.analysis import critical_path as cp
+from bench.analysis.critical_graph import COMM
 from tests.test_harness import run_points
 from tests.test_plain_check import case
 
@@ -50,10 +54,25 @@ def check_pipeline_figures(r: dict, microbatches: int) -> None:
 @pytest.mark.timeout(300)
 def test_pipelines_train_as_the_plain_model_and_refuse_what_they_cannot_run(pool, tmp_path):
     rows = pool(2).run(worker, str(tmp_path), timeout=280)[0]
-    for r, (model, impl, knobs) in zip(rows, RIGHT, strict=False):
+    for i, (r, (model, impl, knobs)) in enumerate(zip(rows, RIGHT, strict=False)):
         assert r["status"] == "ok", (model, impl, knobs, r["error"])
         assert r["checked"].startswith("ok (fp32 tolerance"), (model, impl, knobs, r["checked"])
         check_pipeline_figures(r, knobs["pp_microbatches"])
+        check_path_crosses_stages(tmp_path / case(i, model, "pp", impl, **knobs).id)
     for r, (model, impl, knobs, says) in zip(rows[len(RIGHT) :], WRONG, strict=True):
         assert r["status"] == "error" and says in r["error"], (model, impl, knobs, r["error"])
         assert r.get("pp_bubble_pct") is None
+
+
+def check_path_crosses_stages(folder: Path) -> None:
+    """A pipelined step's critical path, from the point's own traces: it adds up to the step
+    and runs through a receive from one stage to the other (the sends and receives joined,
+    bench/analysis/critical_graph.py)."""
+    paths, problems = cp.folder_paths(folder)
+    assert paths and problems == [], problems
+    for sp in paths:
+        path = sp.path
+        assert path["dur_us"].sum() == pytest.approx(sp.summary["length_us"], rel=1e-6)
+        recv = path[path["op"] == "recv"]
+        assert len(recv) and set(recv["category"]) == {COMM}, path.to_string()
+        assert set(path["rank"]) == {0, 1}, path.to_string()
