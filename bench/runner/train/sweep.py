@@ -45,10 +45,12 @@ def lost_ranks(ctx: RunContext, point: PointRecord, e: LostRanksError) -> None:
     row = Row.of(point, status="error", error=error, **diagnosis(e.hangs))
     if ctx.env.is_main:
         watchdog.write_row(lambda: ctx.write(row.cells()))
-    watchdog.IN_POINT.clear()
+    # Said while the point still defers SIGTERM: the launcher stops the survivors the moment
+    # a lost rank's exit reaches it, and would cut these lines off.
     print(f"error: {e}", file=sys.stderr, flush=True)
     if row.diagnosis:
         print(f"diagnosis: {row.diagnosis}", file=sys.stderr, flush=True)
+    watchdog.IN_POINT.clear()
     os._exit(1)
 
 
