@@ -1,7 +1,9 @@
 """Per-op prediction (bench/analysis/op_accuracy.py): each top-level op of a small profiled
-loop priced alone on a roofline, checked against ``Roofline.op_us`` of FLOPs and bytes worked
-out here by hand, and against the trace's own durations; nested ops and views counted once;
-a trace without shapes says it cannot price."""
+loop priced as its parts ran on a hand-made roofline, checked against FLOPs and bytes worked
+out here by hand (the cold curve for an op without FLOPs that allocates, a head's matmul for
+attention, the traced cost per operator dispatched), and against the trace's own durations;
+nested ops and views counted once; the fastest of the steps; a trace without shapes says it
+cannot price."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from bench.analysis.breakdown import load_trace
-from bench.analysis.op_accuracy import NO_SHAPES, op_accuracy, per_op, summary
+from bench.analysis.op_accuracy import NO_SHAPES, fastest_of_steps, op_accuracy, per_op, summary
 from bench.roofline.profile import from_json
 from bench.selftime.op_prediction import main
 
@@ -31,8 +33,11 @@ ROOFLINE = from_json(
         "matmul": {"fp32": {"sizes": [1e4, 1e8], "efficiency": [0.3, 0.9]}},
         "memory": {"sizes": [1e3, 1e7], "efficiency": [0.9, 0.4]},
         "launch_us": 2.0,
+        "memory_cold": {"sizes": [1e3], "efficiency": [0.25]},  # flat: 12.5 GB/s
+        "traced_op_us": 0.5,
     }
 )
+TRACED = 0.5  # us an operator dispatched costs in the trace
 STEPS = 3
 N, B, K, M = 64, 16, 64, 32  # the mm's side; the linear's batch, input and output widths
 F32 = 4
@@ -66,17 +71,22 @@ def test_each_op_is_priced_on_its_own_flops_and_bytes(accuracy):
     _, acc = accuracy
     assert acc.unpriced == ()
     by_op = acc.calls.groupby("op")
-    # 2 m k n FLOPs, the two inputs and the output read or written once
+    # 2 m k n FLOPs, the two inputs and the output read or written once; the matmuls' bytes on
+    # the memory curve, the add's (no FLOPs, an allocated output) on the cold one: 12.5 GB/s
     expected = {
-        "aten::mm": ROOFLINE.op_us(2 * N**3, 3 * N * N * F32, "fp32")[0],
-        "aten::linear": ROOFLINE.op_us(2 * B * K * M, (B * K + M * K + M + B * M) * F32, "fp32")[0],
-        "aten::add": ROOFLINE.op_us(0, 3 * N * N * F32, "fp32")[0],
-        "aten::t": ROOFLINE.launch_us,  # a view moves nothing: one launch
+        "aten::mm": ROOFLINE.body_us(2 * N**3, 3 * N * N * F32, "fp32")[0],
+        "aten::linear": ROOFLINE.body_us(2 * B * K * M, (B * K + M * K + M + B * M) * F32, "fp32")[
+            0
+        ],
+        "aten::add": 3 * N * N * F32 / 12.5e3,
+        "aten::t": 0.0,  # a view moves nothing
     }
     assert set(by_op.groups) == set(expected)  # linear's own t and addmm are not ops of their own
-    for op, price in expected.items():
+    for op, body in expected.items():
         assert by_op.size()[op] == STEPS
-        assert by_op.get_group(op)["priced_us"].to_numpy() == pytest.approx([price] * STEPS)
+        rows = by_op.get_group(op)
+        # plus each operator it dispatched at the traced cost: a composite priced as its parts
+        assert rows["priced_us"].to_numpy() == pytest.approx(body + TRACED * rows["ops_inside"])
     kinds = acc.calls.drop_duplicates("op").set_index("op")["op_class"].to_dict()
     assert kinds == {
         "aten::mm": "matmul",
@@ -143,26 +153,65 @@ def test_an_elementwise_function_is_priced_at_its_rate_where_that_is_longer(tmp_
     rates = {"aten::tanh": 0.01, "aten::_log_softmax": 0.02, "aten::add": 1e6}
     roof = from_json({**ROOFLINE.as_json(), "math_Gelems": rates})
     x = torch.randn(N, N)
+    y = x.clone()
     cpu = [ProfilerActivity.CPU]
     with profile(activities=cpu, record_shapes=True) as p, record_function("ProfilerStep#0"):
         torch.tanh(x)
         torch.log_softmax(x, dim=-1)
         torch.add(x, x)
+        y.add_(x)
     p.export_chrome_trace(str(tmp_path / "t.json"))
     calls = op_accuracy(load_trace(tmp_path / "t.json"), roof).calls.set_index("op")
     elements_us = {op: N * N / (rate * 1e3) for op, rate in rates.items()}
+    launches = TRACED * calls["ops_inside"]
     assert calls.loc["aten::tanh", "priced_us"] == pytest.approx(
-        elements_us["aten::tanh"] + roof.launch_us
+        elements_us["aten::tanh"] + launches["aten::tanh"]
     )
     assert calls.loc["aten::log_softmax", "priced_us"] == pytest.approx(
-        elements_us["aten::_log_softmax"] + roof.launch_us
+        elements_us["aten::_log_softmax"] + launches["aten::log_softmax"]
     )
     assert set(calls.loc[["aten::tanh", "aten::log_softmax"], "bound"]) == {"math"}
-    add = roof.op_us(0, 3 * N * N * F32, "fp32")
+    add = roof.memory_us(3 * N * N * F32, cold=True) + launches["aten::add"]
     assert (calls.loc["aten::add", "priced_us"], calls.loc["aten::add", "bound"]) == (
-        pytest.approx(add[0]),
+        pytest.approx(add),
         "memory",
     )
+    # in place, it allocates nothing: its bytes on the memory curve, not the cold one
+    in_place = roof.memory_us(3 * N * N * F32) + launches["aten::add_"]
+    assert calls.loc["aten::add_", "priced_us"] == pytest.approx(in_place)
+    assert in_place < add
     # without rates, the same calls are priced by their bytes alone
     plain = op_accuracy(load_trace(tmp_path / "t.json"), ROOFLINE).calls.set_index("op")
     assert plain.loc["aten::tanh", "priced_us"] < calls.loc["aten::tanh", "priced_us"]
+
+
+def test_attention_is_priced_as_head_sized_matmuls_and_its_softmax(tmp_path):
+    """Its FLOPs (torch's 4 b h s^2 d) at the efficiency of one head's 2 s^2 d matmul, plus
+    the b h s^2 scores exponentiated at the profile's exp rate, plus its operators."""
+    b, h, s, d = 2, 2, 16, 8
+    roof = from_json({**ROOFLINE.as_json(), "math_Gelems": {"aten::exp": 0.5}})
+    q, k, v = (torch.randn(b, h, s, d) for _ in range(3))
+    cpu = [ProfilerActivity.CPU]
+    with profile(activities=cpu, record_shapes=True) as p, record_function("ProfilerStep#0"):
+        F.scaled_dot_product_attention(q, k, v)
+    p.export_chrome_trace(str(tmp_path / "t.json"))
+    calls = op_accuracy(load_trace(tmp_path / "t.json"), roof).calls.set_index("op")
+    row = calls.loc["aten::scaled_dot_product_attention"]
+    assert row["flops"] == 4 * b * h * s * s * d
+    head = 0.1e6 * 0.3  # FLOPs a us: a 2 s^2 d = 4 kFLOP matmul is below the curve's 0.3 end
+    softmax = b * h * s * s / 0.5e3
+    assert row["priced_us"] == pytest.approx(
+        row["flops"] / head + softmax + TRACED * row["ops_inside"]
+    )
+    assert row["bound"] == "compute"
+
+
+def test_fastest_of_steps_keeps_each_ops_fastest_call(accuracy):
+    _, acc = accuracy
+    fast = fastest_of_steps(acc.calls)
+    assert len(fast) == len(acc.calls) // STEPS and (fast["step"] == acc.calls["step"].min()).all()
+    for op, rows in acc.calls.groupby("op"):
+        assert fast.loc[fast["op"] == op, "measured_us"].min() == rows["measured_us"].min()
+    assert (fast["error_pct"] == 100 * (fast["priced_us"] / fast["measured_us"] - 1)).all()
+    ragged = acc.calls.iloc[:-1]  # the last step one op short: left as it is
+    assert fastest_of_steps(ragged).equals(ragged)

@@ -39,7 +39,9 @@ def _profile() -> Roofline:
         memory=Curve((1e4, 1e8), (0.3, 1.0)),
         launch_us=1.5,
         step=StepCost(op_us=7.0, efficiency=0.75),
-        math_Gelems={"aten::tanh": 0.4, "aten::exp": 1.2},
+        math_Gelems={op: 1.0 for op in m.MATH_OPS} | {"aten::tanh": 0.4, "aten::exp": 1.2},
+        memory_cold=Curve((1e4,), (0.25,)),
+        traced_op_us=0.5,
     )
 
 
@@ -52,6 +54,21 @@ def test_the_file_format_round_trips(tmp_path):
     # without its optional step costs: an op in a step priced as an op alone
     alone = {k: v for k, v in p.as_json().items() if k != "step"}
     assert from_json(alone).in_step() == StepCost(op_us=1.5, efficiency=1.0)
+
+
+def test_a_traces_ops_are_priced_on_the_cold_curve_and_the_traced_op_cost():
+    """Known answers on the hand-made profile: 1 MB allocated cold at 25 % of 50 GB/s, hot at
+    the memory curve's 65 % there; a matmul's FLOPs at the efficiency of the size it runs as;
+    a profile without the newer fields (an older file) prices as an op alone."""
+    p = _profile()
+    assert p.memory_us(1e6, cold=True) == pytest.approx(1e6 / (50e3 * 0.25))  # 80 us
+    assert p.memory_us(1e6) == pytest.approx(1e6 / (50e3 * 0.65))  # log-midway: 0.3 .. 1.0
+    assert p.compute_us(1e7, "fp32") == pytest.approx(1e7 / (0.1e6 * 0.9))
+    assert p.compute_us(1e7, "fp32", size=1e5) == pytest.approx(1e7 / (0.1e6 * 0.2))
+    assert p.traced_launch_us == 0.5
+    older = {k: v for k, v in p.as_json().items() if k not in ("memory_cold", "traced_op_us")}
+    old = from_json(older)
+    assert old.memory_us(1e6, cold=True) == p.memory_us(1e6) and old.traced_launch_us == 1.5
 
 
 def _broken(data: dict, case: str) -> dict | str:
@@ -69,6 +86,10 @@ def _broken(data: dict, case: str) -> dict | str:
         data["step"] = {"op_us": 7.0, "efficiency": 0}
     elif case == "bad math rate":
         data["math_Gelems"]["aten::tanh"] = -1
+    elif case == "bad cold curve":
+        data["memory_cold"] = {"sizes": [1e4], "efficiency": [1.5]}
+    elif case == "bad traced op cost":
+        data["traced_op_us"] = "fast"
     elif case == "non-JSON":
         return '{"format": "parallel-bench roofline 1",'
     return data
@@ -84,6 +105,8 @@ def _broken(data: dict, case: str) -> dict | str:
         ("efficiency > 1", "efficiency must lie in (0, 1]"),
         ("bad step", "step.efficiency must be a positive number"),
         ("bad math rate", "math_Gelems.aten::tanh must be a positive number"),
+        ("bad cold curve", "memory_cold.efficiency must lie in (0, 1]"),
+        ("bad traced op cost", "traced_op_us must be a number >= 0"),
         ("non-JSON", "not JSON"),
     ],
 )
@@ -136,6 +159,11 @@ def test_the_measurement_here_agrees_with_a_matmul_timed_directly():
     assert tanh_us > p.memory_us(2 * 4 * m.MATH_ELEMENTS) and p.math_us("aten::add", 1e6) == 0
     # an op inside a training step costs more than a bare launch here
     assert p.step is not None and p.step.op_us > p.launch_us and 0.1 < p.step.efficiency < 3
+    # the cold curve at the hot one's sizes, a fraction of its bandwidth; an operator in a
+    # profiled step's trace costs something, less than the unprofiled step's op
+    assert p.memory_cold is not None and p.memory_cold.sizes == p.memory.sizes
+    assert all(0 < e <= 1 for e in p.memory_cold.efficiency)
+    assert p.traced_op_us is not None and 0 < p.traced_op_us < p.step.op_us
 
 
 def test_the_curve_prices_each_measured_call_as_it_ran():

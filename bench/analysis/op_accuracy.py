@@ -1,18 +1,25 @@
 """How well a device's roofline prices the ops of a measured trace: every top-level operator
 the host's main thread ran in a profiled step, its measured time against its price on the
-roofline (an op alone: its FLOPs and bytes at the profile's curves, or the elementwise functions
-it computes at the profile's math rates, whichever is longer, plus one launch), per call, per op
-and per class of op (docs/benchmarks.md, "Per-op prediction on this CPU").
+roofline, per call, per op and per class of op (docs/benchmarks.md, "Per-op prediction on this
+CPU").
 
 An op is priced as a whole: an operator inside another belongs to its outermost one (the
 waterfall's *unit*: ``aten::linear`` holds its ``aten::t`` and ``aten::addmm``), so nothing is
 counted twice. Its FLOPs are those of the ops with a FLOP formula it holds, its bytes its own
-inputs and outputs (``op_costs.cost``). Its class (``CLASSES``) says which target it is held to:
-a matmul (it holds FLOPs: matmul, attention, convolution), memory-bound (no FLOPs, bytes
-moved), or a view (nothing moved: priced at one launch, held to no target).
+inputs and outputs (``op_costs.cost``). It is priced as its parts ran in the trace (``_price``):
+the longest of its FLOPs on the matmul curve (at the size of the matmuls it runs as: an
+attention's are head-sized), its bytes on the memory curve (an op without FLOPs that allocates
+its output: the cold curve, as a step's elementwise ops find their operands) and the
+elementwise functions it computes at the profile's math rates; an attention's softmax besides;
+and per operator it dispatched, what one costs in a profiled step (``traced_launch_us``: the
+profiler's record beside the dispatch). Its class (``CLASSES``) says which target it is held
+to: a matmul (it holds FLOPs: matmul, attention, convolution), memory-bound (no FLOPs, bytes
+moved), or a view (nothing moved: priced at its operators' cost, held to no target).
 
 A trace without shapes prices nothing and says so (``unpriced``); so does an op whose recorded
-shapes do not fit it.
+shapes do not fit it. ``fastest_of_steps`` keeps, per op of the step, its fastest call over the
+profiled steps (the same op on the same shapes each step): on a loaded machine a call that a
+neighbour's burst interrupted counts less.
 """
 
 from __future__ import annotations
@@ -42,7 +49,7 @@ class OpClass:
 CLASSES = (
     OpClass("matmul", 15.0, "holds FLOPs: matmul, attention, convolution"),
     OpClass("memory_bound", 30.0, "no FLOPs, bytes moved: elementwise, normalisation, copies"),
-    OpClass("view", None, "moves nothing: priced at one launch"),
+    OpClass("view", None, "moves nothing: priced at its operators' cost"),
 )
 CLASS = {c.name: c for c in CLASSES}
 CALL_COLUMNS = [
@@ -115,12 +122,19 @@ def _flops(spans: Spans, shapes: np.ndarray) -> pd.DataFrame:
             "unit": spans.unit[rows],
             "flops": [c.flops for c in costs],
             "precision": [c.precision for c in costs],
+            "size": [c.matmul_size for c in costs],
+            "softmax": [c.softmax for c in costs],
         }
     )
     g = per_op.groupby("unit")
     known = g["flops"].count() == g.size()
     return pd.DataFrame(
-        {"flops": g["flops"].sum().where(known), "precision": g["precision"].first()}
+        {
+            "flops": g["flops"].sum().where(known),
+            "precision": g["precision"].first(),
+            "size": g["size"].first(),
+            "softmax": g["softmax"].sum(),
+        }
     )
 
 
@@ -138,9 +152,11 @@ def _math(spans: Spans, shapes: np.ndarray, ops) -> pd.Series:
 
 def _units(ev: pd.DataFrame, math_ops=()) -> pd.DataFrame:
     """Each unit of the main thread's steps: step, op, measured_us, flops, bytes, precision,
-    op_class (NaN flops or bytes: its shapes did not fit it), ``ops_inside``: the operators
-    it dispatched, itself included (each pays a dispatch; its price holds one launch), and
-    ``math``: the elementwise functions of ``math_ops`` it computed (``_math``)."""
+    op_class (NaN flops or bytes: its shapes did not fit it), ``size`` (FLOPs of one matmul
+    it runs as, NaN: its own), ``softmax`` (an attention's scores), ``ops_inside``: the
+    operators it dispatched, itself included (each pays a dispatch and the profiler's
+    record), ``in_place`` (it writes an input, allocating nothing) and ``math``: the
+    elementwise functions of ``math_ops`` it computed (``_math``)."""
     spans = host_spans(ev)
     t = spans.table
     raw = t["shapes"].to_numpy(object) if "shapes" in t else np.full(len(t), None)
@@ -150,7 +166,8 @@ def _units(ev: pd.DataFrame, math_ops=()) -> pd.DataFrame:
     fl = _flops(spans, shapes).reindex(units)
     holds = np.isin(units, spans.unit[spans.flop_op])
     precision = [p if isinstance(p, str) else None for p in fl["precision"]]
-    nbytes = np.array([cost(n, s).nbytes for n, s in zip(names, shapes[units], strict=True)])
+    costs = [cost(n, s) for n, s in zip(names, shapes[units], strict=True)]
+    nbytes = np.array([c.nbytes for c in costs])
     all_names = t["name"].astype(str)
     is_operator = all_names.map(is_op).to_numpy(bool) & (t["cat"] == "cpu_op").to_numpy()
     inside = np.bincount(spans.unit[is_operator & (spans.unit >= 0)], minlength=len(t))
@@ -163,9 +180,12 @@ def _units(ev: pd.DataFrame, math_ops=()) -> pd.DataFrame:
             "op_class": kind,
             "measured_us": t["dur"].to_numpy(float)[units],
             "flops": np.where(holds, fl["flops"].to_numpy(float), 0.0),
+            "size": fl["size"].to_numpy(float),
+            "softmax": np.where(holds, fl["softmax"].to_numpy(float), 0.0),
             "bytes": nbytes,
             "precision": precision,
             "ops_inside": inside[units],
+            "in_place": [c.in_place for c in costs],
             "math": [math_of.get(u, ()) for u in units],
         }
     )
@@ -174,12 +194,15 @@ def _units(ev: pd.DataFrame, math_ops=()) -> pd.DataFrame:
 def _priced(units: pd.DataFrame, roofline: Roofline) -> tuple[pd.DataFrame, list[str]]:
     """The units priced on ``roofline`` (CALL_COLUMNS), and what kept some from a price."""
     prices, problems = [], []
-    columns = ["flops", "bytes", "precision", "math"]
-    for flops, nbytes, precision, math in units[columns].itertuples(False):
+    for unit in units.itertuples(False):
         price = (np.nan, None)
-        if np.isfinite(flops) and np.isfinite(nbytes) and (precision or flops == 0):
+        if (
+            np.isfinite(unit.flops)
+            and np.isfinite(unit.bytes)
+            and (unit.precision or not unit.flops)
+        ):
             try:
-                price = _price(roofline, flops, nbytes, precision or "fp32", math)
+                price = _price(roofline, unit)
             except RooflineError as e:
                 problems.append(str(e))
         prices.append(price)
@@ -194,14 +217,40 @@ def _priced(units: pd.DataFrame, roofline: Roofline) -> tuple[pd.DataFrame, list
     return out[out["priced_us"].notna()].reset_index(drop=True)[CALL_COLUMNS], problems
 
 
-def _price(roofline: Roofline, flops, nbytes, precision: str, math) -> tuple[float, str]:
-    """(microseconds, bound) of a unit: its FLOPs or bytes on the curves, or the elementwise
-    functions it computes at the profile's rates ("math"), whichever is longer, plus a launch."""
-    body, bound = roofline.body_us(flops, nbytes, precision)
-    math_us = sum(roofline.math_us(op, n) for op, n in math if np.isfinite(n))
-    if math_us > body:
-        body, bound = math_us, "math"
-    return body + roofline.launch_us, bound
+def _price(roofline: Roofline, unit) -> tuple[float, str]:
+    """(microseconds, bound) of a unit (a row of ``_units``) as its parts ran in the trace:
+    the longest of its FLOPs on the matmul curve (read at the size of one matmul it runs as:
+    an attention's head), its bytes on the memory curve (an op without FLOPs that allocates
+    its output: the cold curve, its operands out of cache, as in a step) and the elementwise
+    functions it computes at the profile's rates ("math"); then an attention's softmax at the
+    exponential's rate, and one traced operator's cost per operator it dispatched."""
+    flops, nbytes = unit.flops, unit.bytes
+    size = unit.size if np.isfinite(unit.size) else None
+    c = roofline.compute_us(flops, unit.precision or "fp32", size) if flops > 0 else 0.0
+    cold = not flops and not unit.in_place
+    m = roofline.memory_us(nbytes, cold) if nbytes > 0 else 0.0
+    math_us = sum(roofline.math_us(op, n) for op, n in unit.math if np.isfinite(n))
+    body, _, bound = max((c, 2, "compute"), (m, 1, "memory"), (math_us, 0, "math"))
+    body += roofline.math_us("aten::exp", unit.softmax)
+    return body + unit.ops_inside * roofline.traced_launch_us, bound
+
+
+def fastest_of_steps(calls: pd.DataFrame) -> pd.DataFrame:
+    """``calls`` (CALL_COLUMNS) with each op's k-th call of a step at its fastest over the steps
+    (the first step's row, its measured time the least of the k-th calls', its error again),
+    where every step ran the same ops in the same order; else ``calls`` as they are."""
+    if calls.empty:
+        return calls
+    k = calls.groupby("step").cumcount()
+    same = (
+        calls.groupby(k)["op"].nunique().eq(1).all() and calls["step"].value_counts().nunique() == 1
+    )
+    if not same:
+        return calls
+    first = calls[calls["step"] == calls["step"].min()].reset_index(drop=True)
+    out = first.assign(measured_us=calls.groupby(k)["measured_us"].min().to_numpy())
+    out["error_pct"] = 100 * (out["priced_us"] / out["measured_us"] - 1)
+    return out
 
 
 def per_op(calls: pd.DataFrame) -> pd.DataFrame:

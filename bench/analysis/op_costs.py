@@ -11,6 +11,11 @@ trace, so the op is run once per distinct signature on meta tensors (no data, no
 learn them. An output that aliases an input (a view, ``aten::t``) moves nothing, unless the op
 writes its input in place (``aten::add_``: read twice, written once).
 
+An attention kernel (``ATTENTION``) also gives the FLOPs of one head's matmul, the size a
+matmul curve is read at for it (its FLOPs are many head-sized matmuls, not one of their total),
+and the scores its softmax exponentiates; an op that writes an input in place says so
+(``in_place``: it allocates no output).
+
 Bad or unknown signatures price as unknown (NaN), never as zero: the waterfall says what it
 could not price.
 """
@@ -40,6 +45,16 @@ ALIASES = {
     ),
     "mkldnn_convolution": aten.convolution,
 }
+# Attention kernels: per head, a (q x d) @ (d x kv) and a (q x kv) @ (kv x d) matmul around a
+# softmax over the q x kv scores; the index of their query among the inputs.
+ATTENTION = {
+    "_scaled_dot_product_flash_attention_for_cpu": 0,
+    "_scaled_dot_product_flash_attention_for_cpu_backward": 1,
+    "_scaled_dot_product_flash_attention": 0,
+    "_scaled_dot_product_flash_attention_backward": 1,
+    "_scaled_dot_product_efficient_attention": 0,
+    "_scaled_dot_product_efficient_attention_backward": 1,
+}
 # The precision each floating dtype computes in (bench.runfolder.peaks.PRECISIONS' names).
 PRECISION = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 # What an op, or a formula, raises for arguments that are not its own.
@@ -62,6 +77,9 @@ class OpCost:
     precision: str | None
     matmul: bool
     elements: float = math.nan
+    matmul_size: float = math.nan  # FLOPs of one matmul it runs as (NaN: ``flops``, one)
+    softmax: float = 0.0  # elements an attention's softmax exponentiates
+    in_place: bool = False  # writes an input (``Tensor(a!)``): allocates no output
 
 
 UNKNOWN = OpCost(math.nan, math.nan, None, False)
@@ -192,11 +210,25 @@ def cost(name: str, signature: str | None) -> OpCost:
     nbytes = _moved(schema, inputs, out)
     outputs = _tensors(out)
     elements = float(outputs[0].numel()) if outputs else math.nan
+    in_place = any(r.alias_info is not None and r.alias_info.is_write for r in schema.returns)
     if f is None:
-        return OpCost(0.0, nbytes, None, False, elements)
+        return OpCost(0.0, nbytes, None, False, elements, in_place=in_place)
     try:
         flops = float(f(*args, **kwargs, out_val=out))
     except CALL_ERRORS:  # a formula's assumptions about its arguments did not hold
         flops = math.nan
     dtype = str(inputs[0].dtype).removeprefix("torch.") if inputs else None
-    return OpCost(flops, nbytes, PRECISION.get(dtype), True, elements)
+    size, softmax = _attention(name, inputs)
+    return OpCost(flops, nbytes, PRECISION.get(dtype), True, elements, size, softmax, in_place)
+
+
+def _attention(name: str, inputs: list) -> tuple[float, float]:
+    """(FLOPs of one head's score matmul, elements of all heads' scores) of an attention op
+    (``ATTENTION``) on query (batch, heads, q, d) and key (..., kv, d); (NaN, 0) for any
+    other op."""
+    at = ATTENTION.get(name.partition("::")[2])
+    if at is None or len(inputs) < at + 2 or inputs[at].dim() != 4:
+        return math.nan, 0.0
+    b, h, q, d = inputs[at].shape
+    kv = inputs[at + 1].shape[-2]
+    return 2.0 * q * kv * d, float(b * h * q * kv)

@@ -43,7 +43,15 @@ def table(profile: Roofline) -> str:
     lines.append(
         f"memory   {profile.memory_GBps:.4g} GB/s; efficiency {_points(profile.memory, 'B')}"
     )
+    if profile.memory_cold is not None:
+        lines.append(
+            f"cold     allocating, operands out of cache: {_points(profile.memory_cold, 'B')}"
+        )
     lines.append(f"launch   {profile.launch_us:.3g} us per op")
+    if profile.traced_op_us is not None:
+        lines.append(
+            f"traced   {profile.traced_op_us:.3g} us per operator in a profiled step's trace"
+        )
     if profile.step is not None:
         step = profile.step
         lines.append(

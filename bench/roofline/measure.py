@@ -11,10 +11,13 @@ not the figure:
   mean of its shapes' rates over that peak, for fp32 and bf16 (where the device runs it);
 - an elementwise add over sizes from KBs to well past the caches: ``memory_GBps`` is the best
   bandwidth reached (bytes read and written), the curve its rate at each size over that best;
+  on a CPU the same add allocating its output on operands out of the caches (a pool of them
+  twice the last-level cache, taken in turn), its rate over that best (``memory_cold``), as a
+  training step's elementwise ops run;
 - on a CPU, the elementwise functions (``MATH_OPS``: tanh, exp, GELU, softmax ...) over
   operands in cache, each one's elements a second (``math_Gelems``): the CPU computes them at a
-  rate far below its bandwidth; and what an op costs inside a training step beyond all that
-  (``step_cost.py``).
+  rate far below its bandwidth; and what an op costs inside a training step beyond all that,
+  unprofiled and in a profiled trace (``step_cost.py``).
 
 Rates are taken on a call's time less one launch (at least a twentieth of it), so that a
 profile prices each measured op as it ran: its FLOPs or bytes at the curve's rate, plus the
@@ -30,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import fcntl
+import itertools
 import json
 import math
 import os
@@ -46,7 +50,7 @@ import numpy as np
 import torch
 
 from bench.roofline.profile import Curve, Roofline, from_json, write
-from bench.roofline.step_cost import step_cost
+from bench.roofline.step_cost import step_cost, traced_op_us
 from bench.runfolder import atomic
 
 CACHE_DIR = Path.home() / ".cache" / "parallel-bench" / "roofline"
@@ -203,6 +207,42 @@ def memory_times(bench: Bench) -> list[Timed]:
     return points
 
 
+def last_level_cache_bytes() -> int:
+    """The largest CPU cache's size (sysfs), or 64 MiB where it cannot be read."""
+    sizes = []
+    for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        m = re.fullmatch(r"(\d+)([KMG]?)", f.read_text().strip())
+        if m:
+            sizes.append(int(m.group(1)) * {"": 1, "K": KIB, "M": KIB**2, "G": KIB**3}[m.group(2)])
+    return max(sizes, default=64 * KIB**2)
+
+
+def cold_memory_times(bench: Bench) -> list[Timed]:
+    """``a + b`` in fp32, its output allocated, timed at each size on operands out of the
+    caches: each call takes the next pair of a pool spanning twice the last-level cache."""
+    pool_bytes = 2 * last_level_cache_bytes()
+    points = []
+    for nbytes in bench.sizes.memory_bytes:
+        pairs = [
+            (
+                torch.ones(nbytes // 4, device=bench.device),
+                torch.ones(nbytes // 4, device=bench.device),
+            )
+            for _ in range(max(2, math.ceil(pool_bytes / (2 * nbytes))))
+        ]
+        turn = itertools.cycle(pairs)
+        seconds = bench.per_call_s(lambda turn=turn: torch.add(*next(turn)))
+        points.append(Timed(3.0 * nbytes, (seconds,)))
+        del pairs, turn
+    return points
+
+
+def cold_curve(bench: Bench, points: list[Timed], bandwidth: float) -> Curve:
+    """Each size's rate over ``bandwidth`` (bytes a second), capped at 1."""
+    eff = [min(1.0, p.work / bench.net_s(p.seconds[0]) / bandwidth) for p in points]
+    return Curve(tuple(p.work for p in points), tuple(eff))
+
+
 MATH_ELEMENTS = 64 * KIB  # 256 KiB of fp32 an operand: in cache, so the arithmetic bounds
 _F = torch.nn.functional
 _A = torch.ops.aten
@@ -225,6 +265,12 @@ MATH_OPS: dict[str, Callable] = {
     "aten::_log_softmax": lambda x, g, y, r: _A._log_softmax(r, -1, False),
     "aten::_log_softmax_backward_data": lambda x, g, y, r: _A._log_softmax_backward_data(
         r, r, -1, torch.float32
+    ),
+    "aten::tanh_backward": lambda x, g, y, r: _A.tanh_backward(g, x),
+    "aten::pow": lambda x, g, y, r: torch.pow(x, 2),
+    "aten::native_layer_norm": lambda x, g, y, r: _A.native_layer_norm(r, [256], None, None, 1e-5),
+    "aten::native_layer_norm_backward": lambda x, g, y, r: _A.native_layer_norm_backward(
+        r, r, [256], r[:, :1], r[:, :1], None, None, [True, False, False]
     ),
 }
 
@@ -284,8 +330,13 @@ def measure(device: torch.device | str = "cpu", sizes: Sizes | None = None) -> R
     )
     if device.type != "cpu":
         return alone  # a GPU's steps overlap the host's costs with the kernels: not fitted here
-    alone = replace(alone, math_Gelems=math_rates(bench))
-    return replace(alone, step=step_cost(alone, device, bench.sync))
+    cold = cold_curve(bench, cold_memory_times(bench), bandwidth)
+    alone = replace(alone, math_Gelems=math_rates(bench), memory_cold=cold)
+    return replace(
+        alone,
+        step=step_cost(alone, device, bench.sync),
+        traced_op_us=traced_op_us(device),
+    )
 
 
 def cache_path(device: torch.device | str = "cpu") -> Path:
@@ -351,9 +402,16 @@ def _cached(path: Path, device: torch.device) -> Roofline | None:
         why = (str(e).splitlines() or [type(e).__name__])[0]
         print(f"roofline: cached profile unreadable ({why}); measuring again", file=sys.stderr)
         return None
-    if device.type == "cpu" and (cached.step is None or not cached.math_Gelems):
+    if device.type == "cpu" and (
+        cached.step is None
+        or not cached.math_Gelems
+        or cached.memory_cold is None
+        or cached.traced_op_us is None
+        or not set(MATH_OPS) <= set(cached.math_Gelems)
+    ):
         print(
-            "roofline: cached profile without step costs or math rates; measuring again",
+            "roofline: cached profile without step costs, math rates, a cold memory curve or "
+            "a traced op's cost; measuring again",
             file=sys.stderr,
         )
         return None

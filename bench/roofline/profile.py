@@ -15,7 +15,8 @@ The file is JSON (docs/roofline.md)::
      "peak_tflops": {"fp32": ..., "bf16": ...}, "memory_GBps": ...,
      "matmul": {"fp32": {"sizes": [FLOPs, ...], "efficiency": [0..1, ...]}, ...},
      "memory": {"sizes": [bytes, ...], "efficiency": [...]}, "launch_us": ...,
-     "step": {"op_us": ..., "efficiency": ...}, "math_Gelems": {"aten::tanh": ..., ...}}
+     "step": {"op_us": ..., "efficiency": ...}, "math_Gelems": {"aten::tanh": ..., ...},
+     "memory_cold": {"sizes": [bytes, ...], "efficiency": [...]}, "traced_op_us": ...}
 
 ``step`` (optional) is what an op costs inside a training step, where it is not called alone
 in a loop (``step_cost.py``): ``op_us`` its fixed cost there (the modules' Python and
@@ -30,6 +31,16 @@ tanh, an exponential, a square root: ``aten::tanh``), the billions of elements a
 reaches where its operands are in cache: on a CPU such an op is bound by that arithmetic, not
 by its bytes, and is priced at the longer of the two (``math_us``). An op it does not name is
 priced by its bytes alone.
+
+``memory_cold`` (optional) is the memory curve of an elementwise op that allocates its output
+and finds its operands out of the caches (a fraction of ``memory_GBps``, as ``memory``), as a
+training step's ops do: ``memory`` is an ``out=`` op on operands the loop keeps hot.
+``traced_op_us`` (optional) is what one operator costs in a trace recorded with
+``record_shapes`` inside a step (the profiler's record, the dispatch), per operator an op
+dispatches: ``launch_us`` is a bare call's, unprofiled. The prediction of a trace's ops
+(``bench.analysis.op_accuracy``) prices with both; a profile without them (an older file) has
+it price on ``memory`` and ``launch_us``. The planner, which predicts unprofiled steps, uses
+``step`` instead.
 
 A malformed file, or one naming a precision the suite does not know, is refused with one line
 (``RooflineError``).
@@ -99,6 +110,8 @@ class Roofline:
     step: StepCost | None = None  # an op inside a training step; None: as an op alone
     # per elementwise function op (its trace name): 1e9 elements a second, operands in cache
     math_Gelems: Mapping[str, float] = field(default_factory=dict)
+    memory_cold: Curve | None = None  # allocating elementwise ops on operands out of cache
+    traced_op_us: float | None = None  # an operator's cost in a profiled step's trace
 
     def in_step(self) -> StepCost:
         """What an op costs inside a training step: ``step``, or an op alone's."""
@@ -113,15 +126,23 @@ class Roofline:
             return "fp32"
         raise RooflineError(f"{self.device}: no peak for {precision}")
 
-    def compute_us(self, flops: float, precision: str) -> float:
-        """Microseconds ``flops`` take at the efficiency a matmul of that size reaches."""
+    @property
+    def traced_launch_us(self) -> float:
+        """What one operator costs in a profiled step's trace: ``traced_op_us``, or a launch."""
+        return self.launch_us if self.traced_op_us is None else self.traced_op_us
+
+    def compute_us(self, flops: float, precision: str, size: float | None = None) -> float:
+        """Microseconds ``flops`` take at the efficiency a matmul of ``size`` FLOPs reaches
+        (None: of ``flops``; an attention runs its FLOPs as many head-sized matmuls)."""
         p = self.precision(precision)
-        eff = self.matmul[p].at(flops) if p in self.matmul else 1.0
+        eff = self.matmul[p].at(size or flops) if p in self.matmul else 1.0
         return flops / (self.peak_tflops[p] * 1e6 * eff)
 
-    def memory_us(self, nbytes: float) -> float:
-        """Microseconds ``nbytes`` take at the bandwidth an op moving that many reaches."""
-        return nbytes / (self.memory_GBps * 1e3 * self.memory.at(nbytes))
+    def memory_us(self, nbytes: float, cold: bool = False) -> float:
+        """Microseconds ``nbytes`` take at the bandwidth an op moving that many reaches: on
+        ``memory_cold`` where ``cold`` and the profile has it, else on ``memory``."""
+        curve = self.memory_cold if cold and self.memory_cold is not None else self.memory
+        return nbytes / (self.memory_GBps * 1e3 * curve.at(nbytes))
 
     def body_us(self, flops: float, nbytes: float, precision: str) -> tuple[float, str]:
         """(microseconds, "compute" or "memory"): an op's FLOPs or bytes on the curves,
@@ -155,6 +176,8 @@ class Roofline:
             }
             | ({"step": self.step.as_json()} if self.step else {})
             | ({"math_Gelems": dict(self.math_Gelems)} if self.math_Gelems else {})
+            | ({"memory_cold": self.memory_cold.as_json()} if self.memory_cold else {})
+            | ({"traced_op_us": self.traced_op_us} if self.traced_op_us is not None else {})
         )
 
 
@@ -195,7 +218,7 @@ def _precisions(where: str, data, parse) -> dict:
 
 
 KEYS = ("format", "device", "source", "peak_tflops", "memory_GBps", "matmul", "memory", "launch_us")
-OPTIONAL = ("step", "math_Gelems")
+OPTIONAL = ("step", "math_Gelems", "memory_cold", "traced_op_us")
 
 
 def from_json(data, where: str = "profile") -> Roofline:
@@ -227,6 +250,12 @@ def from_json(data, where: str = "profile") -> Roofline:
         launch_us=_nonnegative(f"{where}.launch_us", data["launch_us"]),
         step=_step(f"{where}.step", data["step"]) if "step" in data else None,
         math_Gelems=_rates(f"{where}.math_Gelems", data.get("math_Gelems", {})),
+        memory_cold=_curve(f"{where}.memory_cold", data["memory_cold"])
+        if "memory_cold" in data
+        else None,
+        traced_op_us=_nonnegative(f"{where}.traced_op_us", data["traced_op_us"])
+        if "traced_op_us" in data
+        else None,
     )
 
 

@@ -16,12 +16,19 @@ half of the measured one. A generic step measures them once per host, for any mo
   that prices them at their measured time less ``op_us`` per op, least squares on relative
   error over the sizes, is ``1 / efficiency``.
 
+And what an op costs in a trace of such a step recorded with ``record_shapes`` (the profiler's
+record beside the dispatch, per operator the op dispatches: ``traced_op_us``), which the
+analyses that compare a price with a trace's spans use (``bench.analysis.op_accuracy``): the
+median over the overhead step's top-level ops of their span over the operators they hold.
+
 The planner prices a step's ops with them (``bench.plan.op_prices``); the waterfall of a
 measured trace does not (its ops' times are measured).
 """
 
 from __future__ import annotations
 
+import re
+import statistics
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -151,3 +158,42 @@ def step_cost(roofline: Roofline, device: torch.device, sync: Callable[[], None]
     """This host's ``StepCost`` on ``roofline`` (its curves measured on ``device``)."""
     overhead = measured(*OVERHEAD_SIZE, device, sync)
     return fit(roofline, overhead, [measured(w, b, device, sync) for w, b in FIT_SIZES])
+
+
+OPERATOR = re.compile(r"^\w+::\w+$")  # an operator's name in a trace (aten::mm), not an annotation
+TRACED_STEPS = 3
+
+
+def _operators(event) -> int:
+    """The operators ``event`` dispatched, itself included."""
+    return int(OPERATOR.match(event.name) is not None) + sum(
+        _operators(c) for c in event.cpu_children
+    )
+
+
+def _outermost(event) -> bool:
+    """Whether ``event`` is an operator no operator holds."""
+    if OPERATOR.match(event.name) is None:
+        return False
+    parent = event.cpu_parent
+    while parent is not None:
+        if OPERATOR.match(parent.name):
+            return False
+        parent = parent.cpu_parent
+    return True
+
+
+def traced_op_us(device: torch.device) -> float:
+    """Microseconds one operator costs in a ``record_shapes`` trace of the overhead step (whose
+    FLOPs and bytes are negligible): the median over its outermost operators of their span
+    over the operators each dispatched."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step = training_step(*OVERHEAD_SIZE, device)
+    for _ in range(WARMUP):
+        step()
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as p:
+        for _ in range(TRACED_STEPS):
+            step()
+    units = [e for e in p.events() if _outermost(e)]
+    return statistics.median(e.time_range.elapsed_us() / _operators(e) for e in units)

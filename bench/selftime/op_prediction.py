@@ -3,6 +3,7 @@ the per-op prediction table of docs/benchmarks.md ("Per-op prediction on this CP
 
     python -m bench.selftime.op_prediction [--models llama:tiny,gpt2:tiny,bert:tiny]
         [--batch-size 8] [--warmup 3] [--steps 3] [--device-profile FILE] [--ops 4]
+        [--fastest-of-steps]
 
 One process, one thread (``torch.set_num_threads(1)``, as the suite's CPU runs): per model a
 plain loop (forward, loss, backward, AdamW) warmed up, then profiled with ``record_shapes``
@@ -10,6 +11,8 @@ like a user's own ``torch.profiler`` run; its trace is read back and every top-l
 alone on this host's measured profile (``host_profile("cpu")``, or ``--device-profile``) by
 ``bench.analysis.op_accuracy``. It prints the summary per model and class, then per model and
 class the ``--ops`` ops with the most time priced away from their measured time.
+``--fastest-of-steps`` holds each op of a step at its fastest call over the profiled steps
+(``op_accuracy.fastest_of_steps``): the figure to take on a machine other jobs load.
 """
 
 from __future__ import annotations
@@ -102,6 +105,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=Loop.steps)
     ap.add_argument("--device-profile", type=Path, default=None)
     ap.add_argument("--ops", type=int, default=4, help="worst ops shown per model and class")
+    ap.add_argument(
+        "--fastest-of-steps",
+        action="store_true",
+        help="each op of a step at its fastest call over the steps (a loaded machine)",
+    )
     return ap.parse_args(argv)
 
 
@@ -110,7 +118,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     from bench.analysis.breakdown import load_trace
-    from bench.analysis.op_accuracy import op_accuracy
+    from bench.analysis.op_accuracy import fastest_of_steps, op_accuracy, per_op, summary
     from bench.console import fail
     from bench.roofline.measure import host_profile
     from bench.roofline.profile import RooflineError, read
@@ -129,8 +137,9 @@ def main(argv: list[str] | None = None) -> None:
             except ValueError as e:
                 fail(str(e).splitlines()[0])
             acc = op_accuracy(load_trace(path), roofline)
-        summaries.append(acc.summary.assign(model=name))
-        ops.append(worst(acc.ops, args.ops).assign(model=name))
+        calls = fastest_of_steps(acc.calls) if args.fastest_of_steps else acc.calls
+        summaries.append(summary(calls).assign(model=name))
+        ops.append(worst(per_op(calls), args.ops).assign(model=name))
         for line in acc.unpriced:
             print(f"{name}: not priced: {line}")
     print(f"profile: {roofline.device}; {roofline.source}")
