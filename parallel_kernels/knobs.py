@@ -17,12 +17,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from parallel_kernels.checkpointing import parse_checkpointing
+from parallel_kernels.compiling import parse_compile
 from parallel_kernels.fsdp_layout import STRATEGIES as SHARDING_STRATEGIES
 from parallel_kernels.pp_schedules import SCHEDULES, parse_schedule
 
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd", "powersgd2")  # powersgd: rank 1
 MIXED_PRECISIONS = ("none", "bf16", "fp16")
-PRECISIONS = ("fp32", "bf16", "fp16")
+PRECISIONS = ("fp32", "bf16", "fp16", "fp8")  # fp8: parallel_kernels/float8.py
 PP_SCHEDULES = tuple(SCHEDULES)  # those the installed torch has (parallel_kernels/pp_schedules.py)
 
 
@@ -230,7 +231,8 @@ KNOBS: dict[str, Knob] = {
         Knob(
             name="precision",
             description="training precision: fp32, or bf16/fp16 by autocast "
-            "or the strategy's mixed-precision policy",
+            "or the strategy's mixed-precision policy, or fp8: the blocks' matmuls in float8 "
+            "(torchao; emulated on CPU), the rest fp32",
             parse=one_of(PRECISIONS, "a precision"),
             default="fp32",
         ),
@@ -247,6 +249,13 @@ KNOBS: dict[str, Knob] = {
             description="blocks recomputed in backward: off, full (or on), selective:op "
             "(matmul and attention outputs kept), selective:layer=N (every N-th block)",
             parse=parse_checkpointing,
+            default="off",
+        ),
+        Knob(
+            name="compile",
+            description="torch.compile (inductor) of the step: off, blocks (each block, "
+            "before the strategy wraps), model (the wrapped model)",
+            parse=parse_compile,
             default="off",
         ),
     )

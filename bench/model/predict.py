@@ -38,7 +38,13 @@ MB = 2**20
 POOLED_SWEEPS = {"bucket_cap_mb"}
 # Knobs the schedules do not model: a point that sets one away from its default is not
 # predicted (the note says which).
-UNMODELLED_KNOBS = ("precision", "grad_accum", "activation_checkpointing", "mixed_precision")
+UNMODELLED_KNOBS = (
+    "precision",
+    "grad_accum",
+    "activation_checkpointing",
+    "mixed_precision",
+    "compile",
+)
 
 
 class Unmodelled(ValueError):

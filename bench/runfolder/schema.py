@@ -54,6 +54,10 @@ Schema versions (major.minor; a reader reads its own major and any minor):
 - 2.17: results.csv's ``activation_checkpointing`` (the point's mode) and
   ``recompute_flops_per_step`` (what its checkpointing recomputes). A 2.16 folder reads as
   before, without them.
+- 2.18: results.csv's ``compile`` (the point's torch.compile mode) and ``compile_seconds``
+  (its compilation, outside the timed steps). A 2.17 folder reads as before, without them.
+  Also ``matmul_precision`` (the matmuls' precision, fp8 among them) and ``untimed`` (why a
+  row's step times are not its configuration's: fp8 emulated on a CPU).
 
 The measurements behind each version's change are in docs/benchmarks.md.
 """
@@ -71,7 +75,7 @@ from bench.runfolder.columns import COLLECTIVE, NOISE_COLUMNS, REPLAY, SAMPLE_CO
 from bench.runfolder.points import PointRecord, RunFolderError, is_point_id, read_points
 from bench.runfolder.verdicts import TIED_SEP, VERDICTS_COLUMNS, VERDICTS_FILE
 
-SCHEMA_VERSION = "2.17"
+SCHEMA_VERSION = "2.18"
 
 # meta.json: each field the reading side uses, with the types it may hold (a field a newer
 # minor version adds is left aside); ``sweep`` is the one every run has.

@@ -541,6 +541,37 @@ TRAINING: tuple[Column, ...] = (
         "the plain model counted with the point's mode, less without (0 with it off)",
     ),
     Column(
+        name="compile",
+        ranks=POINT,
+        meaning="the point's torch.compile: off, blocks or model (docs/sweeps.md)",
+        report=30,
+    ),
+    Column(
+        name="compile_seconds",
+        unit="s",
+        ranks=MAX,
+        meaning="compilation time, never in a timed step: the first warm-up step's time less "
+        "the last warm-up step's, the slowest rank's (empty: not compiled, or one warm-up step)",
+        report=31,
+        console=22,
+    ),
+    Column(
+        name="matmul_precision",
+        ranks=POINT,
+        meaning="the precision the point's matmuls run in: fp32, bf16, fp16 (autocast or the "
+        "strategy's mixed precision) or fp8 (the blocks' Linears in float8, docs/sweeps.md)",
+        report=28,
+        console=20,
+    ),
+    Column(
+        name="untimed",
+        ranks=POINT,
+        meaning="why the step times do not time the configuration (fp8 emulated on a device "
+        "without float8 matmuls: correctness and memory only); empty: they do",
+        report=29,
+        console=21,
+    ),
+    Column(
         name="flops_source",
         ranks=POINT,
         meaning="counted (FlopCounterMode on the plain model), "

@@ -31,9 +31,10 @@ from bench.runner.configure.flags import parse_config
 from bench.runner.configure.resolve import build_points
 from bench.runner.configure.sweeps import SWEEPS, message_sizes, parse_list, sweep_names
 from bench.runner.session.context import resume_problem
-from bench.runner.session.distenv import fail, launched_by_torchrun
+from bench.runner.session.distenv import fail, launched_by_torchrun, pick_backend
 from bench.runner.train.sweep import run_sweep
 from parallel_kernels.collectives import COLLECTIVES, DTYPES, IMPLS
+from parallel_kernels.float8 import converts, unavailable
 
 REPO = Path(__file__).resolve().parents[2]
 # A rank's exit code when an output could not be written (sysexits' EX_IOERR): it printed which.
@@ -183,9 +184,20 @@ def resolve(config: RunConfig, world: int | None) -> Resolved:
             return Resolved(config=config, collective_plan=asdict(collective_plan(config)))
         # without a launch yet, checked as for one rank (the launch hint follows)
         points = build_points(config, world_size=world or 1)
+        _float8_ready(points, config.backend)
         return Resolved(config=config, points=tuple(points))
     except ValueError as e:
         fail(str(e))
+
+
+def _float8_ready(points: list, backend: str) -> None:
+    """Where every point asks for fp8, that it can run here (torchao installed, a GPU with
+    float8 or a CPU to emulate it on), or a one-line ValueError; where only some do, those
+    points fail as error rows that say why."""
+    if points and all(converts(p.knobs["precision"]) for p in points):
+        reason = unavailable(pick_backend(backend)[1])
+        if reason is not None:
+            raise ValueError(reason)
 
 
 def _check_out(config: RunConfig) -> None:

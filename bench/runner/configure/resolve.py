@@ -25,6 +25,7 @@ import torch
 from bench.runfolder.points import PointRecord
 from bench.runner.configure.config import DEFAULTS, RunConfig
 from bench.runner.configure.sweeps import SWEEPS, Sweep, distinct, parse_list, sweep_names
+from parallel_kernels.float8 import converts
 from parallel_kernels.fsdp_layout import fsdp_units, unit_params
 from parallel_kernels.knobs import KNOBS, by_param, positive_int, step_knobs
 from parallel_kernels.mesh import local_layout
@@ -142,7 +143,7 @@ def _settings(row: Strategy, knobs: dict[str, Any]) -> tuple[dict, dict, str | N
         settings[name] = value
     autocast = None
     precision = settings["precision"]
-    if precision != defaults["precision"]:
+    if precision != defaults["precision"] and not converts(precision):  # fp8: neither
         if "mixed_precision" in defaults:
             settings["mixed_precision"] = precision
         else:
@@ -204,6 +205,11 @@ def resolve_point(request: PointRequest) -> PointRecord:
     except ValueError as e:
         raise PointRefused(f"{request.model} at {request.world_size} ranks: {e}") from None
     tp = row.tp_size(**own)
+    if converts(settings["precision"]) and tp > 1:
+        raise PointRefused(
+            f"{request.model}: precision=fp8 with tensor parallelism needs torchao's float8 "
+            "TP styles, which the suite does not apply (fp8 runs with ddp and fsdp)"
+        )
     span = row.replica_ranks(request.world_size, **own) if row.replica_ranks else tp
     dp = max(1, request.world_size // span) if isinstance(span, int) and span > 0 else 1
     batch: int | None = request.per_visit.batch_size

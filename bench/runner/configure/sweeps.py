@@ -210,6 +210,15 @@ SWEEPS: dict[str, Sweep] = {
             tradeoff=True,
         ),
         Sweep(
+            name="compile",
+            description="torch.compile of the step (inductor): off, blocks (each block), "
+            "model (the wrapped model): step time after compilation against eager, compile "
+            "time apart; --strategy ddp (default) or another",
+            knob="compile",
+            default_values=("off", "blocks", "model"),
+            default_models=("llama:tiny",),
+        ),
+        Sweep(
             name="precision",
             description="training precision, fp32 or bf16 (fp16 on request): autocast for DDP "
             "and TP, FSDP's mixed-precision policy for FSDP; --strategy ddp (default)",

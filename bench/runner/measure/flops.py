@@ -48,6 +48,7 @@ from bench.runner.measure.waterfall_columns import device_roofline
 from bench.runner.session.distenv import synchronize
 from parallel_kernels.checkpointing import checkpoint_mode, set_checkpointing
 from parallel_kernels.facts import torch_dtype
+from parallel_kernels.float8 import converts
 from parallel_kernels.models import workload
 from parallel_kernels.workload import Workload, stamp, to_device
 
@@ -251,6 +252,10 @@ def peak_precision(
     """(The precision the point's FLOPs run in, why; empty but for fp32 on CUDA): its
     ``precision`` knob, where fp32 on CUDA may be TF32 (``fp32_precision``)."""
     precision = point.knobs.get("precision", "fp32")
+    if converts(precision):  # no fp8 peak in the tables: torchtitan reports float8 against bf16
+        if device.type == "cuda":
+            return "bf16", "fp8 point: against the bf16 peak, as torchtitan reports float8 runs"
+        return "fp32", "fp8 point emulated: its matmuls run in fp32"
     if precision != "fp32" or device.type != "cuda":
         return precision, ""
     return fp32_precision(by_class, tf32_ops())

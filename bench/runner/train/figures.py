@@ -15,6 +15,7 @@ from bench.runner.measure.profiling import peak_rss_bytes
 from bench.runner.measure.timing import summarize_times
 from bench.runner.measure.trained import trained_tensors
 from bench.runner.train.candidate import Candidate
+from parallel_kernels.float8 import EMULATED, converts, emulates
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,14 @@ def visit_figures(c: Candidate, timed: Timed) -> dict:
         "rounds": len(medians),
         # how far apart the rounds' medians are: drift between rounds, when it is large
         "round_spread_pct": 100 * (max(medians) / min(medians) - 1) if len(medians) > 1 else np.nan,
+        **_untimed(point, trainer.device),
     }
+
+
+def _untimed(point, device: torch.device) -> dict:
+    """The row's ``untimed`` where its step times are not its configuration's: fp8 emulated."""
+    emulated = converts(point.knobs["precision"]) and emulates(device)
+    return {"untimed": EMULATED} if emulated else {}
 
 
 def state_bytes(opt: torch.optim.Optimizer) -> tuple[int, int, int]:

@@ -4,8 +4,8 @@ Every training point runs through the same stages, on every rank of the job:
 
 1. group: a process group of its own, with a short timeout (``outcome.new_point_group``);
 2. build: its model, wrapped by its implementation, with its optimiser and data (``build``);
-3. warm-up: untimed steps, a first visit's first step checked against the plain model
-   (``warm_up``);
+3. warm-up: untimed steps, a first visit's first step checked against the plain model, and a
+   compiled step's compilation timed (``warm_up``);
 4. timed steps: a point alone, in chunks until its median's interval is tight or its budget is
    spent (``time_steps``); a cohort's candidates in cycles, one step each in a fresh order
    (``cycles.py``);
@@ -48,7 +48,7 @@ from bench.runner.measure.pipeline_columns import layout_of, pipeline_columns, p
 from bench.runner.measure.profiling import profile_steps, reset_peak_rss
 from bench.runner.measure.timing import Budget, TimedStep, adaptive_steps, common_clock
 from bench.runner.measure.waterfall_columns import waterfall_columns
-from bench.runner.session.distenv import DistEnv
+from bench.runner.session.distenv import DistEnv, synchronize
 from bench.runner.train import plain_check, plain_compare
 from bench.runner.train.candidate import PAIRED, Candidate, Visit
 from bench.runner.train.cycles import ALONE_STEPS, CycleBudget, run_cycles, time_alone
@@ -67,6 +67,7 @@ from bench.runner.train.outcome import (
 from bench.runner.train.replicas import check_replicas_agree
 from bench.runner.train.row import Row, VisitResult
 from bench.runner.train.step import LR, Recipe, build_trainer
+from parallel_kernels.compiling import compiled_frames
 from parallel_kernels.strategies import STRATEGIES
 
 PROGRESS_S = 10.0  # a long visit says how far it is at most this often
@@ -105,8 +106,12 @@ def warm_up(c: Candidate, env: DistEnv, settings: PointSettings) -> None:
     carries the first visit's, as it does the traced figures)."""
     replicated = STRATEGIES[c.point.strategy].replicated
     checked = None  # the candidate's once every warm-up step is done
+    step_s = []
     for i in range(c.point.warmup_steps):
+        t0 = time.perf_counter()
         c.step()
+        synchronize(env.device)
+        step_s.append(time.perf_counter() - t0)
         if i == 0 and c.visit.profile:
             checked = plain_check.run(
                 c.trainer,
@@ -120,6 +125,29 @@ def warm_up(c: Candidate, env: DistEnv, settings: PointSettings) -> None:
     if checked is None and c.visit.profile:
         checked = plain_compare.tolerance_for(c.point)  # no warm-up step: it says why
     c.checked = checked
+    if c.visit.profile and compiles(c.point) and len(step_s) > 1:
+        c.compile_s = max(0.0, step_s[0] - step_s[-1])
+    c.frames = compiled_frames()
+
+
+def compiles(point: PointRecord) -> bool:
+    """Whether the point's step is compiled (its ``compile`` knob other than off)."""
+    return point.knobs.get("compile", "off") != "off"
+
+
+def compile_figures(c: Candidate) -> dict:
+    """``compile_seconds`` of a compiled point's first visit, and a note in its ``error`` where
+    dynamo compiled anything while its steps were timed (``c.frames``: how many; those
+    steps' times hold the compilation)."""
+    if not compiles(c.point):
+        return {}
+    out = {} if c.compile_s is None else {"compile_seconds": c.compile_s}
+    if c.frames:
+        out["error"] = (
+            f"warning: dynamo compiled {c.frames} frame(s) during the timed steps (a "
+            "recompilation): their times include it"
+        )
+    return out
 
 
 def time_steps(c: Candidate, env: DistEnv, progress: Callable[[str], None]) -> Timed:
@@ -140,6 +168,7 @@ def time_steps(c: Candidate, env: DistEnv, progress: Callable[[str], None]) -> T
             PROGRESS_S, lambda n, w: progress(f"{n} timed steps, median +-{w:.1f} %")
         ),
     )
+    c.frames = compiled_frames() - c.frames  # compiled while timed
     return Timed(times, skew, stop, float(np.median(c.data_ms)), nvml.mean_pct)
 
 
@@ -176,6 +205,7 @@ def figures(c: Candidate, env: DistEnv, timed: Timed) -> dict:
     their rows hold the same figures."""
     check_replicas_agree(STRATEGIES[c.point.strategy].replicated(c.trainer.wrapped), c.group)
     out = {} if c.checked is None else {"checked": c.checked}
+    out.update(compile_figures(c))
     out.update(visit_figures(c, timed))
     mean_s = float(np.mean([*c.visit.prior_times, *timed.times])) / 1e3
     out.update(flops.figures(c.point, env.device, mean_s, c.peak))
@@ -412,7 +442,10 @@ def _cycled(
     alive = [c for c in cands if not c.error]
     if alive:
         progress(f"{len(alive)} candidates in cycles")
+        before = compiled_frames()  # every candidate warmed up: none compiles in the cycles
         n, lost = run_cycles(ctx, alive, budget, progress)
+        for c in alive:
+            c.frames = compiled_frames() - before
         failed += lost
         stops = ", ".join(
             f"{k} {v}" for k, v in Counter(c.stop for c in alive if not c.error).items()

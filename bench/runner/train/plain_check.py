@@ -30,6 +30,7 @@ from bench.runfolder.points import PointRecord
 from bench.runner.session.distenv import DistEnv
 from bench.runner.train.data import Batches
 from bench.runner.train.plain_compare import (
+    FP8_NEAR_FP32,
     Tolerance,
     mismatch,
     param_diffs,
@@ -38,6 +39,7 @@ from bench.runner.train.plain_compare import (
 )
 from bench.runner.train.step import Recipe, Trainer
 from parallel_kernels.facts import torch_dtype
+from parallel_kernels.float8 import convert_blocks, converts
 from parallel_kernels.models import build_model, workload
 from parallel_kernels.strategies import STRATEGIES
 
@@ -100,23 +102,28 @@ def global_batch(trainer: Trainer) -> list:
 
 def _autocast(point: PointRecord, device: torch.device):
     """The point's precision as plain autocast (a strategy's own mixed-precision policy has
-    no plain equivalent: the reduced-precision tolerance covers the difference)."""
+    no plain equivalent: the reduced-precision tolerance covers the difference); fp8 has none:
+    its float8 is in the model (``plain_step``)."""
     precision = point.knobs.get("precision", "fp32")
-    if precision == "fp32":
+    if precision == "fp32" or converts(precision):
         return torch.autocast(device.type, enabled=False)
     return torch.autocast(device.type, dtype=torch_dtype(precision))
 
 
-def plain_step(trainer: Trainer, recipe: Recipe):
+def plain_step(trainer: Trainer, recipe: Recipe, *, float8: bool = True):
     """(loss, model) of the plain model after one AdamW step on the global batch (the seed,
     learning rate and clip of the ``recipe`` the trainer was made with), its
-    gradients kept. Each micro-batch's loss is divided by ``accum`` before backward, as the
-    trainer does, and the summed gradients by the replicas after it, as data parallelism
-    averages them: in fp16 a loss divided first underflows small gradients to 0."""
+    gradients kept; an fp8 point's with its blocks float8 as the trainer's are (``float8``:
+    False, left fp32, what fp8's second check compares with). Each micro-batch's loss is
+    divided by ``accum`` before backward, as the trainer does, and the summed gradients by the
+    replicas after it, as data parallelism averages them: in fp16 a loss divided first
+    underflows small gradients to 0."""
     point, device = trainer.point, trainer.device
     # build_model seeds the global generator: the point's own stream goes on as if unchecked
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         model = build_model(point.model, seed=recipe.seed).to(device)
+    if float8 and converts(point.knobs.get("precision", "fp32")):
+        convert_blocks(model, device)
     wl = workload(point.model)
     opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr)
     total = torch.zeros((), dtype=torch.float64, device=device)
@@ -199,7 +206,22 @@ def check(
     if verdict is not None:
         replicas()
         raise PlainModelMismatch(verdict)
-    return summary((got, want), diffs, tol)
+    return summary((got, want), diffs, tol) + _near_fp32(trainer, recipe, want, plain)
+
+
+def _near_fp32(trainer: Trainer, recipe: Recipe, loss: float, model: torch.nn.Module) -> str:
+    """fp8's second check (empty for other points): the plain float8 step (``loss``, ``model``)
+    against the plain fp32 one, at ``FP8_NEAR_FP32``; a ``PlainModelMismatch`` beyond it (every
+    rank computes the same plain steps, so every rank raises alike)."""
+    if not converts(trainer.point.knobs.get("precision", "fp32")):
+        return ""
+    want, fp32 = plain_step(trainer, recipe, float8=False)
+    full = {n: p.detach() for n, p in model.named_parameters()}
+    diffs = param_diffs(fp32, full, FP8_NEAR_FP32, recipe.lr)
+    verdict = mismatch((loss, want), diffs, FP8_NEAR_FP32)
+    if verdict is not None:
+        raise PlainModelMismatch(f"fp8 against fp32, {verdict}")
+    return f"; fp8 against fp32 {summary((loss, want), diffs, FP8_NEAR_FP32)}"
 
 
 def is_mismatch(errors: list[str | None]) -> bool:

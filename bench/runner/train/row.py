@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields, make_dataclass, replace
 
 from bench.runfolder import columns
 from bench.runfolder.points import PointRecord
+from parallel_kernels.float8 import matmul_precision
 
 _Cells = make_dataclass(
     "_Cells",
@@ -61,6 +62,8 @@ def point_columns(point: PointRecord) -> dict:
         "scaling": point.scaling,
         "global_batch": point.global_batch,
         "activation_checkpointing": point.knobs.get("activation_checkpointing"),
+        "compile": point.knobs.get("compile"),
+        "matmul_precision": matmul_precision(point.knobs),
     }
 
 

@@ -15,7 +15,9 @@ from bench.runfolder.points import PointRecord
 from bench.runner.session.distenv import DistEnv
 from bench.runner.train.data import Batches
 from parallel_kernels.checkpointing import set_checkpointing
+from parallel_kernels.compiling import compile_blocks, compile_wrapped
 from parallel_kernels.facts import torch_dtype
+from parallel_kernels.float8 import convert_blocks, converts
 from parallel_kernels.mesh import data_parallel_coords
 from parallel_kernels.models import build_model, workload
 from parallel_kernels.strategies import STRATEGIES
@@ -145,8 +147,9 @@ def wrapped_model(
     point: PointRecord, env: DistEnv, group: dist.ProcessGroup | None, recipe: Recipe
 ) -> torch.nn.Module:
     """The point's plain model built (``recipe``'s seed, the same on every rank) or taken from
-    the recipe, its blocks checkpointed where the point says so, and wrapped by its strategy's
-    implementation."""
+    the recipe, its blocks' matmuls float8 and its blocks checkpointed where the point says so,
+    wrapped by its strategy's implementation, and compiled as its ``compile`` says (blocks
+    before the wrapping, the wrapped model after)."""
     if point.batch_per_replica is None:
         raise ValueError(
             f"global batch {point.global_batch} does not split over {point.dp_size} replicas"
@@ -157,9 +160,14 @@ def wrapped_model(
     model = _on(
         plain if plain is not None else build_model(point.model, seed=recipe.seed), env.device
     )
+    if converts(knobs["precision"]):  # torchtitan's order: float8, then checkpointing, then wrap
+        convert_blocks(model, env.device)
     set_checkpointing(model, knobs["activation_checkpointing"])
+    compile_blocks(model, knobs["compile"])  # compiled in place: wrappers find the same blocks
     options = {k.param: knobs[k.param] for k in strategy.knobs}
-    return strategy.apply(point.impl, model, group=group, device=env.device, **options)
+    wrapped = strategy.apply(point.impl, model, group=group, device=env.device, **options)
+    scheduled = point.impl_facts.get("steps") == "schedule"
+    return compile_wrapped(wrapped, knobs["compile"], scheduled=scheduled)
 
 
 def _kinds_apart(params) -> list[dict]:
