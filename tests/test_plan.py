@@ -25,7 +25,7 @@ from bench.plan.calibration import Target
 from bench.plan.devices import DEVICES, Device
 from bench.plan.families import FAMILIES
 from bench.plan.rates import Rate
-from bench.plan.request import OPTIONS, PlanRequest
+from bench.plan.request import OPTIONS, PlanRequest, parse_request
 from bench.plan.space import Config, enumerate_space, micro_batches
 from bench.plan.topology import Topology
 from bench.plan.verification import VERDICT_GROUP, picks
@@ -97,7 +97,12 @@ def test_the_space_holds_every_family_and_each_row_makes_the_global_batch():
         replicas = 16 // FAMILIES[c.family].replica_ranks(c.knobs)
         assert c.micro_batch * c.knobs["grad_accum"] * replicas == 64, c
     assert {c.knobs["precision"] for c in configs} == {"fp32", "bf16"}
-    assert {c.knobs["activation_checkpointing"] for c in configs} == {"off", "full"}
+    modes = {"off", "full", "selective:op"}  # every selective:layer=N where asked for
+    assert {c.knobs["activation_checkpointing"] for c in configs} == modes
+    asked = ["--only", "activation_checkpointing=selective:layer=2,on,selective:layer=1"]
+    argv = ["--model", "llama:tiny", "--world-size", "4", "--global-batch", "8", *asked]
+    only = enumerate_space(parse_request(argv))
+    assert {c.knobs["activation_checkpointing"] for c in only} == {"selective:layer=2", "full"}
     # a model without a TP plan has no TP rows; the options narrow the space
     resnet = space("resnet:tiny", 4, 4, 8)
     assert resnet and not any(c.family == "tp" for c in resnet)
@@ -269,7 +274,7 @@ def test_each_phase_steps_a_block_more_until_its_peak_stays_and_is_tracked_in_fu
         calls.append((blocks, [phase_of[id(p)] for p in points]))
         return [peak(phase_of[id(p)], blocks) for p in points]
 
-    monkeypatch.setattr(memory, "_blocks_of", lambda model: n)
+    monkeypatch.setattr(memory, "blocks_of", lambda model: n)
     monkeypatch.setattr(memory, "_track", fake_track)
     got = memory.track_phases(points)
     assert calls == [
@@ -292,6 +297,14 @@ def test_each_phase_steps_a_block_more_until_its_peak_stays_and_is_tracked_in_fu
     calls.clear()
     (got,) = memory.track_phases([fsdp1])
     assert calls == [(2, [0]), (3, [0])] and got.how.startswith("tracked with 2 and 3"), got.how
+    # a phase checkpointing every second block: a shortened model's blocks are not laid out as
+    # all of them are, so it is tracked in full on a build of its own; the rest stepped
+    layer = _point(batch=2, activation_checkpointing="selective:layer=2")
+    phase_of[id(layer)] = 0
+    calls.clear()
+    got = memory.track_phases([points[0], layer])
+    assert calls == [(None, [0]), (1, [0]), (2, [0])]
+    assert got[1].how == "tracked in full" and got[0].how.startswith("tracked with 1 and 2")
 
 
 @pytest.mark.unit
@@ -500,6 +513,8 @@ def test_rows_rank_by_step_among_those_that_fit_and_fsdp1_takes_fsdp2s_figure_wh
         (["--global-batch", "3"], "global batch 3 does not split"),
         (["--family", "zero9"], "unknown family 'zero9'"),
         (["--option", "precision=fp64"], "is not among fp32, bf16"),
+        (["--only", "activation_checkpointing=selective:layer=0"], "selective:layer=N (N >= 1)"),
+        (["--option", "activation_checkpointing=selective:ops"], "selective:op, selective:l"),
         (["--verify", "3"], "--verify K runs the plan's best here"),
         (["--mfu", "140"], "--mfu 140"),
         (["--launch-seconds", "0"], "--launch-seconds must be more than 0"),
@@ -608,13 +623,14 @@ def test_a_plan_writes_its_rows_and_says_what_it_recommends(capsys, tmp_path):
 
 @pytest.fixture(scope="module")
 def verified(tmp_path_factory):
-    """One CPU plan of llama:tiny at 2 ranks with ``--verify 2``, DDP, FSDP2 and TP with and
-    without checkpointing: its calibration launch, collectives launch and verification, which
-    the tests below read (one plan's launches, not one each)."""
+    """One CPU plan of llama:tiny at 2 ranks with ``--verify 2``, DDP, FSDP2 and TP without
+    checkpointing and with selective:op's: its calibration launch, collectives launch and
+    verification, which the tests below read (one plan's launches, not one each)."""
     out = tmp_path_factory.mktemp("verified") / "plan"
     argv = ["--model", "llama:tiny", "--world-size", "2", "--gpus-per-node", "2", "--device",
             "cpu", "--global-batch", "8", "--family", "ddp,fsdp2,tp", "--option",
-            "precision=fp32", "--verify", "2", "--workers", "1", "--launch-seconds", "1",
+            "precision=fp32", "--only", "activation_checkpointing=off,selective:op",
+            "--verify", "2", "--workers", "1", "--launch-seconds", "1",
             "--out", str(out)]  # fmt: skip
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
@@ -677,11 +693,13 @@ def test_the_calibration_measures_its_points_in_one_launch_and_fits_the_rates_th
     planned = json.loads((out / "plan.json").read_text())["rates"]["fp32"]
     assert planned["roofline"]["scale"] == pytest.approx(rate.pricing.scale, rel=1e-6)
     # checkpointing's factor: the checkpointed computation paired with the plain one by cycle,
-    # over the ratio their ops price
-    ratio = ckpt_ratio("llama:tiny", 4, "fp32", rate)
+    # over the ratio their ops price; the plan's one mode (selective:op) timed, not full
+    assert list(tables[CKPT]["value"].astype(str)) == ["selective:op"]
+    ratio = ckpt_ratio("llama:tiny", 4, "fp32", rate, "selective:op")
     o = priced_optimiser_ms("llama:tiny", 4, "fp32", rate.pricing)
-    paired = launch_ckpt_factor(tables, run, "fp32", Rate(1.0, 0.0, ""), o, ratio)
+    paired = launch_ckpt_factor(tables, run, "fp32", Rate(1.0, 0.0, ""), o, ratio, "selective:op")
     assert 0.3 < paired < 5  # a ratio of two measured computations, whatever this host does
+    assert planned["op_ckpt_factor"] == pytest.approx(paired) and planned["ckpt_factor"] == 1
     extra = fsdp_extra(tables[FSDP], off)
     assert set(extra) == {"native"} and all(ms >= 0 for ms in extra["native"].values())
     own = tp_extra(tables[TP], off)
@@ -785,6 +803,10 @@ def test_verify_runs_the_best_here_and_sets_measured_beside_predicted(verified, 
         assert got["method"] == "paired"
         assert r["measured_step_ms"] == pytest.approx(got["step_ms_median"])
         assert r["measured_peak_mib"] == pytest.approx(got["peak_mem_mb"])
+        # what checkpointing recomputes, the runner's column beside the plan's (selective:op
+        # recomputes none of llama:tiny's counted FLOPs: its matmuls' and attention's kept)
+        predicted = r["predicted_recompute_flops_per_step"]
+        assert predicted == pytest.approx(r["measured_recompute_flops_per_step"], rel=0.05)
         # each is the point its row's own command resolves to
         layout = VERIFIED_LAYOUT[r["config"].split()[0]]
         assert r["point"].split("-", 1)[1].startswith(f"llama_tiny-{layout}="), r
@@ -931,7 +953,7 @@ def test_the_calibration_pairs_its_points_cycle_by_cycle(tmp_path):
     # one in the pairs is noise: the traced computations then
     from bench.plan.rates import CKPT, launch_ckpt_factor
 
-    ck = pd.DataFrame([{**row, "point": b, "compute_ms": 40.0}])
+    ck = pd.DataFrame([{**row, "point": b, "compute_ms": 40.0, "value": "full"}])
     tables = {ONE: one, CKPT: ck}
     assert launch_ckpt_factor(tables, run, "fp32", rate, 0.0, 1.0) == pytest.approx(28 / 22)
     fast = samples.assign(ms=samples["ms"] - 12.0 * (samples["point"] == b))
@@ -967,12 +989,31 @@ def test_checkpointings_cost_is_its_measured_ratio_over_the_predicted_one(tmp_pa
     factor = ckpt_factor(off, on, rate, 2.0, 4 / 3)
     measured = Rate(0.05, 0.0, "test rate", ckpt_factor=factor)
     topo = Topology.of_links("eth_25g", 2, 1.0)
-    for ckpt, scale in (("on", factor), ("off", 1.0)):
+    # every block replays its forward in full and selective:op; one of llama:tiny's two in
+    # selective:layer=2: half the excess
+    modes = (("on", factor), ("selective:op", factor), ("selective:layer=2", (1 + factor) / 2))
+    for ckpt, scale in (*modes, ("off", 1.0)):
         c = _config(activation_checkpointing=ckpt, grad_accum=1, batch=4)
         with_it = predict_step(c, 1e9, measured, 100.0, topo)
         without = predict_step(c, 1e9, rate, 100.0, topo)
         optimiser = without.compute_ms - 20.0  # the FLOPs' 20 ms and AdamW's step
         assert with_it.compute_ms - optimiser == pytest.approx(20.0 * scale)
+    # each mode tracked on one build (MemTracker under fake tensors sees what a per-op policy
+    # keeps): selective modes hold less than off and more than full, and recompute less
+    modes = ("off", "full", "selective:op", "selective:layer=2")
+    points = [_point(batch=8, grad_accum=1, activation_checkpointing=m) for m in modes]
+    off, full, per_op, layer = memory.track_phases(points)
+    assert off.recompute_flops == 0 < layer.recompute_flops < full.recompute_flops
+    assert full.recompute_flops == pytest.approx(full.flops - off.flops)
+    # selective:op keeps the matmuls' and attention's outputs: none of the FLOPs counted
+    # (element-wise ops have none) is recomputed, its ops' bytes are (priced on the roofline)
+    assert (
+        per_op.recompute_flops == 0
+        and per_op.ops.of(("backward",)).ops() > off.ops.of(("backward",)).ops()
+    )
+    for between in (per_op, layer):
+        assert full.peak_mib < between.peak_mib < off.peak_mib
+        assert full.parts_mib["activations"] < between.parts_mib["activations"]
 
 
 @pytest.mark.unit

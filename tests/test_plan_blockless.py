@@ -72,7 +72,14 @@ def test_a_failed_phase_rebuilt_fails_only_the_phases_after_it():
     too, the phases tracked before keep their figures."""
     points = [
         c.point()
-        for c in space("mlp", WORLD, 8, BATCH, ("ddp",), {"precision": ("fp32",)})
+        for c in space(
+            "mlp",
+            WORLD,
+            8,
+            BATCH,
+            ("ddp",),
+            {"precision": ("fp32",), "activation_checkpointing": ("off", "full")},
+        )
         if c.knobs["bucket_cap_mb"] == 25.0 and c.knobs["grad_accum"] in (1, 2)
     ]
     # off 8 x 1, off 4 x 2, then checkpointed: the first of these fails its phase, the second
@@ -100,6 +107,6 @@ def test_a_cpu_plan_calibrates_no_checkpointing_for_a_model_that_cannot_checkpoi
     argv += ["--link", "eth_25g", "--family", "ddp", "--option", "precision=fp32"]
     argv += ["--workers", "1", "--out", str(tmp_path / "plan")]
     assert plan_cli.main(argv) == 0
-    assert asked == {"ckpt": False}
+    assert asked == {"ckpt": ()}
     rows = pd.read_csv(tmp_path / "plan" / "plan.csv", keep_default_na=False)
     assert (rows["error"] == "").sum() == 12  # DDP's plain rows

@@ -62,6 +62,7 @@ from bench.plan.topology import Topology
 from bench.roofline.profile import Roofline
 from bench.runfolder import peaks
 from bench.runfolder.schema import read_results
+from parallel_kernels.checkpointing import checkpoint_mode
 
 DEFAULT_MFU_PCT = 40.0  # what a tuned dense training step reaches on recent GPUs (torchtitan)
 FSDP_CALIBRATED = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD")  # HYBRID_SHARD needs 4 ranks
@@ -101,7 +102,9 @@ class LaunchPlan:
     precisions: tuple[str, ...]
     per_replica: int  # samples per replica of the plan's global batch
     ranks: int  # launched here
-    ckpt: bool = False
+    # the checkpointing modes timed: full where the plan holds rows that checkpoint whole
+    # blocks, selective:op where it holds that mode's rows (``Rate.recompute_factor``)
+    ckpt: tuple[str, ...] = ()
     fsdp: tuple[str, ...] = ()
     tp: tuple[str, ...] = ()
     seconds: float = POINT_SECONDS  # each point's seconds of interleaved cycles
@@ -135,11 +138,22 @@ def launch_plan(request: PlanRequest, configs: list[Config]) -> LaunchPlan:
         precisions=tuple(dict.fromkeys(c.knobs["precision"] for c in configs)),
         per_replica=request.global_batch // request.world_size or 1,
         ranks=ranks,
-        ckpt=names_checkpoint_units(request.model) and any(c.checkpointed for c in configs),
+        ckpt=timed_modes(request.model, configs),
         fsdp=impls(UNIT_COPIES),
         tp=impls(OP_DISPATCH) if ranks > 1 else (),
         seconds=request.launch_seconds or POINT_SECONDS,
     )
+
+
+def timed_modes(model: str, configs: list[Config]) -> tuple[str, ...]:
+    """The checkpointing modes a calibration launch times for ``configs``: ``full`` for those
+    checkpointing whole blocks (full, selective:layer=N), ``selective:op`` for its own; none
+    for a model without checkpoint units (its point would fail, and the plan with it)."""
+    if not names_checkpoint_units(model):
+        return ()
+    modes = {c.checkpointing for c in configs if c.checkpointed}
+    per_op = {m for m in modes if checkpoint_mode(m).per_op}
+    return ("full",) * bool(modes - per_op) + tuple(sorted(per_op))
 
 
 def calibrate(request: PlanRequest, configs: list[Config], out: Path) -> Target:
@@ -255,13 +269,13 @@ def calibrated(request: PlanRequest, launch: LaunchPlan, out: Path, roofline: Ro
     ones = pd.concat([pd.DataFrame([at_precision(tables[ONE], p)]) for p in launch.precisions])
     fitted = calibrated_rates(ones, roofline, roofline, str(run), False, accumulated(tables, run))
     notes, extra = [], {}
-    if launch.ckpt:
-        ratio = ckpt_ratio(request.model, launch.per_replica, first, fitted[first])
+    for mode in launch.ckpt:
         o = priced_optimiser_ms(request.model, launch.per_replica, first, fitted[first].pricing)
+        ratio = ckpt_ratio(request.model, launch.per_replica, first, fitted[first], mode)
         # the ops' ratio stands for the FLOPs': a rate of no fixed cost per micro-batch
-        factor = launch_ckpt_factor(tables, run, first, Rate(1.0, 0.0, ""), o, ratio)
-        notes.append(f"checkpointing x{factor:.2f} its ops' time")
-        extra["ckpt_factor"] = factor
+        factor = launch_ckpt_factor(tables, run, first, Rate(1.0, 0.0, ""), o, ratio, mode)
+        notes.append(f"checkpointing {mode} x{factor:.2f} its ops' time")
+        extra["op_ckpt_factor" if checkpoint_mode(mode).per_op else "ckpt_factor"] = factor
     notes += _own_work(tables, launch, extra)
     if not notes:
         return fitted
@@ -376,7 +390,8 @@ def calibration_launch(launch: LaunchPlan, out: Path, timeout_s: float = 600) ->
         named.append((MANY, f"{model} accumulating {a}", [*each, *accumulating]))
     at_first = ["--batch-size", str(per_replica), "--option", f"precision={precisions[0]}"]
     if launch.ckpt:
-        ckpt = ["--sweep", "activation_checkpointing", "--values", "full", *ddp, *at_first]
+        modes = ",".join(launch.ckpt)
+        ckpt = ["--sweep", "activation_checkpointing", "--values", modes, *ddp, *at_first]
         named.append((CKPT, f"{model}'s checkpointing", ckpt))
     if launch.fsdp:
         fsdp = ["--sweep", "sharding_strategy", "--values", ",".join(FSDP_CALIBRATED)]

@@ -49,7 +49,7 @@ from bench.runfolder.points import PointRecord
 from bench.runner.session.distenv import DistEnv
 from bench.runner.train.data import Batches
 from bench.runner.train.step import Recipe, build_trainer
-from parallel_kernels.checkpointing import checkpoint_blocks, checkpointed, set_checkpointing
+from parallel_kernels.checkpointing import checkpoint_mode, parse_checkpointing, set_checkpointing
 from parallel_kernels.facts import torch_dtype
 from parallel_kernels.models import build_model, workload
 from parallel_kernels.workload import block_list, keep_blocks, stamp, tensor_bytes
@@ -123,7 +123,8 @@ def run_build(jobs: tuple[Job, ...], gpus_per_node: int, gpu: bool = False) -> l
     for job, known in zip(jobs, early, strict=True):
         t = known or next(tracked)
         # a micro-batch's FLOPs, whatever the number tracked per step
-        out.append(replace(t, flops=t.flops / int(job.config.knobs["grad_accum"])))
+        accum = int(job.config.knobs["grad_accum"])
+        out.append(replace(t, flops=t.flops / accum, recompute_flops=t.recompute_flops / accum))
     return out
 
 
@@ -173,7 +174,7 @@ def step_inputs(point: PointRecord) -> list:
 
 
 @functools.cache
-def _blocks_of(model: str) -> int:
+def blocks_of(model: str) -> int:
     """How many repeated blocks the model has (0: none to shorten), from its meta twin."""
     with torch.device("meta"):
         twin = stamp(workload(model).build(), workload(model))
@@ -263,14 +264,29 @@ def track_phases(
         # than the row's error does
         warnings.simplefilter("ignore")
         try:
-            n = _blocks_of(points[0].model)
-            if n <= SMALL:
-                full = _track(points, gpus_per_node, None, gpu)
-                return [replace(t, how="tracked in full") for t in full]
+            n = blocks_of(points[0].model)
+            # a mode that checkpoints every N-th block: a shortened model's blocks are not
+            # laid out as all of them are, so tracked in full
+            whole = [i for i, p in enumerate(points) if n <= SMALL or not alike(_mode(p))]
+            if not whole:
+                first = int(points[0].impl_facts.get("memory_blocks_from", 1))
+                return _stepped(points, n, first, gpus_per_node, gpu)
+            full = iter(_track([points[i] for i in whole], gpus_per_node, None, gpu))
+            rest = [p for i, p in enumerate(points) if i not in whole]
             first = int(points[0].impl_facts.get("memory_blocks_from", 1))
-            return _stepped(points, n, first, gpus_per_node, gpu)
+            stepped = iter(_stepped(rest, n, first, gpus_per_node, gpu) if rest else [])
+            return [
+                replace(next(full), how="tracked in full") if i in whole else next(stepped)
+                for i in range(len(points))
+            ]
         except Exception as e:  # noqa: BLE001 - any failure is these configurations' rows
             return [failure(e)] * len(points)
+
+
+def alike(mode: str) -> bool:
+    """Whether ``mode`` checkpoints every block alike (off, full, selective:op), so that a
+    model shortened to a few blocks stands for all of them; ``selective:layer=N`` does not."""
+    return checkpoint_mode(mode).every <= 1
 
 
 def _stepped(
@@ -348,12 +364,12 @@ def _track(
             trainer = build_trainer(first, env, dist.group.WORLD, recipe)
             resolve_ddp_hooks(trainer.wrapped)
         optimiser_state(trainer)
-        checkpointed = _checkpointed(first)
+        mode = _mode(first)
         for point, micro_batches in zip(points, inputs, strict=True):
             try:
-                if _checkpointed(point) != checkpointed:
-                    checkpointed = _checkpointed(point)
-                    set_checkpointing(plain, checkpointed)
+                if _mode(point) != mode:
+                    mode = _mode(point)
+                    set_checkpointing(plain, mode)
                 phase = dataclasses.replace(trainer, point=point, accum=len(micro_batches))
                 peaks.append(peak_of_step(tracker, phase, micro_batches, here=not gpu))
             except Exception as e:  # noqa: BLE001 - this phase's row
@@ -365,12 +381,12 @@ def _track(
             out.append(peak)
             continue
         # what one micro-batch computes, and the optimiser's step (``op_mix.py``)
-        of = Counting(
-            point.model, _checkpointed(point), blocks, point.knobs.get("precision", "fp32"), gpu
-        )
+        of = Counting(point.model, _mode(point), blocks, point.knobs.get("precision", "fp32"), gpu)
         flops = _flops(of, point.batch_per_replica)
+        again = recomputed(of, point.batch_per_replica)
         ops = step_ops(of, point.batch_per_replica)
-        out.append(replace(peak, flops=flops * int(point.knobs["grad_accum"]), ops=ops))
+        accum = int(point.knobs["grad_accum"])
+        out.append(replace(peak, flops=flops * accum, recompute_flops=again * accum, ops=ops))
     rest = points[len(peaks) :]
     # A step that failed part-way leaves the build in no state to step again, and a later
     # phase may run where that one fails: FSDP1's NO_SHARD in bf16 fails accumulating ("a
@@ -392,8 +408,9 @@ def _rebuilt(
         return [failure(e)] * len(points)
 
 
-def _checkpointed(point: PointRecord) -> bool:
-    return checkpointed(point.knobs["activation_checkpointing"])
+def _mode(point: PointRecord) -> str:
+    """The point's checkpointing mode, as rows spell it."""
+    return parse_checkpointing(point.knobs["activation_checkpointing"])
 
 
 def peak_of_step(tracker: PeakTracker, trainer, micro_batches: list, *, here: bool) -> Tracked:
@@ -440,14 +457,19 @@ def optimiser_state(trainer) -> None:
 @dataclass(frozen=True)
 class Counting:
     """What a step's ops are counted on: the plain model, shortened to ``blocks`` (None: all),
-    checkpointed or not, its forward at ``precision``, AdamW with ``foreach`` as the target
-    runs it; the micro-batch apart, since counts at several make one at another."""
+    checkpointed in a mode of the knob (``set_checkpointing``'s: a label, or a bool for off and
+    full), its forward at ``precision``, AdamW with ``foreach`` as the target runs it; the
+    micro-batch apart, since counts at several make one at another."""
 
     model: str
-    checkpointed: bool
+    checkpointing: str | bool
     blocks: int | None = None
     precision: str = "fp32"
     foreach: bool = False
+
+    def __post_init__(self) -> None:
+        # one spelling per mode, so that the counts a cache keeps are shared (True is "full")
+        object.__setattr__(self, "checkpointing", parse_checkpointing(self.checkpointing))
 
 
 def _flops(of: Counting, micro_batch: int) -> float:
@@ -459,7 +481,7 @@ def _flops(of: Counting, micro_batch: int) -> float:
     the same FLOPs, as ``track_phases``' extrapolation has it): no count of its own.
     ``precision`` and ``foreach`` change no FLOPs: they name the count that ``step_ops``
     shares."""
-    if of.blocks is not None and of.blocks > 2:
+    if of.blocks is not None and of.blocks > 2 and alike(of.checkpointing):
         one, two = (_flops(replace(of, blocks=k), micro_batch) for k in (1, 2))
         return one + (of.blocks - 1) * (two - one)
     one = _counted(of, 1).flops
@@ -475,7 +497,7 @@ def step_ops(of: Counting, micro_batch: int) -> OpMix:
     op by op along the line through the ops at one sample and two, or where those ran other
     ops (a reshape that copies from two samples on), at two and three (``op_mix.along_batch``);
     else counted there."""
-    if of.blocks is not None and of.blocks > 2:
+    if of.blocks is not None and of.blocks > 2 and alike(of.checkpointing):
         one, two = (step_ops(replace(of, blocks=k), micro_batch) for k in (1, 2))
         return one.plus(two.plus(one, -1.0), of.blocks - 1)
     if micro_batch > 2:
@@ -491,12 +513,22 @@ def step_ops(of: Counting, micro_batch: int) -> OpMix:
 def recompute_ratio(model: str, micro_batch: int) -> float:
     """A checkpointed micro-batch's FLOPs over a plain one's (its recomputation; the whole
     model's, counted)."""
-    return _flops(Counting(model, True), micro_batch) / _flops(Counting(model, False), micro_batch)
+    return _flops(Counting(model, "full"), micro_batch) / _flops(
+        Counting(model, "off"), micro_batch
+    )
 
 
-def _counted_flops(model: str, micro_batch: int, checkpointed: bool, blocks: int | None) -> float:
+def recomputed(of: Counting, micro_batch: int) -> float:
+    """FLOPs of one micro-batch that ``of``'s checkpointing recomputes: its count less the
+    plain model's (0 with it off); what the runner's ``recompute_flops_per_step`` counts."""
+    if not checkpoint_mode(of.checkpointing).every:
+        return 0.0
+    return _flops(of, micro_batch) - _flops(replace(of, checkpointing="off"), micro_batch)
+
+
+def _counted_flops(model: str, micro_batch: int, checkpointing: str, blocks: int | None) -> float:
     """FLOPs of one micro-batch's forward and backward, counted at it (``_counted``)."""
-    return _counted(Counting(model, checkpointed, blocks), micro_batch).flops
+    return _counted(Counting(model, checkpointing, blocks), micro_batch).flops
 
 
 @dataclass(frozen=True)
@@ -526,8 +558,8 @@ def _counted(of: Counting, micro_batch: int) -> Counted:
     )
     with FakeTensorMode(allow_non_fake_inputs=True):
         plain = plain_model(of.model, of.blocks, twin)
-        if of.checkpointed:
-            checkpoint_blocks(plain)
+        if checkpoint_mode(of.checkpointing).every:
+            set_checkpointing(plain, of.checkpointing)
         opt = torch.optim.AdamW(plain.parameters(), foreach=of.foreach)
         with OpCounter() as counter:
             with cast:

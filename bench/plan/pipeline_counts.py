@@ -23,7 +23,7 @@ from bench.plan import memory
 from bench.plan.op_mix import OpMix, mix_of
 from bench.roofline.op_count import OpCounter
 from bench.runner.train.data import Batches
-from parallel_kernels.checkpointing import checkpoint_blocks
+from parallel_kernels.checkpointing import set_checkpointing
 from parallel_kernels.facts import torch_dtype
 from parallel_kernels.models import workload
 from parallel_kernels.pipeline_stages import split_stages
@@ -32,13 +32,13 @@ from parallel_kernels.pipeline_stages import split_stages
 @dataclass(frozen=True)
 class CountJob:
     """The stages of a proxy of ``stages`` stages, one block each, counted at one micro-batch
-    of ``micro_batch`` samples, at ``precision``, checkpointed or not, AdamW ``foreach`` as
-    the target runs it."""
+    of ``micro_batch`` samples, at ``precision``, checkpointed in a mode that treats every block
+    alike (``memory.alike``) or not at all, AdamW ``foreach`` as the target runs it."""
 
     config: object = field(compare=False, hash=False)  # a row it serves (the progress line's)
     model: str
     precision: str
-    checkpointed: bool
+    checkpointing: str
     stages: int
     micro_batch: int
     foreach: bool
@@ -57,6 +57,7 @@ class StageCounts:
     block_params: float = 0.0
     shared: float = 0.0
     error: str = ""
+    block_recompute: float = 0.0  # the FLOPs one block recomputes per micro-batch
 
 
 def count_stages(job: CountJob) -> StageCounts:
@@ -86,8 +87,7 @@ def _count(job: CountJob) -> StageCounts:
     cast = dtype not in (None, torch.float32)
     with FakeTensorMode(allow_non_fake_inputs=True):
         plain = memory.plain_model(job.model, job.stages, twin)
-        if job.checkpointed:
-            checkpoint_blocks(plain)
+        set_checkpointing(plain, job.checkpointing)
         split = split_stages(plain, job.stages)
         hidden, targets = split.stage_batch(x, y)
         mixes, sends, params = [], [], []
@@ -105,10 +105,17 @@ def _count(job: CountJob) -> StageCounts:
         named = dict(plain.named_parameters(remove_duplicate=False))
         shared = _bytes(named[s.name] for s in split.shared)
         block_params = _bytes(wl.pipeline.blocks(plain)[0].parameters())
-    of = memory.Counting(job.model, job.checkpointed, None, job.precision, job.foreach)
+    of = memory.Counting(job.model, job.checkpointing, None, job.precision, job.foreach)
     one, two = (memory.step_ops(replace(of, blocks=k), job.micro_batch) for k in (1, 2))
+    again = (memory.recomputed(replace(of, blocks=k), job.micro_batch) for k in (2, 1))
     return StageCounts(
-        tuple(mixes), tuple(sends), tuple(params), two.plus(one, -1.0), block_params, shared
+        tuple(mixes),
+        tuple(sends),
+        tuple(params),
+        two.plus(one, -1.0),
+        block_params,
+        shared,
+        block_recompute=next(again) - next(again),
     )
 
 

@@ -196,7 +196,7 @@ class StageJob:
     rank: int
     replicas: bool
     micro_batch: int
-    checkpointed: bool
+    checkpointing: str  # a mode that treats every block alike (``memory.alike``)
 
     @property
     def build(self) -> tuple:
@@ -208,7 +208,7 @@ class StageJob:
         knobs = {
             "pp_schedule": schedule,
             "pp_microbatches": microbatches,
-            "activation_checkpointing": "full" if self.checkpointed else "off",
+            "activation_checkpointing": self.checkpointing,
             "precision": self.precision,
             "grad_accum": 1,
         }
@@ -245,7 +245,7 @@ def jobs_of(c: Config) -> dict[int | None, list[StageJob]]:
                 rank=stage_index(role, proxy.stages),
                 replicas=c.world_size > degree,
                 micro_batch=c.micro_batch // m,
-                checkpointed=c.checkpointed,
+                checkpointing=c.checkpointing,
             )
             for role in roles(degree)
         ]
@@ -266,7 +266,7 @@ def count_job(c: Config, gpu: bool) -> CountJob:
         config=c,
         model=c.model,
         precision=c.knobs["precision"],
-        checkpointed=c.checkpointed,
+        checkpointing=c.checkpointing,
         stages=min(memory_blocks(c.model), 3),
         micro_batch=c.micro_batch // m,
         foreach=gpu,
@@ -373,9 +373,11 @@ def row_figures(c: Config, got: dict[tuple, StageMemory | str], counts: StageCou
     peaks = {s: t.peak_mib for s, t in per_stage.items()}
     ops, grads = stage_costs(c, counts)
     flops = sum(o.of(("forward", "backward")).flops() for o in ops) * m / degree
+    again = counts.block_recompute * memory_blocks(c.model) * m / degree
     costs = PipelineCosts(ops, _sends(c, counts), grads, counts.shared, peaks)
     top = per_stage[costs.peak_stage]
-    return replace(top, flops=flops, how=_how(c, costs.peak_stage), pipeline=costs)
+    how = _how(c, costs.peak_stage)
+    return replace(top, flops=flops, recompute_flops=again, how=how, pipeline=costs)
 
 
 @dataclass(frozen=True)
@@ -441,11 +443,20 @@ def run_item(item: tuple, gpus_per_node: int, gpu: bool) -> list:
     return track_stage_build(item, gpus_per_node, gpu)
 
 
+UNALIKE = (
+    "a pipeline's memory is tracked on stages of one and two blocks, which do not checkpoint "
+    "every N-th block as the row does (selective:layer=N: not planned for pipelines)"
+)
+
+
 def _refused(c: Config) -> str:
     """Why ``c`` is its error row, unbuilt: a checkpointed row of a model that names no
-    blocks to recompute (its run fails saying so)."""
+    blocks to recompute (its run fails saying so), or one checkpointing every N-th block,
+    which the proxy's stages of one and two blocks do not lay out as the row's are."""
     if c.checkpointed and not names_checkpoint_units(c.model):
         return NO_CHECKPOINT_UNITS
+    if not memory.alike(c.checkpointing):
+        return UNALIKE
     return ""
 
 
@@ -491,11 +502,11 @@ def _built(points, gpus_per_node: int, gpu: bool, phase) -> list:
                 wrapped = stamp(trainer.wrapped, workload(first_job.model))  # its blocks
                 memory.optimiser_state(trainer)
                 tracker = StageTracker()
-                checkpointed = first_job.checkpointed
+                mode = first_job.checkpointing
                 for (job, point), batches in zip(points, inputs, strict=True):
-                    if job.checkpointed != checkpointed:
-                        checkpointed = job.checkpointed
-                        set_checkpointing(wrapped, checkpointed)
+                    if job.checkpointing != mode:
+                        mode = job.checkpointing
+                        set_checkpointing(wrapped, mode)
                     phased = replace(trainer, point=point, accum=1)
                     out.append(phase(tracker, phased, batches, gpu))
         except Exception as e:  # noqa: BLE001 - this phase's row; the rest rebuilt
@@ -556,7 +567,7 @@ def track_over_order(c: Config, role: str, gpus_per_node: int = 8) -> Tracked:
         rank=stage_index(role, degree),
         replicas=c.world_size > degree,
         micro_batch=c.micro_batch // m,
-        checkpointed=c.checkpointed,
+        checkpointing=c.checkpointing,
     )
     point = job.point(c.knobs["pp_schedule"], m)
     (got,) = _built([(job, point)], gpus_per_node, False, _whole_step)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from bench.model.pipeline_sim import StageCost, StagedPipeline, simulate_pipeline
 from bench.plan.calibration import Target
+from bench.plan.memory import blocks_of
 from bench.plan.op_mix import COMPUTE, PHASES, OpMix
 from bench.plan.op_prices import Priced, priced
 from bench.plan.pipeline_memory import PipelineCosts
@@ -66,7 +67,7 @@ def price_stage(
     ``share``, its part of the model's ops, takes that part of the calibrated cost of a
     micro-batch beyond them."""
     rate = target.rates[c.knobs["precision"]]
-    factor = rate.ckpt_factor if c.checkpointed else 1.0
+    factor = rate.recompute_factor(c.checkpointing, blocks_of(c.model))
     if rate.pricing is not None:
         fwd, bwd, opt = (priced(ops.of((p,)), rate.pricing) for p in PHASES)
         step = opt.plus(fwd.plus(bwd), int(c.knobs["pp_microbatches"]))

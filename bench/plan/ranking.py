@@ -31,7 +31,8 @@ def row(c: Config, t: Tracked, step: StepTime, target: Target) -> dict:
     precision = c.knobs["precision"]
     flops = c.step_flops(t.flops)
     # MFU counts the model's FLOPs, not checkpointing's recomputation
-    model_flops = flops * (0.75 if c.checkpointed else 1.0)
+    again = c.step_flops(t.recompute_flops)
+    model_flops = flops - again
     out = {
         "config": c.label,
         "family": c.family,
@@ -49,6 +50,8 @@ def row(c: Config, t: Tracked, step: StepTime, target: Target) -> dict:
         "device_mem_gib": target.device.memory_gib,
         "memory_how": t.how,
         "flops_per_rank": flops,
+        # the runner's column of that name: what checkpointing recomputes, per step per rank
+        "recompute_flops_per_step": again,
         "error": t.error,
     }
     out["fits"] = bool(

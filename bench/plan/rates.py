@@ -39,6 +39,7 @@ from bench.plan.launch import role
 from bench.plan.op_prices import Pricing
 from bench.runfolder.points import RunFolderError, read_points
 from bench.runfolder.schema import read_results, read_samples
+from parallel_kernels.checkpointing import checkpoint_mode
 from parallel_kernels.models import workload
 
 ADAMW_BYTES_PER_PARAM = 28
@@ -56,12 +57,31 @@ class Rate:
     # model's, ms (``fsdp_extra``); empty: none counted
     fsdp_ms: dict[str, dict[str, float]] = field(default_factory=dict, hash=False)
     # a checkpointed micro-batch's computation over what its FLOPs at this rate say
-    # (``ckpt_factor``); 1: none measured
+    # (``ckpt_factor``), measured with every block checkpointed in full; 1: none measured
     ckpt_factor: float = 1.0
     # implementation -> TP's own computation per step beyond the model's, ms (``tp_extra``)
     tp_ms: dict[str, float] = field(default_factory=dict, hash=False)
     # the roofline the ops are priced on (``op_prices.py``); None: the FLOPs at ``tflops``
     pricing: Pricing | None = None
+    # ``ckpt_factor`` measured with selective:op, its per-op policy's own books (its mode's
+    # dispatch of every op, kept or recomputed); None: not measured, ``ckpt_factor`` stands in
+    op_ckpt_factor: float | None = None
+
+    def recompute_factor(self, mode: str, blocks: int) -> float:
+        """What checkpointing in ``mode`` multiplies a micro-batch's priced computation by on
+        a model of ``blocks`` blocks: ``ckpt_factor`` (measured with every block checkpointed
+        in full) where every block replays its forward in full, its excess in the share of
+        blocks that do under ``selective:layer=N``; ``op_ckpt_factor`` for ``selective:op``
+        where measured (its policy runs every op of the forward again, serving those it kept
+        from its cache: the recomputed ops' own cost is in their prices, not its books), else
+        ``ckpt_factor``; 1 with checkpointing off."""
+        m = checkpoint_mode(mode)
+        if not m.every:
+            return 1.0
+        if m.per_op:
+            return self.ckpt_factor if self.op_ckpt_factor is None else self.op_ckpt_factor
+        share = 1.0 if m.every == 1 else (blocks // m.every) / max(blocks, 1)
+        return 1.0 + (self.ckpt_factor - 1.0) * share
 
     def fsdp_extra_ms(self, impl: str, strategy: str) -> float:
         """FSDP's own computation per step of ``impl`` at ``strategy``: its calibrated figure,
@@ -241,14 +261,17 @@ def launch_ckpt_factor(
     rate: Rate,
     optimiser_ms: float,
     recompute: float,
+    mode: str = "full",
 ) -> float:
-    """``ckpt_factor`` of a calibration launch: its checkpointed point against its one
-    micro-batch at ``precision``, the checkpointed computation that one's plus their steps'
-    difference cycle by cycle (the same synchronisation in both), where the launch kept its
-    cycles."""
-    if CKPT not in tables:
-        raise ValueError(f"the calibration launch {run}: its checkpointed point failed")
-    on = tables[CKPT].iloc[0].to_dict()
+    """``ckpt_factor`` of a calibration launch: its point checkpointed in ``mode`` against its
+    one micro-batch at ``precision``, the checkpointed computation that one's plus their
+    steps' difference cycle by cycle (the same synchronisation in both), where the launch
+    kept its cycles."""
+    points = tables.get(CKPT, pd.DataFrame({"value": []}))
+    points = points[points["value"].astype(str) == mode]
+    if points.empty:
+        raise ValueError(f"the calibration launch {run}: its point checkpointed {mode} failed")
+    on = points.iloc[0].to_dict()
     off = at_precision(tables[ONE], precision)
     delta = paired_difference(run, off["point"], on["point"])
     # a checkpointed step no longer than the plain one is noise, not a pair (under CI's load

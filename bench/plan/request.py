@@ -16,12 +16,14 @@ from bench.plan.devices import DEVICES, Device, device
 from bench.plan.families import FAMILIES
 from bench.plan.topology import DEFAULT_LINKS, link_names
 from bench.roofline.profile import Roofline, RooflineError, read
-from parallel_kernels.checkpointing import parse_checkpointing
+from parallel_kernels.checkpointing import MODES, parse_checkpointing
 from parallel_kernels.models import workload
 
 GPU_ALLOWANCE_GIB = 2.0  # CUDA context and NCCL's buffers, about a GiB each
-OPTIONS = {  # what --option narrows, and each one's values
-    "activation_checkpointing": ("off", "full"),  # "on" is full's other spelling
+OPTIONS = {  # what --option narrows, and each one's values planned by default
+    # "on" is full's other spelling; every selective:layer=N is planned where --option names
+    # it, none by default (each N a third of the space again: docs/plan.md, "The space")
+    "activation_checkpointing": ("off", "full", "selective:op"),
     "precision": ("fp32", "bf16"),
 }
 TP_DEGREES = (1, 2, 4, 8, 16)  # the degrees a batch may split over (within a node)
@@ -111,10 +113,13 @@ def _what(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--option",
+        "--only",
+        dest="option",
         action="append",
         default=[],
         metavar="KNOB=VALUES",
-        help="narrow a dimension: activation_checkpointing=off, precision=bf16 (repeatable)",
+        help="narrow a dimension: activation_checkpointing=off,selective:layer=2, "
+        "precision=bf16 (repeatable; --only: the same)",
     )
 
 
@@ -268,22 +273,31 @@ def _options(items: list[str]) -> dict[str, tuple[str, ...]]:
             raise ValueError(
                 f"--option {item!r}: give KNOB=VALUES with KNOB one of {', '.join(OPTIONS)}"
             )
-        chosen = tuple(_spelled(key, v.strip().lower()) for v in values.split(",") if v.strip())
-        bad = [v for v in chosen if v not in OPTIONS[key]]
+        chosen = tuple(dict.fromkeys(_spelled(key, v) for v in values.split(",") if v.strip()))
+        bad = [v for v in chosen if v is None or v not in _accepted(key, v)]
         if bad or not chosen:
-            raise ValueError(f"--option {key}: {values!r} is not among {', '.join(OPTIONS[key])}")
+            among = MODES if key == "activation_checkpointing" else ", ".join(OPTIONS[key])
+            raise ValueError(f"--option {key}: {values!r} is not among {among}")
         out[key] = chosen
     return out
 
 
-def _spelled(key: str, value: str) -> str:
-    """A checkpointing value as rows spell it (``on``: ``full``); any other value as given."""
+def _spelled(key: str, value: str) -> str | None:
+    """A value as rows spell it: a checkpointing mode's label (``on``: ``full``), None for one
+    that names no mode; any other value as given."""
+    value = value.strip().lower()
     if key != "activation_checkpointing":
         return value
     try:
         return parse_checkpointing(value)
     except ValueError:
-        return value  # refused as not among the planned values
+        return None
+
+
+def _accepted(key: str, value: str) -> tuple[str, ...]:
+    """The values ``--option key`` takes: checkpointing's every mode (a mode spelled as rows
+    spell it is its own), another knob's planned values."""
+    return (value,) if key == "activation_checkpointing" else OPTIONS[key]
 
 
 def _check_computation(mfu: float | None, compute: list[Path] | None) -> None:

@@ -124,15 +124,17 @@ def run_roofline(run: Path, target: Roofline, gpu_name: str) -> tuple[Roofline, 
     return profile, True
 
 
-def ckpt_ratio(model: str, micro_batch: int, precision: str, rate: Rate) -> float:
-    """A checkpointed micro-batch's computation over a plain one's, as their ops price on the
-    rate's roofline with its cost per micro-batch (its recomputation: what
+def ckpt_ratio(
+    model: str, micro_batch: int, precision: str, rate: Rate, mode: str = "full"
+) -> float:
+    """A micro-batch checkpointed in ``mode``: its computation over a plain one's, as their ops
+    price on the rate's roofline with its cost per micro-batch (its recomputation: what
     ``rates.ckpt_factor`` measures against)."""
     on, off = (
         priced(
             step_ops(Counting(model, ckpt, None, precision), micro_batch).of(COMPUTE), rate.pricing
         )
-        for ckpt in (True, False)
+        for ckpt in (mode, "off")
     )
     return (on.total_ms + rate.micro_ms) / (off.total_ms + rate.micro_ms)
 

@@ -4,7 +4,7 @@ would run.
 For a model at a world size, each family's layouts (``families.py``: DDP at a few bucket sizes;
 FSDP2 and FSDP1 with each sharding strategy; tensor parallelism at each degree within a node,
 the rest of the ranks replicated or sharded; pipelines of each degree and schedule, the rest
-replicas), each with activation checkpointing off and on, in fp32 and bf16
+replicas), each with activation checkpointing off, full and selective:op, in fp32 and bf16
 (``request.OPTIONS``, as ``--option`` narrows them), and at each split of a replica's batch
 that makes the global batch (its family's ``splits``: a (micro-batch, accumulation) pair, or a
 pipeline's micro-batch count). Every configuration
@@ -66,7 +66,12 @@ class Config:
 
     @property
     def checkpointed(self) -> bool:
-        return checkpointing.checkpointed(self.knobs.get("activation_checkpointing", "off"))
+        return checkpointing.checkpointed(self.checkpointing)
+
+    @property
+    def checkpointing(self) -> str:
+        """Its checkpointing mode, as rows spell it (``checkpointing.parse_checkpointing``)."""
+        return checkpointing.parse_checkpointing(self.knobs.get("activation_checkpointing", "off"))
 
     @property
     def tp_degree(self) -> int:

@@ -7,11 +7,11 @@ activation checkpointing's recomputation included), each priced on the target's 
 (``op_prices.py``; ``rank_ops``, ``priced_profile``): the forward's ops, the backward's, then the
 optimiser's; plus a calibrated cost per micro-batch. Without a roofline (``--mfu``), its FLOPs
 at the rate of its precision plus a cost per micro-batch (``compute_profile``): forward is a
-third of a step's FLOPs, backward two thirds (a fourth and three fourths with checkpointing,
-which repeats the forward; Narayanan et al., SC'21, section 5.1), and each gradient is ready
-when backward has done its parameters' share (backward FLOPs of a linear layer are
-proportional to its parameters). The optimiser step is AdamW's traffic at the device's memory
-bandwidth (``rates.optimiser_ms``).
+third of the model's FLOPs, backward two thirds and what checkpointing recomputes (a fourth
+and three fourths in full, which repeats the forward; Narayanan et al., SC'21, section 5.1),
+and each gradient is ready when backward has done its parameters' share (backward FLOPs of a
+linear layer are proportional to its parameters). The optimiser step is AdamW's traffic at the
+device's memory bandwidth (``rates.optimiser_ms``).
 
 Links: a schedule's own group (its ``Simulator.group``: TP's, HYBRID_SHARD's shard group, else
 the world) runs on the first ``--link`` where it fits in a node, on the last where it spans
@@ -35,6 +35,7 @@ from bench.model.compute import ComputeProfile
 from bench.model.predict import UNMODELLED_KNOBS, Unmodelled, case_of, simulate_case, simulator
 from bench.plan.calibration import Target
 from bench.plan.families import FAMILIES, OP_DISPATCH, UNIT_COPIES
+from bench.plan.memory import blocks_of
 from bench.plan.op_mix import COMPUTE, PHASES, OpMix
 from bench.plan.op_prices import Priced, Pricing, priced
 from bench.plan.pipeline_time import predict_pipeline
@@ -43,7 +44,6 @@ from bench.plan.space import Config
 from bench.plan.topology import Topology
 from bench.plan.tracked import Tracked
 from bench.runfolder.points import PointRecord
-from parallel_kernels.checkpointing import checkpointed
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ def step_times(configs: list[Config], figures: list[Tracked], target: Target) ->
         rate = target.rates[c.knobs["precision"]]
         flops = c.step_flops(t.flops)
         bandwidth = target.device.bandwidth_GBps
-        out.append(predict_step(c, flops, rate, bandwidth, target.topology, t.ops))
+        out.append(predict_step(c, flops, rate, bandwidth, target.topology, t.ops, t))
     return out
 
 
@@ -144,7 +144,7 @@ def priced_profile(point: PointRecord, ops: StepOps, rate: Rate) -> ComputeProfi
     """One micro-batch's computation of the configuration on the target priced op by op
     (``compute_profile``'s, on the roofline): its forward and backward as their ops price,
     the gradients ready as backward does their parameters' share, then the optimiser's ops."""
-    factor = rate.ckpt_factor if checkpointed(point.knobs["activation_checkpointing"]) else 1.0
+    factor = _factor(point, rate)
     forward_ms = ops.forward.total_ms * factor + rate.micro_ms / 3
     backward_ms = ops.backward.total_ms * factor + 2 * rate.micro_ms / 3
     sizes = [b // point.tp_size for b in param_bytes(point.model)]
@@ -168,17 +168,21 @@ def _ready(sizes: list[int], backward_ms: float) -> tuple[float, ...]:
     return tuple(ready)
 
 
+def _factor(point: PointRecord, rate: Rate) -> float:
+    """The point's checkpointing's cost beyond its ops' (``Rate.recompute_factor``)."""
+    return rate.recompute_factor(point.knobs["activation_checkpointing"], blocks_of(point.model))
+
+
 def compute_profile(
-    point: PointRecord, flops: float, rate: Rate, bandwidth_GBps: float
+    point: PointRecord, flops: float, rate: Rate, bandwidth_GBps: float, recompute_share: float
 ) -> ComputeProfile:
     """One micro-batch's computation of the configuration on the target (the schedules
-    simulate the last micro-batch, which communicates)."""
+    simulate the last micro-batch, which communicates); ``recompute_share``: the share of
+    its FLOPs that checkpointing recomputes, in backward."""
     accum = int(point.knobs["grad_accum"])
     total_ms = 1e3 * flops / (rate.tflops * 1e12) / accum + rate.micro_ms
-    recomputes = checkpointed(point.knobs["activation_checkpointing"])
-    if recomputes:  # what checkpointing costs this host beyond its FLOPs (rates.py)
-        total_ms *= rate.ckpt_factor
-    forward = 0.25 if recomputes else 1 / 3
+    total_ms *= _factor(point, rate)  # what checkpointing costs beyond its FLOPs (rates.py)
+    forward = (1 - recompute_share) / 3  # a third of the model's FLOPs; 1/4 with full's
     sizes = [b // point.tp_size for b in param_bytes(point.model)]
     backward_ms = total_ms * (1 - forward)
     ready = _ready(sizes, backward_ms)
@@ -241,10 +245,12 @@ def predict_step(
     bandwidth_GBps: float,
     topo: Topology,
     ops: OpMix | None = None,
+    figures: Tracked | None = None,
 ) -> StepTime:
     """The configuration's predicted step: ``step_ms`` and its communication, or its error
     where the schedules do not model it. Its computation is its ``ops`` priced on the
-    rate's roofline where it has one (``rank_ops``), else its FLOPs at the rate."""
+    rate's roofline where it has one (``rank_ops``), else its FLOPs at the rate, of which
+    its ``figures`` say what checkpointing recomputes."""
     if not (flops > 0 and math.isfinite(flops)):
         return StepTime(error="no FLOPs count (the tracked step failed)")
     point = c.point()
@@ -253,7 +259,8 @@ def predict_step(
         mine = rank_ops(point, ops, rate.pricing)
         prof = priced_profile(point, mine, rate)
     else:
-        prof = compute_profile(point, flops, rate, bandwidth_GBps)
+        again = figures.recompute_flops / figures.flops if figures is not None else 0.0
+        prof = compute_profile(point, flops, rate, bandwidth_GBps, again)
     prof = OWN_WORK[FAMILIES[c.family].own_work](prof, rate, point)
     case = _modelled_case(point)
     try:

@@ -31,6 +31,8 @@ class Tracked:
     # a pipeline row's stages, what its time is simulated from (``pipeline_memory.PipelineCosts``);
     # None for the others, and through the arithmetic below
     pipeline: object | None = None
+    # what activation checkpointing recomputes of ``flops`` (0 with it off), combined as they are
+    recompute_flops: float = 0.0
 
     def plus(self, other: Tracked, times: float) -> Tracked:
         """``self + times * other``, part by part and stage by stage (an extrapolation's
@@ -41,6 +43,7 @@ class Tracked:
 
         error = self.error or other.error
         flops = self.flops + times * other.flops
+        again = self.recompute_flops + times * other.recompute_flops
         ops = None if self.ops is None or other.ops is None else self.ops.plus(other.ops, times)
         if self.stages and len(self.stages) == len(other.stages):
             stages = tuple(
@@ -48,17 +51,17 @@ class Tracked:
                 for (p, a), (q, b) in zip(self.stages, other.stages, strict=True)
             )
             peak, parts = max(stages, key=lambda stage: stage[0])
-            return Tracked(peak, parts, flops, error, self.how, stages, ops)
+            return Tracked(peak, parts, flops, error, self.how, stages, ops, recompute_flops=again)
         peak = self.peak_mib + times * other.peak_mib
         parts = add(self.parts_mib, other.parts_mib)
-        return Tracked(peak, parts, flops, error, self.how, ops=ops)
+        return Tracked(peak, parts, flops, error, self.how, ops=ops, recompute_flops=again)
 
     def minus(self, other: Tracked) -> Tracked:
         return self.plus(other, -1.0)
 
 
 def failed(error: str) -> Tracked:
-    return Tracked(math.nan, {}, math.nan, error)
+    return Tracked(math.nan, {}, math.nan, error, recompute_flops=math.nan)
 
 
 def shifted(fewer: Tracked, more: Tracked) -> bool:

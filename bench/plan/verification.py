@@ -124,6 +124,7 @@ def _measured(out: Path, n: int, failure: str) -> list[dict]:
                 "measured_step_ms_ci_low": num(r, "step_ms_ci_low"),
                 "measured_step_ms_ci_high": num(r, "step_ms_ci_high"),
                 "measured_peak_mib": num(r, "peak_mem_mb"),
+                "measured_recompute_flops_per_step": num(r, "recompute_flops_per_step"),
                 # a pipeline's, each rank's (its stage's), where the run measured them
                 **(
                     {"measured_stage_peaks_mib": r["pp_peak_mem_by_rank_mb"]}
@@ -161,6 +162,7 @@ def verify(
                 "grad_accum": row["grad_accum"],
                 "predicted_step_ms": row["step_ms"],
                 "predicted_peak_mib": 1024 * row["peak_mem_gib"],
+                "predicted_recompute_flops_per_step": row.get("recompute_flops_per_step"),
                 **_stage_peaks(row),
                 **got,
                 "command": row["command"],
