@@ -93,9 +93,10 @@ class PointSettings:
 
 # -- the stages, one rank's part ------------------------------------------------------------
 def build(c: Candidate, env: DistEnv, settings: PointSettings) -> None:
-    """Build: the point's trainer, after MFU's peak is timed (before the model holds memory)."""
+    """Build: the point's trainer, after MFU's peak is found (before the model holds memory)
+    on the rank that counts the FLOPs (``flops.counts_here``)."""
     gc.collect()  # earlier points' modules hold reference cycles (hooks): free them first
-    c.peak = flops.point_peaks(c.point, env.device)
+    c.peak = flops.point_peaks(c.point, env.device) if flops.counts_here() else None
     reset_peak_rss()
     c.trainer = build_trainer(c.point, env, c.group, settings.recipe)
 
