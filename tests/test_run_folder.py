@@ -147,6 +147,19 @@ def test_each_table_gives_its_report_and_console_columns_one_place_each():
 
 
 @pytest.mark.unit
+def test_the_console_leaves_out_a_knob_every_row_holds_at_its_default():
+    df = pd.DataFrame(
+        {
+            "activation_checkpointing": ["off", "selective:op"],
+            "recompute_flops_per_step": [0.0, 0.0],
+            "compile": ["off", "off"],
+            "peak_mem_mb": [1.0, 1.0],  # no quiet value: a figure is always said
+        }
+    )
+    assert columns.quiet_columns(columns.TRAINING, df) == ["recompute_flops_per_step", "compile"]
+
+
+@pytest.mark.unit
 def test_the_writer_refuses_a_column_it_does_not_know(tmp_path):
     from bench.runfolder.folder import ResultsWriter
 

@@ -186,6 +186,7 @@ def console_summary(run: Run, df: pd.DataFrame, found: pd.DataFrame) -> str:
     df["best"] = ["*" if i in best else "=" if i in tied else "" for i in df.index]
     df["comm_MB"] = df["comm_bytes_per_step"] / 1e6
     df = df.dropna(axis=1, how="all")  # e.g. scaling columns outside world-size sweeps
+    df = df.drop(columns=columns.quiet_columns(columns.TRAINING, df))  # knobs at their defaults
     cols = [c for c in columns.console_columns(columns.TRAINING) if c in df]
     table = df[cols].to_string(index=False, float_format="{:.2f}".format)
     return (

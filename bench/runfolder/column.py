@@ -25,6 +25,9 @@ class Column:
     contract: bool = False  # part of the data contract (in its order), else an extra
     report: int = 0  # position in the report's table of every point (0: not shown)
     console: int = 0  # position in the table the console prints at a sweep's end (0: not shown)
+    # A value that says nothing (a knob at its default): the console leaves the column out of
+    # a table whose every row holds it.
+    quiet: str | float | None = None
     # A number (the schema's reader refuses any other cell): a figure of the ranks always is;
     # a fact of the point (``POINT``) is text unless its row says it counts something.
     numeric: bool | None = None

@@ -51,6 +51,16 @@ def console_columns(table: tuple[Column, ...]) -> list[str]:
     return [c.name for c in sorted((c for c in table if c.console), key=lambda c: c.console)]
 
 
+def quiet_columns(table: tuple[Column, ...], df) -> list[str]:
+    """The columns of ``df`` the console leaves out: every row holds the column's ``quiet``
+    value (a knob at its default says nothing)."""
+    return [
+        c.name
+        for c in table
+        if c.quiet is not None and c.name in df and (df[c.name] == c.quiet).all()
+    ]
+
+
 def markdown(table: tuple[Column, ...]) -> str:
     """The table as docs/outputs.md lists it."""
     lines = ["| column | unit | ranks | contract | meaning |", "|---|---|---|---|---|"]

@@ -531,6 +531,9 @@ TRAINING: tuple[Column, ...] = (
         ranks=POINT,
         meaning="the point's activation checkpointing: off, full, selective:op or "
         "selective:layer=N (docs/sweeps.md)",
+        report=32,
+        console=23,
+        quiet="off",
     ),
     Column(
         name="recompute_flops_per_step",
@@ -539,12 +542,17 @@ TRAINING: tuple[Column, ...] = (
         ranks=POINT,
         meaning="FLOPs per step per rank that activation checkpointing recomputes in backward: "
         "the plain model counted with the point's mode, less without (0 with it off)",
+        report=33,
+        console=24,
+        quiet=0.0,
     ),
     Column(
         name="compile",
         ranks=POINT,
         meaning="the point's torch.compile: off, blocks or model (docs/sweeps.md)",
         report=30,
+        console=25,
+        quiet="off",
     ),
     Column(
         name="compile_seconds",
