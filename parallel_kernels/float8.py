@@ -22,8 +22,9 @@ memory are float8's, but the matmul runs in fp32, so its step times are not floa
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
@@ -51,19 +52,27 @@ def matmul_precision(knobs: dict) -> str:
     return policy if precision == "fp32" and policy not in (None, "none") else precision
 
 
-def _torchao():
-    """``torchao.float8``, its import's log lines silenced: a CPU build of torch cannot load
-    torchao's CUDA kernels (mxfp8, cutlass), which float8 training does not use, and torch warns
-    of an enum torchao registers the old way."""
+@contextlib.contextmanager
+def quiet_torchao() -> Iterator[None]:
+    """torchao's import's log lines silenced (here, or where transformers imports it, as it
+    does whenever torchao is installed): a CPU build of torch cannot load torchao's CUDA kernels
+    (mxfp8, cutlass), which float8 training does not use, and torch warns of an enum torchao
+    registers the old way."""
     loggers = [logging.getLogger(n) for n in ("torchao", "torch.utils._pytree")]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
         lg.setLevel(logging.ERROR)
     try:
-        import torchao.float8 as float8
+        yield
     finally:
         for lg, level in zip(loggers, levels, strict=True):
             lg.setLevel(level)
+
+
+def _torchao():
+    """``torchao.float8``, imported quietly (``quiet_torchao``)."""
+    with quiet_torchao():
+        import torchao.float8 as float8
     return float8
 
 

@@ -13,13 +13,15 @@ from types import ModuleType
 import torch
 from torch import nn
 
+from parallel_kernels.float8 import quiet_torchao
 from parallel_kernels.workload import PipelineCut, Workload
 
 
 def transformers() -> ModuleType:
     """The ``transformers`` package, or one line saying how to install it."""
     try:
-        return importlib.import_module("transformers")
+        with quiet_torchao():
+            return importlib.import_module("transformers")
     except ImportError as e:
         raise ValueError(
             f"the zoo's language models need transformers>=5 ({e}): pip install '.[models]'"
@@ -55,7 +57,9 @@ def layer_class(model: str, name: str) -> type[torch.nn.Module]:
     """A block class of a model family (``layer_class("llama", "LlamaDecoderLayer")``): the
     unit that FSDP shards and activation checkpointing recomputes."""
     transformers()
-    return getattr(importlib.import_module(f"transformers.models.{model}.modeling_{model}"), name)
+    with quiet_torchao():  # its modeling imports transformers' quantizers, and so torchao
+        module = importlib.import_module(f"transformers.models.{model}.modeling_{model}")
+    return getattr(module, name)
 
 
 def _tokens(n: int, seed: int, vocab: int, seq: int) -> torch.Tensor:
