@@ -329,6 +329,11 @@ def test_verdicts_name_the_ties_and_the_default_cost():
     v = verdicts(results, samples, None, {"value": 25.0}).iloc[0]
     assert v["best"] in (1.0, 5.0) and sorted(v["tied"]) == [1.0, 5.0]
     assert not v["default_tied"] and v["default_low"] > 1.1 and v["default_high"] < 1.5
+    # a row whose times do not time its configuration (float8 emulated) is in no verdict,
+    # however fast it ran
+    untimed = results.assign(untimed=["fp8 emulated", "", ""])
+    v = verdicts(untimed, samples, None, {"value": 25.0}).iloc[0]
+    assert v["best"] == 5.0 and 1.0 not in v["tied"]
 
 
 @pytest.mark.unit

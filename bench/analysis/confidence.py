@@ -111,8 +111,12 @@ def verdicts(
 ) -> pd.DataFrame:
     """One row per group of ok points (VERDICT_COLUMNS). ``defaults``: {"value": the swept
     axis's default} (from the points record), whose cost over the best is stated. ``est``:
-    the points' estimates when the caller has them (``run_estimates`` of the ok points)."""
+    the points' estimates when the caller has them (``run_estimates`` of the ok points). A
+    row whose step times do not time its configuration (``untimed`` says why: float8 emulated
+    on a CPU) is in no verdict: shown, never ranked."""
     ok = results[results["status"] == "ok"] if len(results) else results
+    if "untimed" in ok:
+        ok = ok[ok["untimed"].fillna("").astype(str) == ""]
     if ok.empty:
         return pd.DataFrame(columns=VERDICT_COLUMNS)
     if est is None:  # the ok points' own, each model with its variance
