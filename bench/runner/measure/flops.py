@@ -38,7 +38,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
-import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
@@ -68,22 +67,11 @@ def op_class(op: object) -> str:
     return "conv" if "convolution" in str(op) else "matmul"
 
 
-def counts_here() -> bool:
-    """Whether this process counts the points' FLOPs: the first rank (every point runs on the
-    first ranks of the launch), or a process outside a job. A step's model FLOPs per rank are
-    the same on every rank by construction (``_micro_batches_per_rank``), so the row takes the
-    first rank's, and the other ranks are spared the count (a step of the model on fake
-    tensors, and the FLOP counter's dispatch)."""
-    return not dist.is_initialized() or dist.get_rank() == 0
-
-
 @functools.cache
 def load_counter() -> None:
-    """Import what counting FLOPs imports, once per process that counts (``counts_here``):
-    fake tensors and the counter's dispatch import torch._dynamo (1.4 CPU-s here, some 200
-    thousand objects), which ``collector.settled`` then sets aside before a point."""
-    if not counts_here():
-        return
+    """Import what counting FLOPs imports, once per process: fake tensors and the counter's
+    dispatch import torch._dynamo (1.4 CPU-s here, some 200 thousand objects), which
+    ``collector.settled`` then sets aside before a point."""
     with FakeTensorMode(), FlopCounterMode(display=False):
         torch.ones(2, 2) @ torch.ones(2, 2)
 
@@ -373,11 +361,8 @@ def point_peaks(point: PointRecord, device: torch.device) -> tuple[peaks.Peak, p
 def figures(
     point: PointRecord, device: torch.device, step_s: float, peak: tuple[peaks.Peak, peaks.Peak]
 ) -> dict:
-    """The row's FLOPs columns, ``step_s`` the timed steps' mean time (the mean, as
-    ``samples_per_s``), on the rank that counts (``counts_here``; none on the others);
-    ``mfu_pct`` is made from the ranks' figures (``utilisation``)."""
-    if not counts_here():
-        return {}
+    """The row's FLOPs columns on this rank, ``step_s`` its timed steps' mean time (the mean,
+    as ``samples_per_s``); ``mfu_pct`` is made from the ranks' figures (``utilisation``)."""
     flops, source = step_flops(point, device)
     used, measured = peak
     return {

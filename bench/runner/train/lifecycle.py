@@ -93,10 +93,9 @@ class PointSettings:
 
 # -- the stages, one rank's part ------------------------------------------------------------
 def build(c: Candidate, env: DistEnv, settings: PointSettings) -> None:
-    """Build: the point's trainer, after MFU's peak is found (before the model holds memory)
-    on the rank that counts the FLOPs (``flops.counts_here``)."""
+    """Build: the point's trainer, after MFU's peak is timed (before the model holds memory)."""
     gc.collect()  # earlier points' modules hold reference cycles (hooks): free them first
-    c.peak = flops.point_peaks(c.point, env.device) if flops.counts_here() else None
+    c.peak = flops.point_peaks(c.point, env.device)
     reset_peak_rss()
     c.trainer = build_trainer(c.point, env, c.group, settings.recipe)
 
