@@ -116,7 +116,8 @@ def verdicts(
     on a CPU) is in no verdict: shown, never ranked."""
     ok = results[results["status"] == "ok"] if len(results) else results
     if "untimed" in ok:
-        ok = ok[ok["untimed"].fillna("").astype(str) == ""]
+        untimed = ok["untimed"]
+        ok = ok[untimed.isna() | (untimed.astype(str) == "")]
     if ok.empty:
         return pd.DataFrame(columns=VERDICT_COLUMNS)
     if est is None:  # the ok points' own, each model with its variance
