@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
-from parallel_kernels.workload import modules_of_types, workload_of
+from parallel_kernels.workload import repeated_blocks, workload_of
 
 # The ops whose outputs ``selective:op`` keeps (torch.ops.aten names; those the installed torch
 # lacks are left out): the matmuls (nn.Linear dispatches addmm or mm, batched matmuls bmm) and
@@ -148,12 +148,9 @@ def _keep_saved_ops():
 
 
 def _blocks(model: nn.Module) -> list[nn.Module]:
-    wl = workload_of(model)
-    if wl is not None and wl.block_types:
-        blocks = modules_of_types(model, wl.block_types)
-    else:
-        blocks = getattr(model, "blocks", None)
+    blocks = repeated_blocks(model)
     if not blocks:
+        wl = workload_of(model)
         name = wl.name if wl is not None else type(model).__name__
         raise ValueError(
             f"activation checkpointing works per block; {name} has none (a workload names its "

@@ -24,7 +24,7 @@ import sys
 import torch
 from torch import nn
 
-from parallel_kernels.workload import modules_of_types, workload_of
+from parallel_kernels.workload import repeated_blocks, workload_of
 
 MODES = ("off", "blocks", "model")
 BLOCKS, MODEL = MODES[1], MODES[2]
@@ -100,9 +100,9 @@ def compiled_frames() -> int:
 
 
 def _blocks(model: nn.Module) -> list[nn.Module]:
-    wl = workload_of(model)
-    blocks = modules_of_types(model, wl.block_types) if wl is not None and wl.block_types else []
+    blocks = repeated_blocks(model)
     if not blocks:
+        wl = workload_of(model)
         name = wl.name if wl is not None else type(model).__name__
         raise ValueError(
             f"compile=blocks compiles each block; {name} has none (a workload names its "

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import nn
 
-from parallel_kernels.workload import modules_of_types, workload_of
+from parallel_kernels.workload import repeated_blocks, workload_of
 
 FP8 = "fp8"  # the precision knob's value
 TORCHAO = "torchao==0.18.0"  # the pinned release (pyproject's fp8 extra)
@@ -113,17 +113,10 @@ def unavailable(device_type: str) -> str | None:
     return None
 
 
-def _blocks(model: nn.Module) -> list[nn.Module]:
-    wl = workload_of(model)
-    if wl is not None and wl.block_types:
-        return modules_of_types(model, wl.block_types)
-    return list(getattr(model, "blocks", None) or [])
-
-
 def block_linears(model: nn.Module) -> Callable[[nn.Module, str], bool]:
     """torchao's module filter: true for the blocks' Linears with both dimensions multiples of
     ``MULTIPLE``, false for every other module (the head, the embeddings, other Linears)."""
-    inside = {id(m) for block in _blocks(model) for m in block.modules()}
+    inside = {id(m) for block in repeated_blocks(model) for m in block.modules()}
 
     def keep(module: nn.Module, fqn: str) -> bool:
         return (

@@ -159,6 +159,16 @@ def modules_of_types(model: nn.Module, types: tuple[type[nn.Module], ...]) -> li
     return found
 
 
+def repeated_blocks(model: nn.Module) -> list[nn.Module]:
+    """The model's repeated blocks, what checkpointing, compile and float8 apply to: its
+    workload's ``block_types``, outermost first, else a ``blocks`` attribute of the model; none
+    where it has neither."""
+    wl = workload_of(model)
+    if wl is not None and wl.block_types:
+        return modules_of_types(model, wl.block_types)
+    return list(getattr(model, "blocks", None) or [])
+
+
 def block_list(model: nn.Module) -> nn.ModuleList | None:
     """The longest ``ModuleList`` of the model's blocks (its workload's FSDP units, each the
     same class): a transformer's layers. None where the model has no such list."""
