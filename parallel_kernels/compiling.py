@@ -63,6 +63,12 @@ def cpp_compiler_missing() -> str | None:
     return None
 
 
+def compiles(knobs: dict) -> bool:
+    """Whether a point with these knobs has its step compiled (its ``compile`` other than
+    off)."""
+    return knobs.get("compile", MODES[0]) != MODES[0]
+
+
 def compile_blocks(model: nn.Module, mode: str) -> nn.Module:
     """``blocks``: each block of ``model`` compiled in place (before the strategy wraps it);
     any other mode leaves the model as it is. A model without blocks is refused."""

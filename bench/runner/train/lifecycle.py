@@ -67,7 +67,7 @@ from bench.runner.train.outcome import (
 from bench.runner.train.replicas import check_replicas_agree
 from bench.runner.train.row import Row, VisitResult
 from bench.runner.train.step import LR, Recipe, build_trainer
-from parallel_kernels.compiling import compiled_frames
+from parallel_kernels.compiling import compiled_frames, compiles
 from parallel_kernels.strategies import STRATEGIES
 
 PROGRESS_S = 10.0  # a long visit says how far it is at most this often
@@ -125,21 +125,16 @@ def warm_up(c: Candidate, env: DistEnv, settings: PointSettings) -> None:
     if checked is None and c.visit.profile:
         checked = plain_compare.tolerance_for(c.point)  # no warm-up step: it says why
     c.checked = checked
-    if c.visit.profile and compiles(c.point) and len(step_s) > 1:
+    if c.visit.profile and compiles(c.point.knobs) and len(step_s) > 1:
         c.compile_s = max(0.0, step_s[0] - step_s[-1])
     c.frames = compiled_frames()
-
-
-def compiles(point: PointRecord) -> bool:
-    """Whether the point's step is compiled (its ``compile`` knob other than off)."""
-    return point.knobs.get("compile", "off") != "off"
 
 
 def compile_figures(c: Candidate) -> dict:
     """``compile_seconds`` of a compiled point's first visit, and a note in its ``error`` where
     dynamo compiled anything while its steps were timed (``c.frames``: how many; those
     steps' times hold the compilation)."""
-    if not compiles(c.point):
+    if not compiles(c.point.knobs):
         return {}
     out = {} if c.compile_s is None else {"compile_seconds": c.compile_s}
     if c.frames:

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from bench.runfolder.points import PointRecord
+from parallel_kernels.compiling import compiles
 from parallel_kernels.ddp import POWERSGD_START_ITER
 from parallel_kernels.workload import workload_of
 
@@ -119,7 +120,7 @@ def tolerance_for(point: PointRecord) -> Tolerance | str:
         return replace(FP32, name="fp32 tolerance, PowerSGD's first step being uncompressed")
     if hook in ("fp16", "bf16"):
         return COMPRESSED
-    return COMPILED if point.knobs.get("compile", "off") != "off" else FP32
+    return COMPILED if compiles(point.knobs) else FP32
 
 
 @dataclass(frozen=True)
