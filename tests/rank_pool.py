@@ -52,6 +52,8 @@ def _worker(
     import torch
     import torch.distributed as dist
 
+    from bench.runner.measure.collector import for_the_run
+
     torch.set_num_threads(1)
     dist.init_process_group(
         "gloo",
@@ -72,7 +74,9 @@ def _worker(
             break
         fn, args, kwargs = task
         try:
-            results.put((rank, True, _pack(fn(*args, **kwargs))))
+            with for_the_run():  # a call's points share what they set aside, as a sweep's do
+                value = fn(*args, **kwargs)
+            results.put((rank, True, _pack(value)))
         except BaseException:  # noqa: BLE001  (report everything, SystemExit included)
             results.put((rank, False, traceback.format_exc()))
     dist.destroy_process_group()

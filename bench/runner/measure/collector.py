@@ -7,7 +7,11 @@ can also come during a timed step. Objects alive when a point starts (modules, t
 are not the point's garbage: ``settled()`` collects once and sets them aside in CPython's
 permanent generation (``gc.freeze``), so that the point's own collections walk only what the
 point made, and gives them back to the collector when the point ends (``gc.unfreeze``), so that
-nothing set aside escapes collection past it. The FLOP counter's first use imports
+nothing set aside escapes collection past it. Inside ``for_the_run()`` (a sweep, a cohort's
+rounds, a test's batch of points) they are given back when the run ends instead: each point's
+first collection then walks only what the points before it left, not everything again, and
+what a run keeps alive from one point to the next is the run's own long-lived state. The FLOP
+counter's first use imports
 torch._dynamo, whose objects every later collection would walk again: ``prepare`` imports it
 before the block's collection. The measurements behind both: docs/benchmarks.md, "Measured
 time".
@@ -19,7 +23,8 @@ import gc
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-_depth = 0  # settled() blocks open: only the outermost collects, freezes and unfreezes
+_depth = 0  # settled() blocks open: only the outermost collects and freezes
+_runs = 0  # for_the_run() blocks open: the objects set aside stay so until the outermost ends
 
 
 @contextmanager
@@ -39,5 +44,19 @@ def settled(prepare: Callable[[], None] | None = None) -> Iterator[None]:
         yield
     finally:
         _depth -= 1
-        if _depth == 0:
+        if _depth == 0 and _runs == 0:
+            gc.unfreeze()
+
+
+@contextmanager
+def for_the_run() -> Iterator[None]:
+    """The points of one run share what their ``settled()`` blocks set aside, given back to the
+    collector when this block ends."""
+    global _runs
+    _runs += 1
+    try:
+        yield
+    finally:
+        _runs -= 1
+        if _runs == 0 and _depth == 0:
             gc.unfreeze()

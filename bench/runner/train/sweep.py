@@ -17,6 +17,7 @@ from bench.runfolder.schema import Run
 from bench.runner.configure.config import RunConfig
 from bench.runner.faults import watchdog
 from bench.runner.faults.hangs import diagnosis
+from bench.runner.measure.collector import for_the_run
 from bench.runner.measure.noise import NoiseFloor
 from bench.runner.measure.timing import Budget
 from bench.runner.session.context import History, RunContext, finish_run, start_run
@@ -265,12 +266,13 @@ def run_sweep(config: RunConfig, points: list[PointRecord]) -> int:
     if schedule.note:
         rank0_print(schedule.note)
     sweep = SweepRun(ctx, settings, clock, gaps=ctx.gaps_done)
-    for cohort in schedule.cohorts:
-        sweep.cohort(cohort)
-    sweep.floor = NoiseFloor(env)
-    for visits in schedule.rounds:
-        after = ""  # the noise floor's gap before a round's first visit follows no point
-        for v in visits:
-            if sweep.visit(v, after):
-                after = v.point.id
+    with for_the_run():  # each point's collection walks what the points before it left
+        for cohort in schedule.cohorts:
+            sweep.cohort(cohort)
+        sweep.floor = NoiseFloor(env)
+        for visits in schedule.rounds:
+            after = ""  # the noise floor's gap before a round's first visit follows no point
+            for v in visits:
+                if sweep.visit(v, after):
+                    after = v.point.id
     return finish_run(ctx, _summary)
