@@ -111,14 +111,18 @@ def test_a_killed_rank_ends_the_job_loudly_and_resume_completes_it(tmp_path):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 1
-    assert time.monotonic() - t0 < 60  # the launcher notices a dead rank: no timeout needed
+    # the launcher notices a dead rank and stops the other, which leaves within its grace even
+    # when blocked in a native wait (a group's creation) that no handler interrupts
+    assert time.monotonic() - t0 < 25
     line = err.strip().splitlines()[-1]
     assert line.startswith("error: rank 1 (pid") and "killed by SIGKILL" in line, err[-2000:]
     done = pd.read_csv(out / "results.csv")
     finished = done[done["status"] == "ok"]
     assert 2 <= len(finished) < 6  # finished points kept
-    lost = done[done["status"] == "error"]  # the point that was running, when rank 0 saw it
-    assert len(lost) <= 1 and lost["error"].astype(str).str.contains("lost contact").all()
+    # the point that was running: lost contact where rank 0 saw it, else ended by the launcher
+    lost = done[done["status"] == "error"]
+    said = lost["error"].astype(str)
+    assert len(lost) <= 1 and said.str.contains("lost contact|terminated \\(SIGTERM\\)").all()
 
     resumed = launch(
         [sys.executable, "bench/run.py", *SWEEP, "--out", str(out), "--resume"], timeout=240

@@ -4,6 +4,9 @@
   ends as SIGTERM does: the running point an error row saying it was interrupted, meta.json's
   end recorded, one line, exit 130, no traceback.
 - While a run holds its folder, a second run into it is refused in one line naming the first.
+- A rank whose main thread is blocked in C++ when SIGTERM comes (a store's wait whose peer has
+  gone) writes its point's error row and leaves after the grace, not when torchrun's SIGKILL
+  comes 30 s later.
 - A full disk (a small tmpfs as ``--out``): each point whose trace cannot be written is an error
   row saying so, the rest of the sweep goes on, and no rank prints a traceback.
 """
@@ -131,3 +134,51 @@ def test_a_full_disk_makes_error_rows_that_say_so_and_no_traceback(tmp_path):
             assert "error: cannot write" in text and "No space left on device" in text
     finally:
         subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+BLOCKED_RANK = """
+import datetime, sys
+from pathlib import Path
+import torch.distributed as dist
+from bench.runner.faults import watchdog
+watchdog.GRACE_S = 1.0
+row = Path(sys.argv[1])
+watchdog.install()
+watchdog.on_exit(lambda why: Path(sys.argv[3]).write_text(why))  # rank 0's record of the end
+watchdog.point_started(lambda why: row.write_text(why))  # rank 0's error-row writer
+store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True)
+Path(sys.argv[2]).write_text("ready")
+store.wait(["never"], datetime.timedelta(seconds=120))  # C++: no Python handler runs meanwhile
+"""
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(60)
+def test_sigterm_to_a_rank_blocked_in_a_native_wait_writes_its_row_after_the_grace(tmp_path):
+    row, ready, end = tmp_path / "row", tmp_path / "ready", tmp_path / "end"
+    script = tmp_path / "rank.py"
+    script.write_text(BLOCKED_RANK)
+    rank = subprocess.Popen(
+        [sys.executable, str(script), str(row), str(ready), str(end)],
+        cwd=REPO,
+        env={**ENV, "PYTHONPATH": str(REPO), "RANK": "0"},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 40
+        while not ready.exists():
+            assert rank.poll() is None and time.monotonic() < deadline, rank.stderr.read()
+            time.sleep(0.1)
+        time.sleep(0.3)  # into the wait
+        rank.send_signal(signal.SIGTERM)
+        t0 = time.monotonic()
+        _, err = rank.communicate(timeout=30)
+        seconds = time.monotonic() - t0
+    finally:
+        rank.kill()
+    assert rank.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert 1.0 <= seconds < 8, seconds  # the grace (1 s here), then out: not the wait's 120 s
+    assert row.read_text() == "terminated (SIGTERM): the point was cancelled"
+    assert end.read_text() == row.read_text()  # the run's end recorded with the same reason
+    assert err.strip().splitlines()[-1].startswith("terminated (SIGTERM)"), err[-2000:]

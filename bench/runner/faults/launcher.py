@@ -29,7 +29,7 @@ from bench.runner.faults import flight, watchdog
 POLL_S = 0.5
 STORE_EVERY = 4  # polls between two probes of the store (2 s)
 STORE_MISSES = 2  # failed probes in a row that mean the store is gone
-GRACE_S = 8.0  # from the loss, the main thread's time to end its point itself
+GRACE_S = watchdog.GRACE_S  # from the loss, the main thread's time to end its point
 EXIT_CODE = 1
 _PROBE_KEY = "bench.launcher/probe"  # never set: ``check`` only asks whether it exists
 JOIN_S = 10.0  # the most ``stop`` waits for a probe in flight (a refused store answers at once)

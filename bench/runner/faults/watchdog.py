@@ -26,6 +26,7 @@ from pathlib import Path
 from bench.runner.faults import flight
 
 POLL_S = 0.5
+GRACE_S = 8.0  # from SIGTERM or the launcher's loss, the main thread's time to end its point
 _INTERRUPT = threading.Event()  # set by a watchdog just before it signals the main thread
 
 
@@ -171,14 +172,43 @@ def point_done() -> None:
 
 def install() -> bool:
     """The main thread's handlers for the watchdog's signal, SIGTERM and SIGINT (False where
-    they cannot be set)."""
+    they cannot be set), and the thread that ends the rank when the main thread cannot."""
     try:
         signal.signal(signal.SIGUSR1, _on_signal)
         signal.signal(signal.SIGTERM, _on_term)
         signal.signal(signal.SIGINT, _on_term)
     except ValueError:  # not the main thread
         return False
+    global _wakeups
+    if _wakeups is None:  # one reader for the process, however many runs install
+        read, write = os.pipe()
+        os.set_blocking(write, False)
+        signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+        threading.Thread(target=_after_grace, args=(read,), name="bench-term", daemon=True).start()
+        _wakeups = read
     return True
+
+
+_wakeups: int | None = None  # the pipe's end ``_after_grace`` reads
+
+
+def _after_grace(wakeups: int) -> None:
+    """Python runs a signal's handler in the main thread between two bytecodes: a main thread
+    blocked in C++ (a collective, or a store's wait, whose peer has gone) runs none until the
+    call returns, and a launcher stopping the job waits for it (torchrun: 30 s, then SIGKILL,
+    no row, no run's end recorded). The signal's number reaches this thread at once (the
+    interpreter's wakeup fd): SIGTERM or SIGINT not ended by the main thread within
+    ``GRACE_S`` ends the rank from here, the running point's row written as its error."""
+    while True:
+        try:
+            received = os.read(wakeups, 64)
+        except OSError:
+            return
+        for signum in received:
+            if signum in (signal.SIGTERM, signal.SIGINT):
+                time.sleep(GRACE_S)
+                terminate(SIGINT_WHY if signum == signal.SIGINT else SIGTERM_WHY, 128 + signum)
+                end_now()
 
 
 class PointWatch:
