@@ -63,6 +63,19 @@ def cpp_compiler_missing() -> str | None:
     return None
 
 
+def compiler_output(e: BaseException) -> str | None:
+    """The C++ compiler's own first line where ``e`` is inductor's failure to compile a kernel
+    (its message holds the command and, under "Output:", what the compiler said), else None:
+    "CppCompileError: C++ compile error" alone does not say why."""
+    if "inductor" not in type(e).__module__ and "Inductor" not in type(e).__name__:
+        return None
+    lines = [line.strip() for line in str(e).splitlines()]
+    if "Output:" not in lines:
+        return None
+    said = [line for line in lines[lines.index("Output:") + 1 :] if line]
+    return said[0][:300] if said else None
+
+
 def compiles(knobs: dict) -> bool:
     """Whether a point with these knobs has its step compiled (its ``compile`` other than
     off)."""

@@ -1,8 +1,10 @@
 """The ``compile`` knob: its modes read and refused in one line, blocks compiled in place, a
 compiler-less host refused before any rank trains, and at 2 ranks each mode's first step
-checked against the plain model with its compile time apart from its timed steps."""
+checked against the plain model with its compile time apart from its timed steps, and a point
+the C++ compiler fails on an error row with the compiler's first line."""
 
 import os
+import re
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -187,3 +189,54 @@ def test_a_compilation_in_the_timed_steps_is_said_in_the_row():
     }
     assert compile_figures(replace(c, frames=0)) == {"compile_seconds": 1.5}
     assert compile_figures(replace(c, point=off, frames=2)) == {}  # eager: nothing to say
+
+
+# A C++ compiler that passes inductor's check of the compiler and fails on every kernel.
+FAILING_CXX = """#!/bin/sh
+for a in "$@"; do case "$a" in *.cpp) echo "fakecc: error: no kernel today" >&2; exit 1;; esac; done
+exec g++ "$@"
+"""
+
+
+def _failing_compile(point, root: str) -> dict:
+    """The point with inductor's compiler failing on its kernels: dynamo's caches cleared
+    before (so that the blocks compiled by earlier tests are compiled again) and after."""
+    import torch._dynamo
+    import torch._inductor.config as inductor
+
+    cxx = Path(root) / f"cxx{dist.get_rank()}"
+    cxx.write_text(FAILING_CXX)
+    cxx.chmod(0o755)
+    was = inductor.cpp.cxx, inductor.fx_graph_cache, inductor.compile_threads
+    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(root) / f"cache{dist.get_rank()}")
+    inductor.cpp.cxx, inductor.fx_graph_cache, inductor.compile_threads = (str(cxx),), False, 1
+    torch._dynamo.reset()
+    try:
+        return run_point(replace(point, **STEPS), pool_env(), FAST, Path(root) / "p").as_dict()
+    finally:
+        inductor.cpp.cxx, inductor.fx_graph_cache, inductor.compile_threads = was
+        if cache is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
+        torch._dynamo.reset()
+
+
+@pytest.mark.ranks
+@pytest.mark.timeout(200)
+def test_a_point_the_compiler_fails_on_is_an_error_row_with_the_compilers_line(
+    pool, tmp_path, ranks
+):
+    (point,) = build_points(
+        RunConfig(sweep="compile", values="blocks", model=TINY, impl="native", batch_size=4),
+        world_size=2,
+    )
+    row = pool(2).run(_failing_compile, point, str(tmp_path), timeout=180)[0]
+    assert row["status"] == "error", row
+    # the failing rank's line: the compiler's first line, not its command and whole output
+    assert re.fullmatch(
+        r"rank \d: InductorError: CppCompileError: C\+\+ compile error: "
+        r"fakecc: error: no kernel today",
+        row["error"],
+    ), row["error"]

@@ -11,6 +11,7 @@ import torch.distributed as dist
 from bench.hang import diagnose_folder
 from bench.hang.dumps import DumpError
 from bench.runner.faults.watchdog import PointWatch
+from parallel_kernels.compiling import compiler_output
 from parallel_kernels.groups import set_point_group
 
 
@@ -32,9 +33,19 @@ def run_watched(
             return fn(), None
     except Exception as e:  # noqa: BLE001  (any failure becomes the point's error row)
         watch.failed(e)
-        return None, f"{type(e).__name__}: {e}"
+        return None, point_error(e)
     finally:
         set_point_group(None)
+
+
+def point_error(e: BaseException) -> str:
+    """A point's exception as its row's ``error``: its type and message, but for a kernel the
+    C++ compiler failed on, the message's first line and the compiler's (the rest is the
+    compiler's command line and output, which would fill the row)."""
+    said = compiler_output(e)
+    if said is None:
+        return f"{type(e).__name__}: {e}"
+    return f"{type(e).__name__}: {str(e).splitlines()[0]}: {said}"
 
 
 def diagnosis(hangs: Path | None) -> dict:

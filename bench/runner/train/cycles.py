@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bench.runner.faults.hangs import point_error
 from bench.runner.measure.timing import MAX_SECONDS, MAX_STEPS, TimedStep, common_clock
 from bench.runner.session.distenv import DistEnv
 from bench.runner.train import racing
@@ -63,7 +64,7 @@ def _one_cycle(env: DistEnv, order: list[Candidate]) -> dict[str, tuple]:
             c.fetch()
             s, k = TimedStep(step=c.step, device=env.device, group=c.group, clock=c.clock).run(1)
         except Exception as e:  # noqa: BLE001  (the candidate's error row; the others go on)
-            c.error = f"{type(e).__name__}: {e}"
+            c.error = point_error(e)
         if c.error:
             # out of the handler: its traceback's frames hold the model, and with it the
             # group whose connections must close now, so that peers waiting in it wake
