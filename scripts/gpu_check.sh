@@ -2,7 +2,7 @@
 # `make gpu-check`: the suite's GPU path on one machine with CUDA, in a few minutes, checked by
 # hand (CI has no GPU): NCCL at world size 1 (one rank per GPU: NCCL refuses two ranks on one
 # device), a zoo model's DDP and FSDP sweeps, two ranks sharing GPU 0 over gloo with CUDA
-# tensors (DDP, then TP), the collectives, the planner's memory against CUDA's allocator
+# tensors (DDP, TP, a 2-stage pipeline), compile and float8 against eager bf16, the collectives, the planner's memory against CUDA's allocator
 # (bench/selftime/plan_memory.py), and the analyser on the GPU traces the sweeps wrote. First it
 # measures the GPU's roofline (python -m bench.roofline: OUT/roofline.json, docs/roofline.md);
 # last it prints the MFU waterfall of a GPU step priced on it.
@@ -60,6 +60,16 @@ run shared_gpu 2 120 --sweep bucket_cap_mb --values 1,25 --model "$MODEL" --impl
 run tp_shared_gpu 2 120 --sweep tp_degree --values 2 --model "$MODEL" --backend gloo-cuda \
   --rounds 1 --max-point-s 3
 run collectives "$N" 90 --sweep message_size -b 1K -e 64M -f 8
+# a pipeline of 2 stages sharing GPU 0 (gloo, CUDA tensors): both implementations' 1F1B and
+# torch's GPipe, each stage's bubble and peak memory in the rows
+run pp_shared_gpu 2 150 --sweep pp_schedule --values 1f1b,gpipe --model "$MODEL" \
+  --backend gloo-cuda --rounds 1 --max-point-s 3
+# the levers: the blocks compiled (inductor with Triton), and float8 matmuls (torchao), timed
+# where the GPU has float8 (compute capability 8.9 or more), against eager and bf16
+run compile "$N" 240 --sweep compile --values off,blocks --model "$MODEL" --rounds 1 \
+  --max-point-s 3
+run fp8 "$N" 180 --sweep precision --values bf16,fp8 --model "$MODEL" --rounds 1 \
+  --max-point-s 3
 
 # The planner's peak per rank (fake tensors, no GPU used) against CUDA's allocator peak of the
 # same step, with the device memory outside the allocator beside it (the --allowance-gib).
@@ -84,7 +94,8 @@ from bench.analysis.trace_folder import analyse, load_trace_dir
 
 out = Path(sys.argv[1])
 pd.set_option("display.width", 250)
-for name in ("ddp", "fsdp", "shared_gpu", "tp_shared_gpu", "collectives"):
+for name in ("ddp", "fsdp", "shared_gpu", "tp_shared_gpu", "pp_shared_gpu", "compile", "fp8",
+             "collectives"):
     f = out / name / "results.csv"
     if not f.exists():
         print(f"-- {name}: no results.csv")
@@ -95,6 +106,7 @@ for name in ("ddp", "fsdp", "shared_gpu", "tp_shared_gpu", "collectives"):
         "device", "step_ms_median", "mfu_pct", "tflops_per_s", "peak_tflops", "peak_source",
         "gpu_util_pct", "nvml_util_pct",
         "idle_ms", "exposed_comm_ms", "peak_mem_mb", "peak_reserved_mb", "trace_overhead_pct",
+        "pp_bubble_pct", "pp_bubble_theory_pct", "compile_seconds", "matmul_precision",
         "time_us", "busbw_GBps", "wrong", "error",
     ) if c in df]
     print(f"-- {name}: {int((df['status'] == 'ok').sum())} of {len(df)} rows ok")
