@@ -237,8 +237,8 @@ def test_datasheet_peaks(name, precision, tflops, gpu):
 def test_mfu_arithmetic_and_bad_precision():
     assert peaks.mfu_pct(50.0, 200.0) == 25.0
     assert math.isnan(peaks.mfu_pct(50.0, math.nan)) and math.isnan(peaks.mfu_pct(math.nan, 2.0))
-    with pytest.raises(ValueError, match="unknown precision 'fp8'"):
-        peaks.datasheet_peak("NVIDIA H100 80GB HBM3", "fp8")
+    with pytest.raises(ValueError, match="unknown precision 'fp4'"):
+        peaks.datasheet_peak("NVIDIA H100 80GB HBM3", "fp4")
 
 
 # One size or more: a size whose one matmul took over an eighth of the budget is the last, as

@@ -607,6 +607,7 @@ def test_a_plan_writes_its_rows_and_says_what_it_recommends(capsys, tmp_path):
     assert len(rows) == meta["configurations"] == (3 + 4) * 3
     assert set(rows["precision"]) == {"bf16"} and rows["fits"].all()
     assert list(rows["rank"]) == list(range(1, len(rows) + 1))
+    assert set(rows["compile"]) == {"off"} and " compile " not in printed  # shown where named
     best = rows.iloc[0]
     assert f"recommended: {best['config']}" in printed and best["command"] in printed
     # the A100's stated roofline prices the ops; the waterfall's parts make the computation

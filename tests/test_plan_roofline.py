@@ -170,7 +170,7 @@ def test_a_measured_computation_fits_the_factor_that_prices_it():
     "write, says",
     [
         (lambda: "{not json", "not JSON"),
-        (lambda: json.dumps(profile(peak_tflops={"fp8": 1.0})), "unknown precision 'fp8'"),
+        (lambda: json.dumps(profile(peak_tflops={"fp4": 1.0})), "unknown precision 'fp4'"),
         (lambda: json.dumps({k: v for k, v in profile().items() if k != "memory"}), "lacks"),
         (lambda: json.dumps(profile(peak_tflops={"fp32": 1.0}, matmul={})), "keyed by precision"),
     ],

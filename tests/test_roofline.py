@@ -77,7 +77,7 @@ def _broken(data: dict, case: str) -> dict | str:
     elif case == "unknown field":
         data["colour"] = "blue"
     elif case == "unknown precision":
-        data["peak_tflops"]["fp8"] = 1.0
+        data["peak_tflops"]["fp4"] = 1.0
     elif case == "non-increasing sizes":
         data["memory"]["sizes"] = [1e8, 1e4]
     elif case == "efficiency > 1":
@@ -100,7 +100,7 @@ def _broken(data: dict, case: str) -> dict | str:
     [
         ("missing field", "lacks 'memory_GBps'"),
         ("unknown field", "unknown field 'colour'"),
-        ("unknown precision", "unknown precision 'fp8'"),
+        ("unknown precision", "unknown precision 'fp4'"),
         ("non-increasing sizes", "memory.sizes must increase"),
         ("efficiency > 1", "efficiency must lie in (0, 1]"),
         ("bad step", "step.efficiency must be a positive number"),

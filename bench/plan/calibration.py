@@ -52,7 +52,9 @@ from bench.plan.roofline_fit import (
     calibrated_rates,
     check_precisions,
     ckpt_ratio,
+    lever_key,
     priced_optimiser_ms,
+    row_levers,
     run_roofline,
     stated,
     target_roofline,
@@ -63,7 +65,9 @@ from bench.roofline.profile import Roofline
 from bench.runfolder import peaks
 from bench.runfolder.schema import read_results
 from parallel_kernels.checkpointing import checkpoint_mode
+from parallel_kernels.float8 import FP8
 
+FLOAT8_REST = "fp32"  # the precision of an fp8 step's other ops (parallel_kernels/float8.py)
 DEFAULT_MFU_PCT = 40.0  # what a tuned dense training step reaches on recent GPUs (torchtitan)
 FSDP_CALIBRATED = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD")  # HYBRID_SHARD needs 4 ranks
 CALIBRATION_GROUP = "plan calibration"
@@ -83,7 +87,24 @@ class Target:
     peak_source: Callable[[str], str]
     allowance_gib: float  # memory the allocator does not see (CUDA context, NCCL buffers)
     global_batch: int
-    rates: dict[str, Rate] = field(default_factory=dict)  # precision -> computation's rate
+    # precision (or ``lever_key``: a measured fp8 or compiled point's) -> computation's rate
+    rates: dict[str, Rate] = field(default_factory=dict)
+
+    def rate_for(self, knobs: dict) -> Rate:
+        """The rate a row's computation is priced at: that of a measured point with its
+        precision and compile (``lever_key``) where the rates hold one, else its precision's
+        (fp8 without one: fp32's, the rest of its step's) on the op model, its source saying
+        which."""
+        precision, mode = knobs["precision"], knobs.get("compile", "off")
+        key = lever_key(precision, mode)
+        if key in self.rates:
+            return self.rates[key]
+        rate = self.rates.get(precision) or self.rates[FLOAT8_REST]
+        if key == precision:
+            return rate
+        what = [f"compile={mode}: its memory-bound chains fused"] * (mode != "off")
+        what += ["fp8: the blocks' Linears at the fp8 peak, their casts"] * (precision == FP8)
+        return replace(rate, source=f"op model ({'; '.join(what)}) on {rate.source}")
 
 
 @dataclass(frozen=True)
@@ -248,11 +269,14 @@ def _by_runs(request: PlanRequest, roofline: Roofline, precisions: tuple[str, ..
     step: its DDP point of each precision, priced on the device it ran on."""
     run = min(request.compute, key=accum_of)
     ones = ok_rows(run)
-    missing = [p for p in precisions if p not in set(ones["value"].astype(str))]
+    keys = ones.apply(lambda row: lever_key(*row_levers(row)), axis=1)
+    needed = [p for p in precisions if p != FP8]  # fp8 where measured, else the op model
+    missing = [p for p in needed if p not in set(keys)]
     if missing:
         raise ValueError(f"--compute: no {missing[0]} point of {request.model} to fit from")
     there, gpu = run_roofline(run, roofline, request.device.gpu_name)
-    ones = ones[ones["value"].astype(str).isin(precisions)].drop_duplicates("value")
+    levered = keys.ne(ones["value"].astype(str))  # fp8 or compiled: their own rates
+    ones = ones[keys.isin(needed) | levered].assign(_key=keys).drop_duplicates("_key")
     return calibrated_rates(ones, roofline, there, str(run), gpu)
 
 

@@ -86,10 +86,15 @@ def outcome(done: subprocess.CompletedProcess) -> str:
 
 
 def describe(row) -> str:
-    """A plan row's configuration: layout, checkpointing, precision, micro-batch x accumulation
-    (a pipeline's: its batch in its micro-batches)."""
+    """A plan row's configuration: layout, checkpointing, precision (and compile where on),
+    micro-batch x accumulation (a pipeline's: its batch in its micro-batches)."""
     split = f"{row['micro_batch']} x {row['grad_accum']}"
     m = row.get("pp_microbatches")
     if isinstance(m, numbers.Real) and m == m:  # a pipeline row's (NaN on the others)
         split = f"{row['micro_batch']} in {int(m)} micro-batches"
-    return f"{row['config']}, ckpt {row['activation_checkpointing']}, {row['precision']}, {split}"
+    compiled = row.get("compile", "off")
+    compiled = compiled if isinstance(compiled, str) else "off"
+    levers = f"{row['precision']}" + (
+        f", compile {compiled}" if compiled not in ("off", "") else ""
+    )
+    return f"{row['config']}, ckpt {row['activation_checkpointing']}, {levers}, {split}"

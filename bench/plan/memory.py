@@ -38,6 +38,7 @@ from bench.plan.fakes import (
     untracked_propagation,
 )
 from bench.plan.families import FAMILIES
+from bench.plan.fusion import compiled_regions, fused
 from bench.plan.op_mix import OpMix, along_batch, mix_of
 from bench.plan.space import NO_CHECKPOINT_UNITS, Config, names_checkpoint_units
 from bench.plan.tracked import Tracked, collinear, failed, shifted
@@ -50,7 +51,9 @@ from bench.runner.session.distenv import DistEnv
 from bench.runner.train.data import Batches
 from bench.runner.train.step import Recipe, build_trainer
 from parallel_kernels.checkpointing import checkpoint_mode, parse_checkpointing, set_checkpointing
+from parallel_kernels.compiling import compiles
 from parallel_kernels.facts import torch_dtype
+from parallel_kernels.float8 import convert_blocks, converts
 from parallel_kernels.models import build_model, workload
 from parallel_kernels.workload import block_list, keep_blocks, stamp, tensor_bytes
 
@@ -94,7 +97,32 @@ def predict_memory(
             for job, t in zip(group, ts, strict=True)
         }
     )
-    return [figures(c, memo) for c in configs]
+    return [levered(c, figures(c, memo), gpu) for c in configs]
+
+
+def levered(c: Config, t: Tracked, gpu: bool) -> Tracked:
+    """``t`` (a configuration's figures, tracked eager) with its ops as ``c``'s ``compile``
+    runs them (``fusion.py``), counted on the plain model as the eager ones are; a pipeline's
+    compiled stages are not counted (its row says so). An fp8 row's memory is tracked as the
+    run builds it (torchao's float8 Linears under fake tensors), and says so."""
+    if converts(c.knobs.get("precision", "fp32")) and not t.error:
+        t = replace(t, how=f"fp8 tracked (torchao's float8 under fake tensors); {t.how}")
+    if not compiles(c.knobs) or t.error:
+        return t
+    if FAMILIES[c.family].pipelined:
+        return failed(
+            "compile is planned for layouts of one stage (a pipeline's stages are counted eager)"
+        )
+    blocks = blocks_of(c.model)
+    of = Counting(
+        c.model,
+        c.checkpointing,
+        blocks if blocks > 2 else None,
+        c.knobs.get("precision", "fp32"),
+        gpu,
+        c.knobs["compile"],
+    )
+    return replace(t, ops=step_ops(of, c.point().batch_per_replica))
 
 
 def track_config(c: Config, gpus_per_node: int = 8, gpu: bool = False) -> Tracked:
@@ -381,7 +409,8 @@ def _track(
             out.append(peak)
             continue
         # what one micro-batch computes, and the optimiser's step (``op_mix.py``)
-        of = Counting(point.model, _mode(point), blocks, point.knobs.get("precision", "fp32"), gpu)
+        precision = point.knobs.get("precision", "fp32")
+        of = Counting(point.model, _mode(point), blocks, precision, gpu)
         flops = _flops(of, point.batch_per_replica)
         again = recomputed(of, point.batch_per_replica)
         ops = step_ops(of, point.batch_per_replica)
@@ -459,13 +488,16 @@ class Counting:
     """What a step's ops are counted on: the plain model, shortened to ``blocks`` (None: all),
     checkpointed in a mode of the knob (``set_checkpointing``'s: a label, or a bool for off and
     full), its forward at ``precision``, AdamW with ``foreach`` as the target runs it; the
-    micro-batch apart, since counts at several make one at another."""
+    micro-batch apart, since counts at several make one at another. ``fp8``: the blocks'
+    Linears converted as the run converts them (torchao's float8, its casts counted; the rest
+    fp32, no autocast)."""
 
     model: str
     checkpointing: str | bool
     blocks: int | None = None
     precision: str = "fp32"
     foreach: bool = False
+    compile: str = "off"  # its memory-bound ops fused as ``compile`` would (``fusion.py``)
 
     def __post_init__(self) -> None:
         # one spelling per mode, so that the counts a cache keeps are shared (True is "full")
@@ -550,7 +582,8 @@ def _counted(of: Counting, micro_batch: int) -> Counted:
     data = wl.dataset(micro_batch, 0)
     x, y = next(iter(Batches(data, batch_size=micro_batch, rank=0, world_size=1, device=CPU)))
     twin = meta_plain(of.model, of.blocks)
-    dtype = torch_dtype(of.precision)
+    float8 = converts(of.precision)
+    dtype = None if float8 else torch_dtype(of.precision)
     cast = (
         torch.autocast("cpu", dtype=dtype)
         if dtype not in (None, torch.float32)
@@ -558,17 +591,23 @@ def _counted(of: Counting, micro_batch: int) -> Counted:
     )
     with FakeTensorMode(allow_non_fake_inputs=True):
         plain = plain_model(of.model, of.blocks, twin)
+        if float8:  # the run's order: float8, then checkpointing
+            convert_blocks(plain, CPU)
         if checkpoint_mode(of.checkpointing).every:
             set_checkpointing(plain, of.checkpointing)
         opt = torch.optim.AdamW(plain.parameters(), foreach=of.foreach)
-        with OpCounter() as counter:
-            with cast:
-                loss = wl.compute_loss(wl.forward(plain, x), y)
-            counter.phase = "backward"
-            loss.backward()
+        with OpCounter(flow=compiles({"compile": of.compile})) as counter:
+            with compiled_regions(plain, of.compile, counter):
+                with cast:
+                    loss = wl.compute_loss(wl.forward(plain, x), y)
+                counter.phase = "backward"
+                loss.backward()
             flops = float(counter.get_total_flops())
             counter.phase = None
             opt.step()
             counter.phase = "optimiser"
             opt.step()
-    return Counted(flops, tuple(counter.records))
+    records = counter.records
+    if counter.flow:
+        records = fused(records, counter.flows)
+    return Counted(flops, tuple(records))

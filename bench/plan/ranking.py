@@ -15,6 +15,7 @@ from bench.plan.step_time import StepTime
 from bench.plan.tracked import Tracked
 
 MiB_PER_GiB = 1024
+MFU_PRECISION = {"fp8": "bf16"}  # the peak a precision's MFU is against, where not its own
 
 
 def ranked_rows(
@@ -40,6 +41,7 @@ def row(c: Config, t: Tracked, step: StepTime, target: Target) -> dict:
         "impl": c.impl,
         "activation_checkpointing": c.knobs["activation_checkpointing"],
         "precision": precision,
+        "compile": c.knobs.get("compile", "off"),
         "micro_batch": c.micro_batch,
         "grad_accum": int(c.knobs["grad_accum"]),
         "world_size": c.world_size,
@@ -60,10 +62,11 @@ def row(c: Config, t: Tracked, step: StepTime, target: Target) -> dict:
     )
     out.update(step.columns())
     step_s = out.get("step_ms", math.nan) / 1e3
-    peak = target.peak_tflops(precision)
+    # an fp8 row's MFU against the bf16 peak, as the runner and torchtitan report float8 runs
+    peak = target.peak_tflops(MFU_PRECISION.get(precision, precision))
     out["samples_per_s"] = target.global_batch / step_s if step_s > 0 else math.nan
     out["mfu_pct"] = 100.0 * model_flops / step_s / (peak * 1e12) if step_s > 0 else math.nan
-    out["compute_source"] = target.rates[precision].source
+    out["compute_source"] = target.rate_for(c.knobs).source
     out["command"] = c.command(gpus_per_node=target.topology.gpus_per_node)
     # a family's columns of its own (a pipeline's degree, schedule and most loaded stage)
     out.update(FAMILIES[c.family].columns(c.knobs, c.world_size))

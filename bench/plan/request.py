@@ -16,7 +16,10 @@ from bench.plan.devices import DEVICES, Device, device
 from bench.plan.families import FAMILIES
 from bench.plan.topology import DEFAULT_LINKS, link_names
 from bench.roofline.profile import Roofline, RooflineError, read
+from bench.runfolder.peaks import datasheet_peak
 from parallel_kernels.checkpointing import MODES, parse_checkpointing
+from parallel_kernels.compiling import MODES as COMPILE_MODES
+from parallel_kernels.float8 import FP8, torchao_missing
 from parallel_kernels.models import workload
 
 GPU_ALLOWANCE_GIB = 2.0  # CUDA context and NCCL's buffers, about a GiB each
@@ -25,7 +28,11 @@ OPTIONS = {  # what --option narrows, and each one's values planned by default
     # it, none by default (each N a third of the space again: docs/plan.md, "The space")
     "activation_checkpointing": ("off", "full", "selective:op"),
     "precision": ("fp32", "bf16"),
+    "compile": ("off",),
 }
+# values --option names that are not planned by default (each would grow the space by as much
+# again): fp8 where the device has float8 matmuls, compile's modes (docs/plan.md, "The space")
+NAMED_ONLY = {"precision": (FP8,), "compile": COMPILE_MODES[1:]}
 TP_DEGREES = (1, 2, 4, 8, 16)  # the degrees a batch may split over (within a node)
 
 
@@ -119,7 +126,7 @@ def _what(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="KNOB=VALUES",
         help="narrow a dimension: activation_checkpointing=off,selective:layer=2, "
-        "precision=bf16 (repeatable; --only: the same)",
+        "precision=bf16,fp8, compile=off,blocks,model (repeatable; --only: the same)",
     )
 
 
@@ -203,6 +210,8 @@ def parse_request(argv: list[str] | None, description: str = "") -> PlanRequest:
     if args.collectives is not None and not (args.collectives / "results.csv").is_file():
         raise ValueError(f"--collectives {args.collectives}: not a run folder (no results.csv)")
     families, options = _families(args.family), _options(args.option)
+    if FP8 in options.get("precision", ()):
+        _check_float8(dev)
     _check_computation(args.mfu, args.compute)
     if args.allowance_gib is not None and not (
         args.allowance_gib >= 0 and math.isfinite(args.allowance_gib)
@@ -276,7 +285,7 @@ def _options(items: list[str]) -> dict[str, tuple[str, ...]]:
         chosen = tuple(dict.fromkeys(_spelled(key, v) for v in values.split(",") if v.strip()))
         bad = [v for v in chosen if v is None or v not in _accepted(key, v)]
         if bad or not chosen:
-            among = MODES if key == "activation_checkpointing" else ", ".join(OPTIONS[key])
+            among = MODES if key == "activation_checkpointing" else ", ".join(_accepted(key, ""))
             raise ValueError(f"--option {key}: {values!r} is not among {among}")
         out[key] = chosen
     return out
@@ -297,7 +306,28 @@ def _spelled(key: str, value: str) -> str | None:
 def _accepted(key: str, value: str) -> tuple[str, ...]:
     """The values ``--option key`` takes: checkpointing's every mode (a mode spelled as rows
     spell it is its own), another knob's planned values."""
-    return (value,) if key == "activation_checkpointing" else OPTIONS[key]
+    if key == "activation_checkpointing":
+        return (value,)
+    return OPTIONS[key] + NAMED_ONLY.get(key, ())
+
+
+def float8_devices() -> tuple[str, ...]:
+    """The devices whose datasheet states float8 matmuls (an fp8 peak)."""
+    return tuple(
+        name for name, d in DEVICES.items() if d.gpu_name and datasheet_peak(d.gpu_name, FP8)
+    )
+
+
+def _check_float8(dev: Device) -> None:
+    """fp8 planned: a device with float8 matmuls, and torchao to convert the blocks as the run
+    does, or a one-line ValueError."""
+    if dev.name not in float8_devices():
+        raise ValueError(
+            f"fp8 needs float8 matmuls: {', '.join(float8_devices())} (not {dev.name})"
+        )
+    missing = torchao_missing()
+    if missing is not None:
+        raise ValueError(missing)
 
 
 def _check_computation(mfu: float | None, compute: list[Path] | None) -> None:

@@ -23,8 +23,11 @@ from bench.plan.op_prices import Pricing, fit_scale, fit_with_micro, priced
 from bench.plan.rates import Rate, computation_ms
 from bench.plan.request import PlanRequest
 from bench.roofline.profile import Roofline, RooflineError
+from bench.runfolder.peaks import PRECISIONS
 from bench.runfolder.points import RunFolderError
 from bench.runfolder.schema import read_meta
+from parallel_kernels.compiling import MODES as COMPILE_MODES
+from parallel_kernels.float8 import FP8
 
 
 def target_roofline(request: PlanRequest) -> Roofline | None:
@@ -61,11 +64,32 @@ def _rate(pricing: Pricing, precision: str) -> Rate:
     return Rate(peak, 0.0, pricing.source, pricing=pricing)
 
 
+def lever_key(precision: str, mode: str) -> str:
+    """The rates' key of a point at ``precision`` compiled as ``mode``: the precision alone
+    where eager (``calibration.Target.rate_for``)."""
+    return precision if mode == "off" else f"{precision}, compile={mode}"
+
+
+def row_levers(row) -> tuple[str, str]:
+    """(precision, compile) of a results row: fp8 where its matmuls were float8, else the
+    sweep's value where that names a precision (a precision sweep), else its matmuls'; its
+    ``compile`` column (off where the run predates it)."""
+    value, matmuls = str(row["value"]), str(row.get("matmul_precision", "") or "")
+    mode = str(row.get("compile", "off") or "off")
+    mode = mode if mode in COMPILE_MODES else "off"
+    if matmuls == FP8:
+        return FP8, mode
+    return (value if value in PRECISIONS else matmuls or "fp32"), mode
+
+
 def row_ops(row, gpu: bool, accum: int = 1) -> OpMix:
-    """The ops of a results row of DDP (its model, samples per replica and precision, the
-    sweep's value) in ``accum`` micro-batches, the optimiser's step once (``gpu``: foreach)."""
+    """The ops of a results row of DDP (its model, samples per replica, precision and compile,
+    ``row_levers``) in ``accum`` micro-batches, the optimiser's step once (``gpu``:
+    foreach)."""
     micro = int(row["batch_per_replica"]) // accum
-    ops = step_ops(Counting(str(row["model"]), False, None, str(row["value"]), gpu), micro)
+    precision, mode = row_levers(row)
+    of = Counting(str(row["model"]), False, None, precision, gpu, mode)
+    ops = step_ops(of, micro)
     return ops.of(("optimiser",)).plus(ops.of(COMPUTE), accum)
 
 
@@ -90,7 +114,8 @@ def calibrated_rates(
     beyond its ops (``op_prices.fit_with_micro``)."""
     out = {}
     for _, row in ones.iterrows():
-        p = str(row["value"])
+        precision, mode = row_levers(row)
+        p = lever_key(precision, mode)
         scale, micro = row_scale(row, measured_on, gpu), 0.0
         if p in (accumulated or {}):
             a, delta = accumulated[p]
@@ -98,7 +123,7 @@ def calibrated_rates(
             scale, micro = fit_with_micro(one, many, a, computation_ms(row), delta, measured_on)
         about = f"roofline calibrated by {where} (efficiencies x{scale:.3g} of {target.source}"
         about += f"; {micro:.2f} ms per micro-batch beyond its ops)" if micro else ")"
-        out[p] = replace(_rate(Pricing(target, scale, about), p), micro_ms=micro)
+        out[p] = replace(_rate(Pricing(target, scale, about), precision), micro_ms=micro)
     return out
 
 

@@ -4,10 +4,10 @@ would run.
 For a model at a world size, each family's layouts (``families.py``: DDP at a few bucket sizes;
 FSDP2 and FSDP1 with each sharding strategy; tensor parallelism at each degree within a node,
 the rest of the ranks replicated or sharded; pipelines of each degree and schedule, the rest
-replicas), each with activation checkpointing off, full and selective:op, in fp32 and bf16
-(``request.OPTIONS``, as ``--option`` narrows them), and at each split of a replica's batch
-that makes the global batch (its family's ``splits``: a (micro-batch, accumulation) pair, or a
-pipeline's micro-batch count). Every configuration
+replicas), each with activation checkpointing off, full and selective:op, in fp32 and bf16,
+eager (``request.OPTIONS``, as ``--option`` narrows or names them: fp8, compile), and at each
+split of a replica's batch that makes the global batch (its family's ``splits``: a
+(micro-batch, accumulation) pair, or a pipeline's micro-batch count). Every configuration
 resolves to a ``PointRecord`` (``bench.runner.configure.resolve.resolve_point``, what
 ``bench/run.py`` resolves) and names the exact ``bench/run.py`` command that runs it.
 """
@@ -153,28 +153,34 @@ def enumerate_space(request: PlanRequest) -> list[Config]:
             continue
         for label, layout in family.layouts(world, request.gpus_per_node, wl):
             replicas = world // family.replica_ranks(layout)
-            for ckpt in options["activation_checkpointing"]:
-                for precision in options["precision"]:
-                    for micro, split in family.splits(request.global_batch, replicas, layout):
-                        knobs = {
-                            **layout,
-                            "activation_checkpointing": ckpt,
-                            "precision": precision,
-                            **split,
-                        }
-                        configs.append(
-                            Config(
-                                family.name,
-                                label,
-                                request.model,
-                                family.strategy,
-                                family.impl,
-                                knobs,
-                                micro,
-                                world,
-                            )
+            for levers in _levers(options):
+                for micro, split in family.splits(request.global_batch, replicas, layout):
+                    knobs = {**layout, **levers, **split}
+                    configs.append(
+                        Config(
+                            family.name,
+                            label,
+                            request.model,
+                            family.strategy,
+                            family.impl,
+                            knobs,
+                            micro,
+                            world,
                         )
+                    )
     return configs
+
+
+def _levers(options) -> list[dict[str, Any]]:
+    """Each combination of the step's knobs the space varies: checkpointing, precision and
+    compile (set only where on, so that an eager row's knobs and command are as before)."""
+    return [
+        {"activation_checkpointing": ckpt, "precision": precision}
+        | ({"compile": mode} if mode != "off" else {})
+        for ckpt in options["activation_checkpointing"]
+        for precision in options["precision"]
+        for mode in options.get("compile", ("off",))
+    ]
 
 
 def why_empty(request: PlanRequest) -> str:

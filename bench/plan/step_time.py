@@ -93,7 +93,7 @@ def step_times(configs: list[Config], figures: list[Tracked], target: Target) ->
         if FAMILIES[c.family].pipelined:
             out.append(pipeline_step(c, t, target))
             continue
-        rate = target.rates[c.knobs["precision"]]
+        rate = target.rate_for(c.knobs)
         flops = c.step_flops(t.flops)
         bandwidth = target.device.bandwidth_GBps
         out.append(predict_step(c, flops, rate, bandwidth, target.topology, t.ops, t))

@@ -17,6 +17,7 @@ CONSOLE = {  # plan.csv column -> console heading
     "config": "configuration",
     "activation_checkpointing": "ckpt",
     "precision": "prec",
+    "compile": "compile",
     "micro_batch": "micro",
     "grad_accum": "accum",
     "peak_mem_gib": "peak GiB",
@@ -79,8 +80,11 @@ def tied(rows: pd.DataFrame, tie_pct: float) -> pd.DataFrame:
     return ok[ok["step_ms"] <= best * (1 + tie_pct / 100)]
 
 
+QUIET = {"compile": "off"}  # a column shown only where some row holds another value
+
+
 def render(rows: pd.DataFrame, top: int, tie_pct: float) -> str:
-    cols = [c for c in CONSOLE if c in rows]
+    cols = [c for c in CONSOLE if c in rows and not (rows[c] == QUIET.get(c, object())).all()]
     shown = rows.head(top)[cols].rename(columns=CONSOLE)
     lines = [shown.to_string(index=False, formatters={c: _fmt for c in shown.columns})]
     near = tied(rows, tie_pct)

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field, replace
 from bench.plan.families import FAMILIES
 from bench.plan.space import Config
 from bench.plan.tracked import Tracked
+from parallel_kernels.compiling import compiles
 from parallel_kernels.strategies import STRATEGIES
 
 # What one build steps each way in turn (bench/plan/memory.py's phases), the bucket size
@@ -82,10 +83,20 @@ def tracked_as(c: Config) -> Config:
     reduces its flat gradient in place, and its FULL_SHARD holds the next flat unit gathered
     beside the current one in backward, which FSDP2's figure misses (docs/benchmarks.md,
     "Planned memory")."""
+    c = eager(c)
     impl = STRATEGIES[c.strategy].impls[c.impl]
     if impl.memory_as is None or any(c.knobs.get(k) in v for k, v in impl.memory_own.items()):
         return c
     return replace(c, impl=impl.memory_as)
+
+
+def eager(c: Config) -> Config:
+    """``c`` without ``compile``: a compiled configuration's memory is its eager twin's, tracked
+    as that (dynamo does not run under the tracker's fake tensors; inductor's fused kernels
+    hold fewer temporaries, so the eager figure is an upper bound on them, docs/plan.md)."""
+    if not compiles(c.knobs):
+        return c
+    return replace(c, knobs={k: v for k, v in c.knobs.items() if k != "compile"})
 
 
 def worlds(c: Config) -> tuple[int, ...]:
@@ -278,6 +289,8 @@ def figures(c: Config, memo: dict[MemoryKey, Tracked]) -> Tracked:
     FSDP1's (plan.csv's ``memory_how``)."""
     as_tracked = tracked_as(c)
     got = memo[memory_key(as_tracked)]
-    if as_tracked != c and not got.error:
-        return replace(got, how=f"FSDP2's figure (FSDP1 stands in); {got.how}")
+    if as_tracked != eager(c) and not got.error:
+        got = replace(got, how=f"FSDP2's figure (FSDP1 stands in); {got.how}")
+    if eager(c) != c and not got.error:
+        got = replace(got, how=f"eager's tracked memory (compile={c.knobs['compile']}); {got.how}")
     return got

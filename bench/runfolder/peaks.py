@@ -21,8 +21,10 @@ import re
 from dataclasses import dataclass
 
 # The precisions a peak is given for: fp32 on CUDA cores, tf32 (fp32 matmuls on Tensor Cores,
-# what torch does when float32 matmul precision is "high"), bf16 and fp16 on Tensor Cores.
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+# what torch does when float32 matmul precision is "high"), bf16 and fp16 on Tensor Cores, and
+# fp8 (float8 e4m3/e5m2 on the Tensor Cores of Hopper and Blackwell: twice bf16's rate, the
+# datasheets' FP8 figure halved as its sparse one is), what the planner prices float8 matmuls at.
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,8 @@ _H200 = "NVIDIA H200 Tensor Core GPU datasheet, nvidia.com/en-us/data-center/h20
 _A100 = "NVIDIA A100 Tensor Core GPU datasheet, nvidia.com/en-us/data-center/a100"
 _V100 = "NVIDIA V100 Tensor Core GPU datasheet, nvidia.com/en-us/data-center/v100"
 # The HGX page gives an 8-GPU board's totals (600 TFLOPS fp32, 18 PFLOPS tf32 and 36 PFLOPS
-# fp16/bf16 with sparsity, the same for B200 and B300): per GPU an eighth, Tensor Cores halved.
+# fp16/bf16 and 72 PFLOPS fp8 with sparsity, the same for B200 and B300): per GPU an eighth,
+# Tensor Cores halved.
 _HGX = "NVIDIA HGX platform specifications (8-GPU totals / 8), nvidia.com/en-us/data-center/hgx"
 # The GB200 NVL72 page's "Individual Blackwell GPU Specifications", GB200 column (its GPUs run
 # at up to 1200 W, the HGX B200's at 1000 W: faster figures than the B200's).
@@ -51,30 +54,42 @@ _GB200 = "NVIDIA GB200 NVL72 specifications, per GPU, nvidia.com/en-us/data-cent
 # before the plain name, and a plain name refuses the G before it (GH200 is not an H200).
 DATASHEETS: tuple[GpuPeaks, ...] = (
     GpuPeaks(
-        "GB200", r"GB200", {"fp32": 80.0, "tf32": 1250.0, "bf16": 2500.0, "fp16": 2500.0}, _GB200
+        "GB200",
+        r"GB200",
+        {"fp32": 80.0, "tf32": 1250.0, "bf16": 2500.0, "fp16": 2500.0, "fp8": 5000.0},
+        _GB200,
     ),
     GpuPeaks(
-        "B200", r"(?<!G)B200", {"fp32": 75.0, "tf32": 1125.0, "bf16": 2250.0, "fp16": 2250.0}, _HGX
+        "B200",
+        r"(?<!G)B200",
+        {"fp32": 75.0, "tf32": 1125.0, "bf16": 2250.0, "fp16": 2250.0, "fp8": 4500.0},
+        _HGX,
     ),
     # Blackwell Ultra: more fp4 and less fp64 than the B200, the same fp32, tf32 and bf16.
     # GB300 is left out: NVIDIA prints its rack's totals without tf32.
     GpuPeaks(
-        "B300", r"(?<!G)B300", {"fp32": 75.0, "tf32": 1125.0, "bf16": 2250.0, "fp16": 2250.0}, _HGX
+        "B300",
+        r"(?<!G)B300",
+        {"fp32": 75.0, "tf32": 1125.0, "bf16": 2250.0, "fp16": 2250.0, "fp8": 4500.0},
+        _HGX,
     ),
     GpuPeaks(
         "H100 PCIe",
         r"H100.*PCIe",
-        {"fp32": 51.0, "tf32": 378.0, "bf16": 756.5, "fp16": 756.5},
+        {"fp32": 51.0, "tf32": 378.0, "bf16": 756.5, "fp16": 756.5, "fp8": 1513.0},
         _H100,
     ),
     # The datasheet's H100 NVL column, per card (its first edition printed a pair of cards).
     GpuPeaks(
-        "H100 NVL", r"H100.*NVL", {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5}, _H100
+        "H100 NVL",
+        r"H100.*NVL",
+        {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5, "fp8": 1670.5},
+        _H100,
     ),
     GpuPeaks(
         "H100 SXM5",
         r"H100(?!.*(PCIe|NVL))",
-        {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5},
+        {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5, "fp8": 1979.0},
         _H100,
     ),
     # Grace Hopper: its H100's figures are the H100 SXM5's (the GH200 datasheet's 67 TFLOPS
@@ -82,20 +97,20 @@ DATASHEETS: tuple[GpuPeaks, ...] = (
     GpuPeaks(
         "GH200",
         r"GH200",
-        {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5},
+        {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5, "fp8": 1979.0},
         "NVIDIA GH200 Grace Hopper Superchip datasheet, "
         "nvidia.com/en-us/data-center/grace-hopper-superchip",
     ),
     GpuPeaks(
         "H200 NVL",
         r"(?<!G)H200.*NVL",
-        {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5},
+        {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5, "fp8": 1670.5},
         _H200,
     ),
     GpuPeaks(
         "H200 SXM",
         r"(?<!G)H200(?!.*NVL)",
-        {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5},
+        {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5, "fp8": 1979.0},
         _H200,
     ),
     # The datasheet gives the same peaks for the SXM4 and PCIe cards, 40 and 80 GB; "A100"
