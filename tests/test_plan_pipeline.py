@@ -14,10 +14,11 @@ import pytest
 
 from bench.model.pipeline_sim import StageCost, StagedPipeline, simulate_pipeline
 from bench.plan import __main__ as plan_cli
-from bench.plan import pipeline_memory
+from bench.plan import pipeline_memory, pipeline_time, stage_replicas
 from bench.plan.families import FAMILIES
 from bench.plan.request import OPTIONS, PlanRequest
 from bench.plan.space import Config, enumerate_space
+from bench.plan.topology import Topology
 from bench.runner.cli import resolve
 from bench.runner.configure.flags import parse_config
 from parallel_kernels.models import TRANSFORMER_CUT, Block, Transformer, workload
@@ -182,3 +183,94 @@ def test_a_plan_of_pipelines_ranks_them_with_their_stage_memory_and_bubble(tmp_p
     one = rows[(rows["pp_schedule"] == "1f1b") & (rows["pp_microbatches"] == 8)]
     # GPipe holds all 8 micro-batches' activations on a stage, 1F1B at most 2
     assert float(gpipe["peak_mem_gib"].iloc[0]) > float(one["peak_mem_gib"].iloc[0])
+
+
+def _shard_pair(model, world, degree, m=4):
+    """A pipeline row with replicas and its twin whose replicas FSDP2 shards."""
+    knobs = {"pp_degree": degree, "pp_schedule": "1f1b", "pp_microbatches": m}
+    knobs |= {"activation_checkpointing": "off", "precision": "fp32", "grad_accum": 1}
+    dp = Config("pp", f"pp{degree} 1f1b x dp", model, "pp", FAMILIES["pp"].impl, knobs, m, world)
+    fsdp = Config(
+        "pp",
+        f"pp{degree} 1f1b x fsdp",
+        model,
+        "pp",
+        FAMILIES["pp"].impl,
+        {**knobs, "dp_shard": True},
+        m,
+        world,
+    )
+    return dp, fsdp
+
+
+@pytest.mark.unit
+def test_pipelines_with_replicas_shard_them_by_fsdp2_beside_ddp_and_their_commands_say_so():
+    configs = _space(DEEP, 8, 64, {"precision": ("fp32",), "activation_checkpointing": ("off",)})
+    labels = {c.label for c in configs}
+    for d, schedule in ((2, "gpipe"), (4, "1f1b")):
+        assert {f"pp{d} {schedule} x dp", f"pp{d} {schedule} x fsdp"} <= labels
+    assert "pp8 1f1b" in labels and not any(label.startswith("pp8 1f1b x") for label in labels)
+    sharded = [c for c in configs if c.label.endswith("x fsdp")]
+    assert sharded and all(c.knobs["dp_shard"] is True for c in sharded)
+    assert not any(c.knobs.get("dp_shard") for c in configs if not c.label.endswith("x fsdp"))
+    for c in sharded:
+        args = shlex.split(c.command())
+        (point,) = resolve(parse_config(args[args.index("bench/run.py") + 1 :]), 8).points
+        assert point.knobs["dp_shard"] is True and point.knobs["pp_degree"] == c.knobs["pp_degree"]
+        assert point.dp_size == 8 // c.knobs["pp_degree"]
+
+
+@pytest.mark.unit
+def test_fsdp2_over_a_stages_replicas_gathers_and_reduce_scatters_its_bytes_each_micro_batch():
+    dp, fsdp = _shard_pair(DEEP, 8, 2, m=4)
+    stage = 1e6
+    (reduce,) = stage_replicas.collectives(dp.knobs, 8, stage)
+    assert (reduce.name, reduce.nbytes, reduce.ranks, reduce.per_step) == (
+        "all_reduce",
+        stage,
+        4,
+        1,
+    )
+    got = {(k.name, k.phase): k for k in stage_replicas.collectives(fsdp.knobs, 8, stage)}
+    assert set(got) == {
+        ("all_gather", "forward"),
+        ("all_gather", "backward"),
+        ("reduce_scatter", "backward"),
+    }
+    assert all((k.nbytes, k.ranks, k.per_step) == (stage, 4, 4) for k in got.values())
+    # priced on the world's link: in each micro-batch's actions, none after the schedule
+    topo = Topology.of_links("nvlink4,ib_ndr", 8)
+    link = topo.of_world(8)
+    ms = pipeline_time.replica_ms(fsdp, stage, topo)
+    assert ms["forward"] == pytest.approx(1e3 * link.time("all_gather", stage, 4))
+    gather, scatter = (1e3 * link.time(k, stage, 4) for k in ("all_gather", "reduce_scatter"))
+    assert ms["backward"] == pytest.approx(gather + scatter) and ms["after"] == 0
+    assert pipeline_time.replica_ms(dp, stage, topo)["after"] == pytest.approx(
+        1e3 * link.time("all_reduce", stage, 4)
+    )
+    # no replicas, nothing to shard
+    assert not stage_replicas.collectives({**fsdp.knobs, "pp_degree": 8}, 8, stage)
+
+
+@pytest.mark.unit
+@pytest.mark.timeout(180)
+def test_a_sharded_stages_state_is_the_replicated_ones_over_its_replicas():
+    """pp2 at 8 ranks (4 replicas): the x fsdp row's builds are the x dp row's with the stages
+    sharded by FSDP2; its parameters, gradients and AdamW state in the optimiser's step are the
+    x dp row's over 4, and its peak is lower."""
+    dp, fsdp = _shard_pair(DEEP, 8, 2)
+    both = pipeline_memory.plan_stages([dp, fsdp], False)
+    alone = pipeline_memory.plan_stages([dp], False).items
+    builds = [item for item in both.items if isinstance(item[0], pipeline_memory.StageJob)]
+    assert len(builds) == 2 * len([i for i in alone if isinstance(i[0], pipeline_memory.StageJob)])
+    assert {item[0].sharded for item in builds} == {False, True}
+    point = next(item[0] for item in builds if item[0].sharded).point()
+    assert point.knobs["dp_shard"] is True and point.dp_size == 2
+    done = [pipeline_memory.run_item(item, 8, False) for item in both.items]
+    one, sharded = both.assemble(done)
+    assert not one.error and not sharded.error, (one.error, sharded.error)
+    assert sharded.peak_mib < one.peak_mib
+    (_, dp_opt), (_, fsdp_opt) = (t.stages[-1] for t in (one, sharded))  # the optimiser's
+    for part in ("params", "grads", "optim"):
+        assert dp_opt[part] > 0 and fsdp_opt[part] == pytest.approx(dp_opt[part] / 4, rel=0.01)
+    assert "FSDP2" in sharded.how and one.pipeline.peaks.keys() == sharded.pipeline.peaks.keys()

@@ -165,7 +165,8 @@ def _blocks_of(model: str) -> int:
 
 def _pp_layouts(world: int, gpus_per_node: int, wl: Workload) -> list[tuple[str, dict]]:
     """Each pipeline degree d that divides the world, from 2 to the model's blocks, the rest of
-    the ranks data-parallel replicas of the pipeline, with each schedule the planner simulates
+    the ranks data-parallel replicas of the pipeline, replicated (DDP) or, where there are
+    replicas, sharded by FSDP2 (``dp_shard``), with each schedule the planner simulates
     (``pipeline_theory.SCHEDULES``); none for a model that names no blocks to cut."""
     del gpus_per_node
     blocks = pipeline_blocks(wl)
@@ -174,8 +175,12 @@ def _pp_layouts(world: int, gpus_per_node: int, wl: Workload) -> list[tuple[str,
         if world % degree:
             continue
         for schedule in PP_SCHEDULES:
-            label = f"pp{degree} {schedule}" + (" x dp" if world > degree else "")
-            out.append((label, {"pp_degree": degree, "pp_schedule": schedule}))
+            knobs = {"pp_degree": degree, "pp_schedule": schedule}
+            if world == degree:
+                out.append((f"pp{degree} {schedule}", knobs))
+                continue
+            out.append((f"pp{degree} {schedule} x dp", knobs))
+            out.append((f"pp{degree} {schedule} x fsdp", {**knobs, "dp_shard": True}))
     return out
 
 

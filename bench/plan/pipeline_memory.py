@@ -24,8 +24,9 @@ whatever the degree), of one and of two blocks a stage, and every figure extrapo
 stage's blocks (each block adds its parameters, state and activations alike); a model too
 short for that proxy is cut at the row's own degree instead. A pipeline with data-parallel
 replicas is tracked with two of them (a rank holds the same, its flat gradient all-reduce,
-whatever their number). One build per proxy, rank and precision steps each micro-batch size
-and checkpointing in turn.
+whatever their number); one whose replicas FSDP2 shards is tracked so too, its sharded state
+then moved to its replicas (``stage_replicas.over_replicas``). One build per proxy, rank,
+precision and sharding steps each micro-batch size and checkpointing in turn.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from bench.plan.families import pipeline_blocks
 from bench.plan.op_mix import OpMix
 from bench.plan.pipeline_counts import CountJob, StageCounts, count_stages
 from bench.plan.space import NO_CHECKPOINT_UNITS, Config, names_checkpoint_units
+from bench.plan.stage_replicas import TRACKED_REPLICAS, over_replicas, replicas, sharded
 from bench.plan.tracked import Tracked, failed
 from bench.plan.tracking_workers import Progress, map_builds
 from bench.plan.workspace import kernel_workspaces
@@ -184,8 +186,8 @@ def _with_inputs(mem: StageMemory, microbatches: int) -> StageMemory:
 @dataclass(frozen=True)
 class StageJob:
     """One rank of a proxy pipeline stepped once over two micro-batches: its build (model,
-    implementation, precision, stages, blocks a stage, rank, replicas or not) and its phase
-    (the micro-batches' samples, checkpointing)."""
+    implementation, precision, stages, blocks a stage, rank, replicas or not, sharded by FSDP2
+    or not) and its phase (the micro-batches' samples, checkpointing)."""
 
     config: Config = field(compare=False)  # a row it serves (the progress line names it)
     model: str
@@ -197,14 +199,19 @@ class StageJob:
     replicas: bool
     micro_batch: int
     checkpointing: str  # a mode that treats every block alike (``memory.alike``)
+    sharded: bool = False  # its replicas sharded by FSDP2 (``dp_shard``)
 
     @property
     def build(self) -> tuple:
-        return (self.model, self.impl, self.precision, self.stages, self.blocks, self.rank)
+        return (
+            *(self.model, self.impl, self.precision, self.stages, self.blocks, self.rank),
+            *(self.replicas, self.sharded),
+        )
 
     def point(self, schedule: str = "gpipe", microbatches: int = TRACKED_MICROBATCHES):
         """The proxy's point, as ``bench/run.py`` resolves it: one pipeline of ``stages``
-        ranks, or two replicas of it (where the knob table lets a pipeline have them)."""
+        ranks, or two replicas of it (where the knob table lets a pipeline have them),
+        sharded by FSDP2 or not."""
         knobs = {
             "pp_schedule": schedule,
             "pp_microbatches": microbatches,
@@ -214,7 +221,8 @@ class StageJob:
         }
         world = self.stages
         if self.replicas and "pp_degree" in KNOBS:
-            knobs["pp_degree"], world = self.stages, 2 * self.stages
+            knobs["pp_degree"], world = self.stages, TRACKED_REPLICAS * self.stages
+            knobs |= {"dp_shard": True} if self.sharded else {}
         return resolve_point(
             PointRequest(
                 sweep="plan",
@@ -246,6 +254,7 @@ def jobs_of(c: Config) -> dict[int | None, list[StageJob]]:
                 replicas=c.world_size > degree,
                 micro_batch=c.micro_batch // m,
                 checkpointing=c.checkpointing,
+                sharded=sharded(c.knobs, c.world_size),
             )
             for role in roles(degree)
         ]
@@ -278,7 +287,7 @@ class PipelineCosts:
     """What the time stage needs of a pipeline row, per stage in pipeline order: one
     micro-batch's forward and backward and the optimiser's step (``op_mix`` phases), the
     bytes stage s hands s + 1 per micro-batch, each stage's gradient bytes (its replicas'
-    all-reduce), the tied weights' bytes (summed over the pipeline); and the tracked stages'
+    collectives), the tied weights' bytes (summed over the pipeline); and the tracked stages'
     peaks, MiB, the highest the row's (``peak_stage``)."""
 
     ops: tuple[OpMix, ...]
@@ -334,6 +343,15 @@ def role_memory(c: Config, role: str, got: dict[tuple, StageMemory]) -> StageMem
     return mine[1].plus(mine[2].plus(mine[1], -1.0), blocks - 1)
 
 
+def _replicas_memory(c: Config, role: str, got: dict) -> StageMemory:
+    """One role's figures as its rank holds them: tracked with two replicas, moved to the
+    row's where FSDP2 shards the stage over them (``stage_replicas.over_replicas``)."""
+    mem = role_memory(c, role, got)
+    if not sharded(c.knobs, c.world_size):
+        return mem
+    return over_replicas(mem, replicas(c.knobs, c.world_size))
+
+
 def _key(job: StageJob) -> tuple:
     """What a tracking is of (all but the row that asked for it)."""
     return tuple(getattr(job, f.name) for f in dataclasses.fields(job) if f.compare)
@@ -349,7 +367,10 @@ def _how(c: Config, stage: int) -> str:
         how += f" of a {proxy.stages}-stage proxy"
     if proxy.blocks == (1, 2):
         how += ", with 1 and 2 blocks a stage, extrapolated"
-    if c.world_size > degree:
+    if sharded(c.knobs, c.world_size):
+        r = replicas(c.knobs, c.world_size)
+        how += f"; sharded by FSDP2 over 2 replicas, its state moved to {r}"
+    elif c.world_size > degree:
         how += "; with 2 replicas (a rank holds the same with more)"
     return how
 
@@ -366,7 +387,10 @@ def row_figures(c: Config, got: dict[tuple, StageMemory | str], counts: StageCou
     pipe = Pipeline(degree, m)
     per_stage = {
         stage_index(role, degree): compose(
-            role_memory(c, role, got), c.knobs["pp_schedule"], pipe, stage_index(role, degree)
+            _replicas_memory(c, role, got),
+            c.knobs["pp_schedule"],
+            pipe,
+            stage_index(role, degree),
         )
         for role in roles(degree)
     }
@@ -568,6 +592,7 @@ def track_over_order(c: Config, role: str, gpus_per_node: int = 8) -> Tracked:
         replicas=c.world_size > degree,
         micro_batch=c.micro_batch // m,
         checkpointing=c.checkpointing,
+        sharded=sharded(c.knobs, c.world_size),
     )
     point = job.point(c.knobs["pp_schedule"], m)
     (got,) = _built([(job, point)], gpus_per_node, False, _whole_step)

@@ -7,11 +7,14 @@ computation is (``step_time.priced_profile``): checkpointing's measured factor o
 calibrated cost of a micro-batch beyond its ops shared among the stages by their ops. A
 stage's output goes to the next over the link between their ranks (a pipeline's ranks are
 consecutive, ``parallel_kernels.pipeline.pipe_dims``: inside a node, but where a hop crosses
-a node's edge), priced as one step of a two-rank ring. After the schedule, as the
-implementation steps (``parallel_kernels/pipeline.py``): the tied weights' gradients summed
-over the pipeline, each stage's gradients averaged over its replicas (one flat all-reduce, on
-the link the world spans, not overlapped), the loss broadcast, then each rank's optimiser step
-over its stage: the step ends with the slowest.
+a node's edge), priced as one step of a two-rank ring. Where FSDP2 shards the stages over
+their replicas (``dp_shard``), each micro-batch's forward and backward on a stage add its
+all-gathers and reduce-scatter (``stage_replicas.collectives``, on the link the world spans, not
+overlapped). After the schedule, as the implementation steps (``parallel_kernels/pipeline.py``):
+the tied weights' gradients summed over the pipeline (their shard, sharded), each stage's
+gradients averaged over its replicas where they are replicated (one flat all-reduce, on the link
+the world spans, not overlapped), the loss broadcast, then each rank's optimiser step over its
+stage: the step ends with the slowest.
 
 The row's computation and waterfall are the busiest stage's; its bubble (``bubble_pct``) the
 mean share of the schedule's span the stages idle, beside the theory's (p - 1) / (m + p - 1)
@@ -30,6 +33,7 @@ from bench.plan.op_prices import Priced, priced
 from bench.plan.pipeline_memory import PipelineCosts
 from bench.plan.rates import optimiser_ms
 from bench.plan.space import Config
+from bench.plan.stage_replicas import AFTER, BACKWARD, FORWARD, collectives, replicas, sharded
 from bench.plan.topology import Topology
 from parallel_kernels.pipeline_theory import Pipeline, bubble_fraction, p2p_bytes_per_step
 
@@ -66,7 +70,7 @@ def price_stage(
     at the rate and AdamW's traffic over the stage's state (its gradients' bytes, 4 times);
     ``share``, its part of the model's ops, takes that part of the calibrated cost of a
     micro-batch beyond them."""
-    rate = target.rates[c.knobs["precision"]]
+    rate = target.rate_for(c.knobs)
     factor = rate.recompute_factor(c.checkpointing, blocks_of(c.model))
     if rate.pricing is not None:
         fwd, bwd, opt = (priced(ops.of((p,)), rate.pricing) for p in PHASES)
@@ -98,16 +102,30 @@ def sends_ms(c: Config, costs: PipelineCosts, topo: Topology) -> tuple[float, ..
     return tuple(_p2p_ms(topo, b, x) for b, x in zip(costs.sends, crosses, strict=True))
 
 
+def replica_ms(c: Config, stage_bytes: float, topo: Topology) -> dict[str, float]:
+    """A stage's collectives over its replicas (``stage_replicas.collectives``), ms, by where
+    they run: in each micro-batch's forward, in its backward, and after the schedule."""
+    link, m = topo.of_world(c.world_size), int(c.knobs["pp_microbatches"])
+    out = dict.fromkeys((FORWARD, BACKWARD, AFTER), 0.0)
+    for k in collectives(c.knobs, c.world_size, stage_bytes):
+        times = k.per_step if k.phase == AFTER else k.per_step / m
+        out[k.phase] += times * 1e3 * link.time(k.name, k.nbytes, k.ranks)
+    return out
+
+
 def after_schedule_ms(c: Config, costs: PipelineCosts, topo: Topology) -> float:
     """What follows the schedule before the optimiser: the tied weights' gradients summed over
-    the pipeline, each stage's averaged over its replicas (on the link the world spans), the
-    loss broadcast (priced as a scalar's all-reduce)."""
+    the pipeline (a rank's shard of them where FSDP2 shards), each stage's collectives after
+    the schedule (DDP's all-reduce over its replicas), the loss broadcast (priced as a
+    scalar's all-reduce)."""
     degree = int(c.knobs["pp_degree"])
-    replicas = c.world_size // degree
-    pipe, world = topo.of_world(degree), topo.of_world(c.world_size)
+    shared = costs.shared_bytes / (
+        replicas(c.knobs, c.world_size) if sharded(c.knobs, c.world_size) else 1
+    )
+    pipe = topo.of_world(degree)
     return (
-        _all_reduce_ms(pipe, costs.shared_bytes, degree)
-        + max(_all_reduce_ms(world, g, replicas) for g in costs.grad_bytes)
+        _all_reduce_ms(pipe, shared, degree)
+        + max(replica_ms(c, g, topo)[AFTER] for g in costs.grad_bytes)
         + _all_reduce_ms(pipe, LOSS_BYTES, degree)
     )
 
@@ -130,16 +148,21 @@ def predict_pipeline(c: Config, costs: PipelineCosts, target: Target) -> Pipelin
         for o, g in zip(costs.ops, costs.grad_bytes, strict=True)
     ]
     sends = sends_ms(c, costs, target.topology)
-    each = tuple(StageCost(s.forward_ms, s.backward_ms) for s in stages)
+    rep = [replica_ms(c, g, target.topology) for g in costs.grad_bytes]
+    each = tuple(
+        StageCost(s.forward_ms + r[FORWARD], s.backward_ms + r[BACKWARD])
+        for s, r in zip(stages, rep, strict=True)
+    )
     timeline = simulate_pipeline(StagedPipeline(c.knobs["pp_schedule"], m, each, sends))
     after = after_schedule_ms(c, costs, target.topology)
     busiest = max(stages, key=lambda s: s.forward_ms + s.backward_ms)
+    in_actions = m * max(r[FORWARD] + r[BACKWARD] for r in rep)  # FSDP2's: not overlapped
     pipe = Pipeline(degree, m)
     return PipelineStep(
         step_ms=timeline.makespan_ms + after + max(s.optimiser_ms for s in stages),
         compute_ms=m * (busiest.forward_ms + busiest.backward_ms) + busiest.optimiser_ms,
-        comm_ms=after + m * sum(sends),
-        exposed_comm_ms=after,
+        comm_ms=after + in_actions + m * sum(sends),
+        exposed_comm_ms=after + in_actions,
         ops=busiest.ops,
         columns={
             "bubble_pct": 100 * timeline.mean_bubble(),
