@@ -181,14 +181,14 @@ def test_a_compilation_in_the_timed_steps_is_said_in_the_row():
     blocks, off = build_points(
         RunConfig(sweep="compile", values="blocks,off", model=TINY, impl="native"), world_size=2
     )
-    c = Candidate(point=blocks, trace_dir=Path("."), compile_s=1.5, frames=2)
+    c = Candidate(point=blocks, trace_dir=Path("."), compile_s=1.5, recompiled=2)
     assert compile_figures(c) == {
         "compile_seconds": 1.5,
         "error": "warning: dynamo compiled 2 frame(s) during the timed steps (a "
         "recompilation): their times include it",
     }
-    assert compile_figures(replace(c, frames=0)) == {"compile_seconds": 1.5}
-    assert compile_figures(replace(c, point=off, frames=2)) == {}  # eager: nothing to say
+    assert compile_figures(replace(c, recompiled=0)) == {"compile_seconds": 1.5}
+    assert compile_figures(replace(c, point=off, recompiled=2)) == {}  # eager: nothing to say
 
 
 # A C++ compiler that passes inductor's check of the compiler and fails on every kernel.

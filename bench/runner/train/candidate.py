@@ -53,7 +53,8 @@ class Candidate:
     peak: tuple | None = None  # MFU's peaks, timed before the model held memory
     checked: str | None = None  # what its check against the plain model returned
     compile_s: float | None = None  # compile_seconds: its first warm-up step less its last
-    frames: int = 0  # dynamo's compiled frames when its timing began (then: in its timing)
+    compiled_at: int = 0  # dynamo's count of compiled frames when its warm-up ended
+    recompiled: int = 0  # frames dynamo compiled while its steps were timed
     alone: list[float] = field(default_factory=list)  # a cohort's: steps timed alone
     times: list[float] = field(default_factory=list)  # a cohort's: its step in each cycle
     skew: list[float] = field(default_factory=list)

@@ -127,19 +127,19 @@ def warm_up(c: Candidate, env: DistEnv, settings: PointSettings) -> None:
     c.checked = checked
     if c.visit.profile and compiles(c.point.knobs) and len(step_s) > 1:
         c.compile_s = max(0.0, step_s[0] - step_s[-1])
-    c.frames = compiled_frames()
+    c.compiled_at = compiled_frames()
 
 
 def compile_figures(c: Candidate) -> dict:
     """``compile_seconds`` of a compiled point's first visit, and a note in its ``error`` where
-    dynamo compiled anything while its steps were timed (``c.frames``: how many; those
+    dynamo compiled anything while its steps were timed (``c.recompiled``: how many; those
     steps' times hold the compilation)."""
     if not compiles(c.point.knobs):
         return {}
     out = {} if c.compile_s is None else {"compile_seconds": c.compile_s}
-    if c.frames:
+    if c.recompiled:
         out["error"] = (
-            f"warning: dynamo compiled {c.frames} frame(s) during the timed steps (a "
+            f"warning: dynamo compiled {c.recompiled} frame(s) during the timed steps (a "
             "recompilation): their times include it"
         )
     return out
@@ -163,7 +163,7 @@ def time_steps(c: Candidate, env: DistEnv, progress: Callable[[str], None]) -> T
             PROGRESS_S, lambda n, w: progress(f"{n} timed steps, median +-{w:.1f} %")
         ),
     )
-    c.frames = compiled_frames() - c.frames  # compiled while timed
+    c.recompiled = compiled_frames() - c.compiled_at
     return Timed(times, skew, stop, float(np.median(c.data_ms)), nvml.mean_pct)
 
 
@@ -440,7 +440,7 @@ def _cycled(
         before = compiled_frames()  # every candidate warmed up: none compiles in the cycles
         n, lost = run_cycles(ctx, alive, budget, progress)
         for c in alive:
-            c.frames = compiled_frames() - before
+            c.recompiled = compiled_frames() - before
         failed += lost
         stops = ", ".join(
             f"{k} {v}" for k, v in Counter(c.stop for c in alive if not c.error).items()
