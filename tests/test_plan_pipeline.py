@@ -8,14 +8,19 @@ from __future__ import annotations
 
 import functools
 import shlex
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
 
 from bench.model.pipeline_sim import StageCost, StagedPipeline, simulate_pipeline
 from bench.plan import __main__ as plan_cli
-from bench.plan import pipeline_memory, pipeline_time, stage_replicas
+from bench.plan import calibration, pipeline_memory, pipeline_time, stage_replicas
+from bench.plan.calibration import Target
+from bench.plan.devices import Device
 from bench.plan.families import FAMILIES
+from bench.plan.op_mix import OpMix
+from bench.plan.rates import Rate
 from bench.plan.request import OPTIONS, PlanRequest
 from bench.plan.space import Config, enumerate_space
 from bench.plan.topology import Topology
@@ -274,3 +279,87 @@ def test_a_sharded_stages_state_is_the_replicated_ones_over_its_replicas():
     for part in ("params", "grads", "optim"):
         assert dp_opt[part] > 0 and fsdp_opt[part] == pytest.approx(dp_opt[part] / 4, rel=0.01)
     assert "FSDP2" in sharded.how and one.pipeline.peaks.keys() == sharded.pipeline.peaks.keys()
+
+
+def _costs_target(fsdp_ms: dict) -> tuple[pipeline_memory.PipelineCosts, Target]:
+    """A pp2 row's stage costs (no ops: only what the replicas add) and a target whose rate
+    is given, with FSDP's calibrated own work per step ``fsdp_ms`` (empty: none calibrated)."""
+    costs = pipeline_memory.PipelineCosts(
+        ops=(OpMix(), OpMix()), sends=(1e3,), grad_bytes=(1e6, 2e6), shared_bytes=0.0, peaks={}
+    )
+    target = Target(
+        device=Device("test", 16.0, 100.0, "", "a device for the test"),
+        topology=Topology.of_links("nvlink4,ib_ndr", 8),
+        peak_tflops=lambda p: 1.0,
+        peak_source=lambda p: "test",
+        allowance_gib=0.0,
+        global_batch=64,
+        rates={"fp32": Rate(0.05, 0.0, "test rate", fsdp_ms=fsdp_ms)},
+    )
+    return costs, target
+
+
+def _simulated_ms(c, costs, target, own=(0.0, 0.0)) -> float:
+    """``c``'s step as the schedule runs its stages' actions, each longer by ``own`` (a
+    stage's FSDP2 own work per micro-batch), then what follows the schedule."""
+    m, topo = c.knobs["pp_microbatches"], target.topology
+    stages = [
+        pipeline_time.price_stage(o, g, 0.0, c, target)
+        for o, g in zip(costs.ops, costs.grad_bytes, strict=True)
+    ]
+    rep = [pipeline_time.replica_ms(c, g, topo) for g in costs.grad_bytes]
+    each = tuple(
+        StageCost(s.forward_ms + r["forward"] + w / 3, s.backward_ms + r["backward"] + 2 * w / 3)
+        for s, r, w in zip(stages, rep, own, strict=True)
+    )
+    sends = pipeline_time.sends_ms(c, costs, topo)
+    span = simulate_pipeline(StagedPipeline(c.knobs["pp_schedule"], m, each, sends)).makespan_ms
+    return (
+        span + pipeline_time.after_schedule_ms(c, costs, topo) + max(s.optimiser_ms for s in stages)
+    )
+
+
+@pytest.mark.unit
+def test_fsdp2s_own_work_lengthens_a_sharded_stages_actions_and_leaves_replicated_rows_alone():
+    """pp2 of DEEP's 8 blocks at 8 ranks: each stage 4 blocks, 5 FSDP2 units with its root.
+    Calibrated (9 ms a step over the fsdp2 family's 9 units: 1 ms a unit), each micro-batch's
+    actions on a sharded stage are 5 ms longer; not calibrated, its copies at the memory's
+    bandwidth. The x dp row is what the schedule gives without any, calibrated or not."""
+    dp, fsdp = _shard_pair(DEEP, 8, 2, m=4)
+    plain, _ = _costs_target({})
+    for calibrated in ({}, {"native": {"FULL_SHARD": 9.0, "NO_SHARD": 99.0}}):
+        costs, target = _costs_target(calibrated)
+        got = pipeline_time.predict_pipeline(dp, costs, target)
+        assert got.step_ms == pytest.approx(_simulated_ms(dp, costs, target))
+        assert "fsdp_own_work_source" not in got.columns
+    costs, target = _costs_target({"native": {"FULL_SHARD": 9.0, "NO_SHARD": 99.0}})
+    own = pipeline_time.own_work(fsdp, costs.grad_bytes, target)
+    assert own.forward_ms == pytest.approx((5 / 3, 5 / 3))
+    assert own.backward_ms == pytest.approx((10 / 3, 10 / 3))
+    got = pipeline_time.predict_pipeline(fsdp, costs, target)
+    bare = pipeline_time.predict_pipeline(dp, costs, target)
+    assert got.compute_ms - bare.compute_ms == pytest.approx(4 * 5 * 1.0)  # m x units x 1 ms
+    assert got.step_ms == pytest.approx(_simulated_ms(fsdp, costs, target, own=(5.0, 5.0)))
+    assert got.step_ms > _simulated_ms(fsdp, costs, target) + 4 * 5.0
+    assert got.columns["fsdp_own_work_source"].startswith("calibrated")
+    # not calibrated: per unit, the gathers' shard in and whole unit out (forward, and again in
+    # backward) and the gradients into the reduce-scatter's buffer and its shard out, each
+    # read and written at 100 GB/s; 4 replicas
+    own = pipeline_time.own_work(fsdp, plain.grad_bytes, _costs_target({})[1])
+    bw = 100e9 / 1e3  # bytes a ms
+    for s, stage in enumerate(plain.grad_bytes):
+        assert own.forward_ms[s] == pytest.approx(2 * stage * (1 / 4 + 1) / bw)
+        assert own.backward_ms[s] == pytest.approx(2 * 2 * stage * (1 / 4 + 1) / bw)
+    got = pipeline_time.predict_pipeline(fsdp, plain, _costs_target({})[1])
+    assert got.columns["fsdp_own_work_source"].startswith("op model")
+
+
+@pytest.mark.unit
+def test_a_plan_of_sharded_pipelines_calibrates_fsdp2s_own_work():
+    _, fsdp = _shard_pair(DEEP, 8, 2)
+    dp, _ = _shard_pair(DEEP, 8, 2)
+    request = SimpleNamespace(
+        model=DEEP, ranks_here=2, global_batch=64, world_size=8, launch_seconds=None
+    )
+    assert calibration.launch_plan(request, [fsdp]).fsdp == (FAMILIES["fsdp2"].impl,)
+    assert calibration.launch_plan(request, [dp]).fsdp == ()

@@ -26,7 +26,7 @@ import pandas as pd
 from bench.model.errors import FitError
 from bench.model.predict import overlap_share
 from bench.plan.devices import Device
-from bench.plan.families import FAMILIES, OP_DISPATCH, UNIT_COPIES
+from bench.plan.families import OP_DISPATCH, UNIT_COPIES, own_works
 from bench.plan.launch import launch_points, run_bench, timing
 from bench.plan.rates import (
     CKPT,
@@ -149,9 +149,8 @@ def launch_plan(request: PlanRequest, configs: list[Config]) -> LaunchPlan:
     point would fail; TP needs two ranks here)."""
 
     def impls(own_work: str) -> tuple[str, ...]:
-        return tuple(
-            dict.fromkeys(c.impl for c in configs if FAMILIES[c.family].own_work == own_work)
-        )
+        rows = (f for c in configs for f in own_works(c.family, c.knobs))
+        return tuple(dict.fromkeys(f.impl for f in rows if f.own_work == own_work))
 
     ranks = request.ranks_here
     return LaunchPlan(

@@ -89,6 +89,9 @@ class Family:
     # (a row's knobs, its world size) -> plan.csv's columns of its own (a pipeline's degree,
     # schedule, micro-batches, and why this checkout cannot run it, ``cannot_run``)
     columns: Callable[[Mapping[str, Any], int], dict[str, Any]] = lambda knobs, world: {}
+    # the family whose implementation shards a row's replicas where its ``dp_shard`` is set
+    # (a pipeline's stages: FSDP2's), whose own work (``own_work``) that row pays too
+    replicas_sharded_by: str = ""
 
 
 def replicated(knobs: Mapping[str, Any], world: int) -> int:
@@ -273,9 +276,18 @@ FAMILIES: dict[str, Family] = {
             splits=_pp_splits,
             pipelined=True,
             columns=_pp_columns,
+            replicas_sharded_by="fsdp2",
         ),
     )
 }
+
+
+def own_works(family: str, knobs: Mapping[str, Any]) -> tuple[Family, ...]:
+    """The families whose implementations' own work a row of ``family`` at ``knobs`` pays: its
+    own, and where its replicas are sharded (``dp_shard``), the sharding family's."""
+    f = FAMILIES[family]
+    by = f.replicas_sharded_by if knobs.get("dp_shard") else ""
+    return (f, FAMILIES[by]) if by else (f,)
 
 
 def family_of(strategy: str, impl: str) -> str:

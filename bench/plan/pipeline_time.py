@@ -10,7 +10,12 @@ consecutive, ``parallel_kernels.pipeline.pipe_dims``: inside a node, but where a
 a node's edge), priced as one step of a two-rank ring. Where FSDP2 shards the stages over
 their replicas (``dp_shard``), each micro-batch's forward and backward on a stage add its
 all-gathers and reduce-scatter (``stage_replicas.collectives``, on the link the world spans, not
-overlapped). After the schedule, as the implementation steps (``parallel_kernels/pipeline.py``):
+overlapped) and FSDP2's own work, per unit (each block and the stage's root, ``stage_units``):
+the ``fsdp2`` family's calibrated cost per unit where the plan's calibration launch measured it
+(its own work per step over its units), else its copies (``stage_replicas.unit_copies``) priced
+as memory-bound ops on the roofline (at the memory's bandwidth without one); a third in forward,
+two in backward, as ``step_time.py`` spreads the ``fsdp2`` family's. After the schedule, as the
+implementation steps (``parallel_kernels/pipeline.py``):
 the tied weights' gradients summed over the pipeline (their shard, sharded), each stage's
 gradients averaged over its replicas where they are replicated (one flat all-reduce, on the link
 the world spans, not overlapped), the loss broadcast, then each rank's optimiser step over its
@@ -23,18 +28,30 @@ mean share of the schedule's span the stages idle, beside the theory's (p - 1) /
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from bench.model.pipeline_sim import StageCost, StagedPipeline, simulate_pipeline
 from bench.plan.calibration import Target
+from bench.plan.families import own_works
 from bench.plan.memory import blocks_of
 from bench.plan.op_mix import COMPUTE, PHASES, OpMix
 from bench.plan.op_prices import Priced, priced
-from bench.plan.pipeline_memory import PipelineCosts
-from bench.plan.rates import optimiser_ms
+from bench.plan.pipeline_memory import PipelineCosts, memory_blocks
+from bench.plan.rates import Rate, optimiser_ms
 from bench.plan.space import Config
-from bench.plan.stage_replicas import AFTER, BACKWARD, FORWARD, collectives, replicas, sharded
+from bench.plan.stage_replicas import (
+    AFTER,
+    BACKWARD,
+    FORWARD,
+    SHARDING,
+    collectives,
+    replicas,
+    sharded,
+    stage_units,
+    unit_copies,
+)
 from bench.plan.topology import Topology
+from parallel_kernels.pipeline_stages import block_ranges
 from parallel_kernels.pipeline_theory import Pipeline, bubble_fraction, p2p_bytes_per_step
 
 LOSS_BYTES = 4  # the loss every rank is sent (one fp32 scalar)
@@ -81,6 +98,57 @@ def price_stage(
         o, step = optimiser_ms(4 * grad_bytes, target.device.bandwidth_GBps), None
     micro = share * rate.micro_ms
     return StagePriced(f * factor + micro / 3, b * factor + 2 * micro / 3, o, step)
+
+
+@dataclass(frozen=True)
+class OwnWork:
+    """FSDP2's own work on each stage's rank per micro-batch, ms, in forward and in backward
+    (0 on a replicated stage), and where its figure comes from (plan.csv's
+    ``fsdp_own_work_source``; "" where there is none)."""
+
+    forward_ms: tuple[float, ...]
+    backward_ms: tuple[float, ...]
+    source: str = ""
+
+
+def own_work(c: Config, grad_bytes: tuple[float, ...], target: Target) -> OwnWork:
+    """What FSDP2 does itself on each stage of ``c`` (its parameters' bytes ``grad_bytes``)
+    per micro-batch: its units times the calibrated cost per unit where the rate has one for
+    the sharding family's implementation, else its units' copies priced op by op."""
+    blocks = memory_blocks(c.model)
+    sizes = [len(r) for r in block_ranges(blocks, int(c.knobs["pp_degree"]))]
+    units = [stage_units(c.knobs, c.world_size, b) for b in sizes]
+    if not any(units):
+        return OwnWork((0.0,) * len(units), (0.0,) * len(units))
+    rate, by = target.rate_for(c.knobs), own_works(c.family, c.knobs)[-1]
+    if by.impl in rate.fsdp_ms:
+        unit = rate.fsdp_extra_ms(by.impl, SHARDING) / (blocks + 1)
+        each = [u * unit for u in units]
+        why = f"calibrated: {by.name}'s own work per step over its {blocks + 1} units"
+        return OwnWork(tuple(e / 3 for e in each), tuple(2 * e / 3 for e in each), why)
+    r = replicas(c.knobs, c.world_size)
+    pairs = list(zip(grad_bytes, units, strict=True))
+    each = [(u, _copies_ms(unit_copies(g, u, r), rate, target, c)) for g, u in pairs]
+    return OwnWork(
+        tuple(u * p[FORWARD] for u, p in each),
+        tuple(u * p[BACKWARD] for u, p in each),
+        "op model: its copies into and out of the collectives' buffers, memory-bound",
+    )
+
+
+def _copies_ms(copies, rate: Rate, target: Target, c: Config) -> dict[str, float]:
+    """One unit's copies (``stage_replicas.unit_copies``), ms by phase: each reads and writes
+    its bytes, on the rate's roofline as an op in a step, else at the memory's bandwidth."""
+    out = dict.fromkeys((FORWARD, BACKWARD), 0.0)
+    for k in copies:
+        moved = 2 * k.nbytes
+        if rate.pricing is None:
+            out[k.phase] += 1e3 * moved / (target.device.bandwidth_GBps * 1e9)
+            continue
+        roof, step = rate.pricing.roofline, rate.pricing.roofline.in_step()
+        body, _ = roof.body_us(0.0, moved, c.knobs["precision"])
+        out[k.phase] += (body / (rate.pricing.scale * step.efficiency) + step.op_us) / 1e3
+    return out
 
 
 def _p2p_ms(topo: Topology, nbytes: float, crosses: bool) -> float:
@@ -147,6 +215,11 @@ def predict_pipeline(c: Config, costs: PipelineCosts, target: Target) -> Pipelin
         price_stage(o, g, o.of(COMPUTE).ops() / total, c, target)
         for o, g in zip(costs.ops, costs.grad_bytes, strict=True)
     ]
+    own = own_work(c, costs.grad_bytes, target)
+    stages = [
+        replace(s, forward_ms=s.forward_ms + f, backward_ms=s.backward_ms + b)
+        for s, f, b in zip(stages, own.forward_ms, own.backward_ms, strict=True)
+    ]
     sends = sends_ms(c, costs, target.topology)
     rep = [replica_ms(c, g, target.topology) for g in costs.grad_bytes]
     each = tuple(
@@ -168,5 +241,6 @@ def predict_pipeline(c: Config, costs: PipelineCosts, target: Target) -> Pipelin
             "bubble_pct": 100 * timeline.mean_bubble(),
             "bubble_theory_pct": 100 * bubble_fraction(pipe),
             "p2p_bytes_per_step": _sent(c, costs),
+            **({"fsdp_own_work_source": own.source} if own.source else {}),
         },
     )

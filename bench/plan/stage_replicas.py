@@ -15,7 +15,9 @@ FSDP2's buffers and reshards do not follow the model's blocks.
 Its collectives: each micro-batch's forward all-gathers the stage's parameters and its backward
 all-gathers them again and reduce-scatters their gradients (every micro-batch: the pipeline's
 schedule leaves FSDP2's gradient sync on), over the r ranks holding the stage; DDP's rank runs
-one all-reduce of them after the schedule.
+one all-reduce of them after the schedule. FSDP2's own work beside them, per unit (each block
+and the stage's root) and micro-batch: its copies into and out of those collectives' buffers
+and its hooks (``unit_copies``; priced in ``pipeline_time.py``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 
 STATE = ("params", "grads", "optim")  # the categories FSDP2 shards (``memory.CATEGORIES``)
 FORWARD, BACKWARD, AFTER = "forward", "backward", "after"
+SHARDING = "FULL_SHARD"  # what FSDP2's fully_shard runs a stage as: resharded after forward
 
 
 def replicas(knobs: Mapping[str, Any], world: int) -> int:
@@ -65,6 +68,27 @@ def collectives(knobs: Mapping[str, Any], world: int, stage_bytes: float) -> tup
         Collective("all_gather", stage_bytes, r, m, BACKWARD),
         Collective("reduce_scatter", stage_bytes, r, m, BACKWARD),
     )
+
+
+def stage_units(knobs: Mapping[str, Any], world: int, blocks: int) -> int:
+    """FSDP2's units on a rank of a stage of ``blocks`` blocks, where it shards the stage:
+    each block and then the stage, its root; none on a replicated stage."""
+    return blocks + 1 if sharded(knobs, world) else 0
+
+
+def unit_copies(stage_bytes: float, units: int, r: int) -> tuple[Collective, ...]:
+    """FSDP2's copies per unit and micro-batch of a stage of ``stage_bytes`` parameter bytes
+    over ``r`` replicas, as ``Collective``s of the bytes each reads and writes (``name``: the
+    collective they serve): each all-gather's shard into its buffer and the buffer out into
+    the parameters, in forward and again in backward; the gradients into the reduce-scatter's
+    buffer and its shard out, in backward."""
+    unit = stage_bytes / units if units else 0.0
+    gather = (unit / r, unit)  # the shard copied in, the whole unit copied out
+    copies = [("all_gather", b, FORWARD) for b in gather] + [
+        ("all_gather", b, BACKWARD) for b in gather
+    ]
+    copies += [("reduce_scatter", b, BACKWARD) for b in (unit, unit / r)]
+    return tuple(Collective(name, b, r, 1, phase) for name, b, phase in copies)
 
 
 TRACKED_REPLICAS = 2  # the replicas a sharded pipeline's rank is tracked with
