@@ -11,10 +11,9 @@ nothing set aside escapes collection past it. Inside ``for_the_run()`` (a sweep,
 rounds, a test's batch of points) they are given back when the run ends instead: each point's
 first collection then walks only what the points before it left, not everything again, and
 what a run keeps alive from one point to the next is the run's own long-lived state. The FLOP
-counter's first use imports
-torch._dynamo, whose objects every later collection would walk again: ``prepare`` imports it
-before the block's collection. The measurements behind both: docs/benchmarks.md, "Measured
-time".
+counter's first use imports torch._dynamo, whose objects every later collection would walk
+again: ``prepare`` imports it before the block's collection. The measurements behind both:
+docs/benchmarks.md, "Measured time" and "make test's time".
 """
 
 from __future__ import annotations
