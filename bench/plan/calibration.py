@@ -65,6 +65,7 @@ from bench.roofline.profile import Roofline
 from bench.runfolder import peaks
 from bench.runfolder.schema import read_results
 from parallel_kernels.checkpointing import checkpoint_mode
+from parallel_kernels.compiling import compiles
 from parallel_kernels.float8 import FP8
 
 FLOAT8_REST = "fp32"  # the precision of an fp8 step's other ops (parallel_kernels/float8.py)
@@ -102,7 +103,7 @@ class Target:
         rate = self.rates.get(precision) or self.rates[FLOAT8_REST]
         if key == precision:
             return rate
-        what = [f"compile={mode}: its memory-bound chains fused"] * (mode != "off")
+        what = [f"compile={mode}: its memory-bound chains fused"] * compiles(knobs)
         what += ["fp8: the blocks' Linears at the fp8 peak, their casts"] * (precision == FP8)
         return replace(rate, source=f"op model ({'; '.join(what)}) on {rate.source}")
 

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_leaves
 
 from bench.roofline.op_count import Flow, OpCounter, Record
 from parallel_kernels.compiling import BLOCKS, MODEL
@@ -119,8 +120,6 @@ def compiled_regions(model: nn.Module, mode: str, counter: OpCounter) -> Iterato
 
 
 def _first_grad_tensor(tree) -> torch.Tensor | None:
-    from torch.utils._pytree import tree_leaves
-
     return next(
         (t for t in tree_leaves(tree) if isinstance(t, torch.Tensor) and t.requires_grad), None
     )

@@ -43,8 +43,7 @@ def settled(prepare: Callable[[], None] | None = None) -> Iterator[None]:
         yield
     finally:
         _depth -= 1
-        if _depth == 0 and _runs == 0:
-            gc.unfreeze()
+        _give_back()
 
 
 @contextmanager
@@ -57,5 +56,10 @@ def for_the_run() -> Iterator[None]:
         yield
     finally:
         _runs -= 1
-        if _runs == 0 and _depth == 0:
-            gc.unfreeze()
+        _give_back()
+
+
+def _give_back() -> None:
+    """What was set aside goes back to the collector once no block holds it."""
+    if _depth == 0 and _runs == 0:
+        gc.unfreeze()
