@@ -27,7 +27,7 @@ $(BIN)/.installed: pyproject.toml
 	  print(sysconfig.get_paths()["purelib"])')" >/dev/null || true
 	touch $@
 
-.PHONY: setup system test test-fast bench sweep tensorboard gpu-check
+.PHONY: setup system bytecode test test-fast bench sweep tensorboard gpu-check
 setup: $(BIN)/.installed system
 
 # What tests need from the system, Debian's packages installed only where missing (apt-get, as
@@ -57,7 +57,7 @@ system:
 # is the bound: docs/benchmarks.md, "make test's time"). The tests marked serial (timing that
 # reads the scheduler) run after, alone. TEST_WORKERS=0 runs everything in one process.
 TEST_WORKERS ?= 2
-test: $(BIN)/.installed system
+test: $(BIN)/.installed system bytecode
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
@@ -65,8 +65,15 @@ test: $(BIN)/.installed system
 	  --dist loadfile -m "not serial"
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest --benchmark-disable -m serial
 
+# The project's own modules compiled once, not in every process the tests start: where
+# PYTHONDONTWRITEBYTECODE is set no process caches them, and each rank, launcher and command
+# compiled its 100-odd modules again (0.15 CPU-s a process: docs/benchmarks.md, "make test's
+# time"). A module edited since is compiled again by the process that imports it.
+bytecode: $(BIN)/.installed
+	$(BIN)/python -m compileall -q -j 0 bench parallel_kernels examples tests >/dev/null
+
 # The unit tier alone (tests/conftest.py's tiers): the inner loop, a few minutes.
-test-fast: $(BIN)/.installed
+test-fast: $(BIN)/.installed bytecode
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest --benchmark-disable -m unit

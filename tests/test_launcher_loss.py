@@ -126,7 +126,7 @@ import sys, time
 from pathlib import Path
 from bench.runner.faults import launcher
 from bench.runner.faults import watchdog
-launcher.GRACE_S = 1.0
+watchdog.GRACE_S = 1.0
 row = Path(sys.argv[1])
 watchdog.point_started(lambda why: row.write_text(why))  # rank 0's error-row writer
 launcher.watch(0)

@@ -100,3 +100,33 @@ def test_gloo_calls_wrapped_inside_and_restored_after(tmp_path):
     with concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx) as pool:
         seen = pool.submit(_on_gloo, str(tmp_path / "store")).result(timeout=120)
     assert seen == [True] * 5
+
+
+@pytest.mark.skipif(not released.Path("/proc/self/task").is_dir(), reason="Linux's /proc only")
+def test_workers_idle_returns_once_the_other_threads_sleep_and_waits_its_bound_for_a_busy_one():
+    """A thread waiting on a lock is asleep, the caller is not; a worker still running (as
+    gloo's, finishing a call) holds the wait until its bound."""
+    me = released.Path(f"/proc/self/task/{threading.get_native_id()}")
+    assert not released._asleep(me)
+    waiting, done = threading.Event(), threading.Event()
+    sleeper = threading.Thread(target=done.wait, daemon=True)
+    sleeper.start()
+    t0 = time.perf_counter()
+    released.workers_idle(limit_s=5.0)
+    assert time.perf_counter() - t0 < 2.0  # asleep at once, not the 5 s bound
+    assert released._asleep(released.Path(f"/proc/self/task/{sleeper.native_id}"))
+
+    def busy():  # in native code, without the interpreter's lock, as gloo's worker is
+        a = torch.ones(600, 600)
+        while not waiting.is_set():
+            a @ a
+
+    worker = threading.Thread(target=busy, daemon=True)
+    worker.start()
+    t0 = time.perf_counter()
+    released.workers_idle(limit_s=0.3)
+    waited = time.perf_counter() - t0
+    waiting.set()
+    done.set()
+    worker.join()
+    assert waited >= 0.3

@@ -26,13 +26,13 @@ import ast
 import functools
 import json
 import math
-import re
 from dataclasses import dataclass
 
 import torch
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
+from bench.roofline.op_count import OP_NAME
 from parallel_kernels.facts import TORCH_DTYPE
 
 aten = torch.ops.aten
@@ -59,8 +59,6 @@ ATTENTION = {
 PRECISION = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 # What an op, or a formula, raises for arguments that are not its own.
 CALL_ERRORS = (RuntimeError, TypeError, ValueError, IndexError, AssertionError, NotImplementedError)
-# A trace's op names: a namespace, two colons, the op (not autograd's nodes or annotations).
-OP_NAME = re.compile(r"^(\w+)::(\w+)$")
 
 
 @dataclass(frozen=True)

@@ -17,11 +17,16 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 from dataclasses import dataclass
 
 import torch
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
+
+# A trace's op names: a namespace, two colons, the op (aten::mm, c10d::allreduce_), not
+# autograd's nodes or the annotations around them.
+OP_NAME = re.compile(r"^(\w+)::(\w+)$")
 
 Record = tuple[str, str, str, float, float]  # an op as run: phase, op, precision, FLOPs, bytes
 # the precision a dtype is priced at (float32 is fp32: TF32 is a matmul's mode, not a dtype)

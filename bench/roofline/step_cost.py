@@ -27,7 +27,6 @@ measured trace does not (its ops' times are measured).
 
 from __future__ import annotations
 
-import re
 import statistics
 import time
 from collections.abc import Callable, Iterable
@@ -37,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bench.roofline.op_count import OpCounter, Record
+from bench.roofline.op_count import OP_NAME, OpCounter, Record
 from bench.roofline.profile import Roofline, StepCost
 
 VOCAB, SEQ, LAYERS, HEADS = 512, 64, 2, 4
@@ -160,24 +159,23 @@ def step_cost(roofline: Roofline, device: torch.device, sync: Callable[[], None]
     return fit(roofline, overhead, [measured(w, b, device, sync) for w, b in FIT_SIZES])
 
 
-OPERATOR = re.compile(r"^\w+::\w+$")  # an operator's name in a trace (aten::mm), not an annotation
 TRACED_STEPS = 3
 
 
 def _operators(event) -> int:
     """The operators ``event`` dispatched, itself included."""
-    return int(OPERATOR.match(event.name) is not None) + sum(
+    return int(OP_NAME.match(event.name) is not None) + sum(
         _operators(c) for c in event.cpu_children
     )
 
 
 def _outermost(event) -> bool:
     """Whether ``event`` is an operator no operator holds."""
-    if OPERATOR.match(event.name) is None:
+    if OP_NAME.match(event.name) is None:
         return False
     parent = event.cpu_parent
     while parent is not None:
-        if OPERATOR.match(parent.name):
+        if OP_NAME.match(parent.name):
             return False
         parent = parent.cpu_parent
     return True

@@ -14,8 +14,8 @@ on the store the launcher hosted, minutes later. So each rank watches, in a thre
 Then the rank ends as under SIGTERM, with the loss as the reason (``watchdog.terminate``):
 outside a point at once, inside one at its next step, its row an error saying the launcher
 was lost, so that ``--resume`` runs it again. A main thread that cannot end the point within
-``GRACE_S`` (a long step, a collective whose peer has left) is not waited for: the row is
-written from here and the rank leaves (``watchdog.end_now``).
+``watchdog.GRACE_S`` (a long step, a collective whose peer has left) is not waited for: the
+row is written from here and the rank leaves (``watchdog.end_now``).
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from bench.runner.faults import flight, watchdog
 POLL_S = 0.5
 STORE_EVERY = 4  # polls between two probes of the store (2 s)
 STORE_MISSES = 2  # failed probes in a row that mean the store is gone
-GRACE_S = watchdog.GRACE_S  # from the loss, the main thread's time to end its point
 EXIT_CODE = 1
 _PROBE_KEY = "bench.launcher/probe"  # never set: ``check`` only asks whether it exists
 JOIN_S = 10.0  # the most ``stop`` waits for a probe in flight (a refused store answers at once)
@@ -73,7 +72,7 @@ def _watch(rank: int, parent: int, store) -> None:
             continue
         watchdog.print_to_stderr(f"rank {rank}: {why}; leaving (--resume continues the run)")
         watchdog.terminate(why, EXIT_CODE)  # outside a point: the rank has left here
-        if _stop.wait(GRACE_S):  # the run finished meanwhile
+        if _stop.wait(watchdog.GRACE_S):  # the run finished meanwhile
             return
         watchdog.end_now()
 

@@ -40,7 +40,7 @@ from bench.analysis.breakdown import load_trace
 from bench.analysis.reader import TraceError
 from bench.runner.measure.kept import OwnState
 from bench.runner.measure.quiet import without_lines
-from bench.runner.measure.released import released_collectives
+from bench.runner.measure.released import released_collectives, workers_idle
 from bench.runner.session.distenv import synchronize
 
 
@@ -95,6 +95,7 @@ def _profiled(fn: Callable[[], object], scratch_dir: Path) -> tuple[float, float
     path = scratch_dir / "memory.pt.trace.json"
     with without_lines(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
+        workers_idle()
     prof.export_chrome_trace(str(path))
     mem = load_trace(path).memory
     path.unlink()

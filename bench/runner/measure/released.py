@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -117,3 +119,33 @@ def released_collectives(device: torch.device) -> Iterator[None]:
     finally:
         for name, fn in saved.items():
             setattr(dist, name, fn)
+
+
+def _asleep(task: Path) -> bool:
+    """Whether a thread of this process is waiting (Linux's ``S``, ``D``, ``I`` states) or
+    gone; its state is the field after the command name's closing parenthesis."""
+    try:
+        stat = (task / "stat").read_text()
+    except OSError:
+        return True
+    return stat[stat.rindex(")") + 2] in "SDI"
+
+
+def workers_idle(limit_s: float = LIMIT_S) -> None:
+    """Until every other thread of this process has been asleep at two looks in a row (or
+    ``limit_s`` has passed; off Linux, at once).
+
+    gloo runs a call on its worker thread under the caller's thread-local state, the
+    profiler's included, and drops the call (freeing its tensors, which c10 reports to that
+    profiler) only when it next takes its queue's lock: native DDP's bucket all-reduces,
+    issued from C++, are not seen by the wrappers above. Waiting here before a memory-profiled
+    session stops keeps a worker's late report out of the session as torch collects it:
+    native DDP on gloo crashed there (docs/outputs.md, "peak_mem_mb")."""
+    tasks = Path("/proc/self/task")
+    if not tasks.is_dir():
+        return
+    me, end, quiet = str(threading.get_native_id()), time.perf_counter() + limit_s, 0
+    while quiet < 2 and time.perf_counter() < end:
+        others = [t for t in tasks.iterdir() if t.name != me]
+        quiet = quiet + 1 if all(_asleep(t) for t in others) else 0
+        time.sleep(0.0005)
