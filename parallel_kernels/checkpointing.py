@@ -113,7 +113,7 @@ def set_checkpointing(model: nn.Module, mode: bool | str | Mode) -> nn.Module:
             _restore(block)
         return model
     for i, block in enumerate(_blocks(model)):
-        if getattr(block, "checkpoint_mode", None) != (m.label if m.checkpoints(i) else None):
+        if vars(block).get("checkpoint_mode") != (m.label if m.checkpoints(i) else None):
             _restore(block)
             if m.checkpoints(i):
                 _wrap(block, m)
@@ -129,7 +129,9 @@ def _wrap(block: nn.Module, mode: Mode) -> None:
 
 
 def _restore(block: nn.Module) -> None:
-    if getattr(block, "activation_checkpointed", False):
+    # the block's own attribute only: FSDP1's wrapper hands a missing attribute on to the
+    # module it wraps, and restoring the wrapper's forward to that module's would skip FSDP
+    if vars(block).get("activation_checkpointed", False):
         block.forward = block.plain_forward
         block.activation_checkpointed = False
         block.checkpoint_mode = None

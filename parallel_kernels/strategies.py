@@ -101,6 +101,9 @@ class Impl:
     # same, its memory being its own there.
     memory_as: str | None = None
     memory_own: dict[str, tuple] = field(default_factory=dict, hash=False)
+    # Knob values where both are tracked, at which this implementation's figure less
+    # ``memory_as``'s moves the stand-in's figure: what it holds over the other in any layout.
+    memory_offset_at: dict[str, Any] = field(default_factory=dict, hash=False)
     # The fewest repeated blocks its planned memory is extrapolated from
     # (bench/plan/memory.py): where a model of one block is laid out unlike the rest.
     memory_blocks_from: int = 1
@@ -258,6 +261,9 @@ STRATEGIES: dict[str, Strategy] = {
                     # gathers a flat unit ahead in backward and holds it with the current one
                     # (docs/benchmarks.md, "Planned memory")
                     memory_own={"sharding_strategy": ("NO_SHARD", "FULL_SHARD", "HYBRID_SHARD")},
+                    # Its SHARD_GRAD_OP holds over FSDP2's what its FULL_SHARD does (its flat
+                    # units' buffers: docs/benchmarks.md, "Planned memory")
+                    memory_offset_at={"sharding_strategy": "FULL_SHARD"},
                     # With one block there is no next flat unit to gather ahead in backward,
                     # and it shows in FSDP1's parameters, where FSDP2's shows in the temporaries
                     # that tell a move between two trackings: so FSDP1 is extrapolated from two

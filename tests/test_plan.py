@@ -406,6 +406,16 @@ def test_one_build_tracks_its_phases_as_a_build_each_would():
     failed, then = memory.track_phases([bad, ok])
     assert "grad_dtype" in failed.error and not then.error, then.error
     assert then.peak_mib == pytest.approx(memory.track(ok).peak_mib, rel=1e-6)
+    # checkpointed, then off, then checkpointed again on FSDP1's build, whose wrappers hand
+    # an attribute they lack on to the block they wrap: each reads what a build of its own does
+    fsdp1 = {"precision": "fp32", "sharding_strategy": "NO_SHARD", "grad_accum": 1}
+    phases = [
+        _point(strategy="fsdp", impl="native_fsdp1", activation_checkpointing=c, **fsdp1)
+        for c in ("full", "off", "selective:op")
+    ]
+    for point, got in zip(phases, memory.track_phases(phases), strict=True):
+        alone = memory.track(point).peak_mib
+        assert got.peak_mib == pytest.approx(alone, rel=1e-6), point.knobs
     # the planner does not build what cannot accumulate, nor TP's accumulating steps (their
     # cost): the row says so
     c = Config("tp", "tp2 x ddp", "llama:tiny", "tp", "reference", {**tp, "grad_accum": 2}, 2, 4)
@@ -472,7 +482,8 @@ def test_rows_rank_by_step_among_those_that_fit_and_fsdp1_takes_fsdp2s_figure_wh
         if c.knobs["precision"] == "fp32"
         and c.knobs["activation_checkpointing"] == "off"
         and c.knobs["grad_accum"] == 1
-        and c.label in ("ddp bucket 25 MB", "fsdp2 SHARD_GRAD_OP", "fsdp1 SHARD_GRAD_OP")
+        and c.label
+        in ("ddp bucket 25 MB", "fsdp2 SHARD_GRAD_OP", "fsdp1 SHARD_GRAD_OP", "fsdp1 FULL_SHARD")
     ]
     peak = lambda p: 1.0  # noqa: E731
     small = Device("small", 11 / 1024, 100.0, "", "a device of 11 MiB, for the test")
@@ -486,15 +497,28 @@ def test_rows_rank_by_step_among_those_that_fit_and_fsdp1_takes_fsdp2s_figure_wh
         rates={"fp32": Rate(0.05, 0.0, "test rate")},
     )
     rows = plan_rows(configs, target, 2)
-    assert list(rows["rank"]) == [1, 2, 3]
+    assert list(rows["rank"]) == [1, 2, 3, 4]
     by = rows.set_index("config")
     # DDP holds every parameter, gradient and moment: over 11 MiB; FSDP's shards fit
     assert not by.loc["ddp bucket 25 MB", "fits"] and by.loc["fsdp2 SHARD_GRAD_OP", "fits"]
     assert by.loc["ddp bucket 25 MB", "peak_mem_gib"] * 1024 > 11
     assert rows["config"].iloc[-1] == "ddp bucket 25 MB"  # does not fit: ranked after
-    sgo = by.loc[["fsdp1 SHARD_GRAD_OP", "fsdp2 SHARD_GRAD_OP"]]
-    assert sgo["memory_how"].iloc[0].startswith("FSDP2's figure")
-    assert sgo["peak_mem_gib"].iloc[0] == sgo["peak_mem_gib"].iloc[1]
+    # FSDP1's SHARD_GRAD_OP: FSDP2's figure, moved by what FSDP1 holds over FSDP2 in
+    # FULL_SHARD, where both are tracked (FSDP2's FULL_SHARD tracked for it, not a row here)
+    sgo = by.loc["fsdp1 SHARD_GRAD_OP"]
+    assert sgo["memory_how"].startswith("FSDP2's figure")
+    assert "its own difference from FSDP2's at sharding_strategy=FULL_SHARD" in sgo["memory_how"]
+    fsdp2_fs = memory.predict_memory(
+        [
+            replace(c, family="fsdp2", impl="native")
+            for c in configs
+            if c.label == "fsdp1 FULL_SHARD"
+        ],
+        gpus_per_node=2,
+    )[0]
+    own = by.loc["fsdp1 FULL_SHARD", "peak_mem_gib"] - fsdp2_fs.peak_mib / 1024
+    got = sgo["peak_mem_gib"] - by.loc["fsdp2 SHARD_GRAD_OP", "peak_mem_gib"]
+    assert got == pytest.approx(own, abs=1e-9)
     fits = rows[rows["fits"]]
     assert list(fits["step_ms"]) == sorted(fits["step_ms"])
     for _, r in rows.iterrows():
@@ -529,6 +553,20 @@ def test_bad_input_is_one_line_and_exit_2_before_any_work(argv, says, capsys, tm
     err = capsys.readouterr().err.strip()
     assert says in err and "\n" not in err and "Traceback" not in err, err
     assert not (tmp_path / "plan").exists()  # nothing was planned
+
+
+@pytest.mark.unit
+def test_a_custom_link_is_its_fields_and_a_second_link_starts_at_its_alpha():
+    """``--link`` splits its two links at commas, as it does a custom link's fields: a field
+    after ``alpha=`` is that link's, the next ``alpha=`` or preset the other link."""
+    one = Topology.of_links("alpha=5e-6,beta=2e-11", 8)
+    assert one.intra.link == one.inter.link and one.intra.link.alpha_s == 5e-6
+    assert one.intra.link.bandwidth_GBps == pytest.approx(50)
+    two = Topology.of_links("alpha=1e-6,bw=400,alpha=1e-5,bw=25,gamma=1e-12", 8)
+    assert (two.intra.link.bandwidth_GBps, two.inter.link.bandwidth_GBps) == (400, 25)
+    assert two.inter.link.gamma_s_per_byte == 1e-12 and two.intra.link.gamma_s_per_byte == 0
+    mixed = Topology.of_links("nvlink4,alpha=1e-5,bw=25", 8)
+    assert mixed.intra.link.name == "nvlink4" and mixed.inter.link.alpha_s == 1e-5
 
 
 @pytest.mark.unit

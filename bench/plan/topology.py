@@ -13,10 +13,20 @@ from bench.model.links import LinkCosts, parse_link
 DEFAULT_LINKS = "nvlink4,ib_ndr"  # a GPU target's, where --link is not given
 
 
+LATER_FIELDS = ("beta", "bw", "gamma")  # a custom link's fields after its alpha
+
+
 def link_names(links: str) -> list[str]:
     """``--link``'s one or two links (inside a node, across nodes), each a preset or
     ``alpha=..,bw=..``: checked, or a one-line ValueError."""
-    names = [t for t in links.split(",") if t.strip()] or ["nvlink4"]
+    names: list[str] = []
+    for token in (t.strip() for t in links.split(",")):
+        # a custom link's later fields (beta=, bw=, gamma=) belong to the alpha= before them
+        if names and token.partition("=")[0].strip() in LATER_FIELDS:
+            names[-1] += f",{token}"
+        elif token:
+            names.append(token)
+    names = names or ["nvlink4"]
     if len(names) > 2:
         raise ValueError(f"--link takes one or two links (intra-node,inter-node), got {links}")
     for name in names:

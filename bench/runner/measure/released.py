@@ -16,10 +16,11 @@ were before the call), for at most ``LIMIT_S``: a count that does not come back 
 another view) costs that bound, not a hang. A call made without ``async_op`` waits so before it
 returns. Only the memory build runs inside it: the timed steps run as they are.
 
-What it cannot see: a copy the backend made that only its call holds (gloo's reduce-scatter
-works on a clone of its input), freed with the call, and the functional collectives (TP's),
-which do not go through these names. Under load those still move a peak by up to one unit's
-tensors (docs/plan.md, "Memory per rank").
+A copy the backend made that only its call holds (gloo's reduce-scatter works on a clone of
+its input) is freed when the worker drops the call: the wait also lasts until the process's
+other threads sleep (``workers_idle``), within the same bound. What it cannot see: the
+functional collectives (TP's), which do not go through these names; under load those still
+move a peak by up to one unit's tensors (docs/plan.md, "Memory per rank").
 """
 
 from __future__ import annotations
@@ -63,12 +64,15 @@ def _uses(storages: list) -> list[int]:
 
 
 def _let_go(storages: list, before: list[int]) -> None:
-    """Until each storage's use count is back to ``before`` (or ``LIMIT_S`` has passed)."""
+    """Until each storage's use count is back to ``before`` (or ``LIMIT_S`` has passed), and
+    gloo's workers asleep: a copy only the call held (gloo's reduce-scatter works on a clone
+    of its input) is freed once the worker drops the call (``workers_idle``)."""
     end = time.perf_counter() + LIMIT_S
     while any(u > b for u, b in zip(_uses(storages), before, strict=True)):
         if time.perf_counter() > end:
             return
         time.sleep(0)  # lets the worker run
+    workers_idle(max(0.0, end - time.perf_counter()))
 
 
 class _Work:
