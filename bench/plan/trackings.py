@@ -94,8 +94,8 @@ def offset_twins(c: Config) -> tuple[Config, Config] | None:
     """Where ``c``'s figures are another implementation's (``tracked_as``) and its row names
     knob values where both are tracked (``memory_offset_at``): ``c`` at those values as itself
     and as the other. Their difference moves the other's figure to ``c``'s: FSDP1 holds over
-    FSDP2 in SHARD_GRAD_OP what it holds in FULL_SHARD (resnet:tiny measured 0.68 MiB over
-    FSDP2 in the one, tracked 0.68 over it in the other; llama:tiny 0 in both)."""
+    FSDP2 in SHARD_GRAD_OP what it holds in FULL_SHARD (docs/benchmarks.md, "Planned: every
+    mode under fake tensors")."""
     plain = eager(c)
     impl = STRATEGIES[c.strategy].impls[c.impl]
     if tracked_as(c) == plain or not impl.memory_offset_at:
