@@ -27,7 +27,7 @@ from torch import nn
 from parallel_kernels.workload import repeated_blocks, workload_of
 
 MODES = ("off", "blocks", "model")
-BLOCKS, MODEL = MODES[1], MODES[2]
+EAGER, BLOCKS, MODEL = MODES
 
 
 def parse_compile(text: str) -> str:
@@ -79,7 +79,7 @@ def compiler_output(e: BaseException) -> str | None:
 def compiles(knobs: dict) -> bool:
     """Whether a point with these knobs has its step compiled (its ``compile`` other than
     off)."""
-    return knobs.get("compile", MODES[0]) != MODES[0]
+    return knobs.get("compile", EAGER) != EAGER
 
 
 def compile_blocks(model: nn.Module, mode: str) -> nn.Module:

@@ -14,6 +14,7 @@ from pathlib import Path
 from bench.runner.cli import RESOLVED_ENV, resolve
 from bench.runner.configure.config import Resolved
 from bench.runner.configure.flags import parse_config
+from parallel_kernels.compiling import compiles
 
 RUN_PY = Path(__file__).resolve().parents[2] / "bench" / "run.py"
 
@@ -92,9 +93,7 @@ def describe(row) -> str:
     m = row.get("pp_microbatches")
     if isinstance(m, numbers.Real) and m == m:  # a pipeline row's (NaN on the others)
         split = f"{row['micro_batch']} in {int(m)} micro-batches"
-    compiled = row.get("compile", "off")
-    compiled = compiled if isinstance(compiled, str) else "off"
-    levers = f"{row['precision']}" + (
-        f", compile {compiled}" if compiled not in ("off", "") else ""
-    )
+    mode = row.get("compile")  # NaN or "" where the row has none
+    compiled = isinstance(mode, str) and mode != "" and compiles({"compile": mode})
+    levers = f"{row['precision']}" + (f", compile {mode}" if compiled else "")
     return f"{row['config']}, ckpt {row['activation_checkpointing']}, {levers}, {split}"

@@ -26,6 +26,7 @@ from bench.roofline.profile import Roofline, RooflineError
 from bench.runfolder.peaks import PRECISIONS
 from bench.runfolder.points import RunFolderError
 from bench.runfolder.schema import read_meta
+from parallel_kernels.compiling import EAGER, compiles
 from parallel_kernels.compiling import MODES as COMPILE_MODES
 from parallel_kernels.float8 import FP8
 
@@ -67,7 +68,7 @@ def _rate(pricing: Pricing, precision: str) -> Rate:
 def lever_key(precision: str, mode: str) -> str:
     """The rates' key of a point at ``precision`` compiled as ``mode``: the precision alone
     where eager (``calibration.Target.rate_for``)."""
-    return precision if mode == "off" else f"{precision}, compile={mode}"
+    return f"{precision}, compile={mode}" if compiles({"compile": mode}) else precision
 
 
 def row_levers(row) -> tuple[str, str]:
@@ -75,8 +76,8 @@ def row_levers(row) -> tuple[str, str]:
     sweep's value where that names a precision (a precision sweep), else its matmuls'; its
     ``compile`` column (off where the run predates it)."""
     value, matmuls = str(row["value"]), str(row.get("matmul_precision", "") or "")
-    mode = str(row.get("compile", "off") or "off")
-    mode = mode if mode in COMPILE_MODES else "off"
+    mode = str(row.get("compile") or EAGER)
+    mode = mode if mode in COMPILE_MODES else EAGER
     if matmuls == FP8:
         return FP8, mode
     return (value if value in PRECISIONS else matmuls or "fp32"), mode

@@ -23,6 +23,7 @@ from bench.plan.request import PlanRequest
 from bench.runfolder.points import PointRecord
 from bench.runner.configure.resolve import PointRequest, VisitSettings, resolve_point
 from parallel_kernels import checkpointing
+from parallel_kernels.compiling import EAGER, compiles
 from parallel_kernels.knobs import KNOBS
 from parallel_kernels.models import workload
 
@@ -176,10 +177,10 @@ def _levers(options) -> list[dict[str, Any]]:
     compile (set only where on, so that an eager row's knobs and command are as before)."""
     return [
         {"activation_checkpointing": ckpt, "precision": precision}
-        | ({"compile": mode} if mode != "off" else {})
+        | ({"compile": mode} if compiles({"compile": mode}) else {})
         for ckpt in options["activation_checkpointing"]
         for precision in options["precision"]
-        for mode in options.get("compile", ("off",))
+        for mode in options.get("compile", (EAGER,))
     ]
 
 
