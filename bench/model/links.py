@@ -51,6 +51,9 @@ PRESETS: dict[str, Link] = {
 }
 
 
+FIELDS = ("alpha", "beta", "bw", "gamma")  # a custom link's, alpha first
+
+
 def parse_link(text: str) -> Link:
     """A preset name, or ``alpha=SECONDS,beta=SECONDS_PER_BYTE`` (or ``bw=GB/s`` instead of
     beta; optional ``gamma=SECONDS_PER_BYTE``)."""
@@ -66,8 +69,8 @@ def parse_link(text: str) -> Link:
     for part in text.split(","):
         key, _, value = part.partition("=")
         key = key.strip()
-        if key not in ("alpha", "beta", "bw", "gamma"):
-            raise ValueError(f"link: unknown key {key!r} (alpha, beta, bw, gamma)")
+        if key not in FIELDS:
+            raise ValueError(f"link: unknown key {key!r} ({', '.join(FIELDS)})")
         try:
             fields[key] = float(value)
         except ValueError:

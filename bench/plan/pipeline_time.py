@@ -34,7 +34,7 @@ from bench.model.pipeline_sim import StageCost, StagedPipeline, simulate_pipelin
 from bench.plan.calibration import Target
 from bench.plan.families import own_works
 from bench.plan.memory import blocks_of
-from bench.plan.op_mix import COMPUTE, PHASES, OpMix
+from bench.plan.op_mix import COMPUTE, PHASES, OpClass, OpMix
 from bench.plan.op_prices import Priced, priced
 from bench.plan.pipeline_memory import PipelineCosts, memory_blocks
 from bench.plan.rates import Rate, optimiser_ms
@@ -145,9 +145,8 @@ def _copies_ms(copies, rate: Rate, target: Target, c: Config) -> dict[str, float
         if rate.pricing is None:
             out[k.phase] += 1e3 * moved / (target.device.bandwidth_GBps * 1e9)
             continue
-        roof, step = rate.pricing.roofline, rate.pricing.roofline.in_step()
-        body, _ = roof.body_us(0.0, moved, c.knobs["precision"])
-        out[k.phase] += (body / (rate.pricing.scale * step.efficiency) + step.op_us) / 1e3
+        copy = OpClass(k.phase, "aten::copy_", c.knobs["precision"], 0.0, moved)
+        out[k.phase] += priced(OpMix({copy: 1}), rate.pricing).total_ms
     return out
 
 

@@ -8,12 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.model.comm import load_runs
-from bench.model.links import LinkCosts, parse_link
+from bench.model.links import FIELDS, LinkCosts, parse_link
 
 DEFAULT_LINKS = "nvlink4,ib_ndr"  # a GPU target's, where --link is not given
-
-
-LATER_FIELDS = ("beta", "bw", "gamma")  # a custom link's fields after its alpha
 
 
 def link_names(links: str) -> list[str]:
@@ -22,7 +19,7 @@ def link_names(links: str) -> list[str]:
     names: list[str] = []
     for token in (t.strip() for t in links.split(",")):
         # a custom link's later fields (beta=, bw=, gamma=) belong to the alpha= before them
-        if names and token.partition("=")[0].strip() in LATER_FIELDS:
+        if names and token.partition("=")[0].strip() in FIELDS[1:]:
             names[-1] += f",{token}"
         elif token:
             names.append(token)
