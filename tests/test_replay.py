@@ -71,6 +71,9 @@ def replay_worker(traces: str, out: str) -> None:
     argv = [traces, "--reps", "3", "--out", out, "--no-report"]
     args = build_parser().parse_args(argv)
     seq, costs = prepare(args)
+    # the command's rendezvous, which every rank joins after its `prepare`: rank 0 creates the
+    # folder's results.csv as its replay starts, and a rank still checking --out would refuse it
+    dist.barrier()
     replay_on(args, argv, seq, costs, pool_env())
 
 
