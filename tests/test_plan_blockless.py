@@ -98,15 +98,21 @@ def test_a_cpu_plan_calibrates_no_checkpointing_for_a_model_that_cannot_checkpoi
     the plan with it); the plan goes on to its rows."""
     asked = {}
 
-    def rates(request, peak, launch, out):
+    def rates(request, peak, launch, measured):
         asked["ckpt"] = launch.ckpt
         return {p: Rate(0.05, 0.0, "test rate") for p in launch.precisions}
 
+    def launch_runs(runs, world, timeout_s):
+        asked["sweeps"] = {p.sweep for r in runs for p in r.points}
+        return ""
+
     monkeypatch.setattr(calibration, "computation_rates", rates)
+    monkeypatch.setattr(calibration, "launch_runs", launch_runs)
     argv = ["--model", "mlp", "--world-size", "2", "--device", "cpu", "--global-batch", "16"]
     argv += ["--link", "eth_25g", "--family", "ddp", "--option", "precision=fp32"]
     argv += ["--workers", "1", "--out", str(tmp_path / "plan")]
     assert plan_cli.main(argv) == 0
-    assert asked == {"ckpt": ()}
+    # the training points alone (--link prices the collectives), none checkpointed
+    assert asked == {"ckpt": (), "sweeps": {"precision"}}
     rows = pd.read_csv(tmp_path / "plan" / "plan.csv", keep_default_na=False)
     assert (rows["error"] == "").sum() == 12  # DDP's plain rows

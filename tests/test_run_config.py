@@ -16,6 +16,8 @@ from bench.runner.configure.config import (
     TRAINING_MAX_STEPS,
     Resolved,
     RunConfig,
+    runs_from_json,
+    runs_to_json,
 )
 from bench.runner.configure.flags import build_parser, parse_config
 from bench.runner.configure.resolve import build_points
@@ -82,11 +84,14 @@ def test_a_resolved_run_survives_its_hand_over_whole():
 
 @pytest.mark.unit
 def test_self_launched_ranks_neither_parse_nor_resolve(tmp_path, monkeypatch):
+    """Nor do they with several runs handed over (the planner's calibration: its collectives,
+    then its points): each made in turn."""
     run = cli.resolve(
         parse_config(["--sweep", "bucket_cap_mb", "--values", "5", "--model", "mlp"]), 2
     )
+    collective = cli.resolve(parse_config(["--sweep", "message_size", "-e", "4K"]), 2)
     path = tmp_path / "resolved.json"
-    path.write_text(run.to_json())
+    path.write_text(runs_to_json([collective, run]))
     for var in TORCHRUN_VARS:
         monkeypatch.setenv(var, "0")
     monkeypatch.setenv(cli.RESOLVED_ENV, str(path))
@@ -96,12 +101,24 @@ def test_self_launched_ranks_neither_parse_nor_resolve(tmp_path, monkeypatch):
 
     monkeypatch.setattr(cli, "parse_config", refuse)
     monkeypatch.setattr(cli, "resolve", refuse)
-    got = {}
+    made = []  # (what, config, points or plan), in the order made
     monkeypatch.setattr(
-        cli, "run_sweep", lambda config, points: got.update(c=config, p=points) or 0
+        cli, "run_sweep", lambda config, points: made.append(("train", config, points)) or 0
+    )
+    monkeypatch.setattr(
+        cli,
+        "run_collective_sweep",
+        lambda config, plan: made.append(("coll", config, vars(plan))) or 0,
     )
     assert cli.main(["--not-a-flag"]) == 0  # argv is not read at all
-    assert got["c"] == run.config and got["p"] == list(run.points)
+    assert made == [
+        ("coll", collective.config, collective.collective_plan),
+        ("train", run.config, list(run.points)),
+    ]
+    # a run that fails ends the launch's runs there, with its code
+    monkeypatch.setattr(cli, "run_collective_sweep", lambda config, plan: 3)
+    made.clear()
+    assert cli.main([]) == 3 and made == []
 
 
 @pytest.mark.unit
@@ -111,7 +128,7 @@ def test_self_launch_hands_over_what_the_launcher_resolved(monkeypatch):
     seen = {}
 
     def launch(nproc, argv, entry=None):
-        seen["run"] = Resolved.from_json(Path(os.environ[cli.RESOLVED_ENV]).read_text())
+        (seen["run"],) = runs_from_json(Path(os.environ[cli.RESOLVED_ENV]).read_text())
         seen["argv"], seen["nproc"] = argv, nproc
         return 0
 

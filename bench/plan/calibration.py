@@ -3,12 +3,13 @@ computation is priced per precision, measured here where the plan is for this ma
 
 The computation is priced op by op on the target's roofline (``roofline_fit.py``): as its
 profile states it, or calibrated by ``--compute`` runs or, for a CPU target, by one short
-launch of the model's points here (``calibration_launch``: a factor on the efficiencies, a
+launch of the model's points here (``measure_here``: a factor on the efficiencies, a
 cost per micro-batch, checkpointing's and the implementations' own work, ``rates.py``);
 ``--mfu`` (or a GPU without a stated profile) prices the FLOPs at a share of the peak. The
 links are presets (``--link``), a fitted ``--collectives`` run, or, on a CPU target given
-neither, this machine's collectives measured by a short run (``collectives_run``). The launches
-are the planner's only work before its rows; each failure is one line (a ``ValueError``).
+neither, this machine's collectives measured by a short run (``collectives_run``). Both
+measurements are one launch here (``measure_here``), the planner's only work before its rows;
+its failure is one line (a ``ValueError``).
 
 The calibration launch's points are interleaved in its cycles, so that the machine's drift
 falls on all of them alike (docs/benchmarks.md, "The calibration").
@@ -27,7 +28,7 @@ from bench.model.errors import FitError
 from bench.model.predict import overlap_share
 from bench.plan.devices import Device
 from bench.plan.families import OP_DISPATCH, UNIT_COPIES, own_works
-from bench.plan.launch import launch_points, run_bench, timing
+from bench.plan.launch import command_run, launch_runs, points_run, timing
 from bench.plan.rates import (
     CKPT,
     FSDP,
@@ -64,6 +65,7 @@ from bench.plan.topology import Topology
 from bench.roofline.profile import Roofline
 from bench.runfolder import peaks
 from bench.runfolder.schema import read_results
+from bench.runner.configure.config import Resolved
 from parallel_kernels.checkpointing import checkpoint_mode
 from parallel_kernels.compiling import compiles
 from parallel_kernels.float8 import FP8
@@ -71,11 +73,12 @@ from parallel_kernels.float8 import FP8
 FLOAT8_REST = "fp32"  # the precision of an fp8 step's other ops (parallel_kernels/float8.py)
 DEFAULT_MFU_PCT = 40.0  # what a tuned dense training step reaches on recent GPUs (torchtitan)
 FSDP_CALIBRATED = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD")  # HYBRID_SHARD needs 4 ranks
-CALIBRATION_GROUP = "plan calibration"
+GROUP = "plan calibration"  # the calibration points' verdict group
 CALIBRATION = Path("calibration") / "training"  # a plan's folder: the launch's run folder
 # A point's seconds of interleaved cycles (``--launch-seconds`` sets another), and three
 # traced steps: its computation is the analyser's, which one step leaves noisy.
 POINT_SECONDS = 4.0
+LAUNCH_TIMEOUT_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -116,7 +119,7 @@ class Peaks:
 
 @dataclass(frozen=True)
 class LaunchPlan:
-    """What a CPU plan's calibration launch measures (``calibration_launch``): DDP at each
+    """What a CPU plan's calibration launch measures (``calibration_points``): DDP at each
     precision, and where the plan holds rows they apply to, checkpointing's cost and the own
     work of each FSDP and TP implementation (``families.UNIT_COPIES``, ``OP_DISPATCH``)."""
 
@@ -179,19 +182,65 @@ def timed_modes(model: str, configs: list[Config]) -> tuple[str, ...]:
 
 def calibrate(request: PlanRequest, configs: list[Config], out: Path) -> Target:
     """The target of ``request``: its computation's rates and its links, measured here (into
-    ``out``) where the plan is for this machine."""
+    ``out``, one launch: ``measure_here``) where the plan is for this machine."""
     peak = _peaks(request.device)
-    topology = _links(request)
-    rates = computation_rates(request, peak, launch_plan(request, configs), out)
+    launch = launch_plan(request, configs)
+    here = measure_here(request, launch, out)
     return Target(
         device=request.device,
-        topology=collectives_here(request, topology, out),
+        topology=_links(request, here.collectives),
         peak_tflops=peak.tflops,
         peak_source=peak.source,
         allowance_gib=request.allowance,
         global_batch=request.global_batch,
-        rates=rates,
+        rates=computation_rates(request, peak, launch, here.training),
     )
+
+
+@dataclass(frozen=True)
+class Here:
+    """The run folders a plan's launch here made: its training points' (``calibration_points``)
+    and its collectives' (``collectives_run``), each None where the plan needs none."""
+
+    training: Path | None = None
+    collectives: Path | None = None
+
+
+def measure_here(request: PlanRequest, launch: LaunchPlan, out: Path) -> Here:
+    """What a CPU plan measures on this machine, in one launch of ``launch.ranks`` ranks (its
+    start-up paid once): the collectives, where no ``--collectives`` or ``--link`` prices them
+    and the ranks communicate, then the calibration's points, where its computation is
+    calibrated by a launch (``trains_here``). The ValueError of a failed launch says why."""
+    here = Here(
+        training=out / CALIBRATION if trains_here(request) else None,
+        collectives=out / "calibration" / "collectives" if collects_here(request) else None,
+    )
+    runs = []
+    if here.collectives is not None:
+        print(f"calibrating: the collectives on {launch.ranks} ranks here")
+        runs.append(collectives_run(here.collectives, launch.ranks))
+    if here.training is not None:
+        check_precisions(target_roofline(request), launch.precisions)
+        print(f"calibrating: {launch.describe()}")
+        runs.append(points_run(calibration_points(launch), launch.ranks, here.training, GROUP))
+    failure = launch_runs(runs, launch.ranks, LAUNCH_TIMEOUT_S) if runs else ""
+    if failure:
+        raise ValueError(f"the calibration launch of {launch.model} failed: {failure}")
+    return here
+
+
+def trains_here(request: PlanRequest) -> bool:
+    """Whether the plan's computation is calibrated by a launch of its points here: a CPU
+    target's, unless ``--mfu``, ``--compute`` or ``--no-calibration-launch`` says otherwise."""
+    cpu = not request.device.gpu_name
+    return cpu and request.mfu is None and not request.compute and request.calibration_launch
+
+
+def collects_here(request: PlanRequest) -> bool:
+    """Whether the plan's collectives are measured here: a CPU target given neither
+    ``--collectives`` nor ``--link``, on ranks that communicate."""
+    given = request.collectives is not None or request.link is not None
+    return not request.device.gpu_name and not given and request.ranks_here > 1
 
 
 def _peaks(dev: Device) -> Peaks:
@@ -213,44 +262,30 @@ def _peaks(dev: Device) -> Peaks:
     )
 
 
-def _links(request: PlanRequest) -> Topology:
-    """The links, or with ``--collectives`` this machine's fitted collectives; on a CPU target
-    the share of a core computation keeps beside gloo's thread (``predict.overlap_share``)."""
+def _links(request: PlanRequest, measured: Path | None) -> Topology:
+    """The links, or this machine's collectives fitted (``--collectives``, or those
+    ``measured`` here); on a CPU target the share of a core computation keeps beside gloo's
+    thread (``predict.overlap_share``)."""
     share = 1.0
     if not request.device.gpu_name:
         share = overlap_share({"device": "cpu", "ranks_per_node": request.ranks_here})
-    if request.collectives is None:
+    run = request.collectives if measured is None else measured
+    if run is None:
         return Topology.of_links(request.links, request.gpus_per_node, share)
     try:
-        return Topology.fitted(request.collectives, request.gpus_per_node, share)
+        return Topology.fitted(run, request.gpus_per_node, share)
     except (OSError, FitError) as e:
-        raise ValueError(f"--collectives {request.collectives}: {e}") from None
-
-
-def collectives_here(request: PlanRequest, topology: Topology, out: Path) -> Topology:
-    """``topology``, but on a CPU target given neither ``--collectives`` nor ``--link``: this
-    machine's collectives, measured by a short run on the ranks its computation is calibrated
-    on (``collectives_run``), and fitted."""
-    ranks = request.ranks_here
-    if request.device.gpu_name or request.collectives is not None or request.link is not None:
-        return topology
-    if ranks < 2:  # nothing is communicated
-        return topology
-    print(f"calibrating: the collectives on {ranks} ranks here")
-    run = collectives_run(out / "calibration", ranks)
-    try:
-        return Topology.fitted(run, request.gpus_per_node, topology.share)
-    except (OSError, FitError) as e:
-        raise ValueError(f"the collectives' calibration run {run}: {e}") from None
+        what = "--collectives" if measured is None else "the collectives' calibration run"
+        raise ValueError(f"{what} {run}: {e}") from None
 
 
 def computation_rates(
-    request: PlanRequest, peak: Peaks, launch: LaunchPlan, out: Path
+    request: PlanRequest, peak: Peaks, launch: LaunchPlan, measured: Path | None
 ) -> dict[str, Rate]:
     """Per precision, how the computation is priced on the target: its ops on the target's
-    roofline (``roofline_fit.py``), calibrated by ``--compute`` runs or, for a CPU target,
-    by ``launch`` made here (``calibrated``; none with ``--no-calibration-launch``); the peak
-    times a given MFU (``--mfu``), or, on a GPU the datasheets do not state, an assumed one."""
+    roofline (``roofline_fit.py``), calibrated by ``--compute`` runs or, for a CPU target, by
+    the launch ``measured`` here (``calibrated``); the peak times a given MFU (``--mfu``), or,
+    on a GPU the datasheets do not state, an assumed one."""
     if request.mfu is not None:
         return rates_of(request, peak, launch.precisions)
     roofline = target_roofline(request)
@@ -259,8 +294,8 @@ def computation_rates(
     check_precisions(roofline, launch.precisions)
     if request.compute:
         return _by_runs(request, roofline, launch.precisions)
-    if not request.device.gpu_name and request.calibration_launch:
-        return calibrated(request, launch, out, roofline)
+    if measured is not None:
+        return calibrated(request, launch, measured, roofline)
     return stated(roofline, launch.precisions)
 
 
@@ -280,12 +315,11 @@ def _by_runs(request: PlanRequest, roofline: Roofline, precisions: tuple[str, ..
     return calibrated_rates(ones, roofline, there, str(run), gpu)
 
 
-def calibrated(request: PlanRequest, launch: LaunchPlan, out: Path, roofline: Roofline) -> dict:
-    """``computation_rates`` calibrated by one short launch here (``calibration_launch``):
-    this host's roofline at the factor each precision's DDP point gives, and where the launch
-    holds them, checkpointing's cost and the FSDP and TP implementations' own work."""
-    print(f"calibrating: {launch.describe()}")
-    run = calibration_launch(launch, out / CALIBRATION)
+def calibrated(request: PlanRequest, launch: LaunchPlan, run: Path, roofline: Roofline) -> dict:
+    """``computation_rates`` calibrated by the short launch ``run`` made here
+    (``calibration_points``): this host's roofline at the factor each precision's DDP point
+    gives, and where the launch holds them, checkpointing's cost and the FSDP and TP
+    implementations' own work."""
     tables = launch_tables(run)
     if ONE not in tables:
         raise ValueError(f"the calibration launch {run}: no ok point of one micro-batch")
@@ -378,30 +412,26 @@ def _peak_of(run: Path, precision: str) -> float:
     return float(rows["peak_tflops"].iloc[0]) if not rows.empty else math.nan
 
 
-def collectives_run(out: Path, ranks: int, timeout_s: float = 600) -> Path:
-    """A short ``--sweep message_size`` run on ``ranks`` ranks here of the collectives the
-    schedules price (all-reduce, all-gather, reduce-scatter; native, 4 KiB to 16 MiB), whose
-    fit prices a CPU plan's communication as this machine runs it: the link presets are GPU
-    fabrics, far faster than gloo on a CPU (docs/benchmarks.md, "The calibration")."""
-    run = out / "collectives"
+def collectives_run(out: Path, ranks: int) -> Resolved:
+    """A short ``--sweep message_size`` run into ``out`` on ``ranks`` ranks here of the
+    collectives the schedules price (all-reduce, all-gather, reduce-scatter; native, 4 KiB to
+    16 MiB), whose fit prices a CPU plan's communication as this machine runs it: the link
+    presets are GPU fabrics, far faster than gloo on a CPU (docs/benchmarks.md, "The
+    calibration")."""
     args = ["--sweep", "message_size", "--collectives", "all_reduce,all_gather,reduce_scatter"]
     args += ["--impl", "native", "-b", "4K", "-e", "16M", "-f", "4"]
-    args += ["--nproc-per-node", str(ranks), "--no-report", "--out", str(run)]
-    failure = run_bench(args, timeout_s)
-    if failure:
-        raise ValueError(f"the calibration run of the collectives failed: {failure}")
-    return run
+    args += ["--no-report", "--out", str(out)]
+    return command_run(args, ranks, "the collectives' sweep")
 
 
-def calibration_launch(launch: LaunchPlan, out: Path, timeout_s: float = 600) -> Path:
-    """The calibration's points, all in one launch of ``launch.ranks`` ranks here, interleaved
-    in its cycles (``launch.launch_points``): DDP with ``per_replica`` samples in one
-    micro-batch (``ONE``) and in 4 (or 2) accumulated ones (``MANY``, where the batch splits),
-    each precision; and at the first precision, ``per_replica`` samples in one micro-batch, DDP
-    with activation checkpointing (``CKPT``, where ``ckpt``), each FSDP implementation of
-    ``fsdp`` at ``FSDP_CALIBRATED`` (``FSDP``) and each TP implementation of ``tp`` over the
-    ranks with their ``ranks * per_replica`` samples (``TP``: a rank's FLOPs are DDP's). The
-    folder ``out``, or the ValueError that says why the launch failed (one line)."""
+def calibration_points(launch: LaunchPlan) -> list[tuple[str, str, list[str]]]:
+    """The calibration's points as ``bench/run.py`` commands (``launch.points_run``), each
+    named by its role: DDP with ``per_replica`` samples in one micro-batch (``ONE``) and in 4
+    (or 2) accumulated ones (``MANY``, where the batch splits), each precision; and at the
+    first precision, ``per_replica`` samples in one micro-batch, DDP with activation
+    checkpointing (``CKPT``, where ``ckpt``), each FSDP implementation of ``fsdp`` at
+    ``FSDP_CALIBRATED`` (``FSDP``) and each TP implementation of ``tp`` over the ranks with
+    their ``ranks * per_replica`` samples (``TP``: a rank's FLOPs are DDP's)."""
     model, per_replica, precisions = launch.model, launch.per_replica, launch.precisions
     timed = timing(launch.seconds, traced=3)
     ddp = ["--model", model, "--impl", "native", *timed]
@@ -426,7 +456,4 @@ def calibration_launch(launch: LaunchPlan, out: Path, timeout_s: float = 600) ->
         tp += ["--impl", ",".join(launch.tp), *timed]
         tp += ["--batch-size", str(per_replica * launch.ranks), "--option", at_first[-1]]
         named.append((TP, f"{model}'s TP", tp))
-    failure = launch_points(named, launch.ranks, out, CALIBRATION_GROUP, timeout_s)
-    if failure:
-        raise ValueError(f"the calibration launch of {model} failed: {failure}")
-    return out
+    return named

@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from bench.runner.cli import RESOLVED_ENV, resolve
-from bench.runner.configure.config import Resolved
+from bench.runner.configure.config import Resolved, runs_to_json
 from bench.runner.configure.flags import parse_config
 from parallel_kernels.compiling import compiles
 
@@ -34,35 +34,49 @@ def timing(seconds: float, traced: int) -> list[str]:
     ]
 
 
-def run_bench(args: list[str], timeout_s: float) -> str:
-    """``bench/run.py args`` here: "" when it exits 0, else its output's last line (what a
-    one-line error says). A run past ``timeout_s`` raises ``subprocess.TimeoutExpired``."""
-    cmd = [sys.executable, str(RUN_PY), *args]
-    return outcome(subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s))
-
-
 def launch_points(
     named: list[tuple[str, str, list[str]]], world: int, out: Path, group: str, timeout_s: float
 ) -> str:
-    """Several ``bench/run.py`` commands' points in one launch of ``world`` ranks here,
-    interleaved in its cycles as one verdict's candidates (``group``): each ``(name, what,
-    args)`` resolved as ``bench/run.py args`` resolves it at ``world`` ranks, its points' ids
-    prefixed ``name-`` (unique in the folder, and what a reader of ``out`` tells them by), and
-    the whole handed to the ranks as ``bench/run.py`` hands them a resolved run. "" when it
-    ran, else why not, in one line (``what`` names a command that does not resolve)."""
+    """Several ``bench/run.py`` commands' points in one launch of ``world`` ranks here
+    (``points_run``): "" when it ran, else why not, in one line."""
+    try:
+        run = points_run(named, world, out, group)
+    except ValueError as e:
+        return str(e)
+    return launch_runs([run], world, timeout_s)
+
+
+def points_run(
+    named: list[tuple[str, str, list[str]]], world: int, out: Path, group: str
+) -> Resolved:
+    """One run of several ``bench/run.py`` commands' points, interleaved in its cycles as one
+    verdict's candidates (``group``): each ``(name, what, args)`` resolved as ``bench/run.py
+    args`` resolves it at ``world`` ranks, its points' ids prefixed ``name-`` (unique in the
+    folder ``out``, and what a reader of it tells them by); the run's settings (its budget, its
+    rounds) the first command's. A ValueError names a command that does not resolve."""
     points, runs = [], []
     for name, what, args in named:
         args = [*args, "--out", str(out), "--no-report", "--interleave", "on"]
-        try:
-            runs.append(resolve(parse_config(args), world))
-        except SystemExit:
-            return f"{what} does not resolve at {world} ranks"
+        runs.append(command_run(args, world, what))
         points += [replace(p, id=f"{name}-{p.id}", verdict_group=group) for p in runs[-1].points]
-    # the run's settings as bench/run.py resolves them (its budget, its rounds): the first's
-    config = replace(runs[0].config, argv=())
+    return Resolved(config=replace(runs[0].config, argv=()), points=tuple(points))
+
+
+def command_run(args: list[str], world: int, what: str) -> Resolved:
+    """``bench/run.py args`` resolved at ``world`` ranks, or a ValueError naming ``what``."""
+    try:
+        return resolve(parse_config(args), world)
+    except SystemExit:
+        raise ValueError(f"{what} does not resolve at {world} ranks") from None
+
+
+def launch_runs(runs: list[Resolved], world: int, timeout_s: float) -> str:
+    """``runs`` one after the other in one launch of ``world`` ranks here, handed to the ranks
+    as ``bench/run.py`` hands them a resolved run (a launch's start-up paid once): "" when they
+    ran, else why not, in one line."""
     with tempfile.TemporaryDirectory(prefix="plan-launch-") as tmp:
         handed = Path(tmp) / "resolved.json"
-        handed.write_text(Resolved(config=config, points=tuple(points)).to_json())
+        handed.write_text(runs_to_json(runs))
         env = {**os.environ, RESOLVED_ENV: str(handed), "OMP_NUM_THREADS": "1"}
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
         cmd += [f"--nproc-per-node={world}", str(RUN_PY)]

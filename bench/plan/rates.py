@@ -43,7 +43,7 @@ from parallel_kernels.checkpointing import checkpoint_mode
 from parallel_kernels.models import workload
 
 ADAMW_BYTES_PER_PARAM = 28
-# The roles of a calibration launch's points (``calibration.calibration_launch``), their ids'
+# The roles of a calibration launch's points (``calibration.calibration_points``), their ids'
 # prefixes: DDP in one micro-batch and in several, checkpointed, FSDP's and TP's own work.
 ONE, MANY, CKPT, FSDP, TP = "one", "many", "ckpt", "fsdp", "tp"
 

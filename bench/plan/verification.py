@@ -190,7 +190,7 @@ def _stage_peaks(row: pd.Series) -> dict:
 
 def launch_drift(calibration: Path, verification: Path) -> dict:
     """The calibration's own configuration measured again by the verification: the point of
-    the calibration launch (``calibration.calibration_launch``) whose model,
+    the calibration launch (``calibration.calibration_points``) whose model,
     strategy, implementation, knobs, batch and ranks a verified point has, and its step in each
     launch. Its change is the two launches' drift, which every row's error holds, not the
     model's (docs/benchmarks.md, "The calibration"): ``launch_drift_pct``, empty where no

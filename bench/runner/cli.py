@@ -15,6 +15,8 @@ import tempfile
 from dataclasses import asdict, replace
 from pathlib import Path
 
+import torch.distributed as dist
+
 from bench.runfolder import lock
 from bench.runfolder.atomic import OutputError
 from bench.runfolder.folder import has_results
@@ -26,6 +28,8 @@ from bench.runner.configure.config import (
     TRAINING_MAX_STEPS,
     Resolved,
     RunConfig,
+    runs_from_json,
+    runs_to_json,
 )
 from bench.runner.configure.flags import parse_config
 from bench.runner.configure.resolve import build_points
@@ -222,13 +226,13 @@ def _check_out(config: RunConfig) -> None:
         )
 
 
-def _handed_over() -> Resolved | None:
-    """Under a self-launch: the run the launching process resolved (its file), else None."""
+def _handed_over() -> list[Resolved] | None:
+    """Under a self-launch: the runs the launching process resolved (its file), else None."""
     path = os.environ.get(RESOLVED_ENV) if launched_by_torchrun() else None
     if not path:
         return None
     try:
-        return Resolved.from_json(Path(path).read_text())
+        return runs_from_json(Path(path).read_text())
     except (OSError, ValueError, KeyError, TypeError) as e:
         fail(f"cannot read the run handed over by the launcher ({path}): {e}")
 
@@ -240,7 +244,7 @@ def _launch(run: Resolved) -> int:
     ranks = replace(run, config=replace(run.config, argv=tuple(argv)))
     with tempfile.TemporaryDirectory(prefix="bench-run-") as tmp:
         path = Path(tmp) / "resolved.json"
-        path.write_text(ranks.to_json())
+        path.write_text(runs_to_json([ranks]))
         os.environ[RESOLVED_ENV] = str(path)
         try:
             return self_launch(run.config.nproc_per_node, argv)
@@ -249,25 +253,35 @@ def _launch(run: Resolved) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    run = _handed_over()
-    if run is None:
+    runs = _handed_over()
+    if runs is None:
         argv = list(sys.argv[1:] if argv is None else argv)
         config = parse_config(argv)
-        run = resolve(config, _world_size(config))
-        _check_out(run.config)
-    config = run.config
-    if config.debug:
+        runs = [resolve(config, _world_size(config))]
+        _check_out(runs[0].config)
+    if runs[0].config.debug:
         # read when process groups are created: set before any rank starts (self-launch
         # passes the environment on) and before this rank's group (under torchrun)
         os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
     if not launched_by_torchrun():
-        if config.nproc_per_node is None:
-            fail(_launch_hint(list(config.argv)))
-        return _launch(run)
+        if runs[0].config.nproc_per_node is None:
+            fail(_launch_hint(list(runs[0].config.argv)))
+        return _launch(runs[0])
     try:
-        if run.collective_plan is not None:
-            return run_collective_sweep(config, CollectivePlan(**run.collective_plan))
-        return run_sweep(config, list(run.points))
+        for run in runs:  # a launch's runs in turn, on one process group
+            code = _run_here(run)
+            if code:
+                return code
     except OutputError as e:  # a full disk: the rows before are whole, this one is reported
         print(f"error: {e}", file=sys.stderr, flush=True)
         return OUTPUT_FAILED
+    if dist.is_initialized():  # every run finished
+        dist.destroy_process_group()
+    return 0
+
+
+def _run_here(run: Resolved) -> int:
+    """One run on this rank: the message-size sweep or the training points."""
+    if run.collective_plan is not None:
+        return run_collective_sweep(run.config, CollectivePlan(**run.collective_plan))
+    return run_sweep(run.config, list(run.points))

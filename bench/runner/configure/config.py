@@ -129,19 +129,37 @@ class Resolved:
     collective_plan: dict[str, Any] | None = None
 
     def to_json(self) -> str:
-        return json.dumps(
-            {
-                "config": {**self.config.settings(), "argv": list(self.config.argv)},
-                "points": [asdict(p) for p in self.points],
-                "collective_plan": self.collective_plan,
-            }
-        )
+        return json.dumps(self._to_dict())
 
     @classmethod
     def from_json(cls, text: str) -> Resolved:
-        data = json.loads(text)
+        return cls._from_dict(json.loads(text))
+
+    def _to_dict(self) -> dict[str, Any]:
+        return {
+            "config": {**self.config.settings(), "argv": list(self.config.argv)},
+            "points": [asdict(p) for p in self.points],
+            "collective_plan": self.collective_plan,
+        }
+
+    @classmethod
+    def _from_dict(cls, data: dict[str, Any]) -> Resolved:
         return cls(
             config=RunConfig.from_settings(data["config"]),
             points=tuple(PointRecord.from_dict(p) for p in data["points"]),
             collective_plan=data["collective_plan"],
         )
+
+
+def runs_to_json(runs: list[Resolved]) -> str:
+    """What one launch hands its ranks: runs they make one after the other (the planner's
+    calibration: its collectives, then its training points), each into its own folder."""
+    return json.dumps([r._to_dict() for r in runs])
+
+
+def runs_from_json(text: str) -> list[Resolved]:
+    """``runs_to_json``'s runs, or a ValueError (KeyError, TypeError) for what it did not write."""
+    data = json.loads(text)
+    if not isinstance(data, list) or not data:
+        raise ValueError("not a list of runs")
+    return [Resolved._from_dict(d) for d in data]

@@ -283,5 +283,4 @@ def finish_run(ctx: RunContext, summary: Callable[[Run], str]) -> int:
                 print(f"report not written: {type(e).__name__}: {e}", file=sys.stderr)
         tail = f"  report: {report_path}" if report_path else ""
         print(f"results: {ctx.run_dir}{tail}", flush=True)
-    dist.destroy_process_group()
     return 0
