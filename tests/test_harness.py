@@ -1,5 +1,6 @@
 """The harness on live ranks: rows, traces, overlap measured, failures recorded, not hidden."""
 
+import contextlib
 import dataclasses
 import socket
 from pathlib import Path
@@ -37,6 +38,21 @@ def pool_env() -> DistEnv:
         host=socket.gethostname(),
         nnodes=1,
     )
+
+
+@contextlib.contextmanager
+def checked_only():
+    """Points run through their check against the plain model and their timed steps, without
+    the profile and memory stages: for workers that read only the check's outcome. The pool's
+    ranks outlive the call: the stages are put back whatever happens."""
+    from bench.runner.train import lifecycle
+
+    stages = lifecycle.profile, lifecycle.memory
+    lifecycle.profile = lifecycle.memory = lambda *_a, **_k: {}
+    try:
+        yield
+    finally:
+        lifecycle.profile, lifecycle.memory = stages
 
 
 def make_point(

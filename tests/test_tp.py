@@ -279,3 +279,22 @@ def test_harness_counts_tp_communication_as_predicted(pool, tmp_path):
         by[("ddp_tp2", "naive")]["comm_bytes_per_step"]
         > by[("ddp_tp2", "reference")]["comm_bytes_per_step"]
     )
+
+
+@pytest.mark.ranks
+@pytest.mark.timeout(300)
+def test_tp_degree_sweep_fits_the_world_size_and_counts_its_bytes(pool, tmp_path):
+    """``--sweep tp_degree``'s default degrees 1, 2, 4 at 2 ranks: 1 and 2 resolve, and run;
+    bytes from the traces are the analytical ones (data-parallel gradients at degree 1,
+    Megatron's all-reduces at 2)."""
+    from bench.runner.configure.config import RunConfig
+    from bench.runner.configure.resolve import build_points
+
+    points = build_points(RunConfig(sweep="tp_degree", model="mlp", impl="reference,native"), 2)
+    assert sorted({p.value for p in points}) == [1, 2]
+    rows = pool(2).run(harness_points, points, str(tmp_path), timeout=280)[0]
+    assert [r["status"] for r in rows] == ["ok"] * 4, [r["error"] for r in rows]
+    for r in rows:
+        assert r["comm_bytes_per_step"] == r["comm_bytes_expected"], r["point"]
+        if r["value"] == 2:
+            assert r["comm_calls_per_step"] == 1  # one row all-reduce
