@@ -4,7 +4,7 @@ import pytest
 
 from bench.runner.session.distenv import TORCHRUN_VARS
 from tests.rank_pool import RankPool
-from tests.shared_runs import make_model_runs, shared
+from tests.shared_runs import make_ddp_sweep, make_model_runs, shared
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -92,3 +92,10 @@ def model_runs(tmp_path_factory, worker_id):
     """A collectives run and a bucket sweep predicted with it (tests/shared_runs.py), made once
     for every file that reads them."""
     return shared(tmp_path_factory, worker_id, "model-runs", make_model_runs)
+
+
+@pytest.fixture(scope="session")
+def ddp_sweep(tmp_path_factory, worker_id):
+    """The profiled wide_mlp bucket sweep (tests/shared_runs.py), made once for
+    test_sequence.py and test_timeline.py; its folder is ``run``."""
+    return shared(tmp_path_factory, worker_id, "ddp-sweep", make_ddp_sweep) / "run"

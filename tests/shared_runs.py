@@ -6,6 +6,7 @@ they change."""
 from __future__ import annotations
 
 import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -51,6 +52,11 @@ BUCKETS = [
     "30",
 ]
 
+# The DDP bucket sweep of wide_mlp that test_sequence.py and test_timeline.py read: its 40 MB
+# of gradients make 3, 2 and 1 DDP buckets at 1, 25 and 100 MB.
+DDP_SWEEP_MB = (1, 25, 100)
+DDP_SWEEP_IMPLS = ("native", "reference", "reference_nooverlap")
+
 
 def shared(tmp_path_factory, worker_id: str, name: str, make: Callable[[Path], None]) -> Path:
     """``name``'s folder, made by ``make(folder)`` once for the whole session: by this process
@@ -86,3 +92,47 @@ def make_model_runs(root: Path) -> None:
         ]
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def sweep(out: Path, values: str, impls: str) -> Path:
+    """A profiled 2-rank DDP bucket sweep of wide_mlp into ``out``, one launch: each point
+    traced over two steps (a timeline draws one of them)."""
+    cmd = [
+        sys.executable,
+        "bench/run.py",
+        "--sweep",
+        "bucket_cap_mb",
+        "--values",
+        values,
+        "--model",
+        "wide_mlp",
+        "--impl",
+        impls,
+        "--batch-size",  # the gradients, not the batch, make the buckets: 8 computes less
+        "8",
+        "--steps",
+        "3",
+        "--max-steps",
+        "3",
+        "--rounds",
+        "1",
+        "--warmup-steps",
+        "1",
+        "--profile-steps",
+        "2",
+        "--nproc-per-node",
+        "2",
+        "--out",
+        str(out),
+        "--no-report",
+    ]
+    proc = launch(cmd, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def make_ddp_sweep(root: Path) -> None:
+    """The wide_mlp bucket sweep (``run``) at every value and implementation that
+    test_sequence.py (its native points' collective calls) and test_timeline.py (timelines,
+    the diff, the trace view) read."""
+    sweep(root / "run", ",".join(map(str, DDP_SWEEP_MB)), ",".join(DDP_SWEEP_IMPLS))

@@ -3,10 +3,7 @@ issue order, on HolisticTraceAnalysis's NCCL traces and on gloo traces of a real
 
 import gzip
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -24,10 +21,10 @@ from bench.analysis.sequence import (
 from bench.analysis.trace import load_trace
 from parallel_kernels.models import wide_mlp
 from tests.kineto_writer import gpu_step_events, write_trace
+from tests.shared_runs import DDP_SWEEP_MB
 
 REPO = Path(__file__).resolve().parents[1]
 HTA = REPO / "tests" / "data" / "hta"
-BUCKETS_MB = (1, 25, 100)  # wide_mlp has 40 MB of gradients: 3, 2 and 1 DDP buckets
 
 
 @pytest.mark.unit
@@ -130,45 +127,6 @@ def test_sampled_ranks_sequences_and_where_they_first_differ(tmp_path):
     assert str(e.value) == f"{tmp_path}: the ranks' calls disagree at {expected}"
 
 
-@pytest.fixture(scope="session")
-def ddp_sweep(tmp_path_factory):
-    """One CPU/gloo DDP sweep of wide_mlp over bucket sizes, two ranks, two traced steps."""
-    out = tmp_path_factory.mktemp("seq") / "run"
-    cmd = [
-        sys.executable,
-        "bench/run.py",
-        "--sweep",
-        "bucket_cap_mb",
-        "--values",
-        ",".join(map(str, BUCKETS_MB)),
-        "--model",
-        "wide_mlp",
-        "--impl",
-        "native",
-        "--batch-size",  # the gradients, not the batch, make the buckets: 8 computes less
-        "8",
-        "--steps",
-        "3",
-        "--max-steps",
-        "3",
-        "--rounds",
-        "1",
-        "--warmup-steps",
-        "1",
-        "--profile-steps",
-        "2",
-        "--nproc-per-node",
-        "2",
-        "--out",
-        str(out),
-        "--no-report",
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return out
-
-
 def ddp_buckets(cap_mb: float) -> list[int]:
     """Elements per DDP bucket of wide_mlp, by torch's own assignment: parameters in reverse
     order, as DDP rebuilds its buckets after the first step in the order gradients came."""
@@ -178,10 +136,13 @@ def ddp_buckets(cap_mb: float) -> list[int]:
 
 
 @pytest.mark.e2e
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)  # as test_timeline.py's: either may make the shared sweep
 def test_gloo_ddp_issues_one_all_reduce_per_bucket(ddp_sweep):
-    points = [json.loads(line) for line in (ddp_sweep / "points.jsonl").read_text().splitlines()]
-    assert len(points) == len(BUCKETS_MB)
+    """PyTorch's DDP on gloo, two traced steps of each bucket size of the shared sweep
+    (conftest.py's ``ddp_sweep``): its native points."""
+    lines = (ddp_sweep / "points.jsonl").read_text().splitlines()
+    points = [p for p in map(json.loads, lines) if p["impl"] == "native"]
+    assert sorted(p["knobs"]["bucket_cap_mb"] for p in points) == list(DDP_SWEEP_MB)
     for point in points:
         seq = job_sequence(ddp_sweep / "traces" / point["id"])
         params = point["figures"]["params"]

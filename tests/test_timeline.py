@@ -1,5 +1,6 @@
 """Step timelines and the two-point diff, on a real 2-rank run: a DDP bucket sweep of wide_mlp
-at 1 MB and 100 MB buckets, PyTorch's DDP and ours with and without overlap (one launch).
+at 1, 25 and 100 MB buckets, PyTorch's DDP and ours with and without overlap (one launch, made
+once with test_sequence.py's: conftest.py's ``ddp_sweep``).
 
 - Where the communication bars sit with and without overlap: ``test_timeline_overlap.py``, run
   alone (it reads when gloo's thread got to run).
@@ -35,52 +36,16 @@ from tests.test_report_browser import CHROMIUM, FLAGS, needs_chromium
 
 REPO = Path(__file__).resolve().parents[1]
 POINT = "wide_mlp-bucket_cap_mb={}-{}"
-IMPLS = "native,reference,reference_nooverlap"
-
-
-def sweep(out: Path, values: str, impls: str) -> Path:
-    """A profiled 2-rank bucket sweep of wide_mlp into ``out``: each point traced over two
-    steps (the timeline draws one of them)."""
-    cmd = [
-        sys.executable,
-        "bench/run.py",
-        "--sweep",
-        "bucket_cap_mb",
-        "--values",
-        values,
-        "--model",
-        "wide_mlp",
-        "--impl",
-        impls,
-        "--batch-size",  # the gradients, not the batch, make the buckets: 8 computes less
-        "8",
-        "--steps",
-        "3",
-        "--max-steps",
-        "3",
-        "--rounds",
-        "1",
-        "--warmup-steps",
-        "1",
-        "--profile-steps",
-        "2",
-        "--nproc-per-node",
-        "2",
-        "--out",
-        str(out),
-        "--no-report",
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, cwd=REPO)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return out
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    return sweep(tmp_path_factory.mktemp("timeline") / "run", "1,100", IMPLS)
+def run(ddp_sweep):
+    """The shared sweep (tests/shared_runs.py): read here, copied where a test changes it."""
+    return ddp_sweep
 
 
 def report(*args, timeout=180) -> subprocess.CompletedProcess:
+    """``python -m bench.report`` as a real process (the rest call its ``main`` in this one)."""
     return subprocess.run(
         [sys.executable, "-m", "bench.report", *map(str, args)],
         capture_output=True,
@@ -92,10 +57,12 @@ def report(*args, timeout=180) -> subprocess.CompletedProcess:
 
 @pytest.mark.e2e
 @pytest.mark.timeout(600)
-def test_the_diff_of_1mb_and_100mb_buckets_shows_several_all_reduces_become_one(run, tmp_path):
+def test_the_diff_of_1mb_and_100mb_buckets_shows_several_all_reduces_become_one(
+    run, tmp_path, capsys
+):
     a, b = POINT.format(1, "native"), POINT.format(100, "native")
-    proc = report(run, "--diff", a, b, "--reports-dir", tmp_path)
-    assert proc.returncode == 0, proc.stderr
+    code = report_main([str(run), "--diff", a, b, "--reports-dir", str(tmp_path)])
+    assert code == 0, capsys.readouterr().err
     page = (tmp_path / f"{run.name}-diff.html").read_text()
     assert page.count("<img") == 1 and "What changed" in page
     table = trace_diff(
@@ -112,9 +79,9 @@ def test_the_diff_of_1mb_and_100mb_buckets_shows_several_all_reduces_become_one(
 @pytest.mark.e2e
 @needs_chromium
 @pytest.mark.timeout(600)
-def test_the_report_with_every_timeline_renders_in_chromium(run, tmp_path):
-    proc = report(run, "--timelines", "all", "--reports-dir", tmp_path)
-    assert proc.returncode == 0, proc.stderr
+def test_the_report_with_every_timeline_renders_in_chromium(run, tmp_path, capsys):
+    code = report_main([str(run), "--timelines", "all", "--reports-dir", str(tmp_path)])
+    assert code == 0, capsys.readouterr().err
     page = tmp_path / f"{run.name}.html"
     html = page.read_text()
     section = html[html.index("<h2>Step timelines</h2>") :]
@@ -170,22 +137,26 @@ def test_points_that_cannot_be_drawn_are_one_line_or_a_note(run, tmp_path, capsy
     )
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "has no point 'nope'" in proc.stderr, proc.stderr
-    proc = report(copy, "--timelines", "all", "--reports-dir", tmp_path / "r")
-    assert proc.returncode == 0, proc.stderr
+    code = report_main([str(copy), "--timelines", "all", "--reports-dir", str(tmp_path / "r")])
+    assert code == 0, capsys.readouterr().err
     page = (tmp_path / "r" / "run.html").read_text()
     notes = re.findall(r"<p class='note'>([^<]*)</p>", page)
     assert any("no traces" in n for n in notes) and any("no profiler step" in n for n in notes)
     section = page[page.index("<h2>Step timelines</h2>") :]
-    assert section.count("<img") == 3  # native's two points are notes; the rest drawn
+    # native's 1 and 100 MB points are notes; its 25 MB point and the rest are drawn, a figure
+    # per implementation (the fourth image is the page's computation-share chart, further on)
+    assert section.count("<img") == 4
+    assert f"25 ({POINT.format(25, 'native')})" in section  # the panel's label
+    assert not any(f"{mb} ({POINT.format(mb, 'native')})" in section for mb in (1, 100))
 
 
 @pytest.mark.e2e
 @needs_chromium
 @pytest.mark.timeout(600)
-def test_the_offline_trace_view_draws_every_event_of_every_rank(run, tmp_path):
+def test_the_offline_trace_view_draws_every_event_of_every_rank(run, tmp_path, capsys):
     point = POINT.format(1, "reference")
-    proc = report(run, "--view", point, "--reports-dir", tmp_path)
-    assert proc.returncode == 0, proc.stderr
+    code = report_main([str(run), "--view", point, "--reports-dir", str(tmp_path)])
+    assert code == 0, capsys.readouterr().err
     page = tmp_path / f"{run.name}-{point}-trace.html"
     text = page.read_text()
     assert not re.search(r"(src|href)=['\"]?https?:", text)  # nothing fetched: works offline

@@ -10,7 +10,8 @@ import pytest
 
 from bench.analysis.timeline import LANES, TIMELINE_COLUMNS, inside, step_timeline
 from bench.analysis.trace_folder import load_trace_dir
-from tests.test_timeline import POINT, sweep
+from tests.shared_runs import sweep
+from tests.test_timeline import POINT
 
 # The check reads when gloo's thread got to run: with the parallel pass's other tests beside
 # it, a first all-reduce once started after backward's end (make test runs it alone, after).
