@@ -43,20 +43,15 @@ def loader(fix: str, rank: int, world: int) -> DataLoader:
     return DataLoader(Subset(data, range(rank, SAMPLES, world)), batch_size=BATCH)  # uneven
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--fix", choices=("none", "drop_last", "join"), default="none")
-    p.add_argument("--timeout-s", type=float, default=10.0)
-    args = p.parse_args()
-    record_hangs()  # before init_process_group: the recorder on, dumps when a rank fails
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout_s))
-    rank, world = dist.get_rank(), dist.get_world_size()
-    torch.manual_seed(0)
+def train(fix: str, rank: int, world: int) -> int:
+    """This rank's training loop, on a default process group already initialised (``main``'s,
+    or that of ranks a caller already holds): its number of steps."""
+    torch.manual_seed(0)  # every rank the same dataset and model
     model = DDP(torch.nn.Linear(DIM, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     steps = 0
-    with Join([model], enable=args.fix == "join"):
-        for x, y in loader(args.fix, rank, world):
+    with Join([model], enable=fix == "join"):
+        for x, y in loader(fix, rank, world):
             opt.zero_grad()
             torch.nn.functional.mse_loss(model(x), y).backward()
             opt.step()
@@ -66,9 +61,20 @@ def main() -> None:
     # DDP holds the group in reference cycles: freed only by the interpreter's last collection,
     # the group's gloo threads would drop their finished work (tensors) with the interpreter
     # gone, and the rank aborts ("terminate called without an active exception") after its
-    # work. Freed here, the group goes with destroy_process_group.
+    # work. Freed here, the group goes with the caller's destroy_process_group.
     del model, opt
     gc.collect()
+    return steps
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--fix", choices=("none", "drop_last", "join"), default="none")
+    p.add_argument("--timeout-s", type=float, default=10.0)
+    args = p.parse_args()
+    record_hangs()  # before init_process_group: the recorder on, dumps when a rank fails
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout_s))
+    train(args.fix, dist.get_rank(), dist.get_world_size())
     dist.destroy_process_group()
 
 

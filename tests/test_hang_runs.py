@@ -4,7 +4,9 @@ line, within the point's timeout plus 30 s; finished rows survive; the next poin
 run ends with the diagnosis (a rank that gloo aborts). torch's own analyser, where it finds a
 problem in the same dumps, names the same call."""
 
+import contextlib
 import html
+import io
 import os
 import re
 import subprocess
@@ -171,6 +173,8 @@ def test_a_rank_aborted_by_gloo_ends_the_run_with_the_diagnosis(tmp_path):
 
 
 def uneven(tmp_path: Path, fix: str) -> subprocess.CompletedProcess:
+    """``torchrun examples/uneven_data.py --fix FIX`` at 2 ranks, the recorder dumping under
+    ``tmp_path/FIX``."""
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
@@ -190,11 +194,25 @@ def uneven(tmp_path: Path, fix: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
 
 
+def uneven_fixed(fix: str) -> tuple[int, str]:
+    """examples/uneven_data.py's training loop with ``--fix FIX`` on the pool's ranks (what its
+    ``main`` runs once its group is up, less the launch): this rank's steps and what it
+    printed."""
+    import torch.distributed as dist
+
+    from examples.uneven_data import train
+
+    with contextlib.redirect_stdout(io.StringIO()) as said:
+        steps = train(fix, dist.get_rank(), dist.get_world_size())
+    return steps, said.getvalue()
+
+
 @pytest.mark.timeout(300)
-def test_uneven_data_is_diagnosed_and_its_fixes_remove_the_hang(tmp_path):
+def test_uneven_data_is_diagnosed_and_its_fixes_remove_the_hang(pool, tmp_path):
     """6. a strided shard without padding or dropping: rank 0 runs a third step; the user's own
-    script, run with the recorder's two variables and ``record_hangs()``, is diagnosed by
-    ``python -m bench.hang``; DistributedSampler(drop_last=True) and DDP's Join remove it."""
+    script, launched with the recorder's two variables and ``record_hangs()``, is diagnosed by
+    ``python -m bench.hang``; DistributedSampler(drop_last=True) and DDP's Join remove it (the
+    script's loop on the 2-rank pool: every rank past the barrier after its loop)."""
     assert uneven(tmp_path, "none").returncode != 0
     proc = subprocess.run(
         [sys.executable, "-m", "bench.hang", str(tmp_path / "none"), "--torch"],
@@ -213,10 +231,12 @@ def test_uneven_data_is_diagnosed_and_its_fixes_remove_the_hang(tmp_path):
     ), first
     seq = re.search(r"#(\d+)", first).group(1)
     assert f"torch's analyser: all_reduce #{seq} of group 0" in proc.stdout
-    for fix in ("drop_last", "join"):
-        done = uneven(tmp_path, fix)
-        assert done.returncode == 0, done.stderr[-2000:]
-        assert done.stdout.count("done") == 2
+    # rank 0 has 5 samples, rank 1 4: drop_last gives each 4 (2 steps), Join lets rank 0 run
+    # its third step while rank 1's collectives are shadowed
+    for fix, steps in (("drop_last", [2, 2]), ("join", [3, 2])):
+        done = pool(2).run(uneven_fixed, fix, timeout=60)
+        assert [n for n, _ in done] == steps, (fix, done)
+        assert all(said.count("done") == 1 for _, said in done), (fix, done)
 
 
 @pytest.mark.timeout(120)

@@ -23,6 +23,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from bench.runner.cli import main
 from tests.test_faults import descendants
 from tests.test_launcher_loss import alive
 
@@ -45,7 +46,11 @@ def _wait_for(log: Path, text: str, proc: subprocess.Popen, within_s: float = 15
 
 @pytest.mark.e2e
 @pytest.mark.timeout(400)
-def test_ctrl_c_ends_the_point_as_a_row_records_the_end_and_a_second_run_is_refused(tmp_path):
+def test_ctrl_c_ends_the_point_as_a_row_records_the_end_and_a_second_run_is_refused(
+    tmp_path, capsys, no_torchrun
+):
+    """The second run is ``main`` in this process: its refusal comes before any launch, from
+    the process that would launch (bench/runner/cli.py ``_check_out``)."""
     out, log = tmp_path / "run", tmp_path / "run.log"
     with log.open("w") as f:
         proc = subprocess.Popen(
@@ -60,16 +65,12 @@ def test_ctrl_c_ends_the_point_as_a_row_records_the_end_and_a_second_run_is_refu
     try:
         _wait_for(log, "mlp-bucket_cap_mb=1-native: warm-up", proc)
         time.sleep(1.0)  # into the timed steps
-        second = subprocess.run(
-            [sys.executable, "bench/run.py", *TRAIN, "--out", str(out)],
-            cwd=REPO,
-            env=ENV,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        said = second.stderr.strip().splitlines()
-        assert second.returncode == 2 and len(said) == 1, second.stderr
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as second:
+            main([*TRAIN, "--out", str(out)])
+        err = capsys.readouterr().err
+        said = err.strip().splitlines()
+        assert second.value.code == 2 and len(said) == 1, err
         assert "in use by another run" in said[0] and "pid " in said[0], said
         ranks = descendants(proc.pid)
         os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C

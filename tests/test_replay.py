@@ -1,10 +1,13 @@
 """``python -m bench.replay``: a traced job's communication replayed here, priced elsewhere.
 
 This suite's own DDP, FSDP and TP traces at 2 and 4 ranks, traced and replayed on the session's
-rank pool (the harness and the command's replay, without a launch each); the command itself
-launched on HTA's NCCL trace (replayed on gloo at 2 ranks) and on our DDP trace with a call the
-backend refuses (an error row where the rest goes on); the bad inputs (one line, exit 2)."""
+rank pool (the harness and the command's replay, without a launch each), and our DDP trace with
+a call the backend refuses replayed there too (an error row where the rest goes on); the command
+itself launched on HTA's NCCL trace (replayed on gloo at 2 ranks); the bad inputs (one line,
+exit 2)."""
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -58,9 +61,10 @@ def traced_worker(root: str) -> dict:
     return out
 
 
-def replay_worker(traces: str, out: str) -> None:
-    """``python -m bench.replay TRACES --reps 3`` on the pool's ranks (its command's own
-    path, less the launch: ``test_a_call_the_backend_cannot_run...`` launches it)."""
+def replay_worker(traces: str, out: str, reps: int = 3) -> str:
+    """``python -m bench.replay TRACES --reps REPS`` on the pool's ranks (its command's own
+    path, less the launch: ``test_an_nccl_trace_replays_on_gloo...`` launches it); what the
+    rank printed, which on rank 0 is the command's summary."""
     import torch.distributed as dist
 
     # A rank that died makes the pool run the call once more on fresh ranks: what the first
@@ -68,13 +72,15 @@ def replay_worker(traces: str, out: str) -> None:
     if dist.get_rank() == 0:
         shutil.rmtree(out, ignore_errors=True)
     dist.barrier()
-    argv = [traces, "--reps", "3", "--out", out, "--no-report"]
+    argv = [traces, "--reps", str(reps), "--out", out, "--no-report"]
     args = build_parser().parse_args(argv)
     seq, costs = prepare(args)
     # the command's rendezvous, which every rank joins after its `prepare`: rank 0 creates the
     # folder's results.csv as its replay starts, and a rank still checking --out would refuse it
     dist.barrier()
-    replay_on(args, argv, seq, costs, pool_env())
+    with contextlib.redirect_stdout(io.StringIO()) as said:
+        replay_on(args, argv, seq, costs, pool_env())
+    return said.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -301,11 +307,12 @@ def test_ranks_that_disagree_or_traces_without_collectives_are_one_line(
     assert f"{trace}: no collective call in the trace" in err
 
 
-@pytest.mark.e2e
+@pytest.mark.ranks
 @pytest.mark.timeout(400)
-def test_a_call_the_backend_cannot_run_is_an_error_row_and_the_rest_replays(traced, tmp_path):
+def test_a_call_the_backend_cannot_run_is_an_error_row_and_the_rest_replays(pool, traced, tmp_path):
     """The DDP trace at 2 ranks with its first all-reduce made fp8 (as a job of fp8 gradients
-    would trace it): gloo refuses it, its row says why, every other call replays."""
+    would trace it), replayed on the 2-rank pool: gloo refuses it, its row says why, every
+    other call replays, and the summary rank 0 prints names the error."""
     src = traced["ddp"][2]
     edited = tmp_path / "fp8"
     edited.mkdir()
@@ -319,12 +326,11 @@ def test_a_call_the_backend_cannot_run_is_an_error_row_and_the_rest_replays(trac
         first["args"]["Input type"] = ["c10::Float8_e4m3fn"]
         (edited / path.name).write_text(json.dumps(doc))
     out = tmp_path / "run"
-    proc = replay([edited, "--nproc-per-node", 2, "--reps", 2, "--out", out, "--no-report"])
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    said = pool(2).run(replay_worker, str(edited), str(out), 2, timeout=300)[0]
     calls = pd.read_csv(out / "results.csv").query("kind == 'call'")
     bad = calls[calls["dtype"] == "float8_e4m3fn"]
     assert len(bad) >= 1 and (bad["status"] == "error").all()
     assert bad["error"].str.len().min() > 10  # the backend's own message
     rest = calls[calls["dtype"] != "float8_e4m3fn"]
     assert len(rest) and (rest["status"] == "ok").all() and (rest["wrong"] == 0).all()
-    assert "error" in proc.stdout  # the summary names it
+    assert "error" in said  # the summary names it
