@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from bench.runfolder.points import PointRecord
+from bench.runner.configure.config import DEFAULTS
 from bench.runner.configure.resolve import PointRequest, VisitSettings, resolve_point
 from bench.runner.session.distenv import DistEnv
 from bench.runner.train.lifecycle import PointSettings, run_point
@@ -87,14 +88,19 @@ def point(model: str, impl: str, cap: float) -> PointRecord:
 
 
 def run_points(points: list[PointRecord], root: str, cfg: PointSettings = FAST) -> list[dict]:
-    """Run each point with the tests' steps (a sweep's points come with a sweep's): each
-    row's cells and samples."""
+    """Run each point, a sweep's with the tests' steps (it comes with the sweep's defaults),
+    one made here with its own: each row's cells and samples."""
     return [
-        run_point(
-            dataclasses.replace(p, **FAST_STEPS), pool_env(), cfg, Path(root) / p.id
-        ).as_dict()
-        for p in points
+        run_point(_tests_steps(p), pool_env(), cfg, Path(root) / p.id).as_dict() for p in points
     ]
+
+
+def _tests_steps(p: PointRecord) -> PointRecord:
+    """``p`` with the tests' steps where it holds a sweep's default ones."""
+    sweeps = (DEFAULTS.warmup_steps, DEFAULTS.steps, DEFAULTS.profile_steps)
+    if (p.warmup_steps, p.steps, p.profile_steps) == sweeps:
+        return dataclasses.replace(p, **FAST_STEPS)
+    return p
 
 
 @pytest.mark.timeout(240)
