@@ -8,12 +8,12 @@ import pytest
 from bench.runner.configure.config import RunConfig
 from bench.runner.configure.resolve import build_points
 from parallel_kernels.models import build_model
-from tests.test_harness import FAST, run_points
+from tests.test_harness import FAST, TRAINED_STEPS, run_points
 
 pytestmark = pytest.mark.ranks
 
-# Every point trains 10 AdamW steps from the same start and data (FAST_STEPS: 2 warm-up, 4
-# timed, 4 under the profiler); ``loss`` is the last one's. Measured on the seed MLP (torch
+# Every point trains the same AdamW steps from the same start and data (TRAINED_STEPS: 2
+# warm-up, 4 timed and the traced ones); ``loss`` is the last one's. Measured on the seed MLP (torch
 # 2.13 CPU, gloo): exact all-reduce 2.0758, the same point at lr 0 (untrained) 2.3091.
 # An fp16 or bf16 cast of the gradients leaves the loss within this fraction of the exact one
 # (measured: fp16 0.005 %, bf16 0.03 %); untrained is 11 % away.
@@ -28,12 +28,13 @@ POWERSGD_MIN_PROGRESS = 0.25
 @pytest.mark.timeout(300)
 def test_compression_moves_fewer_bytes_and_still_trains(pool, tmp_path):
     points = build_points(RunConfig(sweep="comm_hook", model="mlp"), world_size=2)
-    rows = pool(2).run(run_points, points, str(tmp_path), FAST)[0]
+    rows = pool(2).run(run_points, points, str(tmp_path), FAST, TRAINED_STEPS)[0]
     by = {(r["value"], r["impl"]): r for r in rows}
     none = by[("none", "native")]
     # the same point, not trained: the loss that a hook which breaks training would leave
     exact = [p for p in points if p.value == "none" and p.impl == "native"]
-    frozen = pool(2).run(run_points, exact, str(tmp_path / "lr0"), dataclasses.replace(FAST, lr=0))
+    unlearning = dataclasses.replace(FAST, lr=0)
+    frozen = pool(2).run(run_points, exact, str(tmp_path / "lr0"), unlearning, TRAINED_STEPS)
     untrained = frozen[0][0]["loss"]
 
     def progress(loss: float) -> float:

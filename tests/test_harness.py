@@ -25,7 +25,9 @@ FAST = PointSettings(point_timeout_s=60.0)
 # A failure on one rank makes the others wait out this timeout: keep it short there.
 QUICK_FAIL = PointSettings(point_timeout_s=5.0)
 # Steps of every point the tests run (a sweep's own: 5 warm-up, at least 10 timed, 3 traced).
-FAST_STEPS = {"warmup_steps": 2, "steps": 4, "profile_steps": 2}
+FAST_STEPS = {"warmup_steps": 1, "steps": 3, "profile_steps": 1}
+# Those of a test that reads how far a point trained (its loss) or two traced steps.
+TRAINED_STEPS = {"warmup_steps": 2, "steps": 4, "profile_steps": 2}
 
 
 def pool_env() -> DistEnv:
@@ -87,19 +89,22 @@ def point(model: str, impl: str, cap: float) -> PointRecord:
     return make_point("bucket_cap_mb", model, cap, impl, "ddp", knobs={"bucket_cap_mb": cap})
 
 
-def run_points(points: list[PointRecord], root: str, cfg: PointSettings = FAST) -> list[dict]:
-    """Run each point, a sweep's with the tests' steps (it comes with the sweep's defaults),
-    one made here with its own: each row's cells and samples."""
+def run_points(
+    points: list[PointRecord], root: str, cfg: PointSettings = FAST, steps: dict = FAST_STEPS
+) -> list[dict]:
+    """Run each point, a sweep's with ``steps`` (it comes with the sweep's defaults), one made
+    here with its own: each row's cells and samples."""
     return [
-        run_point(_tests_steps(p), pool_env(), cfg, Path(root) / p.id).as_dict() for p in points
+        run_point(_tests_steps(p, steps), pool_env(), cfg, Path(root) / p.id).as_dict()
+        for p in points
     ]
 
 
-def _tests_steps(p: PointRecord) -> PointRecord:
-    """``p`` with the tests' steps where it holds a sweep's default ones."""
+def _tests_steps(p: PointRecord, steps: dict) -> PointRecord:
+    """``p`` with ``steps`` where it holds a sweep's default ones."""
     sweeps = (DEFAULTS.warmup_steps, DEFAULTS.steps, DEFAULTS.profile_steps)
     if (p.warmup_steps, p.steps, p.profile_steps) == sweeps:
-        return dataclasses.replace(p, **FAST_STEPS)
+        return dataclasses.replace(p, **steps)
     return p
 
 

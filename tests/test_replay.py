@@ -54,7 +54,9 @@ def traced_worker(root: str) -> dict:
     out = {}
     for i, (strategy, n) in enumerate(TRACED):
         knobs = {"tp_degree": n} if strategy == "tp" else {}
-        point = make_point("traced", "mlp", i, "native", strategy, world_size=n, knobs=knobs)
+        point = make_point(
+            "traced", "mlp", i, "native", strategy, world_size=n, knobs=knobs, profile_steps=2
+        )
         row = run_points([point], root)[0]
         assert row["status"] == "ok", row["error"]
         out[(strategy, n)] = str(Path(root) / point.id)

@@ -13,7 +13,7 @@ import torch
 from bench.runner.cli import main
 from bench.runner.configure.resolve import PointRequest, VisitSettings, resolve_point
 from parallel_kernels.models import build_model, workload
-from tests.test_harness import FAST, FAST_STEPS, pool_env
+from tests.test_harness import FAST, TRAINED_STEPS, pool_env
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = f"{REPO}/examples/custom_model.py:workload"
@@ -66,7 +66,7 @@ def _point(sweep: str, strategy: str, impl: str, knobs: dict, model: str = EXAMP
             impl=impl,
             knobs=knobs,
             world_size=2,
-            per_visit=VisitSettings(batch_size=8, **FAST_STEPS),
+            per_visit=VisitSettings(batch_size=8, **TRAINED_STEPS),
         )
     )
 
