@@ -14,7 +14,6 @@ from bench.runner.configure.config import (
     COLLECTIVE_MAX_STEPS,
     DEFAULTS,
     TRAINING_MAX_STEPS,
-    Resolved,
     RunConfig,
     runs_from_json,
     runs_to_json,
@@ -71,10 +70,9 @@ def test_a_resolved_run_survives_its_hand_over_whole():
     config = parse_config([*argv, "--predict-with", "/tmp/c"])
     run = cli.resolve(config, 2)
     assert run.config.rounds == 3 and len(run.points) == 4
-    back = Resolved.from_json(run.to_json())
-    assert back == run
+    assert runs_from_json(runs_to_json([run])) == [run]
     collective = cli.resolve(parse_config(["--sweep", "message_size", "-e", "4K"]), 2)
-    assert Resolved.from_json(collective.to_json()) == collective
+    assert runs_from_json(runs_to_json([collective, run])) == [collective, run]
     assert collective.config.rounds == 1 and collective.collective_plan["sizes"] == [
         1024,
         2048,

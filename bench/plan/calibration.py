@@ -220,6 +220,7 @@ def measure_here(request: PlanRequest, launch: LaunchPlan, out: Path) -> Here:
         print(f"calibrating: the collectives on {launch.ranks} ranks here")
         runs.append(collectives_run(here.collectives, launch.ranks))
     if here.training is not None:
+        # a precision the roofline lacks fails before the launch, not after it
         check_precisions(target_roofline(request), launch.precisions)
         print(f"calibrating: {launch.describe()}")
         runs.append(points_run(calibration_points(launch), launch.ranks, here.training, GROUP))

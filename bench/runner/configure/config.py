@@ -128,14 +128,7 @@ class Resolved:
     points: tuple[PointRecord, ...] = ()
     collective_plan: dict[str, Any] | None = None
 
-    def to_json(self) -> str:
-        return json.dumps(self._to_dict())
-
-    @classmethod
-    def from_json(cls, text: str) -> Resolved:
-        return cls._from_dict(json.loads(text))
-
-    def _to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "config": {**self.config.settings(), "argv": list(self.config.argv)},
             "points": [asdict(p) for p in self.points],
@@ -143,7 +136,7 @@ class Resolved:
         }
 
     @classmethod
-    def _from_dict(cls, data: dict[str, Any]) -> Resolved:
+    def from_dict(cls, data: dict[str, Any]) -> Resolved:
         return cls(
             config=RunConfig.from_settings(data["config"]),
             points=tuple(PointRecord.from_dict(p) for p in data["points"]),
@@ -154,7 +147,7 @@ class Resolved:
 def runs_to_json(runs: list[Resolved]) -> str:
     """What one launch hands its ranks: runs they make one after the other (the planner's
     calibration: its collectives, then its training points), each into its own folder."""
-    return json.dumps([r._to_dict() for r in runs])
+    return json.dumps([r.to_dict() for r in runs])
 
 
 def runs_from_json(text: str) -> list[Resolved]:
@@ -162,4 +155,4 @@ def runs_from_json(text: str) -> list[Resolved]:
     data = json.loads(text)
     if not isinstance(data, list) or not data:
         raise ValueError("not a list of runs")
-    return [Resolved._from_dict(d) for d in data]
+    return [Resolved.from_dict(d) for d in data]
