@@ -12,7 +12,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from tests.test_end_to_end import TORCHRUN, launch
+from tests.test_end_to_end import SHORT, TORCHRUN, launch
 
 COLLECTIVES = [
     "--sweep",
@@ -110,16 +110,7 @@ def sweep(out: Path, values: str, impls: str) -> Path:
         impls,
         "--batch-size",  # the gradients, not the batch, make the buckets: 8 computes less
         "8",
-        "--steps",
-        "3",
-        "--max-steps",
-        "3",
-        "--rounds",
-        "1",
-        "--warmup-steps",
-        "1",
-        "--profile-steps",
-        "2",
+        *SHORT,
         "--nproc-per-node",
         "2",
         "--out",

@@ -21,26 +21,11 @@ TRAINING_COLUMNS = columns.contract(columns.TRAINING)
 
 REPO = Path(__file__).resolve().parents[1]
 TORCHRUN = Path(sys.executable).with_name("torchrun")
-SMALL = [
-    "--sweep",
-    "bucket_cap_mb",
-    "--values",
-    "0.25,5",
-    "--model",
-    "mlp",
-    "--steps",
-    "3",
-    "--max-steps",
-    "3",
-    "--rounds",
-    "1",
-    "--warmup-steps",
-    "1",
-    "--profile-steps",
-    "2",
-    "--point-timeout",
-    "30",
-]
+# A short sweep's steps: one round of 3 timed steps after one warm-up, 2 of them traced.
+SHORT = ["--steps", "3", "--max-steps", "3", "--rounds", "1", "--warmup-steps", "1"]
+SHORT += ["--profile-steps", "2"]
+SMALL = ["--sweep", "bucket_cap_mb", "--values", "0.25,5", "--model", "mlp", *SHORT]
+SMALL += ["--point-timeout", "30"]
 
 
 def launch(cmd: list[str], timeout: float = 180) -> subprocess.CompletedProcess:
