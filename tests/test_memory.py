@@ -5,7 +5,6 @@ from __future__ import annotations
 import concurrent.futures
 import math
 import multiprocessing
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -30,7 +29,7 @@ def fresh():
         yield lambda fn, *args: pool.submit(fn, *args).result(timeout=120)
 
 
-def _measure(tmp: str, extra_mb: int, release: bool, leftover_mb: int = 0) -> tuple:
+def _measure(extra_mb: int, release: bool, leftover_mb: int = 0) -> tuple:
     """A training-like step on a model-free state: parameters P held throughout, gradients G
     freed at the step's start (zero_grad) and made again, and ``extra_mb`` more held during the
     step (activations), ``leftover_mb`` held from before the point. Returns the peak and P, G
@@ -54,16 +53,15 @@ def _measure(tmp: str, extra_mb: int, release: bool, leftover_mb: int = 0) -> tu
             step,
             baseline=baseline,
             release=zero_grad if release else lambda: None,
-            scratch_dir=Path(tmp),
         )
         del leftover
     return got.peak_bytes, params.nbytes, 16 * MB
 
 
-def test_a_step_that_allocates_x_more_peaks_x_higher(fresh, tmp_path):
-    base, p, g = fresh(_measure, str(tmp_path), 0, True)
+def test_a_step_that_allocates_x_more_peaks_x_higher(fresh):
+    base, p, g = fresh(_measure, 0, True)
     for x in (4, 32):
-        more, _, _ = fresh(_measure, str(tmp_path), x, True)
+        more, _, _ = fresh(_measure, x, True)
         assert more - base == pytest.approx(x * MB, rel=0.05), (x, (more - base) / MB)
     # The step's own low point is P; its peak holds the new gradients on top: P + G, not the
     # previous step's gradients a second time (a step measured holding them read P + 2G, and
@@ -71,13 +69,13 @@ def test_a_step_that_allocates_x_more_peaks_x_higher(fresh, tmp_path):
     assert base == pytest.approx(p + g, rel=0.05), base / MB
 
 
-def test_the_baseline_is_the_points_own(fresh, tmp_path):
+def test_the_baseline_is_the_points_own(fresh):
     """Memory held before the point (an earlier point's leftovers) is not in its peak."""
-    base, p, g = fresh(_measure, str(tmp_path), 0, True, 24)
+    base, p, g = fresh(_measure, 0, True, 24)
     assert base == pytest.approx(p + g, rel=0.05), base / MB
 
 
-def _freed_elsewhere(tmp: str) -> tuple[float, int]:
+def _freed_elsewhere() -> tuple[float, int]:
     """A step whose first 16 MiB of activations are dropped on another thread, as gloo's
     workers drop what a call kept, before 16 MiB more are made: its peak and its parameters."""
     import threading
@@ -94,19 +92,19 @@ def _freed_elsewhere(tmp: str) -> tuple[float, int]:
             activations = torch.ones(16 * MB // 4)
             del activations
 
-        got = step_memory(step, baseline=baseline, release=lambda: None, scratch_dir=Path(tmp))
+        got = step_memory(step, baseline=baseline, release=lambda: None)
     return got.peak_bytes, params.nbytes
 
 
-def test_what_another_thread_frees_is_freed(fresh, tmp_path):
+def test_what_another_thread_frees_is_freed(fresh):
     """The profiler's counter takes a free off only on a profiled thread unless told to count
     every thread (``c10_counting``): without it this step read P + 32 MiB, and an FSDP step on
     gloo up to 2.9 MiB high, a step in three."""
-    peak, p = fresh(_freed_elsewhere, str(tmp_path))
+    peak, p = fresh(_freed_elsewhere)
     assert peak == pytest.approx(p + 16 * MB, rel=0.05), peak / MB
 
 
-def _kept_through_release(tmp: str) -> tuple[float, int]:
+def _kept_through_release() -> tuple[float, int]:
     """A step that frees the previous step's 16 MiB of gradients itself, which ``release``
     leaves (FSDP1's flat gradients through ``zero_grad``), before making new ones."""
     with c10_counting(CPU):
@@ -118,72 +116,32 @@ def _kept_through_release(tmp: str) -> tuple[float, int]:
             state["grads"] = None
             state["grads"] = torch.ones(16 * MB // 4)
 
-        got = step_memory(step, baseline=baseline, release=lambda: None, scratch_dir=Path(tmp))
+        got = step_memory(step, baseline=baseline, release=lambda: None)
     return got.peak_bytes, params.nbytes
 
 
-def test_what_a_step_frees_of_the_state_it_starts_from_is_freed(fresh, tmp_path):
+def test_what_a_step_frees_of_the_state_it_starts_from_is_freed(fresh):
     """The counter takes off only a free of what it counted: counted from the baseline on, the
     old gradients' free is seen (counted from the measured steps on, it read P + 32 MiB)."""
-    peak, p = fresh(_kept_through_release, str(tmp_path))
+    peak, p = fresh(_kept_through_release)
     assert peak == pytest.approx(p + 16 * MB, rel=0.05), peak / MB
 
 
-def _allocating_nothing(tmp: str) -> tuple[float, int]:
+def _allocating_nothing() -> tuple[float, int]:
     """A step that allocates nothing through c10 (its profile holds no memory event), with 8
     MiB of parameters: the peak and P."""
     with c10_counting(CPU):
         baseline = MemoryBaseline.now(CPU)
         params = torch.ones(8 * MB // 4)
-        got = step_memory(
-            lambda: None, baseline=baseline, release=lambda: None, scratch_dir=Path(tmp)
-        )
+        got = step_memory(lambda: None, baseline=baseline, release=lambda: None)
     return got.peak_bytes, params.nbytes
 
 
-def test_a_step_that_allocates_nothing_reads_what_it_holds(fresh, tmp_path):
+def test_a_step_that_allocates_nothing_reads_what_it_holds(fresh):
     """Its profile has no memory event to read the counter from (NaN), which read the peak
     NaN."""
-    peak, p = fresh(_allocating_nothing, str(tmp_path))
+    peak, p = fresh(_allocating_nothing)
     assert peak == pytest.approx(p, rel=0.05), peak / MB
-
-
-def test_a_memory_step_whose_trace_cannot_be_read_is_measured_once_more(monkeypatch, tmp_path):
-    """torch's export once wrote a trace that was not UTF-8 (a native DDP step on gloo): the
-    step measured again gives the figure; a second unreadable trace is the point's error."""
-    from bench.analysis.reader import TraceError
-    from bench.runner.measure import peak_memory as memory
-
-    real, calls = memory.load_trace, []
-
-    def unreadable(times: int):
-        def load(path):
-            if Path(path).parent != tmp_path:  # the counter's own reading
-                return real(path)
-            calls.append(path)
-            if len(calls) <= times:
-                raise TraceError(f"{path}: not a readable trace (UnicodeDecodeError)")
-            return real(path)
-
-        return load
-
-    def step() -> None:
-        torch.ones(MB // 4).add_(1)
-
-    with c10_counting(CPU):
-        baseline = MemoryBaseline.now(CPU)
-        kept = torch.ones(MB // 4)
-        monkeypatch.setattr(memory, "load_trace", unreadable(1))
-        got = step_memory(
-            step, baseline=baseline, release=lambda: None, scratch_dir=tmp_path, steps=1
-        )
-        assert len(calls) == 2 and got.peak_bytes >= kept.nbytes
-        calls.clear()
-        monkeypatch.setattr(memory, "load_trace", unreadable(2))
-        with pytest.raises(TraceError):
-            step_memory(
-                step, baseline=baseline, release=lambda: None, scratch_dir=tmp_path, steps=1
-            )
 
 
 class _Trainer:
@@ -217,48 +175,46 @@ class _Trainer:
             self.held[:] = [self.wrapped[1], self.opt.state[self.wrapped[0]]["momentum_buffer"]]
 
 
-def _point(tmp: str, **trainer) -> dict:
+def _point(**trainer) -> dict:
     """``point_memory`` of a ``_Trainer``."""
-    return point_memory(
-        lambda: _Trainer(**trainer), lambda t: t.step(), device=CPU, scratch_dir=Path(tmp)
-    )
+    return point_memory(lambda: _Trainer(**trainer), lambda t: t.step(), device=CPU)
 
 
-def _left_and_data(tmp: str) -> dict:
+def _left_and_data() -> dict:
     """A point whose first step fills the process's cache, with 8 MiB of parameters, 16 MiB
     of activations and a 2 MiB data set: its figures."""
-    return _point(tmp, cache=[], data_mb=2)
+    return _point(cache=[], data_mb=2)
 
 
-def test_what_a_point_leaves_in_the_process_and_its_data_set_are_not_its_own(fresh, tmp_path):
+def test_what_a_point_leaves_in_the_process_and_its_data_set_are_not_its_own(fresh):
     """A cache the point fills (oneDNN's kernels) stays after its release, and the harness's
     synthetic data set is not the configuration's: its peak is the step's highest use over
     what its release gives back, less the data set."""
-    metrics = fresh(_left_and_data, str(tmp_path))
+    metrics = fresh(_left_and_data)
     assert metrics["peak_mem_mb"] == pytest.approx(3 * 8 + 16, abs=0.5), metrics
     assert metrics["mem_left_mb"] == pytest.approx(2, abs=0.5)  # said: a leak would show
     assert metrics["mem_kept_mb"] == 0  # none of its own state outlived it
     assert math.isnan(metrics["peak_reserved_mb"])  # the CPU has no reserved figure
 
 
-def _in_turn(tmp: str) -> tuple[dict, dict, dict]:
+def _in_turn() -> tuple[dict, dict, dict]:
     """Points measured one after another in a process, as a cohort's candidates are after
     their cycles: an earlier candidate's 8 MiB still alive throughout, the first point filling
     the process's cache, the second finding it filled; and the first measured again alone."""
     cache: list = []
     earlier = torch.ones(8 * MB // 4)
-    first = _point(tmp, params_mb=4, activation_mb=16, cache=cache)
-    second = _point(tmp, params_mb=8, activation_mb=12, cache=cache)
+    first = _point(params_mb=4, activation_mb=16, cache=cache)
+    second = _point(params_mb=8, activation_mb=12, cache=cache)
     del earlier
-    alone = _point(tmp, params_mb=4, activation_mb=16, cache=[])
+    alone = _point(params_mb=4, activation_mb=16, cache=[])
     return first, second, alone
 
 
-def test_points_measured_in_turn_read_as_each_alone(fresh, tmp_path):
+def test_points_measured_in_turn_read_as_each_alone(fresh):
     """Neither a candidate still alive nor what a point measured before left is in a point's
     figure: the heap's figure moved with the points before it (FSDP2's NO_SHARD llama:tiny
     13.5 MiB first in a launch, 18.4 after others)."""
-    first, second, alone = fresh(_in_turn, str(tmp_path))
+    first, second, alone = fresh(_in_turn)
     assert first["peak_mem_mb"] == pytest.approx(3 * 4 + 16, abs=0.5), first
     assert first["peak_mem_mb"] == pytest.approx(alone["peak_mem_mb"], abs=0.01)
     assert second["peak_mem_mb"] == pytest.approx(3 * 8 + 12, abs=0.5), second
@@ -268,16 +224,16 @@ def test_points_measured_in_turn_read_as_each_alone(fresh, tmp_path):
 _HELD_ELSEWHERE: list = []  # stands for native code that keeps a released point's tensors
 
 
-def _kept(tmp: str) -> dict:
-    return _point(tmp, held=_HELD_ELSEWHERE)
+def _kept() -> dict:
+    return _point(held=_HELD_ELSEWHERE)
 
 
-def test_a_points_own_state_kept_alive_past_its_release_stays_in_its_peak(fresh, tmp_path):
+def test_a_points_own_state_kept_alive_past_its_release_stays_in_its_peak(fresh):
     """FSDP1's NO_SHARD keeps its flat parameters and AdamW's state alive after its module
     and optimiser are gone: what a point leaves is taken off its peak as the process's
     caches are, but that was its own memory during the step. Without the watch this read 24
     MiB, 16 short."""
-    metrics = fresh(_kept, str(tmp_path))
+    metrics = fresh(_kept)
     assert metrics["peak_mem_mb"] == pytest.approx(3 * 8 + 16, abs=0.5), metrics
     # the view's whole storage, the gradient it holds, the other view's momentum
     assert metrics["mem_kept_mb"] == pytest.approx(8 + 4 + 4, abs=0.01)

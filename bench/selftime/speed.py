@@ -63,13 +63,11 @@ def peak_memory(impl: str, args, env) -> float:
     """The harness's peak_mem_mb for the implementation, in bytes (largest rank): the most
     bytes live at once in a step, above what the allocator held before the model was built,
     less what its release leaves and its data set (``point_memory``)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        metrics = point_memory(
-            lambda: build_trainer(point(impl, args, env), env, None),
-            lambda trainer: trainer.step(),
-            device=env.device,
-            scratch_dir=Path(tmp),
-        )
+    metrics = point_memory(
+        lambda: build_trainer(point(impl, args, env), env, None),
+        lambda trainer: trainer.step(),
+        device=env.device,
+    )
     t = torch.tensor([metrics["peak_mem_mb"] * 2**20], dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.item()

@@ -28,16 +28,14 @@ import contextlib
 import ctypes
 import gc
 import math
-import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch._C._profiler import _EventType
 from torch.profiler import ProfilerActivity, profile
 
-from bench.analysis.breakdown import load_trace
-from bench.analysis.reader import TraceError
 from bench.runner.measure.kept import OwnState
 from bench.runner.measure.quiet import without_lines
 from bench.runner.measure.released import released_collectives, workers_idle
@@ -78,31 +76,27 @@ def c10_counting(device: torch.device) -> Iterator[None]:
         _CPU_REPORT_FLAG.value = before
 
 
-def _read_twice(read: Callable[[], float]) -> float:
-    """``read`` once more where the trace it exported cannot be read: torch's export can
-    write a byte that is not UTF-8 into a native DDP memory step's trace on gloo (seen in a
-    clean-clone CI run's test_two_node_sweep). A second failure is the point's."""
-    try:
-        return read()
-    except TraceError:
-        return read()
-
-
-def _profiled(fn: Callable[[], object], scratch_dir: Path) -> tuple[float, float]:
+def _profiled(fn: Callable[[], object]) -> tuple[float, float]:
     """``fn`` run under the profiler with memory events: c10's counter before its first
-    allocation and the highest value it took, both NaN where nothing was allocated."""
-    scratch_dir.mkdir(parents=True, exist_ok=True)
-    path = scratch_dir / "memory.pt.trace.json"
+    allocation and the highest value it took, both NaN where nothing was allocated. Read from
+    the profiler's own event tree (the allocations' "Total Allocated"), not from an exported
+    trace: the export and its parse cost more than a small model's step (docs/benchmarks.md,
+    "make test's time")."""
     with without_lines(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
         workers_idle()
-    prof.export_chrome_trace(str(path))
-    mem = load_trace(path).memory
-    path.unlink()
-    if mem.empty:
-        return math.nan, math.nan
-    first = mem.iloc[0]
-    return float(first["total_allocated"] - first["bytes"]), float(mem["total_allocated"].max())
+    first, peak = (math.inf, math.nan), math.nan
+    nodes = list(prof.profiler.kineto_results.experimental_event_tree())
+    while nodes:
+        node = nodes.pop()
+        nodes.extend(node.children)
+        if node.tag != _EventType.Allocation:
+            continue
+        total = float(node.extra_fields.total_allocated)
+        peak = total if math.isnan(peak) else max(peak, total)
+        if node.start_time_ns < first[0]:
+            first = (node.start_time_ns, total - node.extra_fields.alloc_size)
+    return first[1], peak
 
 
 def _c10_bytes() -> float:
@@ -110,8 +104,7 @@ def _c10_bytes() -> float:
     allocation. The counter is read only through the profiler's memory events."""
     if _CPU_REPORT_FLAG is None or not _CPU_REPORT_FLAG.value:
         raise RuntimeError("c10's CPU count is read inside c10_counting() only")
-    with tempfile.TemporaryDirectory() as tmp:
-        before, _ = _read_twice(lambda: _profiled(lambda: torch.empty(256), Path(tmp)))
+    before, _ = _profiled(lambda: torch.empty(256))
     return before
 
 
@@ -184,7 +177,6 @@ def step_memory(
     *,
     baseline: MemoryBaseline,
     release: Callable[[], object],
-    scratch_dir: Path,
     steps: int = MEMORY_STEPS,
 ) -> StepMemory:
     """The most bytes live at once during ``steps`` steps, above the baseline. On the CPU,
@@ -211,7 +203,7 @@ def step_memory(
         # The step's start is read from its own profile (the counter before its first
         # allocation), not from a session of its own: every memory-profiled session of a native
         # DDP step on gloo is a chance of the crash its runs have met (docs/outputs.md).
-        at_start, in_step = _read_twice(lambda: _profiled(step, scratch_dir))
+        at_start, in_step = _profiled(step)
         if math.isnan(in_step):  # nothing allocated: the step's peak is what it holds
             at_start = in_step = _c10_bytes()
         peaks.append(max(at_start, in_step) - baseline.allocated)
@@ -223,7 +215,6 @@ def point_memory(
     step: Callable[[object], object],
     *,
     device: torch.device,
-    scratch_dir: Path,
     steps: int = MEMORY_STEPS,
 ) -> dict:
     """A point's memory figures on a build of its own (``build()``, a trainer: ``step(trainer)``
@@ -247,7 +238,6 @@ def point_memory(
                 lambda: step(trainer),
                 baseline=baseline,
                 release=lambda: trainer.opt.zero_grad(set_to_none=True),
-                scratch_dir=scratch_dir,
                 steps=steps,
             )
         metrics = {

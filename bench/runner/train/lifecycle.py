@@ -214,7 +214,6 @@ def memory(c: Candidate, env: DistEnv, settings: PointSettings) -> dict:
         lambda: build_trainer(c.point, env, c.group, settings.recipe),
         c.step_of,
         device=env.device,
-        scratch_dir=c.trace_dir / f".memory-rank{env.rank}",
     )
     if pipelines(c.point):
         out["pp_peak_mem_by_rank_mb"] = out["peak_mem_mb"]
