@@ -166,9 +166,9 @@ def own_memory(metrics: dict, baseline: MemoryBaseline, *, data_bytes: int, own:
 
 
 # Steps whose highest peak is a point's: running out of memory is the highest one's doing.
-# c10's count reads the same peak at every step of a point, so two are enough
+# c10's count reads the same peak at every step of a point, so one is enough
 # (docs/benchmarks.md, "Measured memory").
-MEMORY_STEPS = 2
+MEMORY_STEPS = 1
 WARM_STEPS = 2  # a build's steps before its memory is measured (``point_memory``)
 
 
