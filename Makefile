@@ -55,15 +55,19 @@ system:
 # tests wait on signals, time limits and launches, so TEST_WORKERS pytest-xdist workers share it,
 # a file to a worker (its module fixtures launch once). Three were no faster than two (the CPU
 # is the bound: docs/benchmarks.md, "make test's time"). The tests marked serial (timing that
-# reads the scheduler) run after, alone. TEST_WORKERS=0 runs everything in one process.
+# reads the scheduler) run after, alone, collected from their files only (collecting every file
+# took 10 of that pass's 36 s; tests/conftest.py refuses a serial test in a file that does not
+# say `pytest.mark.serial`, which this list would miss). TEST_WORKERS=0 runs everything in one
+# process.
 TEST_WORKERS ?= 2
+SERIAL_FILES = $(shell grep -rlF 'pytest.mark.serial' tests --include='test_*.py')
 test: $(BIN)/.installed system bytecode
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest --benchmark-disable -n $(TEST_WORKERS) \
 	  --dist loadfile -m "not serial"
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest --benchmark-disable -m serial
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest --benchmark-disable -m serial $(SERIAL_FILES)
 
 # The project's own modules compiled once, not in every process the tests start: where
 # PYTHONDONTWRITEBYTECODE is set no process caches them, and each rank, launcher and command

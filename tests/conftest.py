@@ -10,6 +10,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # The tiers (pyproject.toml's markers): what a test costs and needs, visible in its file.
 TIERS = ("unit", "ranks", "e2e", "browser", "slurm", "bench")
+SERIAL = "pytest.mark.serial"  # what the Makefile's serial pass finds a serial test's file by
 
 
 # The order files start in under pytest-xdist (``--dist loadfile`` hands a worker a whole
@@ -29,6 +30,13 @@ def pytest_collection_modifyitems(config, items):
     if wrong:
         raise pytest.UsageError(
             f"every test needs exactly one tier marker of {', '.join(TIERS)}: " + "; ".join(wrong)
+        )
+    serial_files = {i.path for i in items if i.get_closest_marker("serial")}
+    unsaid = sorted(str(path) for path in serial_files if SERIAL not in path.read_text())
+    if unsaid:
+        raise pytest.UsageError(
+            f"a serial test's file must say {SERIAL} (the Makefile's serial pass collects the "
+            f"files that do, no other): {', '.join(unsaid)}"
         )
     first = {}  # a file's earliest START_ORDER over its tests
     for item in items:
