@@ -13,9 +13,10 @@ TIERS = ("unit", "ranks", "e2e", "browser", "slurm", "bench")
 SERIAL = "pytest.mark.serial"  # what the Makefile's serial pass finds a serial test's file by
 
 
-# The order files start in under pytest-xdist (``--dist loadfile`` hands a worker a whole
-# file): files that launch jobs first, the unit tier's short files last, so that they fill
-# what the long ones leave and no worker ends long after the other.
+# The order files run in, in one process (TEST_WORKERS=0): files that launch jobs first, the unit
+# tier's short files last. Under pytest-xdist's ``--dist loadfile`` the files start with the
+# most tests first, xdist's own order: this one kept there (``--no-loadscope-reorder``) measured
+# no faster (docs/benchmarks.md, "make test's time").
 START_ORDER = {"e2e": 0, "slurm": 0, "ranks": 1, "browser": 1, "bench": 1, "unit": 2}
 
 
