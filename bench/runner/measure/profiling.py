@@ -14,6 +14,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
 from bench.runner.measure.quiet import without_lines
+from bench.runner.measure.released import workers_idle
 from bench.runner.session.distenv import synchronize
 
 # Room left under which a filesystem counts as full: below one block of a trace's writes.
@@ -60,6 +61,12 @@ def profile_steps(
     The settings are the lightest the breakdown allows: shapes on (gloo's collectives carry
     their sizes only in the ops' input shapes), memory profiling off (it allocates per tensor
     and would slow every op: ``step_memory`` measures memory in a step of its own), no stacks.
+
+    The session stops only once the process's other threads sleep (``workers_idle``, at most
+    50 ms): c10d ends a collective's profiled range on the backend's worker thread after the
+    waiter has been told it is done, and a range ended after the session stopped wrote into
+    the freed session and crashed a later one (native DDP on gloo; docs/outputs.md,
+    "trace_overhead_pct").
     """
     activities = [ProfilerActivity.CPU]
     if device.type == "cuda":
@@ -85,7 +92,15 @@ def profile_steps(
             synchronize(device)
             if i >= wait + warmup:
                 active_ms.append((time.perf_counter() - t0) * 1e3)
+            if i == wait + warmup + active - 1:  # this step() stops the session
+                workers_idle()
             prof.step()
+    return written_trace(trace_dir, worker_name), active_ms
+
+
+def written_trace(trace_dir: Path, worker_name: str) -> Path:
+    """The trace the session just wrote for ``worker_name``; a full disk's fragment taken back
+    and said as ENOSPC, a missing trace as an error."""
     traces = sorted(
         trace_dir.glob(f"{worker_name}.*.pt.trace.json"), key=lambda p: p.stat().st_mtime
     )
@@ -100,7 +115,7 @@ def profile_steps(
         )
     if not traces:
         raise RuntimeError(f"profiler wrote no trace for {worker_name} in {trace_dir}")
-    return traces[-1], active_ms
+    return traces[-1]
 
 
 def disk_full(folder: Path) -> bool:
