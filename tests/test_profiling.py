@@ -18,8 +18,8 @@ pytestmark = pytest.mark.unit
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="Linux's /proc only")
 def test_the_session_stops_only_after_a_worker_busy_at_the_last_step_is_done(tmp_path, monkeypatch):
     """The last step returns while a thread it started still runs native code (as gloo's
-    worker, ending a call's range): the session must not stop before that thread is done. A
-    session stopped under a range still open is what crashed native DDP's profiled ranks."""
+    worker, finishing a call): the session must not stop before that thread is done. Native
+    DDP's profiled ranks crashed while their sessions stopped without this wait."""
     alive_at_stop: list[bool] = []
     workers: list[threading.Thread] = []
 
@@ -35,7 +35,7 @@ def test_the_session_stops_only_after_a_worker_busy_at_the_last_step_is_done(tmp
     calls: list[int] = []
 
     def step():
-        calls.append(len(calls))
+        calls.append(None)
         a.sum()
         if len(calls) == 3:  # the last one
             # One matmul (a few ms) without the interpreter's lock, as gloo's worker runs.

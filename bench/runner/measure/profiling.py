@@ -63,9 +63,9 @@ def profile_steps(
     and would slow every op: ``step_memory`` measures memory in a step of its own), no stacks.
 
     The session stops only once the process's other threads sleep (``workers_idle``, at most
-    50 ms): c10d ends a collective's profiled range on the backend's worker thread after the
-    waiter has been told it is done, and a range ended after the session stopped wrote into
-    the freed session and crashed a later one (native DDP on gloo; docs/outputs.md,
+    50 ms): gloo's worker finishes a call (its profiled range, the caller's thread-local state
+    it ran under) after the call's waiter has gone on, and native DDP's ranks died in a later
+    session's stop, the C heap found corrupt, until this one waited (docs/outputs.md,
     "trace_overhead_pct").
     """
     activities = [ProfilerActivity.CPU]
