@@ -9,7 +9,7 @@ the all-reduce of its gradients alone; and, on rank 0 once the group is gone, th
 process. Each timed call starts at a barrier, the figures are rank 0's medians, the three
 alternate round by round. The step's all-reduce is DDP's step less its ``no_sync`` twin; the
 planner prices it at what the collectives sweep fits, which the all-reduce alone stands for
-here. On this 2-core CPU a 2-rank step paid two to four times that (docs/benchmarks.md, "The
+here. On this 2-core CPU a 2-rank step paid two to six times that (docs/benchmarks.md, "The
 planner on the roofline"): what a plan without a calibration launch misses.
 """
 
