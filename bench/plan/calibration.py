@@ -63,6 +63,7 @@ from bench.plan.roofline_fit import (
 from bench.plan.space import Config, names_checkpoint_units
 from bench.plan.topology import Topology
 from bench.roofline.profile import Roofline
+from bench.roofline.step_comm import host_step_comm
 from bench.runfolder import peaks
 from bench.runfolder.schema import read_results
 from bench.runner.configure.config import Resolved
@@ -274,10 +275,24 @@ def _links(request: PlanRequest, measured: Path | None) -> Topology:
     if run is None:
         return Topology.of_links(request.links, request.gpus_per_node, share)
     try:
-        return Topology.fitted(run, request.gpus_per_node, share)
+        topology = Topology.fitted(run, request.gpus_per_node, share)
     except (OSError, FitError) as e:
         what = "--collectives" if measured is None else "the collectives' calibration run"
         raise ValueError(f"{what} {run}: {e}") from None
+    if prices_in_step(request):
+        paid = host_step_comm()
+        topology = replace(
+            topology, in_step=paid.factor, about=f"{topology.about}; {paid.describe()}"
+        )
+    return topology
+
+
+def prices_in_step(request: PlanRequest) -> bool:
+    """Whether the plan prices its collectives at what a step here pays for them
+    (``step_comm``): a CPU target's computation on the roofline, no launch nor ``--compute``
+    run measuring its steps (a launch's calibration holds what its steps paid)."""
+    cpu = not request.device.gpu_name
+    return cpu and request.mfu is None and not request.compute and not request.calibration_launch
 
 
 def computation_rates(

@@ -32,16 +32,34 @@ def link_names(links: str) -> list[str]:
 
 
 @dataclass(frozen=True)
+class InStep:
+    """A collectives' costs at ``factor`` times theirs: what a step pays for them where it pays
+    more than the collective alone (``bench.roofline.step_comm``)."""
+
+    costs: object
+    factor: float
+
+    def time(self, *args, **kwargs) -> float:
+        return self.factor * self.costs.time(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self.costs, name)
+
+
+@dataclass(frozen=True)
 class Topology:
     """The costs of a collective inside a node and across nodes (``time(collective, bytes,
-    ranks)``: a link preset's, or collectives fitted on this machine), and the share of a core
-    computation keeps while communication runs beside it (``predict.overlap_share``)."""
+    ranks)``: a link preset's, or collectives fitted on this machine), the share of a core
+    computation keeps while communication runs beside it (``predict.overlap_share``), and the
+    factor a step pays on its collectives over their cost alone (``in_step``: 1 but in a CPU
+    plan priced without a calibration launch, ``calibration._links``)."""
 
     intra: object
     inter: object
     gpus_per_node: int
     about: str
     share: float = 1.0
+    in_step: float = 1.0
 
     @classmethod
     def of_links(cls, links: str, gpus_per_node: int, share: float = 1.0) -> Topology:
@@ -61,4 +79,5 @@ class Topology:
     def of_world(self, world: int):
         """The costs of a group of ``world`` ranks laid from the first: inside a node while it
         fits in one, else across nodes (a ring is as slow as its slowest hop)."""
-        return self.intra if world <= self.gpus_per_node else self.inter
+        costs = self.intra if world <= self.gpus_per_node else self.inter
+        return costs if self.in_step == 1.0 else InStep(costs, self.in_step)

@@ -7,95 +7,37 @@ The step costs' transformer (``bench.roofline.step_cost``) under native DDP at i
 buckets, at each width: its step; the same step under ``no_sync``, which skips the all-reduce;
 the all-reduce of its gradients alone; and, on rank 0 once the group is gone, the step in one
 process. Each timed call starts at a barrier, the figures are rank 0's medians, the three
-alternate round by round. The step's all-reduce is DDP's step less its ``no_sync`` twin; the
-planner prices it at what the collectives sweep fits, which the all-reduce alone stands for
-here. On this 2-core CPU a 2-rank step paid two to six times that (docs/benchmarks.md, "The
-planner on the roofline"): what a plan without a calibration launch misses.
+alternate round by round (``bench.roofline.step_comm``, whose factor a plan made without a
+calibration launch prices its collectives by). The step's all-reduce is DDP's step less its
+``no_sync`` twin; the collectives sweep measures what the all-reduce alone stands for here. On
+this 2-core CPU a 2-rank step paid two to six times that (docs/benchmarks.md, "The planner on
+the roofline").
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import statistics
 import sys
-import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
-from bench.roofline.step_cost import SEQ, VOCAB, Transformer
-from bench.runner.session.distenv import init_distributed, rank0_print, synchronize
-
-WARMUP = 3
-
-
-@dataclass(frozen=True)
-class Timing:
-    batch: int  # samples a rank a step
-    rounds: int  # rounds the three figures alternate over
-    steps: int  # timed calls a figure a round
-
-
-def _median_ms(fn: Callable[[], object], steps: int, device: torch.device, barrier: bool) -> float:
-    for _ in range(WARMUP):
-        fn()
-    times = []
-    for _ in range(steps):
-        if barrier:
-            dist.barrier()
-        synchronize(device)
-        t0 = time.perf_counter()
-        fn()
-        synchronize(device)
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
-
-
-def _step(model: torch.nn.Module, device: torch.device, batch: int, sync: Callable):
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=device.type == "cuda")
-    ids = torch.randint(0, VOCAB, (batch, SEQ), device=device)
-
-    def step() -> None:
-        opt.zero_grad(set_to_none=True)
-        with sync():
-            F.cross_entropy(model(ids).flatten(0, 1), ids.flatten()).backward()
-        opt.step()
-
-    return step
-
-
-def in_group(width: int, timing: Timing, device: torch.device) -> dict[str, float]:
-    """DDP's step, its ``no_sync`` twin and the all-reduce alone, medians over the rounds."""
-    torch.manual_seed(0)
-    plain = Transformer(width).to(device)
-    grads = torch.zeros(sum(p.numel() for p in plain.parameters()), device=device)
-    ddp = torch.nn.parallel.DistributedDataParallel(plain)
-    calls = {
-        "ddp_ms": _step(ddp, device, timing.batch, contextlib.nullcontext),
-        "no_sync_ms": _step(ddp, device, timing.batch, ddp.no_sync),
-        "all_reduce_ms": lambda: dist.all_reduce(grads),
-    }
-    rounds: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(timing.rounds):
-        for name, fn in calls.items():
-            rounds[name].append(_median_ms(fn, timing.steps, device, barrier=True))
-    out = {name: statistics.median(v) for name, v in rounds.items()}
-    out["grads_mb"] = grads.numel() * grads.element_size() / 2**20
-    return out
+from bench.roofline.step_comm import Timing, in_group, median_ms, training_step
+from bench.roofline.step_cost import Transformer
+from bench.runner.session.distenv import init_distributed, rank0_print
 
 
 def alone(width: int, timing: Timing, device: torch.device) -> float:
     """The same step in this one process, no group."""
     torch.manual_seed(0)
-    step = _step(Transformer(width).to(device), device, timing.batch, contextlib.nullcontext)
-    return _median_ms(step, timing.steps, device, barrier=False)
+    step = training_step(
+        Transformer(width).to(device), device, timing.batch, contextlib.nullcontext
+    )
+    return median_ms(step, timing.steps, device, barrier=False)
 
 
 def main(argv: list[str] | None = None) -> None:
