@@ -33,7 +33,7 @@ def link_names(links: str) -> list[str]:
 
 @dataclass(frozen=True)
 class InStep:
-    """A collectives' costs at ``factor`` times theirs: what a step pays for them where it pays
+    """Collectives' costs at ``factor`` times theirs: what a step pays for them where it pays
     more than the collective alone (``bench.roofline.step_comm``)."""
 
     costs: object
