@@ -95,3 +95,20 @@ def test_the_factor_is_measured_in_two_processes_once_and_read_from_the_cache(
     again = step_comm.host_step_comm()
     assert calls == [1] and again.factor == first.factor == got.factor
     assert again.source == str(step_comm.cache_path()) and again.in_step_ms == got.in_step_ms
+
+
+@pytest.mark.unit
+def test_a_factor_that_cannot_be_measured_is_one_line_and_prices_collectives_as_alone(
+    monkeypatch, tmp_path, capsys
+):
+    monkeypatch.setattr(step_comm, "CACHE_DIR", tmp_path / "cache")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no room for a store\nmore detail")
+
+    monkeypatch.setattr(step_comm.mp, "start_processes", broken)
+    got = step_comm.host_step_comm()
+    assert got.factor == 1.0 and got.source == "not measured: no room for a store"
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == "step comm: cannot measure it (no room for a store); collectives as alone"
+    assert not step_comm.cache_path().exists()  # measured again next time
