@@ -231,11 +231,16 @@ def measure_here(request: PlanRequest, launch: LaunchPlan, out: Path) -> Here:
     return here
 
 
+def _on_host_roofline(request: PlanRequest) -> bool:
+    """Whether the plan's computation is priced on this host's roofline: a CPU target's, unless
+    ``--mfu`` or ``--compute`` prices it otherwise."""
+    return not request.device.gpu_name and request.mfu is None and not request.compute
+
+
 def trains_here(request: PlanRequest) -> bool:
     """Whether the plan's computation is calibrated by a launch of its points here: a CPU
     target's, unless ``--mfu``, ``--compute`` or ``--no-calibration-launch`` says otherwise."""
-    cpu = not request.device.gpu_name
-    return cpu and request.mfu is None and not request.compute and request.calibration_launch
+    return _on_host_roofline(request) and request.calibration_launch
 
 
 def collects_here(request: PlanRequest) -> bool:
@@ -291,8 +296,7 @@ def prices_in_step(request: PlanRequest) -> bool:
     """Whether the plan prices its collectives at what a step here pays for them
     (``step_comm``): a CPU target's computation on the roofline, no launch nor ``--compute``
     run measuring its steps (a launch's calibration holds what its steps paid)."""
-    cpu = not request.device.gpu_name
-    return cpu and request.mfu is None and not request.compute and not request.calibration_launch
+    return _on_host_roofline(request) and not request.calibration_launch
 
 
 def computation_rates(
