@@ -345,7 +345,12 @@ def cache_path(device: torch.device | str = "cpu") -> Path:
     device = torch.device(device)
     threads = f"{torch.get_num_threads()}t" if device.type == "cpu" else device.type
     key = "_".join((socket.gethostname(), device_name(device), torch.__version__, threads))
-    return CACHE_DIR / (re.sub(r"[^A-Za-z0-9.+-]+", "-", key).strip("-") + ".json")
+    return CACHE_DIR / cache_file_name(key)
+
+
+def cache_file_name(key: str) -> str:
+    """``key`` as a cache file's name: letters, digits and ``.+-``, a run of others one ``-``."""
+    return re.sub(r"[^A-Za-z0-9.+-]+", "-", key).strip("-") + ".json"
 
 
 def this_device() -> torch.device:

@@ -31,6 +31,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
+from bench.roofline.measure import cache_file_name
 from bench.roofline.step_cost import SEQ, VOCAB, Transformer
 from bench.runfolder import atomic
 
@@ -149,8 +150,7 @@ def measure(widths: tuple[int, ...] = WIDTHS, timing: Timing = Timing()) -> Step
 
 def cache_path() -> Path:
     """One file per host name and torch version."""
-    key = f"{socket.gethostname()}_{torch.__version__}"
-    return CACHE_DIR / ("".join(c if c.isalnum() or c in ".+-" else "-" for c in key) + ".json")
+    return CACHE_DIR / cache_file_name(f"{socket.gethostname()}_{torch.__version__}")
 
 
 def host_step_comm() -> StepComm:
